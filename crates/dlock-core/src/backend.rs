@@ -1,0 +1,270 @@
+//! The implementor contract: what a backend must do, and nothing more.
+//!
+//! A backend answers four questions on the server: may this owner take this key now
+//! ([`try_lock`](DistributedLock::try_lock)), may it keep it longer
+//! ([`extend`](DistributedLock::extend)), may it give it back ([`release`](DistributedLock::release)),
+//! and, optionally, tell me when it may be free ([`wait_for_release`](DistributedLock::wait_for_release)).
+//! Everything a user touches — validation, validity deadlines, leases, renewal, cancellation,
+//! tracing — is written once in this crate on top of these calls (see
+//! [`DistributedLockExt`](crate::DistributedLockExt)).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::key::LockKey;
+use crate::retry::Backoff;
+use crate::token::{FencingToken, OwnerToken};
+
+/// How strongly a backend orders the fencing tokens of successive holders of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FencingGuarantee {
+    /// No ordering is promised.
+    None,
+    /// Strictly increasing while the server keeps its data (e.g. a single Redis without
+    /// persistence: a restart or a failover to a lagging replica can reset the counter).
+    MonotonicWhileDataSurvives,
+    /// Strictly increasing for as long as the service exists (consensus-backed stores).
+    Monotonic,
+}
+
+/// What a backend declares about itself; the compliance suite checks the declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The ordering of fencing tokens.
+    pub fencing: FencingGuarantee,
+    /// Whether a release wakes waiters (rather than waiters finding out by polling).
+    pub notifies_waiters: bool,
+    /// Whether a lease is tied to a client session (ZooKeeper, etcd) rather than a per-key TTL.
+    pub session_based: bool,
+}
+
+impl Capabilities {
+    /// A declaration with the given fencing guarantee, no wake-ups and per-key TTLs.
+    pub fn new(fencing: FencingGuarantee) -> Self {
+        Capabilities {
+            fencing,
+            notifies_waiters: false,
+            session_based: false,
+        }
+    }
+
+    /// Declares that releases wake waiters.
+    pub fn with_notifications(mut self) -> Self {
+        self.notifies_waiters = true;
+        self
+    }
+
+    /// Declares that leases live in a client session.
+    pub fn with_sessions(mut self) -> Self {
+        self.session_based = true;
+        self
+    }
+}
+
+/// One request to take a lock, already validated.
+#[derive(Debug, Clone, Copy)]
+pub struct LockRequest<'a> {
+    /// The key.
+    pub key: &'a LockKey,
+    /// The random identity to store as the lock's value.
+    pub owner: OwnerToken,
+    /// How long the server should keep the lock without renewal.
+    pub ttl: Duration,
+}
+
+/// Identifies a lease to extend or release: its key and owner, and its token when known.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRef<'a> {
+    /// The key.
+    pub key: &'a LockKey,
+    /// The owner token the lock was taken with.
+    pub owner: OwnerToken,
+    /// The fencing token, if the lock was granted (unknown when cleaning up a cancelled acquire).
+    pub fencing: Option<FencingToken>,
+}
+
+/// The server's answer to a successful lock request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Grant {
+    /// The fencing token of the new holder.
+    pub fencing: FencingToken,
+    /// The client's monotonic time just before the granting request was sent. The lease's
+    /// validity is measured from here, so time spent on the wire counts against it.
+    pub sent_at: Instant,
+}
+
+impl Grant {
+    /// A grant of `fencing` for a request sent at `sent_at`.
+    pub fn new(fencing: FencingToken, sent_at: Instant) -> Self {
+        Grant { fencing, sent_at }
+    }
+}
+
+/// The result of one attempt to take a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The lock is ours.
+    Acquired(Grant),
+    /// Someone else holds it.
+    Busy {
+        /// When the current holder's lease runs out at the latest, if the backend knows.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The outcome of an ownership-checked extend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extension {
+    /// The lock's TTL was re-armed.
+    Extended,
+    /// The lock had expired (nobody holds it); nothing was changed.
+    Expired,
+    /// Another owner holds the lock; nothing was changed.
+    TakenOver,
+}
+
+/// The outcome of an ownership-checked release. Only [`Released::Released`] removed anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The lock was ours and is now free.
+    Released,
+    /// The lock had already expired (or was never taken); nothing was changed.
+    Expired,
+    /// Another owner holds the lock now; it was left untouched.
+    TakenOver,
+}
+
+/// A distributed lock service. Implement this for a backend; use it through
+/// [`DistributedLockExt`](crate::DistributedLockExt), usually as `Arc<dyn DistributedLock>`.
+///
+/// Implementations must check ownership on the server for [`extend`](Self::extend) and
+/// [`release`](Self::release) (compare the owner token atomically with the change), must never
+/// re-create a lock in `extend`, and must answer fast: none of these calls should wait for the
+/// lock to become free, except [`lock`](Self::lock) and
+/// [`wait_for_release`](Self::wait_for_release).
+#[async_trait]
+pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
+    /// A short name for errors and tracing, e.g. `"redis"`.
+    fn backend_name(&self) -> &'static str;
+
+    /// What the backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt to take `req.key` for `req.owner`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: the request may have reached the server. Callers that drop it
+    /// must release by owner token, which [`DistributedLockExt`](crate::DistributedLockExt) does.
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt>;
+
+    /// Re-arms the TTL of a lock this owner still holds.
+    ///
+    /// # Cancel safety
+    /// The extension may or may not have happened; either way ownership is unchanged.
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension>;
+
+    /// Frees a lock this owner still holds; never touches another owner's lock.
+    ///
+    /// # Cancel safety
+    /// The release may or may not have happened; repeating it is harmless.
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released>;
+
+    /// Waits until `key` may have become free, or until `until`.
+    ///
+    /// Backends with a notification (pub/sub, a watch, an in-process wake-up) return as soon as a
+    /// release is signalled; the default just sleeps, which turns waiting into polling.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        let _ = key;
+        tokio::time::sleep_until(until).await;
+        Ok(())
+    }
+
+    /// Takes the lock, waiting until `deadline` (or forever) while it is busy.
+    ///
+    /// The default repeats [`try_lock`](Self::try_lock), waiting in between with
+    /// [`wait_for_release`](Self::wait_for_release) bounded by the jittered `retry` delay and by the
+    /// holder's remaining TTL. Queue-based backends (ZooKeeper, etcd) override it. Errors are
+    /// returned at once, not retried: an unreachable server must not turn into an endless wait.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own, like [`try_lock`](Self::try_lock).
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let retry_after = match self.try_lock(req).await? {
+                Attempt::Acquired(grant) => return Ok(grant),
+                Attempt::Busy { retry_after } => retry_after,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(Error::Timeout {
+                    key: req.key.to_string(),
+                    waited: now - started,
+                });
+            }
+            let mut delay = retry.delay(attempt);
+            attempt = attempt.saturating_add(1);
+            if let Some(left) = retry_after {
+                // Wake when the holder's TTL ends, not a whole backoff later.
+                delay = delay.min(left + Duration::from_millis(1));
+            }
+            let mut until = now + delay;
+            if let Some(d) = deadline {
+                until = until.min(d);
+            }
+            self.wait_for_release(req.key, until).await?;
+        }
+    }
+}
+
+macro_rules! forward_distributed_lock {
+    ($($ptr:ident),*) => {$(
+        #[async_trait]
+        impl<T: DistributedLock + ?Sized> DistributedLock for $ptr<T> {
+            fn backend_name(&self) -> &'static str {
+                (**self).backend_name()
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+                (**self).try_lock(req).await
+            }
+            async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+                (**self).extend(lease, ttl).await
+            }
+            async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+                (**self).release(lease).await
+            }
+            async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+                (**self).wait_for_release(key, until).await
+            }
+            async fn lock(
+                &self,
+                req: &LockRequest<'_>,
+                deadline: Option<Instant>,
+                retry: &Backoff,
+            ) -> Result<Grant> {
+                (**self).lock(req, deadline, retry).await
+            }
+        }
+    )*};
+}
+
+forward_distributed_lock!(Arc, Box);

@@ -1,0 +1,278 @@
+//! What users call: `try_acquire`, `acquire`, `with_lock`, on any shared backend handle.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest};
+use crate::critical::CriticalSection;
+use crate::error::{Error, Result};
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseParts};
+use crate::options::LockOptions;
+use crate::pending::PendingAcquire;
+use crate::renew::Renewal;
+use crate::state::{LeaseWatch, LostReason};
+use crate::token::OwnerToken;
+
+/// A handle that can be shared with the leases it grants: `Arc<dyn DistributedLock>` or
+/// `Arc<B>` for a concrete backend `B`.
+pub trait SharedLock: Send + Sync {
+    /// The handle as the trait object that leases keep (a reference-count increment).
+    fn shared(&self) -> Arc<dyn DistributedLock>;
+}
+
+impl<T: DistributedLock> SharedLock for Arc<T> {
+    fn shared(&self) -> Arc<dyn DistributedLock> {
+        self.clone()
+    }
+}
+
+impl SharedLock for Arc<dyn DistributedLock> {
+    fn shared(&self) -> Arc<dyn DistributedLock> {
+        self.clone()
+    }
+}
+
+/// The user-facing lock operations, for every [`SharedLock`] handle. Do not implement it: the
+/// blanket implementation covers every backend.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock_core::Result<()> {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use dlock_core::{DistributedLock, DistributedLockExt, InMemoryLock, LockOptions};
+///
+/// let locks: Arc<dyn DistributedLock> = Arc::new(InMemoryLock::new());
+/// let opts = LockOptions::new(Duration::from_secs(5)).with_wait(Duration::from_secs(1));
+///
+/// let lease = locks.acquire("invoices/42", &opts).await?;
+/// assert!(locks.try_acquire("invoices/42", &opts).await?.is_none()); // busy
+/// println!("writing with fencing token {}", lease.fencing_token());
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+pub trait DistributedLockExt: SharedLock {
+    /// One attempt: `Some(lease)` if the lock was free, `None` if it is busy.
+    ///
+    /// Answers after one round trip. `opts.wait` is ignored; the attempt gives up (with
+    /// [`Error::Timeout`]) if the answer takes longer than the lease's validity, since such a lease
+    /// would be useless.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect: if dropped after the request was sent, whatever it may have taken
+    /// is released in the background by owner token.
+    fn try_acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+    ) -> impl Future<Output = Result<Option<Lease>>> + Send {
+        acquire(self.shared(), key, opts, Mode::Once)
+    }
+
+    /// Waits until the lock is held, or until `opts.wait` has passed ([`Error::Timeout`]).
+    ///
+    /// Never returns a lease whose validity is already over: a grant that arrives too late is
+    /// released and the acquire tries again while time is left. Errors from the backend are
+    /// returned at once rather than retried.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect: if dropped while a request is in flight, whatever it may have taken
+    /// is released in the background by owner token, so nothing stays held until its TTL.
+    fn acquire(&self, key: &str, opts: &LockOptions) -> impl Future<Output = Result<Lease>> + Send {
+        let handle = self.shared();
+        async move {
+            match acquire(handle, key, opts, Mode::Wait).await? {
+                Some(lease) => Ok(lease),
+                None => Err(Error::Timeout {
+                    key: key.to_string(),
+                    waited: opts.wait.unwrap_or_default(),
+                }),
+            }
+        }
+    }
+
+    /// Acquires `key`, runs `work` with a view of the lease, and releases.
+    ///
+    /// `work` is cancelled (dropped) if the lease is lost first; see [`Lease::run`]. Returns the
+    /// output (if the work finished) and how the lease ended.
+    ///
+    /// # Cancel safety
+    /// Dropping the returned future cancels the work and releases the lock in the background.
+    fn with_lock<F, Fut>(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<CriticalSection<Fut::Output>>> + Send
+    where
+        F: FnOnce(LeaseWatch) -> Fut + Send,
+        Fut: Future + Send,
+        Fut::Output: Send,
+    {
+        async move {
+            let lease = self.acquire(key, opts).await?;
+            let watch = lease.watch();
+            Ok(lease.run(work(watch)).await)
+        }
+    }
+}
+
+impl<S: SharedLock + ?Sized> DistributedLockExt for S {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Once,
+    Wait,
+}
+
+async fn acquire(
+    backend: Arc<dyn DistributedLock>,
+    key: &str,
+    opts: &LockOptions,
+    mode: Mode,
+) -> Result<Option<Lease>> {
+    let key = LockKey::new(key)?;
+    opts.validate()?;
+    let started = Instant::now();
+    let deadline = match (mode, opts.wait) {
+        (Mode::Wait, Some(wait)) => Some(
+            started
+                .checked_add(wait)
+                .ok_or_else(|| Error::invalid("wait", format!("{wait:?} overflows the clock")))?,
+        ),
+        _ => None,
+    };
+    let span = tracing::debug_span!(
+        "dlock.acquire",
+        key = %key,
+        backend = backend.backend_name(),
+        mode = if mode == Mode::Once { "try" } else { "wait" },
+        outcome = tracing::field::Empty,
+        fencing = tracing::field::Empty,
+    );
+    let result = take(&backend, &key, opts, mode, started, deadline)
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(Some(lease)) => {
+            span.record("outcome", "acquired");
+            span.record("fencing", lease.fencing_token().0);
+        }
+        Ok(None) => {
+            span.record("outcome", "busy");
+        }
+        Err(Error::Timeout { .. }) => {
+            span.record("outcome", "timeout");
+        }
+        Err(_) => {
+            span.record("outcome", "error");
+        }
+    }
+    result
+}
+
+async fn take(
+    backend: &Arc<dyn DistributedLock>,
+    key: &LockKey,
+    opts: &LockOptions,
+    mode: Mode,
+    started: Instant,
+    deadline: Option<Instant>,
+) -> Result<Option<Lease>> {
+    let owner = OwnerToken::random();
+    let request = LockRequest {
+        key,
+        owner,
+        ttl: opts.ttl,
+    };
+    let validity = opts.drift.validity(opts.ttl);
+    let timeout = |waited| Error::Timeout {
+        key: key.to_string(),
+        waited,
+    };
+    loop {
+        let pending = PendingAcquire::arm(backend, key, owner);
+        let grant: Grant = match mode {
+            Mode::Once => {
+                let answer =
+                    tokio::time::timeout_at(started + validity, backend.try_lock(&request));
+                match answer.await {
+                    Ok(Ok(Attempt::Acquired(grant))) => grant,
+                    Ok(Ok(Attempt::Busy { .. })) => {
+                        pending.disarm();
+                        return Ok(None);
+                    }
+                    Ok(Err(error)) => return Err(error),
+                    Err(_) => return Err(timeout(started.elapsed())),
+                }
+            }
+            Mode::Wait => {
+                let attempt = backend.lock(&request, deadline, &opts.retry);
+                let answer = match deadline {
+                    Some(d) => tokio::time::timeout_at(d, attempt).await,
+                    None => Ok(attempt.await),
+                };
+                match answer {
+                    Ok(Ok(grant)) => grant,
+                    Ok(Err(error @ Error::Timeout { .. })) => {
+                        pending.disarm();
+                        return Err(error);
+                    }
+                    Ok(Err(error)) => return Err(error),
+                    Err(_) => return Err(timeout(started.elapsed())),
+                }
+            }
+        };
+        if Instant::now() < grant.sent_at + validity {
+            pending.disarm();
+            let mut lease = Lease::new(LeaseParts {
+                backend: backend.clone(),
+                key: key.clone(),
+                owner,
+                fencing: grant.fencing,
+                ttl: opts.ttl,
+                drift: opts.drift,
+                sent_at: grant.sent_at,
+            });
+            if let Some(config) = opts.auto_renew {
+                let renewal = Renewal {
+                    backend: backend.clone(),
+                    key: key.clone(),
+                    owner,
+                    fencing: grant.fencing,
+                    ttl: opts.ttl,
+                    drift: opts.drift,
+                    acquired_at: grant.sent_at,
+                    config,
+                    status: lease.status_sender(),
+                };
+                lease.set_renewal(renewal.spawn());
+            }
+            return Ok(Some(lease));
+        }
+        // Granted too late to be of use: give it back and, if waiting, try again.
+        tracing::debug!(key = %key, "grant arrived after its validity ended; releasing it");
+        let lease = LeaseRef {
+            key,
+            owner,
+            fencing: Some(grant.fencing),
+        };
+        if backend.release(&lease).await.is_ok() {
+            pending.disarm();
+        }
+        let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
+        if mode == Mode::Once {
+            return Err(Error::Lost {
+                key: key.to_string(),
+                reason: LostReason::Expired,
+            });
+        }
+        if out_of_time {
+            return Err(timeout(started.elapsed()));
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The distributed-lock API of dlock.
+//!
+//! Services hold one [`DistributedLock`] backend as `Arc<dyn DistributedLock>`, chosen at run
+//! time, and call the operations of [`DistributedLockExt`] on it. Every backend — the in-process
+//! [`InMemoryLock`] here, Redis, Redlock, ZooKeeper and etcd in their own crates — gives the same
+//! semantics:
+//!
+//! * [`try_acquire`](DistributedLockExt::try_acquire) answers held or busy after one attempt;
+//!   [`acquire`](DistributedLockExt::acquire) waits, up to an optional deadline.
+//! * A [`Lease`] carries a random [`OwnerToken`], a [`FencingToken`] that grows with every new
+//!   holder, and a conservative validity deadline on the client's monotonic clock.
+//! * Every lease is [held, uncertain or lost](LeaseState), observable as a query and as a future
+//!   ([`Lease::lost`]), so work can stop the moment the lock is gone.
+//! * [Auto-renew](LockOptions::with_auto_renew) is opt-in, written once here for every backend.
+//! * [`Lease::release`] is explicit and async; dropping a lease never blocks.
+//! * A [`Fence`] lets a resource reject the writes of a holder whose lease already ended, which no
+//!   lock service can prevent by time alone.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> dlock_core::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, DistributedLockExt, Fenced, InMemoryLock, LockOptions};
+//!
+//! let locks: Arc<dyn DistributedLock> = Arc::new(InMemoryLock::new());
+//! let ledger = Fenced::new(Vec::new());
+//!
+//! let opts = LockOptions::new(Duration::from_secs(10)).with_auto_renew();
+//! let done = locks
+//!     .with_lock("ledger", &opts, |lease| async move {
+//!         ledger.write(lease.fencing_token(), |entries| entries.push("debit 10"))
+//!     })
+//!     .await?;
+//! assert!(done.completed_under_lock());
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod backend;
+mod critical;
+mod error;
+mod ext;
+mod fence;
+mod key;
+mod lease;
+mod memory;
+mod options;
+mod pending;
+mod renew;
+mod retry;
+mod state;
+mod token;
+
+pub use backend::{
+    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
+    LockRequest, Released,
+};
+pub use critical::{CriticalSection, LeaseEnd};
+pub use error::{BoxError, Error, Result};
+pub use ext::{DistributedLockExt, SharedLock};
+pub use fence::{Fence, FenceMode, Fenced, StaleToken};
+pub use key::{LockKey, MAX_KEY_LEN};
+pub use lease::Lease;
+pub use memory::InMemoryLock;
+pub use options::{validate_ttl, AutoRenew, Drift, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL};
+pub use retry::{Backoff, MAX_BACKOFF};
+pub use state::{LeaseState, LeaseWatch, LostReason};
+pub use token::{FencingToken, OwnerToken};

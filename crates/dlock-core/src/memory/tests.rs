@@ -1,0 +1,179 @@
+//! Backend-level tests of the in-process lock: the raw contract, on tokio's paused clock.
+
+use super::*;
+
+fn key(k: &str) -> LockKey {
+    LockKey::new(k).unwrap()
+}
+
+fn req(key: &LockKey, owner: OwnerToken, ttl_ms: u64) -> LockRequest<'_> {
+    LockRequest {
+        key,
+        owner,
+        ttl: Duration::from_millis(ttl_ms),
+    }
+}
+
+fn lease(key: &LockKey, owner: OwnerToken) -> LeaseRef<'_> {
+    LeaseRef {
+        key,
+        owner,
+        fencing: None,
+    }
+}
+
+fn granted(a: Attempt) -> Grant {
+    match a {
+        Attempt::Acquired(g) => g,
+        Attempt::Busy { .. } => panic!("expected a grant, got busy"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn second_owner_is_busy_until_expiry() {
+    let m = InMemoryLock::new();
+    let k = key("k");
+    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    let first = granted(m.try_lock(&req(&k, a, 1000)).await.unwrap());
+    match m.try_lock(&req(&k, b, 1000)).await.unwrap() {
+        Attempt::Busy { retry_after } => assert_eq!(retry_after, Some(Duration::from_millis(1000))),
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let second = granted(m.try_lock(&req(&k, b, 1000)).await.unwrap());
+    assert!(second.fencing > first.fencing);
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_and_extend_check_ownership() {
+    let m = InMemoryLock::new();
+    let k = key("k");
+    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    granted(m.try_lock(&req(&k, a, 1000)).await.unwrap());
+    assert_eq!(m.release(&lease(&k, b)).await.unwrap(), Released::TakenOver);
+    assert_eq!(
+        m.extend(&lease(&k, b), Duration::from_secs(5))
+            .await
+            .unwrap(),
+        Extension::TakenOver
+    );
+    assert_eq!(
+        m.extend(&lease(&k, a), Duration::from_secs(5))
+            .await
+            .unwrap(),
+        Extension::Extended
+    );
+    tokio::time::sleep(Duration::from_millis(4999)).await;
+    assert!(matches!(
+        m.try_lock(&req(&k, b, 10)).await.unwrap(),
+        Attempt::Busy { .. }
+    ));
+    assert_eq!(m.release(&lease(&k, a)).await.unwrap(), Released::Released);
+    assert_eq!(m.release(&lease(&k, a)).await.unwrap(), Released::Expired);
+    assert_eq!(
+        m.entries(),
+        0,
+        "a released key with no waiters leaves no entry"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_lease_cannot_be_extended_or_released_over_the_successor() {
+    let m = InMemoryLock::new();
+    let k = key("k");
+    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    granted(m.try_lock(&req(&k, a, 100)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        m.extend(&lease(&k, a), Duration::from_secs(1))
+            .await
+            .unwrap(),
+        Extension::Expired,
+        "extend must not revive an expired lock"
+    );
+    granted(m.try_lock(&req(&k, b, 1000)).await.unwrap());
+    assert_eq!(m.release(&lease(&k, a)).await.unwrap(), Released::TakenOver);
+    assert!(matches!(
+        m.try_lock(&req(&k, a, 10)).await.unwrap(),
+        Attempt::Busy { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_increase_across_keys_and_holders() {
+    let m = InMemoryLock::new();
+    let mut last = FencingToken(0);
+    for i in 0..50 {
+        let k = key(if i % 2 == 0 { "even" } else { "odd" });
+        let owner = OwnerToken::random();
+        let g = granted(m.try_lock(&req(&k, owner, 1000)).await.unwrap());
+        assert!(g.fencing > last);
+        last = g.fencing;
+        m.release(&lease(&k, owner)).await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_wakes_a_waiter_at_once() {
+    let m = InMemoryLock::new();
+    let k = key("k");
+    let a = OwnerToken::random();
+    granted(m.try_lock(&req(&k, a, 60_000)).await.unwrap());
+    let waiter = {
+        let m = m.clone();
+        let k = k.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            m.wait_for_release(&k, start + Duration::from_secs(30))
+                .await
+                .unwrap();
+            start.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    m.release(&lease(&k, a)).await.unwrap();
+    let waited = waiter.await.unwrap();
+    assert_eq!(waited, Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiter_wakes_at_the_holders_expiry() {
+    let m = InMemoryLock::new();
+    let k = key("k");
+    granted(
+        m.try_lock(&req(&k, OwnerToken::random(), 700))
+            .await
+            .unwrap(),
+    );
+    let start = Instant::now();
+    m.wait_for_release(&k, start + Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(700));
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoned_entries_are_swept() {
+    let m = InMemoryLock::new();
+    for i in 0..(SWEEP_EVERY as usize) {
+        let k = key(&format!("k{i}"));
+        granted(
+            m.try_lock(&req(&k, OwnerToken::random(), 10))
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        m.entries(),
+        SWEEP_EVERY as usize,
+        "expired entries linger until a sweep"
+    );
+    let k = key("busy");
+    for _ in 0..SWEEP_EVERY {
+        let owner = OwnerToken::random();
+        granted(m.try_lock(&req(&k, owner, 10)).await.unwrap());
+        m.release(&lease(&k, owner)).await.unwrap();
+    }
+    assert!(m.entries() <= 1, "{} entries left", m.entries());
+}

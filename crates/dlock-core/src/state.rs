@@ -1,0 +1,309 @@
+//! The three-state view of a lease: held, uncertain, lost.
+//!
+//! Silent loss is the most common complaint against lock libraries: a holder keeps working after
+//! its lock expired or was taken over. Every lease therefore publishes its state on a watch channel
+//! that the holder can query ([`LeaseWatch::state`]) or await ([`LeaseWatch::lost`]), and that
+//! moves to *lost* on its own when the client-side validity deadline passes, without any server
+//! round trip.
+
+use std::fmt;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::key::LockKey;
+use crate::token::FencingToken;
+
+/// Why a lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// Its validity ran out before it was renewed (or renewal was stopped).
+    Expired,
+    /// The backend reports another owner (or no owner) where this lease should be.
+    TakenOver,
+    /// The session the lease lived in ended (ZooKeeper session, etcd lease).
+    SessionEnded,
+    /// The holder released or dropped it.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "its validity expired",
+            LostReason::TakenOver => "it was taken over or deleted on the server",
+            LostReason::SessionEnded => "its session ended",
+            LostReason::Released => "it was released",
+        })
+    }
+}
+
+/// What the holder can currently assume about its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Held, and confirmed by the backend, until `until` at the latest.
+    Held {
+        /// Client-side validity deadline.
+        until: Instant,
+    },
+    /// The backend cannot currently confirm the lease (connection lost, renewal failing). It may
+    /// still be held, but another client may already hold it once `until` passes: stop starting
+    /// new work that needs the lock.
+    Uncertain {
+        /// Client-side validity deadline; at this instant the lease becomes lost.
+        until: Instant,
+    },
+    /// Not held. Terminal: a lost lease never becomes held again.
+    Lost(LostReason),
+}
+
+impl LeaseState {
+    /// Whether the lease may be relied on (held, not uncertain, not lost).
+    pub fn is_held(&self) -> bool {
+        matches!(self, LeaseState::Held { .. })
+    }
+
+    /// Whether the lease is lost.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LeaseState::Lost(_))
+    }
+}
+
+/// What the backend or renewal last said about the lease, before the clock is taken into account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Condition {
+    Held,
+    Uncertain,
+    Lost(LostReason),
+}
+
+/// The value published on a lease's watch channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Status {
+    pub(crate) deadline: Instant,
+    pub(crate) condition: Condition,
+}
+
+impl Status {
+    /// The state at `now`: past its deadline a lease is lost whatever was last said.
+    pub(crate) fn at(&self, now: Instant) -> LeaseState {
+        match self.condition {
+            Condition::Lost(reason) => LeaseState::Lost(reason),
+            _ if now >= self.deadline => LeaseState::Lost(LostReason::Expired),
+            Condition::Held => LeaseState::Held {
+                until: self.deadline,
+            },
+            Condition::Uncertain => LeaseState::Uncertain {
+                until: self.deadline,
+            },
+        }
+    }
+}
+
+/// Sender side of a lease's state, shared by the lease and its renewal task.
+pub(crate) type StatusSender = watch::Sender<Status>;
+
+/// Applies `change` unless the lease is already lost at `now`; returns whether it applied.
+///
+/// Lost is terminal: a renewal acknowledged after the deadline passed does not resurrect the lease,
+/// because work may already have been cancelled on the strength of the loss.
+pub(crate) fn update(tx: &StatusSender, now: Instant, change: impl FnOnce(&mut Status)) -> bool {
+    let mut applied = false;
+    tx.send_if_modified(|status| match status.at(now) {
+        LeaseState::Lost(reason) => {
+            // Record an expiry so that watchers parked on the deadline see a terminal value.
+            let newly = !matches!(status.condition, Condition::Lost(_));
+            status.condition = Condition::Lost(reason);
+            newly
+        }
+        _ => {
+            let before = *status;
+            change(status);
+            applied = true;
+            *status != before
+        }
+    });
+    applied
+}
+
+/// Publishes the expiry of a lease whose deadline has passed, so that watchers see a terminal value.
+pub(crate) fn record_expiry(tx: &StatusSender, now: Instant) {
+    update(tx, now, |_| ());
+}
+
+/// Marks the lease lost for `reason` unless it is lost already; returns whether it changed.
+pub(crate) fn mark_lost(tx: &StatusSender, reason: LostReason) -> bool {
+    tx.send_if_modified(|status| {
+        if matches!(status.condition, Condition::Lost(_)) {
+            false
+        } else {
+            status.condition = Condition::Lost(reason);
+            true
+        }
+    })
+}
+
+/// A read-only, cloneable view of one lease's state, to hand to the tasks doing the guarded work.
+#[derive(Clone)]
+pub struct LeaseWatch {
+    pub(crate) key: LockKey,
+    pub(crate) fencing: FencingToken,
+    pub(crate) rx: watch::Receiver<Status>,
+}
+
+impl fmt::Debug for LeaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseWatch")
+            .field("key", &self.key)
+            .field("fencing", &self.fencing)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl LeaseWatch {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        self.key.as_str()
+    }
+
+    /// The lease's fencing token, to present to fenced resources.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing
+    }
+
+    /// The state now.
+    pub fn state(&self) -> LeaseState {
+        self.rx.borrow().at(Instant::now())
+    }
+
+    /// Whether the lease is held now (neither uncertain nor lost).
+    pub fn is_held(&self) -> bool {
+        self.state().is_held()
+    }
+
+    /// Completes when the lease is lost, with the reason.
+    ///
+    /// It wakes at the validity deadline by itself (no server round trip), and at once when the
+    /// backend, the renewal task, a release or a drop ends the lease.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn lost(&self) -> LostReason {
+        let mut rx = self.rx.clone();
+        loop {
+            let status = *rx.borrow_and_update();
+            if let LeaseState::Lost(reason) = status.at(Instant::now()) {
+                return reason;
+            }
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // The lease and its renewal are gone without saying why: treat as released.
+                        return match rx.borrow().condition {
+                            Condition::Lost(reason) => reason,
+                            _ => LostReason::Released,
+                        };
+                    }
+                }
+                _ = tokio::time::sleep_until(status.deadline) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn status(deadline: Instant) -> Status {
+        Status {
+            deadline,
+            condition: Condition::Held,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_until_deadline_then_expired() {
+        let now = Instant::now();
+        let s = status(now + Duration::from_secs(1));
+        assert!(s.at(now).is_held());
+        assert_eq!(
+            s.at(now + Duration::from_secs(1)),
+            LeaseState::Lost(LostReason::Expired)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_is_terminal() {
+        let now = Instant::now();
+        let (tx, _rx) = watch::channel(status(now + Duration::from_secs(1)));
+        assert!(mark_lost(&tx, LostReason::TakenOver));
+        assert!(!mark_lost(&tx, LostReason::Released));
+        let applied = update(&tx, now, |s| {
+            s.condition = Condition::Held;
+            s.deadline = now + Duration::from_secs(10);
+        });
+        assert!(!applied);
+        assert_eq!(tx.borrow().at(now), LeaseState::Lost(LostReason::TakenOver));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_renewal_does_not_resurrect() {
+        let now = Instant::now();
+        let (tx, _rx) = watch::channel(status(now + Duration::from_secs(1)));
+        let later = now + Duration::from_secs(2);
+        let applied = update(&tx, later, |s| s.deadline = later + Duration::from_secs(10));
+        assert!(!applied);
+        assert_eq!(tx.borrow().condition, Condition::Lost(LostReason::Expired));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_future_wakes_at_deadline_without_a_message() {
+        let start = Instant::now();
+        let (tx, rx) = watch::channel(status(start + Duration::from_secs(5)));
+        let w = LeaseWatch {
+            key: LockKey::new("k").unwrap(),
+            fencing: FencingToken(1),
+            rx,
+        };
+        assert_eq!(w.lost().await, LostReason::Expired);
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_future_follows_extensions_and_wakes_on_signal() {
+        let start = Instant::now();
+        let (tx, rx) = watch::channel(status(start + Duration::from_secs(5)));
+        let w = LeaseWatch {
+            key: LockKey::new("k").unwrap(),
+            fencing: FencingToken(1),
+            rx,
+        };
+        let waiter = tokio::spawn(async move { w.lost().await });
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        update(&tx, Instant::now(), |s| {
+            s.deadline = start + Duration::from_secs(20)
+        });
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(!waiter.is_finished());
+        mark_lost(&tx, LostReason::TakenOver);
+        assert_eq!(waiter.await.unwrap(), LostReason::TakenOver);
+        assert_eq!(start.elapsed(), Duration::from_secs(8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_sender_reads_as_released() {
+        let (tx, rx) = watch::channel(status(Instant::now() + Duration::from_secs(5)));
+        let w = LeaseWatch {
+            key: LockKey::new("k").unwrap(),
+            fencing: FencingToken(1),
+            rx,
+        };
+        drop(tx);
+        assert_eq!(w.lost().await, LostReason::Released);
+    }
+}

@@ -1,0 +1,226 @@
+//! Acquiring: busy answers, waiting, deadlines, expiry of abandoned locks, validity, fencing.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{
+    DistributedLock, DistributedLockExt, Drift, Error, FencingToken, InMemoryLock, LockOptions,
+    LostReason,
+};
+use support::{settle, Scripted};
+use tokio::time::Instant;
+
+fn memory() -> Arc<dyn DistributedLock> {
+    Arc::new(InMemoryLock::new())
+}
+
+fn opts(ttl_ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(ttl_ms))
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_acquire_answers_busy_without_waiting() {
+    let locks = memory();
+    let held = locks
+        .try_acquire("k", &opts(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    assert!(locks
+        .try_acquire("k", &opts(10_000))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    held.release().await.unwrap();
+    assert!(locks
+        .try_acquire("k", &opts(10_000))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_is_woken_by_release() {
+    let locks = memory();
+    let held = locks.acquire("k", &opts(60_000)).await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let lease = locks.acquire("k", &opts(60_000)).await.unwrap();
+            (start.elapsed(), lease)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1234)).await;
+    let first = held.fencing_token();
+    held.release().await.unwrap();
+    let (waited, lease) = waiter.await.unwrap();
+    assert_eq!(
+        waited,
+        Duration::from_millis(1234),
+        "woken by the release, not a timer"
+    );
+    assert!(lease.fencing_token() > first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_gives_up_at_its_deadline() {
+    let locks = memory();
+    let _held = locks.acquire("k", &opts(60_000)).await.unwrap();
+    let start = Instant::now();
+    let err = locks
+        .acquire("k", &opts(60_000).with_wait(Duration::from_millis(750)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert_eq!(start.elapsed(), Duration::from_millis(750));
+    assert!(err.is_temporary());
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoned_lock_is_taken_after_its_ttl() {
+    let locks = memory();
+    let abandoned = locks.acquire("k", &opts(2_000)).await.unwrap();
+    std::mem::forget(abandoned); // a crashed holder: no release, no drop
+    let start = Instant::now();
+    let lease = locks.acquire("k", &opts(2_000)).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(2_000));
+    assert_eq!(lease.fencing_token(), FencingToken(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn validity_is_measured_from_before_the_request_minus_drift() {
+    let backend = Scripted::new();
+    backend.faults.reply_delay_ms.store(100, Ordering::SeqCst);
+    let locks = backend.shared();
+    let sent = Instant::now();
+    let lease = locks.acquire("k", &opts(10_000)).await.unwrap();
+    // ttl 10 s, allowance 10 s × 0.01 + 2 ms = 102 ms; the 100 ms reply delay is not added back.
+    assert_eq!(
+        lease.valid_until(),
+        sent + Duration::from_millis(10_000 - 102)
+    );
+    assert_eq!(lease.remaining(), Duration::from_millis(10_000 - 102 - 100));
+    assert_eq!(lease.acquired_at(), sent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_that_arrives_too_late_is_released_not_returned() {
+    let backend = Scripted::new();
+    backend.faults.reply_delay_ms.store(500, Ordering::SeqCst);
+    let locks = backend.shared();
+    let err = locks.try_acquire("k", &opts(400)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LostReason::Expired,
+                ..
+            } | Error::Timeout { .. }
+        ),
+        "{err}"
+    );
+    backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
+    settle().await;
+    // Nothing is left held by the useless grant.
+    assert!(locks.try_acquire("k", &opts(400)).await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_acquire_retries_after_a_late_grant() {
+    let backend = Scripted::new();
+    backend.faults.reply_delay_ms.store(500, Ordering::SeqCst);
+    let locks = backend.shared();
+    let err = locks
+        .acquire("k", &opts(400).with_wait(Duration::from_secs(2)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(
+        support::Scripted::count(&backend.calls.try_lock) >= 2,
+        "it retried"
+    );
+    backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
+    settle().await;
+    assert!(locks.try_acquire("k", &opts(400)).await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn fencing_tokens_strictly_increase_across_release_and_expiry() {
+    let locks = memory();
+    let mut last = FencingToken(0);
+    for round in 0..40 {
+        let lease = locks.acquire("k", &opts(100)).await.unwrap();
+        assert!(lease.fencing_token() > last, "round {round}");
+        last = lease.fencing_token();
+        if round % 2 == 0 {
+            lease.release().await.unwrap();
+        } else {
+            std::mem::forget(lease);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn independent_keys_do_not_block_each_other() {
+    let locks = memory();
+    let _a = locks
+        .try_acquire("a", &opts(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let _b = locks
+        .try_acquire("b", &opts(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let _c = locks
+        .try_acquire("a/b", &opts(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_under_contention() {
+    let locks = memory();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (locks, inside, overlaps) = (locks.clone(), inside.clone(), overlaps.clone());
+        tasks.push(tokio::spawn(async move {
+            let o = opts(5_000).with_wait(Duration::from_secs(30));
+            for _ in 0..100 {
+                let lease = locks.acquire("hot", &o).await.unwrap();
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                lease.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn drift_is_subtracted_as_configured() {
+    let locks = memory();
+    let start = Instant::now();
+    let o = opts(1_000).with_drift(Drift {
+        factor: 0.1,
+        fixed: Duration::from_millis(50),
+    });
+    let lease = locks.acquire("k", &o).await.unwrap();
+    assert_eq!(lease.valid_until(), start + Duration::from_millis(850));
+}

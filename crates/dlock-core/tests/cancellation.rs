@@ -1,0 +1,94 @@
+//! Cancellation: a dropped acquire never leaves a lock held until its TTL.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use dlock_core::{DistributedLockExt, LockOptions};
+use support::{settle, Scripted};
+use tokio::time::Instant;
+
+fn opts(ttl_ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(ttl_ms))
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_dropped_after_the_grant_releases_what_it_took() {
+    let backend = Scripted::new();
+    Scripted::set(&backend.faults.hang_after_grant, true);
+    let locks = backend.shared();
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(50), locks.acquire("k", &opts(60_000))).await;
+    assert!(dropped.is_err(), "the reply never came");
+    Scripted::set(&backend.faults.hang_after_grant, false);
+    settle().await;
+    let start = Instant::now();
+    assert!(locks
+        .try_acquire("k", &opts(60_000))
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "released at once, not after the 60 s TTL"
+    );
+    assert_eq!(Scripted::count(&backend.calls.release), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_try_acquire_dropped_after_the_grant_releases_too() {
+    let backend = Scripted::new();
+    Scripted::set(&backend.faults.hang_after_grant, true);
+    let locks = backend.shared();
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        locks.try_acquire("k", &opts(60_000)),
+    )
+    .await;
+    assert!(dropped.is_err());
+    Scripted::set(&backend.faults.hang_after_grant, false);
+    settle().await;
+    assert!(locks
+        .try_acquire("k", &opts(60_000))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_mid_wait_leaves_nothing_held() {
+    let backend = Scripted::new();
+    let locks = backend.shared();
+    let holder = locks.acquire("k", &opts(60_000)).await.unwrap();
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(300),
+        locks.acquire("k", &opts(60_000)),
+    )
+    .await;
+    assert!(waiting.is_err());
+    holder.release().await.unwrap();
+    settle().await;
+    assert!(locks
+        .try_acquire("k", &opts(60_000))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_answer_costs_no_cleanup_round_trip() {
+    let backend = Scripted::new();
+    let locks = backend.shared();
+    let _holder = locks.acquire("k", &opts(60_000)).await.unwrap();
+    for _ in 0..5 {
+        assert!(locks
+            .try_acquire("k", &opts(60_000))
+            .await
+            .unwrap()
+            .is_none());
+    }
+    settle().await;
+    assert_eq!(backend.calls.release.load(Ordering::SeqCst), 0);
+}

@@ -1,0 +1,112 @@
+//! A test wrapper around the in-process backend that counts calls and injects faults.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Capabilities, DistributedLock, Error, Extension, InMemoryLock, LeaseRef, LockKey,
+    LockRequest, Released, Result,
+};
+use tokio::time::Instant;
+
+/// Faults to inject, switchable while a test runs.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Extends fail with a temporary backend error.
+    pub fail_extend: AtomicBool,
+    /// Extends answer "taken over" without asking the inner backend.
+    pub extend_taken_over: AtomicBool,
+    /// Each try_lock is delayed by this many milliseconds after the inner backend answered.
+    pub reply_delay_ms: AtomicU64,
+    /// After the inner backend granted, the reply never arrives.
+    pub hang_after_grant: AtomicBool,
+}
+
+/// Call counts.
+#[derive(Debug, Default)]
+pub struct Calls {
+    pub try_lock: AtomicUsize,
+    pub extend: AtomicUsize,
+    pub release: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Scripted {
+    pub inner: InMemoryLock,
+    pub faults: Arc<Faults>,
+    pub calls: Arc<Calls>,
+}
+
+impl Scripted {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn shared(&self) -> Arc<dyn DistributedLock> {
+        Arc::new(self.clone())
+    }
+
+    pub fn count(counter: &AtomicUsize) -> usize {
+        counter.load(Ordering::SeqCst)
+    }
+
+    pub fn set(flag: &AtomicBool, on: bool) {
+        flag.store(on, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Scripted {
+    fn backend_name(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        self.calls.try_lock.fetch_add(1, Ordering::SeqCst);
+        let answer = self.inner.try_lock(req).await?;
+        if matches!(answer, Attempt::Acquired(_))
+            && self.faults.hang_after_grant.load(Ordering::SeqCst)
+        {
+            std::future::pending::<()>().await;
+        }
+        let delay = self.faults.reply_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        Ok(answer)
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        self.calls.extend.fetch_add(1, Ordering::SeqCst);
+        if self.faults.fail_extend.load(Ordering::SeqCst) {
+            return Err(Error::backend("scripted", true, "connection reset"));
+        }
+        if self.faults.extend_taken_over.load(Ordering::SeqCst) {
+            return Ok(Extension::TakenOver);
+        }
+        self.inner.extend(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        self.calls.release.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(lease).await
+    }
+
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        self.inner.wait_for_release(key, until).await
+    }
+}
+
+/// Lets spawned background work (drop releases) run on the current-thread runtime.
+pub async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
