@@ -105,6 +105,13 @@ impl Grant {
     pub fn new(fencing: FencingToken, sent_at: Instant) -> Self {
         Grant { fencing, sent_at }
     }
+
+    /// The grant with its validity starting no later than `sent`, a time the caller took before
+    /// the request. Taking the earlier of two honest stamps only ever shortens the validity.
+    pub fn sent_no_later_than(mut self, sent: Instant) -> Self {
+        self.sent_at = self.sent_at.min(sent);
+        self
+    }
 }
 
 /// The result of one attempt to take a lock.
@@ -207,8 +214,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
+            let sent = Instant::now();
             let retry_after = match self.try_lock(req).await? {
-                Attempt::Acquired(grant) => return Ok(grant),
+                Attempt::Acquired(grant) => return Ok(grant.sent_no_later_than(sent)),
                 Attempt::Busy { retry_after } => retry_after,
             };
             let now = Instant::now();

@@ -198,10 +198,10 @@ async fn take(
         let pending = PendingAcquire::arm(backend, key, owner);
         let grant: Grant = match mode {
             Mode::Once => {
-                let answer =
-                    tokio::time::timeout_at(started + validity, backend.try_lock(&request));
+                let sent = Instant::now();
+                let answer = tokio::time::timeout_at(sent + validity, backend.try_lock(&request));
                 match answer.await {
-                    Ok(Ok(Attempt::Acquired(grant))) => grant,
+                    Ok(Ok(Attempt::Acquired(grant))) => grant.sent_no_later_than(sent),
                     Ok(Ok(Attempt::Busy { .. })) => {
                         pending.disarm();
                         return Ok(None);

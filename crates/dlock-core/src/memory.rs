@@ -72,6 +72,11 @@ impl InMemoryLock {
         self.table().slots.len()
     }
 
+    /// The keys that have an entry, for diagnostics and tests that check what a call left behind.
+    pub fn keys(&self) -> Vec<String> {
+        self.table().slots.keys().map(|k| k.to_string()).collect()
+    }
+
     fn table(&self) -> MutexGuard<'_, Table> {
         // Every mutation below leaves the table consistent before anything can panic.
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
