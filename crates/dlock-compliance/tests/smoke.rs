@@ -1,0 +1,405 @@
+//! Smoke test of the fixtures themselves, with the raw client crates: each trial starts one
+//! fixture, talks to it, injects the faults the compliance suite relies on, and checks that a
+//! client on the host observes them.
+//!
+//! Run with the images from `scripts/test-images`:
+//!
+//! ```sh
+//! eval "$(scripts/test-images)"
+//! cargo test -p dlock-compliance --test smoke
+//! ```
+//!
+//! With `DLOCK_TEST_NO_DOCKER=1` the container-backed trials are reported as ignored; without
+//! Docker and without the opt-out they fail with a message saying so.
+
+#![allow(clippy::unwrap_used)]
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use dlock_compliance::fixtures::{
+    docker_opt_out, four_letter_word, EtcdCluster, RedisMasters, RedisOptions, RedisServer,
+    ZkEnsemble, ZkOptions,
+};
+use libtest_mimic::{Arguments, Failed, Trial};
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+use tokio::time::timeout;
+use zookeeper_client as zk;
+
+/// Upper bound for one whole trial; far above the normal run time, only to end a hung trial
+/// (which drops, and so removes, its fixture).
+const TRIAL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a client waits for an answer that must come (a healthy server, generously).
+const ANSWER: Duration = Duration::from_secs(10);
+
+/// How long a request to a frozen server is given before we call it "timed out".
+const FROZEN: Duration = Duration::from_secs(1);
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(Failed::from(format!($($msg)+)));
+        }
+    };
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        trial("redis_single", RedisServer::needs_docker(), redis_single),
+        trial(
+            "redis_persistence",
+            RedisServer::needs_docker(),
+            redis_persistence,
+        ),
+        trial(
+            "redlock_masters",
+            RedisMasters::needs_docker(),
+            redlock_masters,
+        ),
+        trial(
+            "zookeeper_ensemble",
+            ZkEnsemble::needs_docker(),
+            zookeeper_ensemble,
+        ),
+        trial("etcd_cluster", EtcdCluster::needs_docker(), etcd_cluster),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// A trial with its own runtime; ignored when it needs Docker and the run opted out.
+fn trial<F, Fut>(name: &'static str, needs_docker: bool, body: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), Failed>>,
+{
+    let ignored = needs_docker && docker_opt_out();
+    Trial::test(name, move || {
+        if ignored {
+            return Err("DLOCK_TEST_NO_DOCKER=1: this trial needs Docker".into());
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let started = Instant::now();
+        let result = runtime.block_on(async {
+            timeout(TRIAL_TIMEOUT, body())
+                .await
+                .map_err(|_| Failed::from(format!("{name} did not finish in {TRIAL_TIMEOUT:?}")))?
+        });
+        eprintln!("[timing] {name}: whole trial {:.2?}", started.elapsed());
+        result
+    })
+    .with_ignored_flag(ignored)
+}
+
+async fn redis_connect(url: &str) -> Result<MultiplexedConnection, Failed> {
+    // No client-side response timeout: the tests decide with tokio timeouts what "no answer" is.
+    let config = AsyncConnectionConfig::new()
+        .set_response_timeout(None)
+        .set_connection_timeout(Some(ANSWER));
+    let client = redis::Client::open(url)?;
+    Ok(client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?)
+}
+
+async fn redis_get(
+    con: &mut MultiplexedConnection,
+    key: &str,
+) -> redis::RedisResult<Option<String>> {
+    redis::cmd("GET").arg(key).query_async(con).await
+}
+
+async fn redis_set(
+    con: &mut MultiplexedConnection,
+    key: &str,
+    value: &str,
+) -> redis::RedisResult<()> {
+    redis::cmd("SET").arg(key).arg(value).query_async(con).await
+}
+
+async fn redis_single() -> Result<(), Failed> {
+    let started = Instant::now();
+    let server = RedisServer::start().await?;
+    eprintln!("[timing] RedisServer::start: {:.2?}", started.elapsed());
+    let url = server.url();
+    let mut con = redis_connect(&url).await?;
+    redis_set(&mut con, "smoke", "1").await?;
+    ensure!(
+        redis_get(&mut con, "smoke").await? == Some("1".into()),
+        "GET after SET"
+    );
+    if !server.supports_faults() {
+        return Ok(());
+    }
+    let member = server.member()?;
+
+    member.pause().await?;
+    let frozen = timeout(FROZEN, redis_get(&mut con, "smoke")).await;
+    ensure!(
+        frozen.is_err(),
+        "GET to a paused Redis answered: {frozen:?}"
+    );
+    member.unpause().await?;
+    let thawed = timeout(ANSWER, redis_get(&mut con, "smoke")).await??;
+    ensure!(
+        thawed == Some("1".into()),
+        "GET after unpause gave {thawed:?}"
+    );
+
+    member.disconnect().await?;
+    let cut_off = timeout(ANSWER, async {
+        let mut con = redis_connect(&url).await?;
+        redis_get(&mut con, "smoke").await.map_err(Failed::from)
+    })
+    .await;
+    // Docker drops the published port with the network endpoint: refused at once, not a hang.
+    ensure!(
+        matches!(cut_off, Ok(Err(_))),
+        "a disconnected Redis must refuse connections, got {cut_off:?}"
+    );
+    let old = timeout(ANSWER, redis_get(&mut con, "smoke")).await;
+    ensure!(
+        matches!(old, Ok(Err(_))),
+        "an established connection must break on disconnect, got {old:?}"
+    );
+    member.reconnect().await?;
+    let mut con = redis_connect(&url).await?;
+    let back = timeout(ANSWER, redis_get(&mut con, "smoke")).await??;
+    ensure!(
+        back == Some("1".into()),
+        "GET after reconnect gave {back:?}"
+    );
+
+    member.restart_wipe_data().await?;
+    ensure!(
+        server.url() == url,
+        "URL changed across a wipe: {url} -> {}",
+        server.url()
+    );
+    let mut con = redis_connect(&url).await?;
+    let wiped = timeout(ANSWER, redis_get(&mut con, "smoke")).await??;
+    ensure!(wiped.is_none(), "key survived restart_wipe_data: {wiped:?}");
+    redis_set(&mut con, "smoke", "2").await?;
+    ensure!(
+        redis_get(&mut con, "smoke").await? == Some("2".into()),
+        "GET after wipe"
+    );
+
+    let stopping = Instant::now();
+    server.shutdown().await?;
+    eprintln!("[timing] RedisServer::shutdown: {:.2?}", stopping.elapsed());
+    Ok(())
+}
+
+async fn redis_persistence() -> Result<(), Failed> {
+    let server = RedisServer::start_with(RedisOptions::default().with_persistence(true)).await?;
+    let url = server.url();
+    let mut con = redis_connect(&url).await?;
+    redis_set(&mut con, "kept", "1").await?;
+    if !server.supports_faults() {
+        return Ok(());
+    }
+    let member = server.member()?;
+    member.kill().await?;
+    member.start().await?;
+    let mut con = redis_connect(&url).await?;
+    let after_crash = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    ensure!(
+        after_crash == Some("1".into()),
+        "fsync=always lost a key in a crash: {after_crash:?}"
+    );
+    member.restart_keep_data().await?;
+    let mut con = redis_connect(&url).await?;
+    let after_restart = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    ensure!(
+        after_restart == Some("1".into()),
+        "restart_keep_data lost a key: {after_restart:?}"
+    );
+    member.restart_wipe_data().await?;
+    let mut con = redis_connect(&url).await?;
+    let after_wipe = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    ensure!(
+        after_wipe.is_none(),
+        "restart_wipe_data kept a key: {after_wipe:?}"
+    );
+    Ok(())
+}
+
+async fn redlock_masters() -> Result<(), Failed> {
+    let started = Instant::now();
+    let masters = RedisMasters::start(RedisMasters::DEFAULT_COUNT).await?;
+    eprintln!("[timing] RedisMasters::start(5): {:.2?}", started.elapsed());
+    let urls = masters.urls();
+    ensure!(urls.len() == 5, "expected 5 masters, got {urls:?}");
+    for url in &urls {
+        let mut con = redis_connect(url).await?;
+        redis_set(&mut con, "smoke", url).await?;
+    }
+    if !masters.supports_faults() {
+        return Ok(());
+    }
+
+    let (first, second) = (masters.member(0)?, masters.member(1)?);
+    tokio::try_join!(first.stop(), second.stop())?;
+    let mut answered = Vec::new();
+    for url in &urls {
+        let outcome = timeout(FROZEN * 2, async {
+            let mut con = redis_connect(url).await?;
+            redis_get(&mut con, "smoke").await.map_err(Failed::from)
+        })
+        .await;
+        answered.push(matches!(outcome, Ok(Ok(Some(ref v))) if v == url));
+    }
+    ensure!(
+        answered == [false, false, true, true, true],
+        "with masters 0 and 1 stopped, answers were {answered:?}"
+    );
+
+    tokio::try_join!(first.start(), second.start())?;
+    for (i, url) in urls.iter().enumerate() {
+        let mut con = redis_connect(url).await?;
+        let value = timeout(ANSWER, redis_get(&mut con, "smoke")).await??;
+        // Without persistence a restart loses every key: the case Redlock's delayed restart is for.
+        let expected = (i >= 2).then(|| url.clone());
+        ensure!(value == expected, "master {i} after restart: {value:?}");
+    }
+    Ok(())
+}
+
+async fn zookeeper_ensemble() -> Result<(), Failed> {
+    let started = Instant::now();
+    let options = ZkOptions::default().with_tick_time(Duration::from_millis(500));
+    let ensemble = ZkEnsemble::start_with(3, options).await?;
+    eprintln!("[timing] ZkEnsemble::start(3): {:.2?}", started.elapsed());
+
+    let connect = |cs: String| async move {
+        zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(6))
+            .connect(&cs)
+            .await
+    };
+    let client = connect(ensemble.connect_string()).await?;
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    client.create("/smoke", b"1", &persistent).await?;
+    let (data, _) = client.get_data("/smoke").await?;
+    ensure!(data == b"1", "get_data gave {data:?}");
+    drop(client);
+    if !ensemble.supports_faults() {
+        return Ok(());
+    }
+
+    let leader = ensemble.leader().await?;
+    let stopped_at = Instant::now();
+    ensemble.member(leader)?.stop().await?;
+    let new_leader = ensemble.wait_for_leader(Duration::from_secs(60)).await?;
+    ensure!(
+        new_leader != leader,
+        "leader {leader} still leads after stop"
+    );
+    eprintln!(
+        "[timing] ZooKeeper re-election after stopping the leader: {:.2?}",
+        stopped_at.elapsed()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = timeout(ANSWER, async {
+            let client = connect(ensemble.connect_string()).await?;
+            match client
+                .create("/smoke-after-failover", b"2", &persistent)
+                .await
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        match attempt {
+            Ok(Ok(())) => break,
+            other if Instant::now() > deadline => {
+                return Err(format!("no create after failover within 60 s: {other:?}").into())
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    ensemble.member(leader)?.start().await?;
+    ensemble.wait_ready(Duration::from_secs(120)).await?;
+
+    let follower = (ensemble.leader().await? + 1) % 3;
+    let member = ensemble.member(follower)?;
+    let endpoint = member.endpoint();
+    member.pause().await?;
+    let frozen = four_letter_word(&endpoint, "srvr", FROZEN).await;
+    ensure!(
+        matches!(&frozen, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+        "srvr to a paused member: {frozen:?}"
+    );
+    member.unpause().await?;
+    // It answers again at once; whether it still serves depends on whether the pause outlasted
+    // syncLimit (2 ticks), after which it rejoins the leader first.
+    four_letter_word(&endpoint, "srvr", ANSWER).await?;
+    ensemble.wait_ready(Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+async fn etcd_connect(endpoints: &[String]) -> Result<etcd_client::Client, Failed> {
+    let options = etcd_client::ConnectOptions::new().with_connect_timeout(ANSWER);
+    Ok(etcd_client::Client::connect(endpoints, Some(options)).await?)
+}
+
+async fn etcd_cluster() -> Result<(), Failed> {
+    let started = Instant::now();
+    let cluster = EtcdCluster::start(3).await?;
+    eprintln!("[timing] EtcdCluster::start(3): {:.2?}", started.elapsed());
+    let endpoints = cluster.endpoints();
+    let mut client = etcd_connect(&endpoints).await?;
+    client.put("smoke", "1", None).await?;
+    let got = client.get("smoke", None).await?;
+    ensure!(
+        got.kvs().first().map(|kv| kv.value()) == Some(b"1".as_slice()),
+        "get after put: {got:?}"
+    );
+    drop(client);
+    if !cluster.supports_faults() {
+        return Ok(());
+    }
+
+    let leader = cluster.leader().await?;
+    let stopped = (leader + 1) % 3;
+    let used = (leader + 2) % 3;
+    cluster.member(stopped)?.stop().await?;
+    let mut client = etcd_connect(&endpoints[used..=used]).await?;
+    timeout(ANSWER, client.put("smoke", "2", None)).await??;
+
+    let member = cluster.member(used)?;
+    member.pause().await?;
+    let frozen = timeout(FROZEN, client.put("smoke", "3", None)).await;
+    ensure!(
+        frozen.is_err(),
+        "put through a paused member answered: {frozen:?}"
+    );
+    member.unpause().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match timeout(ANSWER, client.put("smoke", "4", None)).await {
+            Ok(Ok(_)) => break,
+            other if Instant::now() > deadline => {
+                return Err(format!("no put after unpause within 30 s: {other:?}").into())
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let got = timeout(ANSWER, client.get("smoke", None)).await??;
+    ensure!(
+        got.kvs().first().map(|kv| kv.value()) == Some(b"4".as_slice()),
+        "get after unpause: {got:?}"
+    );
+
+    cluster.member(stopped)?.start().await?;
+    cluster.wait_ready(Duration::from_secs(60)).await?;
+    Ok(())
+}
