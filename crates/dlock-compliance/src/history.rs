@@ -1,0 +1,353 @@
+//! A history of lock events and a checker for the two safety properties of a lock.
+//!
+//! Cases record what each client observed — when an acquire returned and with which token and
+//! validity deadline, when it released, when it learned its lease was lost — on one monotonic
+//! clock. The checker rebuilds each hold as the interval from the acquire's return to the
+//! earliest of its release, its loss and its validity deadline, and checks that
+//!
+//! * holds of one key never overlap (mutual exclusion within validity), and
+//! * in the order holds began, their fencing tokens strictly increase (token monotonicity).
+//!
+//! Both are judged on what clients saw: an acquire returns after the server granted, and a
+//! release is recorded before it is sent, so an overlap in the history is an overlap in fact.
+//! On failure the error shows the offending slice of history.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dlock_core::{FencingToken, LostReason};
+use tokio::time::Instant;
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// An acquire returned a lease.
+    Acquired {
+        /// The lease's fencing token.
+        token: FencingToken,
+        /// The lease's validity deadline, as an offset from the history's start.
+        valid_until: Duration,
+    },
+    /// The holder is about to release (recorded before the request is sent).
+    Releasing,
+    /// The holder learned its lease was lost.
+    Lost(LostReason),
+}
+
+/// One recorded event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Time since the history started.
+    pub at: Duration,
+    /// Which client (any number the case chooses).
+    pub client: usize,
+    /// The lock key.
+    pub key: String,
+    /// The token of the lease the event concerns (for `Releasing`/`Lost`).
+    pub token: FencingToken,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:>9.3} ms  client {:<3} {:<24} token {:<8} ",
+            self.at.as_secs_f64() * 1e3,
+            self.client,
+            format!("{:?}", self.key),
+            self.token.0
+        )?;
+        match &self.kind {
+            EventKind::Acquired { valid_until, .. } => {
+                write!(
+                    f,
+                    "acquired (valid until {:.3} ms)",
+                    valid_until.as_secs_f64() * 1e3
+                )
+            }
+            EventKind::Releasing => write!(f, "releasing"),
+            EventKind::Lost(reason) => write!(f, "lost: {reason}"),
+        }
+    }
+}
+
+/// A thread-safe, append-only event log.
+#[derive(Debug)]
+pub struct History {
+    start: Instant,
+    events: Mutex<Vec<Event>>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History::new()
+    }
+}
+
+/// A hold rebuilt from the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    client: usize,
+    token: FencingToken,
+    from: Duration,
+    to: Duration,
+}
+
+/// A safety property the history breaks, with the events around it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// What is wrong.
+    pub what: String,
+    /// The slice of history that shows it.
+    pub slice: Vec<Event>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.what)?;
+        for e in &self.slice {
+            writeln!(f, "    {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Violation {}
+
+impl History {
+    /// An empty history starting now.
+    pub fn new() -> Self {
+        History {
+            start: Instant::now(),
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn since(&self, t: Instant) -> Duration {
+        t.saturating_duration_since(self.start)
+    }
+
+    fn push(&self, event: Event) {
+        let mut events = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        events.push(event);
+    }
+
+    /// Records that `client` acquired `key` with `token`, valid until `valid_until`.
+    pub fn acquired(&self, client: usize, key: &str, token: FencingToken, valid_until: Instant) {
+        let at = self.since(Instant::now());
+        self.push(Event {
+            at,
+            client,
+            key: key.to_string(),
+            token,
+            kind: EventKind::Acquired {
+                token,
+                valid_until: self.since(valid_until),
+            },
+        });
+    }
+
+    /// Records that `client` is about to release its lease `token` on `key`.
+    pub fn releasing(&self, client: usize, key: &str, token: FencingToken) {
+        self.push(Event {
+            at: self.since(Instant::now()),
+            client,
+            key: key.to_string(),
+            token,
+            kind: EventKind::Releasing,
+        });
+    }
+
+    /// Records that `client` learned its lease `token` on `key` was lost, at `when`.
+    pub fn lost(
+        &self,
+        client: usize,
+        key: &str,
+        token: FencingToken,
+        reason: LostReason,
+        when: Instant,
+    ) {
+        self.push(Event {
+            at: self.since(when),
+            client,
+            key: key.to_string(),
+            token,
+            kind: EventKind::Lost(reason),
+        });
+    }
+
+    /// A copy of the events, in time order.
+    pub fn events(&self) -> Vec<Event> {
+        let mut events = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        events.sort_by_key(|e| e.at);
+        events
+    }
+
+    /// Checks mutual exclusion within validity and, if `fencing` is promised, token monotonicity.
+    pub fn check(&self, fencing: bool) -> Result<(), Violation> {
+        check_events(&self.events(), fencing)
+    }
+}
+
+/// Checks a list of events (see [`History::check`]).
+pub fn check_events(events: &[Event], fencing: bool) -> Result<(), Violation> {
+    let mut keys: Vec<&str> = events.iter().map(|e| e.key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for key in keys {
+        let of_key: Vec<&Event> = events.iter().filter(|e| e.key == key).collect();
+        let holds = holds_of(&of_key);
+        for pair in holds.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if b.from < a.to {
+                return Err(Violation {
+                    what: format!(
+                        "mutual exclusion violated on {key:?}: client {} (token {}) acquired at {:?} while client {} (token {}) held it until {:?}",
+                        b.client, b.token, b.from, a.client, a.token, a.to
+                    ),
+                    slice: slice(&of_key, a.from, b.to),
+                });
+            }
+            if fencing && b.token <= a.token {
+                return Err(Violation {
+                    what: format!(
+                        "fencing tokens not increasing on {key:?}: token {} (client {}) after token {} (client {})",
+                        b.token, b.client, a.token, a.client
+                    ),
+                    slice: slice(&of_key, a.from, b.to),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn holds_of(events: &[&Event]) -> Vec<Hold> {
+    let mut holds: Vec<Hold> = Vec::new();
+    for e in events {
+        if let EventKind::Acquired { token, valid_until } = e.kind {
+            let end = events
+                .iter()
+                .filter(|o| {
+                    o.client == e.client
+                        && o.token == token
+                        && o.at >= e.at
+                        && !matches!(o.kind, EventKind::Acquired { .. })
+                })
+                .map(|o| o.at)
+                .min()
+                .unwrap_or(valid_until);
+            holds.push(Hold {
+                client: e.client,
+                token,
+                from: e.at,
+                to: end.min(valid_until),
+            });
+        }
+    }
+    holds.sort_by_key(|h| (h.from, h.token));
+    holds
+}
+
+fn slice(events: &[&Event], from: Duration, to: Duration) -> Vec<Event> {
+    events
+        .iter()
+        .filter(|e| e.at >= from && e.at <= to)
+        .take(40)
+        .map(|e| (*e).clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(at_ms: u64, client: usize, token: u64, kind: EventKind) -> Event {
+        Event {
+            at: Duration::from_millis(at_ms),
+            client,
+            key: "k".into(),
+            token: FencingToken(token),
+            kind,
+        }
+    }
+
+    fn acq(at_ms: u64, client: usize, token: u64, until_ms: u64) -> Event {
+        ev(
+            at_ms,
+            client,
+            token,
+            EventKind::Acquired {
+                token: FencingToken(token),
+                valid_until: Duration::from_millis(until_ms),
+            },
+        )
+    }
+
+    #[test]
+    fn sequential_holds_pass() {
+        let events = vec![
+            acq(0, 1, 1, 1000),
+            ev(10, 1, 1, EventKind::Releasing),
+            acq(11, 2, 2, 1000),
+            ev(20, 2, 2, EventKind::Releasing),
+        ];
+        assert!(check_events(&events, true).is_ok());
+    }
+
+    #[test]
+    fn overlap_is_caught_and_shown() {
+        let events = vec![
+            acq(0, 1, 1, 1000),
+            acq(5, 2, 2, 1000),
+            ev(10, 1, 1, EventKind::Releasing),
+        ];
+        let v = check_events(&events, false).unwrap_err();
+        assert!(v.what.contains("mutual exclusion"), "{v}");
+        assert_eq!(
+            v.slice.len(),
+            3,
+            "both acquisitions and the release between them"
+        );
+        assert!(v.to_string().contains("client 2"), "{v}");
+    }
+
+    #[test]
+    fn a_hold_ends_at_its_validity_deadline() {
+        // Client 1 never released, but its lease was only valid until 100 ms.
+        let events = vec![acq(0, 1, 1, 100), acq(150, 2, 2, 1000)];
+        assert!(check_events(&events, true).is_ok());
+    }
+
+    #[test]
+    fn a_hold_ends_when_it_was_lost() {
+        let events = vec![
+            acq(0, 1, 1, 1000),
+            ev(50, 1, 1, EventKind::Lost(LostReason::TakenOver)),
+            acq(60, 2, 2, 1000),
+        ];
+        assert!(check_events(&events, true).is_ok());
+    }
+
+    #[test]
+    fn repeated_or_decreasing_tokens_are_caught() {
+        let events = vec![
+            acq(0, 1, 5, 1000),
+            ev(10, 1, 5, EventKind::Releasing),
+            acq(20, 2, 5, 1000),
+        ];
+        let v = check_events(&events, true).unwrap_err();
+        assert!(v.what.contains("fencing"), "{v}");
+        assert!(check_events(&events, false).is_ok());
+    }
+}

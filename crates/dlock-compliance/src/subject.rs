@@ -1,0 +1,156 @@
+//! What the suite runs against: a way to make independent clients of one lock service, and what
+//! the service declares about itself.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{Capabilities, DistributedLock};
+
+/// A boxed future returning a new client.
+pub type ClientFuture =
+    Pin<Box<dyn Future<Output = anyhow::Result<Arc<dyn DistributedLock>>> + Send>>;
+
+/// Makes a new, independent client of the service under test (its own connection or session).
+pub type Connect = Arc<dyn Fn() -> ClientFuture + Send + Sync>;
+
+/// Stops and starts the server behind a subject, for the outage case.
+#[async_trait]
+pub trait ServerControl: Send + Sync {
+    /// Makes the service unreachable (stop the server or all of its members).
+    async fn stop(&self) -> anyhow::Result<()>;
+    /// Brings it back.
+    async fn start(&self) -> anyhow::Result<()>;
+}
+
+/// Counts what the service stores, to check that rejected input left nothing behind.
+#[async_trait]
+pub trait Inspect: Send + Sync {
+    /// How many entries the service stores for lock keys starting with `namespace`.
+    async fn stored(&self, namespace: &str) -> anyhow::Result<u64>;
+}
+
+/// A dedicated instance of the service that the outage case may stop and start.
+///
+/// It must not be the instance the other cases use: they run in parallel and would fail with it.
+#[derive(Clone)]
+pub struct Outage {
+    pub(crate) control: Arc<dyn ServerControl>,
+    pub(crate) connect: Connect,
+}
+
+impl Outage {
+    /// An outage target: `control` stops and starts it, `connect` makes clients of it.
+    pub fn new<F, Fut>(control: Arc<dyn ServerControl>, connect: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = anyhow::Result<Arc<dyn DistributedLock>>> + Send + 'static,
+    {
+        Outage {
+            control,
+            connect: Arc::new(move || Box::pin(connect())),
+        }
+    }
+
+    /// A new client of the dedicated instance.
+    pub async fn client(&self) -> anyhow::Result<Arc<dyn DistributedLock>> {
+        (self.connect)().await
+    }
+}
+
+/// Time scale of the cases. Leases in the cases last a few `ttl`s; assertions on timing allow
+/// `slack` on top of what the algorithm promises (these machines are noisy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// The short TTL used where a case waits for expiry.
+    pub ttl: Duration,
+    /// Extra time allowed beyond every promised bound.
+    pub slack: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            ttl: Duration::from_millis(1_000),
+            slack: Duration::from_secs(3),
+        }
+    }
+}
+
+/// A lock service under test.
+#[derive(Clone)]
+pub struct Subject {
+    pub(crate) name: String,
+    pub(crate) connect: Connect,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) timing: Timing,
+    pub(crate) outage: Option<Outage>,
+    pub(crate) inspect: Option<Arc<dyn Inspect>>,
+}
+
+impl fmt::Debug for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subject")
+            .field("name", &self.name)
+            .field("capabilities", &self.capabilities)
+            .field("timing", &self.timing)
+            .field("outage", &self.outage.is_some())
+            .field("inspect", &self.inspect.is_some())
+            .finish()
+    }
+}
+
+impl Subject {
+    /// A subject named `name` (used as the test-name prefix) whose clients come from `connect`,
+    /// declaring `capabilities` (normally the backend's own [`DistributedLock::capabilities`]).
+    pub fn new<F, Fut>(name: impl Into<String>, capabilities: Capabilities, connect: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = anyhow::Result<Arc<dyn DistributedLock>>> + Send + 'static,
+    {
+        Subject {
+            name: name.into(),
+            connect: Arc::new(move || Box::pin(connect())),
+            capabilities,
+            timing: Timing::default(),
+            outage: None,
+            inspect: None,
+        }
+    }
+
+    /// Sets the time scale.
+    pub fn with_timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
+        self
+    }
+
+    /// Enables the outage case on a dedicated instance of the service.
+    pub fn with_outage(mut self, outage: Outage) -> Self {
+        self.outage = Some(outage);
+        self
+    }
+
+    /// Enables the "no state left behind" check of the invalid-input case.
+    pub fn with_inspect(mut self, inspect: Arc<dyn Inspect>) -> Self {
+        self.inspect = Some(inspect);
+        self
+    }
+
+    /// The subject's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the subject declares.
+    pub fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    /// A new independent client.
+    pub async fn client(&self) -> anyhow::Result<Arc<dyn DistributedLock>> {
+        (self.connect)().await
+    }
+}

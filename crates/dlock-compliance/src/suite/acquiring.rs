@@ -1,0 +1,134 @@
+//! Acquiring: busy answers, deadlines, prompt hand-over, honest validity.
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure};
+use dlock_core::{DistributedLockExt, Error, Released};
+use tokio::time::Instant;
+
+use super::Ctx;
+
+/// `try_acquire` on a held key answers "busy" quickly instead of waiting.
+pub(crate) async fn try_acquire_answers_busy_fast(cx: Ctx) -> anyhow::Result<()> {
+    let holder = cx.client().await?;
+    let other = cx.client().await?;
+    let key = cx.key("busy");
+    let opts = cx.opts(cx.long_ttl());
+    let lease = holder.acquire(&key, &opts).await?;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let answer = other.try_acquire(&key, &opts).await?;
+        let took = start.elapsed();
+        ensure!(answer.is_none(), "try_acquire took a held lock");
+        ensure!(took <= cx.slack(), "busy answer took {took:?}");
+    }
+    lease.release().await?;
+    Ok(())
+}
+
+/// A waiting `acquire` gives up with `Timeout` at its deadline, not much later.
+pub(crate) async fn acquire_respects_its_deadline(cx: Ctx) -> anyhow::Result<()> {
+    let holder = cx.client().await?;
+    let other = cx.client().await?;
+    let key = cx.key("deadline");
+    let lease = holder.acquire(&key, &cx.opts(cx.long_ttl())).await?;
+    let wait = cx.ttl();
+    let start = Instant::now();
+    let result = other
+        .acquire(&key, &cx.opts(cx.long_ttl()).with_wait(wait))
+        .await;
+    let took = start.elapsed();
+    match result {
+        Err(Error::Timeout { .. }) => {}
+        Err(other) => bail!("expected a timeout, got {other}"),
+        Ok(_) => bail!("acquired a lock that was held"),
+    }
+    ensure!(
+        took + Duration::from_millis(5) >= wait,
+        "gave up after {took:?}, before its {wait:?} deadline"
+    );
+    ensure!(
+        took <= wait + cx.slack(),
+        "gave up after {took:?}, deadline was {wait:?}"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// A waiter gets the lock soon after the holder releases, long before the TTL.
+pub(crate) async fn release_frees_promptly_for_a_waiter(cx: Ctx) -> anyhow::Result<()> {
+    let holder = cx.client().await?;
+    let waiter = cx.client().await?;
+    let key = cx.key("handover");
+    let opts = cx.opts(cx.long_ttl());
+    let lease = holder.acquire(&key, &opts).await?;
+    let first = lease.fencing_token();
+    let wait_opts = opts.clone().with_wait(Duration::from_secs(30));
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let lease = waiter.acquire(&key, &wait_opts).await;
+            (lease, Instant::now())
+        })
+    };
+    tokio::time::sleep(cx.ttl() / 4).await;
+    ensure!(!waiting.is_finished(), "the waiter acquired a held lock");
+    let released_at = Instant::now();
+    ensure!(
+        lease.release().await? == Released::Released,
+        "release did not release"
+    );
+    let (second, acquired_at) = waiting.await?;
+    let second = second?;
+    let gap = acquired_at - released_at;
+    ensure!(
+        gap <= cx.slack(),
+        "the waiter took {gap:?} to notice the release"
+    );
+    if cx.fenced() {
+        ensure!(
+            second.fencing_token() > first,
+            "token did not grow: {first} then {}",
+            second.fencing_token()
+        );
+    }
+    second.release().await?;
+    Ok(())
+}
+
+/// How much later than the caller's clock reading a backend may stamp its request as sent.
+const STAMP_TOLERANCE: Duration = Duration::from_millis(10);
+
+/// The validity deadline starts before the request was sent and leaves the drift allowance.
+pub(crate) async fn validity_is_measured_from_before_the_request(cx: Ctx) -> anyhow::Result<()> {
+    let client = cx.client().await?;
+    let ttl = cx.ttl() * 4;
+    let opts = cx.opts(ttl);
+    for mode in ["try_acquire", "acquire"] {
+        let key = cx.key(mode);
+        let before = Instant::now();
+        let lease = if mode == "try_acquire" {
+            client.try_acquire(&key, &opts).await?
+        } else {
+            Some(client.acquire(&key, &opts).await?)
+        };
+        let Some(lease) = lease else {
+            bail!("{mode}: a free key was busy");
+        };
+        // The request leaves after `before`, by no more than scheduling noise; a backend that
+        // starts the validity when the reply arrives overshoots by a whole round trip or more.
+        let latest = before + opts.drift.validity(ttl) + STAMP_TOLERANCE;
+        ensure!(
+            lease.valid_until() <= latest,
+            "{mode}: valid until {:?} after the request started, more than ttl − drift = {:?}",
+            lease.valid_until() - before,
+            opts.drift.validity(ttl)
+        );
+        ensure!(
+            lease.acquired_at() >= before,
+            "{mode}: validity starts before the call"
+        );
+        lease.release().await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! The lost signal and auto-renew: a holder learns of a loss before anyone else can hold the lock,
+//! and renewal keeps a lock exactly as long as it should.
+
+use std::sync::Arc;
+
+use anyhow::{bail, ensure};
+use dlock_core::{DistributedLock, DistributedLockExt, Error, Released};
+use tokio::time::Instant;
+
+use super::Ctx;
+use crate::freeze::Freezable;
+
+/// A renewing holder is frozen (a GC pause); its lease ends on the server. Its lost signal must
+/// have fired by the time another client holds the lock, and thawing must not revive it.
+pub(crate) async fn lost_signal_fires_when_the_lease_ends_behind_the_holders_back(
+    cx: Ctx,
+) -> anyhow::Result<()> {
+    let freezable = Freezable::new(cx.client().await?);
+    let holder: Arc<dyn DistributedLock> = Arc::new(freezable.clone());
+    let other = cx.client().await?;
+    let third = cx.client().await?;
+    let key = cx.key("lost");
+    let ttl = cx.ttl();
+    let lease = holder
+        .acquire(&key, &cx.opts(ttl).with_auto_renew())
+        .await?;
+    let watch = lease.watch();
+    let signal = tokio::spawn(async move {
+        let reason = watch.lost().await;
+        (reason, Instant::now())
+    });
+    freezable.freeze();
+    let successor = other
+        .acquire(
+            &key,
+            &cx.opts(cx.long_ttl()).with_wait(ttl * 3 + cx.slack()),
+        )
+        .await?;
+    let taken_at = Instant::now();
+    // Give the signal task a moment to be scheduled; it records when it fired, not when it ran.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    if !signal.is_finished() {
+        bail!("another client holds the lock but the holder's lost signal has not fired");
+    }
+    let (reason, fired_at) = signal.await?;
+    ensure!(
+        fired_at <= taken_at,
+        "lost signal ({reason}) fired {:?} after another client took the lock",
+        fired_at - taken_at
+    );
+    freezable.thaw();
+    tokio::time::sleep(ttl / 2).await;
+    ensure!(
+        lease.state().is_lost(),
+        "thawed renewal revived the lease: {:?}",
+        lease.state()
+    );
+    ensure!(
+        lease.release().await? != Released::Released,
+        "the lost lease released the successor's lock"
+    );
+    ensure!(
+        third.try_acquire(&key, &cx.opts(ttl)).await?.is_none(),
+        "the successor's lock is gone"
+    );
+    ensure!(
+        successor.release().await? == Released::Released,
+        "successor could not release"
+    );
+    Ok(())
+}
+
+/// Auto-renew holds a lock across several TTLs while others wait in vain, and stops with release.
+pub(crate) async fn auto_renew_keeps_the_lock_and_stops_after_release(
+    cx: Ctx,
+) -> anyhow::Result<()> {
+    let holder = cx.client().await?;
+    let other = cx.client().await?;
+    let third = cx.client().await?;
+    let key = cx.key("renew");
+    let ttl = cx.ttl();
+    let lease = holder
+        .acquire(&key, &cx.opts(ttl).with_auto_renew())
+        .await?;
+    match other.acquire(&key, &cx.opts(ttl).with_wait(ttl * 3)).await {
+        Err(Error::Timeout { .. }) => {}
+        Err(e) => bail!("waiting for a renewed lock failed oddly: {e}"),
+        Ok(_) => bail!("another client acquired a lock that was being renewed"),
+    }
+    ensure!(lease.is_held(), "renewed lease is {:?}", lease.state());
+    ensure!(
+        lease.release().await? == Released::Released,
+        "release failed"
+    );
+    let start = Instant::now();
+    let successor = other
+        .acquire(&key, &cx.opts(cx.long_ttl()).with_wait(cx.slack()))
+        .await?;
+    ensure!(
+        start.elapsed() <= cx.slack(),
+        "release was slow to free the lock"
+    );
+    // If renewal outlived the release it would fight the successor now.
+    tokio::time::sleep(ttl).await;
+    ensure!(successor.is_held(), "successor is {:?}", successor.state());
+    ensure!(
+        third.try_acquire(&key, &cx.opts(ttl)).await?.is_none(),
+        "successor lost the lock"
+    );
+    ensure!(
+        successor.release().await? == Released::Released,
+        "successor could not release"
+    );
+    Ok(())
+}

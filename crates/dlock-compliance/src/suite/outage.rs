@@ -1,0 +1,75 @@
+//! Outage: with the server gone, calls fail within their deadlines instead of hanging, and the
+//! same client works again once the server is back.
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use dlock_core::DistributedLockExt;
+use tokio::time::Instant;
+
+use super::Ctx;
+
+/// Stops the subject's dedicated server, checks that operations fail in bounded time, restarts
+/// it, and checks that service resumes.
+pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
+    cx: Ctx,
+) -> anyhow::Result<()> {
+    let Some(outage) = cx.subject().outage.clone() else {
+        bail!("the subject has no dedicated server to stop");
+    };
+    let client = outage.client().await?;
+    let key = cx.key("outage");
+    let ttl = cx.ttl();
+    // Works before.
+    client
+        .try_acquire(&key, &cx.opts(ttl))
+        .await?
+        .context("a free key was busy")?
+        .release()
+        .await?;
+    outage.control.stop().await?;
+    let result = async {
+        let start = Instant::now();
+        let attempt = client.try_acquire(&key, &cx.opts(ttl)).await;
+        ensure!(
+            attempt.is_err(),
+            "try_acquire succeeded with the server stopped"
+        );
+        ensure!(
+            start.elapsed() <= ttl + cx.slack(),
+            "try_acquire took {:?} to fail",
+            start.elapsed()
+        );
+        let wait = ttl;
+        let start = Instant::now();
+        let attempt = client.acquire(&key, &cx.opts(ttl).with_wait(wait)).await;
+        ensure!(
+            attempt.is_err(),
+            "acquire succeeded with the server stopped"
+        );
+        ensure!(
+            start.elapsed() <= wait + cx.slack(),
+            "acquire with a {wait:?} deadline took {:?} to fail",
+            start.elapsed()
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    outage.control.start().await?;
+    result?;
+    let recovery = Duration::from_secs(30) + cx.slack();
+    let start = Instant::now();
+    loop {
+        match client.try_acquire(&key, &cx.opts(ttl)).await {
+            Ok(Some(lease)) => {
+                lease.release().await?;
+                return Ok(());
+            }
+            Ok(None) => bail!("the key is busy after the restart"),
+            Err(e) if start.elapsed() > recovery => {
+                bail!("no recovery {recovery:?} after the restart: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}

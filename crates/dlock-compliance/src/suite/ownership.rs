@@ -1,0 +1,79 @@
+//! Ownership: only the current owner may extend or release.
+
+use anyhow::{bail, ensure};
+use dlock_core::{DistributedLockExt, Extension, LeaseRef, LockKey, OwnerToken, Released};
+
+use super::Ctx;
+
+/// A lease that expired and was taken over cannot release or extend the successor's lock.
+pub(crate) async fn stale_lease_cannot_release_or_extend(cx: Ctx) -> anyhow::Result<()> {
+    let old = cx.client().await?;
+    let new = cx.client().await?;
+    let third = cx.client().await?;
+    let key = cx.key("stale");
+    let mut stale = old.acquire(&key, &cx.opts(cx.ttl())).await?;
+    let successor = new
+        .acquire(
+            &key,
+            &cx.opts(cx.long_ttl()).with_wait(cx.ttl() * 2 + cx.slack()),
+        )
+        .await?;
+    if stale.extend(cx.ttl()).await.is_ok() {
+        bail!("the stale lease extended the successor's lock");
+    }
+    let released = stale.release().await?;
+    ensure!(
+        released != Released::Released,
+        "the stale lease released the successor's lock"
+    );
+    ensure!(
+        third.try_acquire(&key, &cx.opts(cx.ttl())).await?.is_none(),
+        "the successor's lock is gone after the stale lease's release"
+    );
+    ensure!(
+        successor.is_held(),
+        "the successor's lease is not held: {:?}",
+        successor.state()
+    );
+    ensure!(
+        successor.release().await? == Released::Released,
+        "the successor could not release its own lock"
+    );
+    Ok(())
+}
+
+/// An owner token that never held the lock cannot release or extend it.
+pub(crate) async fn foreign_owner_cannot_release_or_extend(cx: Ctx) -> anyhow::Result<()> {
+    let holder = cx.client().await?;
+    let stranger = cx.client().await?;
+    let key = cx.key("foreign");
+    let lease = holder.acquire(&key, &cx.opts(cx.long_ttl())).await?;
+    let lock_key = LockKey::new(&key)?;
+    let foreign = LeaseRef {
+        key: &lock_key,
+        owner: OwnerToken::random(),
+        fencing: None,
+    };
+    let released = stranger.release(&foreign).await?;
+    ensure!(
+        released != Released::Released,
+        "a stranger released the lock"
+    );
+    let extended = stranger.extend(&foreign, cx.long_ttl()).await?;
+    ensure!(
+        extended != Extension::Extended,
+        "a stranger extended the lock"
+    );
+    ensure!(
+        stranger
+            .try_acquire(&key, &cx.opts(cx.ttl()))
+            .await?
+            .is_none(),
+        "the lock is free after a stranger's release"
+    );
+    ensure!(
+        lease.release().await? == Released::Released,
+        "the owner could not release"
+    );
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! Proof that the suite has teeth: it is run against deliberately broken lock services, and
+//! every defect must be caught by at least one case, while the same service without a defect
+//! passes every case.
+
+mod broken;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use broken::{Broken, Defect, StampsOnArrival};
+use dlock_compliance::suite::{self, Case};
+use dlock_compliance::Subject;
+use dlock_core::DistributedLock;
+use libtest_mimic::{Arguments, Failed, Trial};
+
+fn subject(defect: Option<Defect>) -> Subject {
+    let service = Broken::new(defect);
+    let capabilities = service.capabilities();
+    let name = defect.map_or("correct", Defect::name);
+    Subject::new(name, capabilities, move || {
+        let client: Arc<dyn DistributedLock> = if defect == Some(Defect::ValidityIgnoresElapsed) {
+            Arc::new(StampsOnArrival(service.clone()))
+        } else {
+            Arc::new(service.clone())
+        };
+        async move { Ok(client) }
+    })
+}
+
+/// Runs every applicable case against `subject` concurrently; returns the cases that failed.
+fn failing_cases(subject: &Subject) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let cases: Vec<Case> = suite::applicable(subject);
+        let runs = cases.iter().map(|case| {
+            let (case, subject) = (*case, subject.clone());
+            tokio::spawn(async move { (case.name, suite::run_case(&case, &subject).await) })
+        });
+        let mut failed = Vec::new();
+        for run in futures::future::join_all(runs).await {
+            let (name, result) = run?;
+            if let Err(e) = result {
+                failed.push((name, format!("{e:#}")));
+            }
+        }
+        failed.sort();
+        Ok(failed)
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let table: Arc<Mutex<BTreeMap<&'static str, Vec<&'static str>>>> = Arc::default();
+    let mut trials = vec![Trial::test(
+        "teeth::correct_service_passes_every_case",
+        || {
+            let failed = failing_cases(&subject(None)).map_err(|e| Failed::from(e.to_string()))?;
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                let lines: Vec<String> = failed.iter().map(|(c, e)| format!("{c}: {e}")).collect();
+                Err(format!("the correct service failed:\n{}", lines.join("\n")).into())
+            }
+        },
+    )];
+    for defect in Defect::ALL {
+        let table = table.clone();
+        let name = format!("teeth::{}", defect.name().replace([' ', '-'], "_"));
+        trials.push(Trial::test(name, move || {
+            let failed =
+                failing_cases(&subject(Some(defect))).map_err(|e| Failed::from(e.to_string()))?;
+            let caught: Vec<&'static str> = failed.iter().map(|(case, _)| *case).collect();
+            if let Ok(mut table) = table.lock() {
+                table.insert(defect.name(), caught.clone());
+            }
+            if caught.is_empty() {
+                Err(format!("no case caught the defect \"{}\"", defect.name()).into())
+            } else {
+                Ok(())
+            }
+        }));
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Ok(table) = table.lock() {
+        if !table.is_empty() {
+            println!("\nvariant → cases that caught it");
+            for (variant, caught) in table.iter() {
+                let caught = if caught.is_empty() {
+                    "NOTHING (survived)".to_string()
+                } else {
+                    caught.join(", ")
+                };
+                println!("  {variant:<40} → {caught}");
+            }
+        }
+    }
+    conclusion.exit();
+}
