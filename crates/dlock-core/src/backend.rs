@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::retry::Backoff;
+use crate::session::SessionWatch;
 use crate::token::{FencingToken, OwnerToken};
 
 /// How strongly a backend orders the fencing tokens of successive holders of one key.
@@ -90,7 +91,7 @@ pub struct LeaseRef<'a> {
 }
 
 /// The server's answer to a successful lock request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Grant {
     /// The fencing token of the new holder.
@@ -98,12 +99,26 @@ pub struct Grant {
     /// The client's monotonic time just before the granting request was sent. The lease's
     /// validity is measured from here, so time spent on the wire counts against it.
     pub sent_at: Instant,
+    /// For session-based backends: the session the lock lives in, which the lease then follows
+    /// (see [`SessionState`](crate::SessionState)).
+    pub session: Option<SessionWatch>,
 }
 
 impl Grant {
     /// A grant of `fencing` for a request sent at `sent_at`.
     pub fn new(fencing: FencingToken, sent_at: Instant) -> Self {
-        Grant { fencing, sent_at }
+        Grant {
+            fencing,
+            sent_at,
+            session: None,
+        }
+    }
+
+    /// Ties the lease to a session: it is held while the session is alive, uncertain while it is
+    /// suspended, and lost when it expires.
+    pub fn with_session(mut self, session: SessionWatch) -> Self {
+        self.session = Some(session);
+        self
     }
 
     /// The grant with its validity starting no later than `sent`, a time the caller took before
@@ -115,7 +130,7 @@ impl Grant {
 }
 
 /// The result of one attempt to take a lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Attempt {
     /// The lock is ours.
     Acquired(Grant),

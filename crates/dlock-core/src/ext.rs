@@ -250,7 +250,10 @@ async fn take(
                     config,
                     status: lease.status_sender(),
                 };
-                lease.set_renewal(renewal.spawn());
+                lease.attach(renewal.spawn());
+            }
+            if let Some(session) = grant.session {
+                lease.attach(crate::session::follow(lease.status_sender(), session));
             }
             return Ok(Some(lease));
         }

@@ -37,7 +37,8 @@ pub struct Lease {
     drift: Drift,
     acquired_at: Instant,
     status: StatusSender,
-    renewal: Option<JoinHandle<()>>,
+    /// Renewal and session-following tasks, aborted when the lease ends.
+    tasks: Vec<JoinHandle<()>>,
     finished: bool,
 }
 
@@ -68,13 +69,14 @@ impl Lease {
             drift: parts.drift,
             acquired_at: parts.sent_at,
             status,
-            renewal: None,
+            tasks: Vec::new(),
             finished: false,
         }
     }
 
-    pub(crate) fn set_renewal(&mut self, task: JoinHandle<()>) {
-        self.renewal = Some(task);
+    /// Ties a background task (renewal, session following) to the lease's life.
+    pub(crate) fn attach(&mut self, task: JoinHandle<()>) {
+        self.tasks.push(task);
     }
 
     pub(crate) fn status_sender(&self) -> StatusSender {
@@ -218,7 +220,7 @@ impl Lease {
     /// If cancelled, the release may or may not have reached the server; the lease is then dropped,
     /// which spawns a best-effort release.
     pub async fn release(mut self) -> Result<Released> {
-        self.stop_renewal();
+        self.stop_tasks();
         state::mark_lost(&self.status, LostReason::Released);
         let span = tracing::debug_span!(
             "dlock.release",
@@ -247,8 +249,8 @@ impl Lease {
         result
     }
 
-    fn stop_renewal(&mut self) {
-        if let Some(task) = self.renewal.take() {
+    fn stop_tasks(&mut self) {
+        for task in self.tasks.drain(..) {
             task.abort();
         }
     }
@@ -342,7 +344,7 @@ impl Drop for Lease {
         if self.finished {
             return;
         }
-        self.stop_renewal();
+        self.stop_tasks();
         state::mark_lost(&self.status, LostReason::Released);
         release_in_background(
             self.backend.clone(),

@@ -49,6 +49,7 @@ mod options;
 mod pending;
 mod renew;
 mod retry;
+mod session;
 mod state;
 mod token;
 
@@ -65,5 +66,6 @@ pub use lease::Lease;
 pub use memory::InMemoryLock;
 pub use options::{validate_ttl, AutoRenew, Drift, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL};
 pub use retry::{Backoff, MAX_BACKOFF};
+pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};

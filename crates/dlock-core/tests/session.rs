@@ -1,0 +1,110 @@
+//! Session-based leases follow their session: held, uncertain while suspended, lost on expiry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Capabilities, DistributedLock, DistributedLockExt, Extension, InMemoryLock, LeaseRef,
+    LeaseState, LockOptions, LockRequest, LostReason, Released, Result, SessionState,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The in-process lock, with every grant tied to one shared session the test controls.
+#[derive(Debug)]
+struct InSession {
+    inner: InMemoryLock,
+    session: watch::Sender<SessionState>,
+}
+
+#[async_trait]
+impl DistributedLock for InSession {
+    fn backend_name(&self) -> &'static str {
+        "session"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities().with_sessions()
+    }
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        Ok(match self.inner.try_lock(req).await? {
+            Attempt::Acquired(grant) => {
+                Attempt::Acquired(grant.with_session(self.session.subscribe()))
+            }
+            busy => busy,
+        })
+    }
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        self.inner.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        self.inner.release(lease).await
+    }
+}
+
+fn setup() -> (Arc<dyn DistributedLock>, watch::Sender<SessionState>) {
+    let (tx, _) = watch::channel(SessionState::Alive { until: None });
+    let backend = InSession {
+        inner: InMemoryLock::new(),
+        session: tx.clone(),
+    };
+    (Arc::new(backend), tx)
+}
+
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_session_keeps_the_lease_beyond_its_ttl() {
+    let (locks, _session) = setup();
+    let lease = locks
+        .acquire("k", &LockOptions::new(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(lease.is_held(), "{:?}", lease.state());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_suspended_session_is_uncertain_then_lost_at_its_bound() {
+    let (locks, session) = setup();
+    let lease = locks
+        .acquire("k", &LockOptions::new(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    settle().await;
+    let until = Instant::now() + Duration::from_secs(4);
+    session.send_replace(SessionState::Suspended { until });
+    settle().await;
+    assert_eq!(lease.state(), LeaseState::Uncertain { until });
+    session.send_replace(SessionState::Alive { until: None });
+    settle().await;
+    assert!(lease.is_held(), "reconnected in time: {:?}", lease.state());
+    session.send_replace(SessionState::Suspended { until });
+    let start = Instant::now();
+    assert_eq!(lease.lost().await, LostReason::Expired);
+    assert_eq!(start.elapsed(), Duration::from_secs(4));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_session_loses_the_lease_at_once() {
+    let (locks, session) = setup();
+    let lease = locks
+        .acquire("k", &LockOptions::new(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let watch = lease.watch();
+    let lost = tokio::spawn(async move { (watch.lost().await, Instant::now()) });
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let expired_at = Instant::now();
+    session.send_replace(SessionState::Expired);
+    let (reason, at) = lost.await.unwrap();
+    assert_eq!(reason, LostReason::SessionEnded);
+    assert_eq!(at, expired_at);
+    assert_eq!(lease.state(), LeaseState::Lost(LostReason::SessionEnded));
+}
