@@ -50,6 +50,16 @@ impl Freezable {
     }
 }
 
+impl crate::subject::Freeze for Freezable {
+    fn freeze(&self) {
+        Freezable::freeze(self);
+    }
+
+    fn thaw(&self) {
+        Freezable::thaw(self);
+    }
+}
+
 #[async_trait]
 impl DistributedLock for Freezable {
     fn backend_name(&self) -> &'static str {

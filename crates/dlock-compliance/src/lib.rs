@@ -10,9 +10,11 @@
 pub mod fixtures;
 pub mod freeze;
 pub mod history;
+pub mod proxy;
 pub mod subject;
 pub mod suite;
 
 pub use freeze::Freezable;
 pub use history::{History, Violation};
-pub use subject::{Inspect, Outage, ServerControl, Subject, Timing};
+pub use proxy::FreezeProxy;
+pub use subject::{Freeze, Inspect, Outage, ServerControl, Subject, Timing};

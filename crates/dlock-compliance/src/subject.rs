@@ -17,6 +17,19 @@ pub type ClientFuture =
 /// Makes a new, independent client of the service under test (its own connection or session).
 pub type Connect = Arc<dyn Fn() -> ClientFuture + Send + Sync>;
 
+/// Freezes one client's link to the service, as a long process pause or a partition would.
+pub trait Freeze: Send + Sync {
+    /// Stops the client's traffic (its renewals or keep-alives) from reaching the service.
+    fn freeze(&self);
+    /// Lets it through again.
+    fn thaw(&self);
+}
+
+/// A boxed future returning a new client and the switch that freezes it.
+pub type FreezableFuture = Pin<
+    Box<dyn Future<Output = anyhow::Result<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)>> + Send>,
+>;
+
 /// Stops and starts the server behind a subject, for the outage case.
 #[async_trait]
 pub trait ServerControl: Send + Sync {
@@ -89,6 +102,7 @@ pub struct Subject {
     pub(crate) timing: Timing,
     pub(crate) outage: Option<Outage>,
     pub(crate) inspect: Option<Arc<dyn Inspect>>,
+    pub(crate) freezable: Option<Arc<dyn Fn() -> FreezableFuture + Send + Sync>>,
 }
 
 impl fmt::Debug for Subject {
@@ -118,6 +132,7 @@ impl Subject {
             timing: Timing::default(),
             outage: None,
             inspect: None,
+            freezable: None,
         }
     }
 
@@ -137,6 +152,35 @@ impl Subject {
     pub fn with_inspect(mut self, inspect: Arc<dyn Inspect>) -> Self {
         self.inspect = Some(inspect);
         self
+    }
+
+    /// Makes freezable clients with `connect` instead of the default, which holds back the
+    /// client's extend calls ([`Freezable`](crate::Freezable)). Session-based backends, whose
+    /// client library keeps the session alive by itself, freeze the connection instead (see
+    /// [`FreezeProxy`](crate::FreezeProxy)).
+    pub fn with_freezable<F, Fut>(mut self, connect: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = anyhow::Result<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)>>
+            + Send
+            + 'static,
+    {
+        self.freezable = Some(Arc::new(move || Box::pin(connect())));
+        self
+    }
+
+    /// A new client whose link to the service a case can freeze.
+    pub async fn freezable_client(
+        &self,
+    ) -> anyhow::Result<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)> {
+        match &self.freezable {
+            Some(connect) => connect().await,
+            None => {
+                let freezable = crate::Freezable::new(self.client().await?);
+                let client: Arc<dyn DistributedLock> = Arc::new(freezable.clone());
+                Ok((client, Arc::new(freezable)))
+            }
+        }
     }
 
     /// The subject's name.

@@ -1,22 +1,18 @@
 //! The lost signal and auto-renew: a holder learns of a loss before anyone else can hold the lock,
 //! and renewal keeps a lock exactly as long as it should.
 
-use std::sync::Arc;
-
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLock, DistributedLockExt, Error, Released};
+use dlock_core::{DistributedLockExt, Error, Released};
 use tokio::time::Instant;
 
 use super::Ctx;
-use crate::freeze::Freezable;
 
 /// A renewing holder is frozen (a GC pause); its lease ends on the server. Its lost signal must
 /// have fired by the time another client holds the lock, and thawing must not revive it.
 pub(crate) async fn lost_signal_fires_when_the_lease_ends_behind_the_holders_back(
     cx: Ctx,
 ) -> anyhow::Result<()> {
-    let freezable = Freezable::new(cx.client().await?);
-    let holder: Arc<dyn DistributedLock> = Arc::new(freezable.clone());
+    let (holder, freezable) = cx.subject().freezable_client().await?;
     let other = cx.client().await?;
     let third = cx.client().await?;
     let key = cx.key("lost");
