@@ -1,0 +1,1 @@
+//! Runnable dlock programs live in `examples/`.
