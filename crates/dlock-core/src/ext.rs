@@ -199,7 +199,8 @@ async fn take(
         let grant: Grant = match mode {
             Mode::Once => {
                 let sent = Instant::now();
-                let answer = tokio::time::timeout_at(sent + validity, backend.try_lock(&request));
+                let answer =
+                    tokio::time::timeout_at(sent + validity, backend.as_ref().try_lock(&request));
                 match answer.await {
                     Ok(Ok(Attempt::Acquired(grant))) => grant.sent_no_later_than(sent),
                     Ok(Ok(Attempt::Busy { .. })) => {
@@ -211,7 +212,7 @@ async fn take(
                 }
             }
             Mode::Wait => {
-                let attempt = backend.lock(&request, deadline, &opts.retry);
+                let attempt = backend.as_ref().lock(&request, deadline, &opts.retry);
                 let answer = match deadline {
                     Some(d) => tokio::time::timeout_at(d, attempt).await,
                     None => Ok(attempt.await),
@@ -264,7 +265,7 @@ async fn take(
             owner,
             fencing: Some(grant.fencing),
         };
-        if backend.release(&lease).await.is_ok() {
+        if backend.as_ref().release(&lease).await.is_ok() {
             pending.disarm();
         }
         let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);

@@ -191,7 +191,7 @@ impl Lease {
                 return Err(self.lost_error(reason));
             }
             let sent = Instant::now();
-            let result = self.backend.extend(&self.lease_ref(), ttl).await;
+            let result = self.backend.as_ref().extend(&self.lease_ref(), ttl).await;
             let outcome = apply_extension(
                 &self.status,
                 &self.key,
@@ -231,6 +231,7 @@ impl Lease {
         );
         let result = self
             .backend
+            .as_ref()
             .release(&self.lease_ref())
             .instrument(span.clone())
             .await;
@@ -373,7 +374,7 @@ pub(crate) fn release_in_background(
             owner,
             fencing,
         };
-        match backend.release(&lease).await {
+        match backend.as_ref().release(&lease).await {
             Ok(outcome) => tracing::debug!(key = %key, ?outcome, "background release"),
             Err(error) => tracing::debug!(key = %key, %error, "background release failed; the TTL frees the lock"),
         }

@@ -5,6 +5,7 @@
 //! renewed expires; a stale owner cannot release or extend), so code tested against it keeps its
 //! semantics when the URL changes to a server.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -46,7 +47,16 @@ struct Table {
 #[derive(Debug, Default)]
 struct Slot {
     holder: Option<Holder>,
-    waiters: Arc<Notify>,
+    /// Created by the first waiter; a slot nobody waited on never allocates one.
+    waiters: Option<Arc<Notify>>,
+}
+
+impl Slot {
+    fn has_waiters(&self) -> bool {
+        self.waiters
+            .as_ref()
+            .is_some_and(|w| Arc::strong_count(w) > 1)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -90,21 +100,8 @@ impl Table {
             return;
         }
         self.ops_since_sweep = 0;
-        self.slots.retain(|_, slot| {
-            slot.holder.is_some_and(|h| h.live(now)) || Arc::strong_count(&slot.waiters) > 1
-        });
-    }
-
-    /// Frees the slot of `key` and wakes one waiter, dropping the entry if nobody waits.
-    fn vacate(&mut self, key: &LockKey) {
-        if let Some(slot) = self.slots.get_mut(key) {
-            slot.holder = None;
-            if Arc::strong_count(&slot.waiters) > 1 {
-                slot.waiters.notify_one();
-            } else {
-                self.slots.remove(key);
-            }
-        }
+        self.slots
+            .retain(|_, slot| slot.holder.is_some_and(|h| h.live(now)) || slot.has_waiters());
     }
 }
 
@@ -120,34 +117,24 @@ impl DistributedLock for InMemoryLock {
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let now = Instant::now();
-        let mut table = self.table();
+        let mut guard = self.table();
+        let table = &mut *guard;
         table.sweep_now_and_then(now);
-        if let Some(holder) = table.slots.get(req.key).and_then(|s| s.holder) {
-            if holder.live(now) {
-                return Ok(Attempt::Busy {
-                    retry_after: Some(holder.expires - now),
-                });
-            }
+        let slot = table.slots.entry(req.key.clone()).or_default();
+        if let Some(holder) = slot.holder.filter(|h| h.live(now)) {
+            return Ok(Attempt::Busy {
+                retry_after: Some(holder.expires - now),
+            });
         }
-        table.last_token += 1;
-        let fencing = FencingToken(table.last_token);
-        let holder = Holder {
+        slot.holder = Some(Holder {
             owner: req.owner,
             expires: now + req.ttl,
-        };
-        match table.slots.get_mut(req.key) {
-            Some(slot) => slot.holder = Some(holder),
-            None => {
-                table.slots.insert(
-                    req.key.clone(),
-                    Slot {
-                        holder: Some(holder),
-                        waiters: Arc::default(),
-                    },
-                );
-            }
-        }
-        Ok(Attempt::Acquired(Grant::new(fencing, now)))
+        });
+        table.last_token += 1;
+        Ok(Attempt::Acquired(Grant::new(
+            FencingToken(table.last_token),
+            now,
+        )))
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
@@ -169,26 +156,36 @@ impl DistributedLock for InMemoryLock {
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let now = Instant::now();
         let mut table = self.table();
-        let outcome = match table.slots.get(lease.key).and_then(|s| s.holder) {
+        let Entry::Occupied(mut slot) = table.slots.entry(lease.key.clone()) else {
+            return Ok(Released::Expired);
+        };
+        let outcome = match slot.get().holder {
             Some(h) if h.live(now) && h.owner == lease.owner => Released::Released,
             Some(h) if h.live(now) => return Ok(Released::TakenOver),
-            Some(_) => Released::Expired,
-            None => return Ok(Released::Expired),
+            _ => Released::Expired,
         };
-        table.vacate(lease.key);
+        // Free the slot and wake one waiter; drop the entry if nobody waits.
+        if slot.get().has_waiters() {
+            let slot = slot.get_mut();
+            slot.holder = None;
+            if let Some(waiters) = &slot.waiters {
+                waiters.notify_one();
+            }
+        } else {
+            slot.remove();
+        }
         Ok(outcome)
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
         let (waiters, wake_at) = {
-            let table = self.table();
-            match table.slots.get(key) {
-                None => return Ok(()),
-                Some(slot) => {
-                    let expires = slot.holder.map_or(until, |h| h.expires);
-                    (slot.waiters.clone(), expires.min(until))
-                }
-            }
+            let mut table = self.table();
+            let Some(slot) = table.slots.get_mut(key) else {
+                return Ok(());
+            };
+            let expires = slot.holder.map_or(until, |h| h.expires);
+            let waiters = slot.waiters.get_or_insert_with(Arc::default).clone();
+            (waiters, expires.min(until))
         };
         // A release between reading the table and awaiting leaves a permit in `Notify`, so the
         // wake-up is not lost.

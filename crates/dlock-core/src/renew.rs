@@ -65,7 +65,7 @@ impl Renewal {
             // An answer after the deadline is useless: the lease is lost by then.
             let result = match tokio::time::timeout_at(
                 deadline,
-                self.backend.extend(&lease, self.ttl),
+                self.backend.as_ref().extend(&lease, self.ttl),
             )
             .await
             {
