@@ -12,7 +12,9 @@ use crate::backend::{DistributedLock, Extension, LeaseRef, Released};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::options::{validate_ttl, Drift};
-use crate::state::{self, Condition, LeaseState, LeaseWatch, LostReason, Status, StatusSender};
+use crate::state::{
+    self, Condition, LeaseState, LeaseWatch, LostReason, Status, StatusCell, StatusSender,
+};
 use crate::token::{FencingToken, OwnerToken};
 
 /// A held lock.
@@ -36,7 +38,7 @@ pub struct Lease {
     ttl: Duration,
     drift: Drift,
     acquired_at: Instant,
-    status: StatusSender,
+    status: StatusCell,
     /// Renewal and session-following tasks, aborted when the lease ends.
     tasks: Vec<JoinHandle<()>>,
     finished: bool,
@@ -56,7 +58,7 @@ pub(crate) struct LeaseParts {
 impl Lease {
     pub(crate) fn new(parts: LeaseParts) -> Self {
         let deadline = parts.sent_at + parts.drift.validity(parts.ttl);
-        let (status, _) = tokio::sync::watch::channel(Status {
+        let status = StatusCell::new(Status {
             deadline,
             condition: Condition::Held,
         });
@@ -80,7 +82,7 @@ impl Lease {
     }
 
     pub(crate) fn status_sender(&self) -> StatusSender {
-        self.status.clone()
+        self.status.sender().clone()
     }
 
     /// The lock key.
@@ -120,7 +122,7 @@ impl Lease {
 
     /// The current validity deadline: the lease must not be relied on at or after it.
     pub fn valid_until(&self) -> Instant {
-        self.status.borrow().deadline
+        self.status.current().deadline
     }
 
     /// Time left before [`valid_until`](Lease::valid_until), zero once past.
@@ -130,7 +132,7 @@ impl Lease {
 
     /// The state now: held, uncertain or lost.
     pub fn state(&self) -> LeaseState {
-        self.status.borrow().at(Instant::now())
+        self.status.current().at(Instant::now())
     }
 
     /// Whether the lease is held now (neither uncertain nor lost).
@@ -143,7 +145,7 @@ impl Lease {
         LeaseWatch {
             key: self.key.clone(),
             fencing: self.fencing,
-            rx: self.status.subscribe(),
+            rx: self.status.sender().subscribe(),
         }
     }
 
@@ -193,7 +195,7 @@ impl Lease {
             let sent = Instant::now();
             let result = self.backend.as_ref().extend(&self.lease_ref(), ttl).await;
             let outcome = apply_extension(
-                &self.status,
+                self.status.sender(),
                 &self.key,
                 sent,
                 self.drift.validity(ttl),
@@ -221,7 +223,7 @@ impl Lease {
     /// which spawns a best-effort release.
     pub async fn release(mut self) -> Result<Released> {
         self.stop_tasks();
-        state::mark_lost(&self.status, LostReason::Released);
+        self.status.mark_lost(LostReason::Released);
         let span = tracing::debug_span!(
             "dlock.release",
             key = %self.key,
@@ -346,7 +348,7 @@ impl Drop for Lease {
             return;
         }
         self.stop_tasks();
-        state::mark_lost(&self.status, LostReason::Released);
+        self.status.mark_lost(LostReason::Released);
         release_in_background(
             self.backend.clone(),
             self.key.clone(),

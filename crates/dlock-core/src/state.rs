@@ -104,6 +104,54 @@ impl Status {
 /// Sender side of a lease's state, shared by the lease and its renewal task.
 pub(crate) type StatusSender = watch::Sender<Status>;
 
+/// A lease's status, kept as a plain value until someone wants to watch it.
+///
+/// Most leases are acquired, used and released without anyone awaiting their loss; creating the
+/// watch channel only when a watcher, a renewal task or a session asks for it keeps the plain
+/// acquire–release cycle free of its allocation and wake-up bookkeeping. Once the channel exists
+/// it is the only truth; before that, the value can only change through `&mut self`.
+#[derive(Debug)]
+pub(crate) struct StatusCell {
+    local: Status,
+    shared: std::sync::OnceLock<StatusSender>,
+}
+
+impl StatusCell {
+    pub(crate) fn new(status: Status) -> Self {
+        StatusCell {
+            local: status,
+            shared: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The current status.
+    pub(crate) fn current(&self) -> Status {
+        match self.shared.get() {
+            Some(tx) => *tx.borrow(),
+            None => self.local,
+        }
+    }
+
+    /// The channel, created on first use.
+    pub(crate) fn sender(&self) -> &StatusSender {
+        self.shared.get_or_init(|| watch::channel(self.local).0)
+    }
+
+    /// Marks the lease lost for `reason` unless it is lost already.
+    pub(crate) fn mark_lost(&mut self, reason: LostReason) {
+        match self.shared.get() {
+            Some(tx) => {
+                mark_lost(tx, reason);
+            }
+            None => {
+                if !matches!(self.local.condition, Condition::Lost(_)) {
+                    self.local.condition = Condition::Lost(reason);
+                }
+            }
+        }
+    }
+}
+
 /// Applies `change` unless the lease is already lost at `now`; returns whether it applied.
 ///
 /// Lost is terminal: a renewal acknowledged after the deadline passed does not resurrect the lease,
