@@ -70,6 +70,19 @@ impl LeaseState {
     }
 }
 
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let left = |until: &Instant| until.saturating_duration_since(Instant::now());
+        match self {
+            LeaseState::Held { until } => write!(f, "held ({:?} left)", left(until)),
+            LeaseState::Uncertain { until } => {
+                write!(f, "uncertain (lost in {:?} unless confirmed)", left(until))
+            }
+            LeaseState::Lost(reason) => write!(f, "lost: {reason}"),
+        }
+    }
+}
+
 /// What the backend or renewal last said about the lease, before the clock is taken into account.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Condition {
@@ -281,6 +294,20 @@ mod tests {
         assert_eq!(
             s.at(now + Duration::from_secs(1)),
             LeaseState::Lost(LostReason::Expired)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn states_read_well() {
+        let until = Instant::now() + Duration::from_millis(1500);
+        assert_eq!(LeaseState::Held { until }.to_string(), "held (1.5s left)");
+        assert_eq!(
+            LeaseState::Uncertain { until }.to_string(),
+            "uncertain (lost in 1.5s unless confirmed)"
+        );
+        assert_eq!(
+            LeaseState::Lost(LostReason::Released).to_string(),
+            "lost: it was released"
         );
     }
 
