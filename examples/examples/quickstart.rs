@@ -113,14 +113,6 @@ fn ensure(holds: bool, what: impl Into<String>) -> Outcome {
     }
 }
 
-fn describe(state: LeaseState) -> String {
-    match state {
-        LeaseState::Held { .. } => "held".to_string(),
-        LeaseState::Uncertain { .. } => "uncertain".to_string(),
-        LeaseState::Lost(reason) => format!("lost ({reason})"),
-    }
-}
-
 #[tokio::main]
 async fn main() -> Outcome {
     let timeline = Timeline {
@@ -311,7 +303,7 @@ async fn paused_holder(
         "worker-1",
         format_args!(
             "wakes up, lease state: {}; attempts its late write with token {old}",
-            describe(state)
+            state
         ),
     );
     let late = ledger.write(old, |entries| {
@@ -400,7 +392,7 @@ async fn auto_renew(
                 "worker-3",
                 format_args!(
                     "still {} after {} ms (a try_acquire by another client found it busy); wrote entry #{position}",
-                    describe(lease.state()),
+                    lease.state(),
                     work.as_millis()
                 ),
             );
