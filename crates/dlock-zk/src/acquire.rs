@@ -1,0 +1,285 @@
+//! Taking a lock: one attempt (`try_lock`) and the waiting queue (`lock`).
+//!
+//! Both create the contender's own ephemeral sequential node and list the parent. The lowest
+//! sequence holds the lock. A waiter watches only its immediate predecessor and lists again when
+//! that node changes, so a release wakes exactly one waiter (no herd). A single attempt that finds
+//! itself behind someone deletes its node again and answers busy.
+
+use std::sync::Arc;
+
+use dlock_core::{
+    Attempt, Drift, Error, FencingToken, Grant, LockRequest, OwnerToken, Result, SessionWatch,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::client::Inner;
+use crate::errors::{Failure, BACKEND};
+use crate::keeper::{delete_in_background, delete_owned_in_background};
+use crate::naming::queue;
+use crate::recipe::{create_own, delete_node, list_queue, OwnNode};
+use crate::registry::{lease_state, Held};
+use crate::request::call;
+use crate::session::{Link, Session};
+use crate::stats::Counters;
+
+/// One attempt: held now, or busy.
+pub(crate) async fn try_once(inner: &Arc<Inner>, req: &LockRequest<'_>) -> Result<Attempt> {
+    let until = Instant::now() + inner.config.operation_timeout;
+    let session = inner
+        .session(until)
+        .await
+        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let parent = inner.parent_path(req.key);
+    let mut cleanup = Cleanup::new(inner, &session, &parent, req.owner);
+    let sent = Instant::now();
+    let own = create_own(inner, &session, &parent, req.owner, until)
+        .await
+        .map_err(|f| f.into_error("create the lock node"))?;
+    cleanup.node(&own.path);
+    let children = list_queue(inner, &session, &parent, until)
+        .await
+        .map_err(|f| f.into_error("list the lock's queue"))?;
+    let contenders = queue(&children);
+    match contenders.iter().position(|c| c.name == own.name) {
+        Some(0) => {
+            let grant = grant(inner, &session, req, &own, sent)?;
+            cleanup.disarm();
+            Ok(Attempt::Acquired(grant))
+        }
+        Some(_) => {
+            // Someone is ahead: take the node back now, so that it does not stand in a later
+            // contender's way; if that fails, the cleanup guard deletes it in the background.
+            if delete_node(inner, &session, &own.path, until).await.is_ok() {
+                cleanup.disarm();
+            }
+            Ok(Attempt::Busy { retry_after: None })
+        }
+        None => Err(vanished(&session)),
+    }
+}
+
+/// Waits in the queue until the own node is the lowest, until `deadline`, or until the session
+/// ends.
+///
+/// Only opening a session is bounded by the operation timeout. Once queued, the waiter rides out
+/// disconnections (its watch survives them) for as long as the session lives: the client
+/// library gives a session up at most 7/5 of its timeout after the last answer, so even without
+/// a deadline the wait ends with an error when the session is gone, never hangs.
+pub(crate) async fn wait_in_queue(
+    inner: &Arc<Inner>,
+    req: &LockRequest<'_>,
+    deadline: Option<Instant>,
+) -> Result<Grant> {
+    let started = Instant::now();
+    let open_until = {
+        let op = started + inner.config.operation_timeout;
+        deadline.map_or(op, |d| d.min(op))
+    };
+    let until = deadline.unwrap_or_else(far_future);
+    let timeout = || Error::Timeout {
+        key: req.key.to_string(),
+        waited: started.elapsed(),
+    };
+    // A failure caused by the caller's deadline reads as a timeout, not as an outage.
+    let fail = |f: Failure, op: &'static str| {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            timeout()
+        } else {
+            f.into_error(op)
+        }
+    };
+    let session = inner
+        .session(open_until)
+        .await
+        .map_err(|f| fail(f, "open a ZooKeeper session"))?;
+    let parent = inner.parent_path(req.key);
+    let mut cleanup = Cleanup::new(inner, &session, &parent, req.owner);
+    let mut own = create_own(inner, &session, &parent, req.owner, until)
+        .await
+        .map_err(|f| fail(f, "create the lock node"))?;
+    cleanup.node(&own.path);
+    // The first look at the queue counts from before the create: a node that is lowest at once
+    // was granted by the create itself, so its validity starts before that request.
+    let mut first_look = Some(started);
+    loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(timeout());
+        }
+        let sent = first_look.take().unwrap_or_else(Instant::now);
+        let children = list_queue(inner, &session, &parent, until)
+            .await
+            .map_err(|f| fail(f, "list the lock's queue"))?;
+        let contenders = queue(&children);
+        let Some(position) = contenders.iter().position(|c| c.name == own.name) else {
+            if session.link() == Link::Ended {
+                return Err(vanished(&session));
+            }
+            // Deleted by someone else (an operator, another recipe): queue again.
+            tracing::warn!(backend = BACKEND, key = %req.key, "own lock node vanished while waiting: queueing again");
+            own = create_own(inner, &session, &parent, req.owner, until)
+                .await
+                .map_err(|f| fail(f, "create the lock node"))?;
+            cleanup.node(&own.path);
+            continue;
+        };
+        if position == 0 {
+            let grant = grant(inner, &session, req, &own, sent)?;
+            cleanup.disarm();
+            return Ok(grant);
+        }
+        let predecessor = format!("{parent}/{}", contenders[position - 1].name);
+        let watched = call(inner, &session, until, |c| {
+            c.check_and_watch_stat(&predecessor)
+        })
+        .await;
+        let watcher = match watched {
+            Ok((Some(_), watcher)) => watcher,
+            // Gone already: look again.
+            Ok((None, _)) => continue,
+            Err(f) if f.connection_failed() => continue,
+            Err(f) => return Err(fail(f, "watch the predecessor")),
+        };
+        let event = match deadline {
+            Some(d) => tokio::select! {
+                event = watcher.changed() => event,
+                _ = tokio::time::sleep_until(d) => return Err(timeout()),
+            },
+            None => watcher.changed().await,
+        };
+        if event.event_type == zk::EventType::Session {
+            // Expired, closed or failed authentication: the own node is gone with the session.
+            return Err(Failure::SessionEnded.into_error("wait for the predecessor"));
+        }
+        Counters::bump(&inner.counters.wakeups);
+    }
+}
+
+/// Records the held lock and builds the grant: fenced by the node's creation zxid, valid from
+/// `sent`, following the session.
+fn grant(
+    inner: &Arc<Inner>,
+    session: &Session,
+    req: &LockRequest<'_>,
+    own: &OwnNode,
+    sent: Instant,
+) -> Result<Grant> {
+    let token = u64::try_from(own.czxid)
+        .ok()
+        .filter(|t| *t > 0)
+        .ok_or_else(|| {
+            Error::backend(
+                BACKEND,
+                false,
+                "the server did not report the lock node's creation zxid (ZooKeeper 3.4 or older?)",
+            )
+        })?;
+    let watch = register(inner, session, own.path.clone(), sent, req);
+    Ok(Grant::new(FencingToken(token), sent).with_session(watch))
+}
+
+/// Adds the lock to the registry, so that the keeper enforces its TTL and the session watchdog
+/// keeps its lease informed.
+fn register(
+    inner: &Arc<Inner>,
+    session: &Session,
+    path: String,
+    sent: Instant,
+    req: &LockRequest<'_>,
+) -> SessionWatch {
+    let delete_at = sent + req.ttl;
+    // The node lives until `delete_at` on this clock; the lease claims a little less, like every
+    // dlock lease with the default drift allowance.
+    let lease_until = sent + Drift::default().validity(req.ttl);
+    let state = lease_state(session.link(), session.vouched_until(), lease_until);
+    let (held, watch) = Held::new(path, session.generation, delete_at, lease_until, state);
+    let owner = req.owner.as_u128();
+    let wakes_keeper = {
+        let mut registry = inner.registry();
+        // The keeper sleeps until the earliest deadline; it only needs waking for an earlier one.
+        let earlier = registry.next_deadline().is_none_or(|next| delete_at < next);
+        registry.insert(owner, held);
+        earlier
+    };
+    if let Err(error) = inner.ensure_keeper() {
+        tracing::warn!(backend = BACKEND, %error, "no keeper: the session timeout bounds this lock");
+    }
+    if wakes_keeper {
+        inner.keeper.notify_one();
+    }
+    // The session may have ended between the answer and the insert, after the watchdog swept
+    // the registry: end the lease here then.
+    if session.link() == Link::Ended {
+        if let Some(held) = inner.registry().remove(owner) {
+            held.end();
+        }
+    }
+    watch
+}
+
+/// A time no wait without deadline reaches (the session ends long before).
+fn far_future() -> Instant {
+    Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600)
+}
+
+fn vanished(session: &Session) -> Error {
+    if session.link() == Link::Ended {
+        Failure::SessionEnded.into_error("take the lock")
+    } else {
+        Error::backend(
+            BACKEND,
+            true,
+            "the own lock node vanished right after it was created (deleted by another client?)",
+        )
+    }
+}
+
+/// Deletes what an acquire created unless it ends with a grant or a clean busy answer: on
+/// errors, timeouts, and when the acquire future is dropped mid-flight.
+///
+/// The library sends requests in the order they are made, so a cleanup that looks the node up
+/// by owner prefix is answered after the create it cleans up after.
+struct Cleanup {
+    inner: Option<Arc<Inner>>,
+    generation: u64,
+    parent: String,
+    owner: OwnerToken,
+    node: Option<String>,
+}
+
+impl Cleanup {
+    fn new(inner: &Arc<Inner>, session: &Session, parent: &str, owner: OwnerToken) -> Self {
+        Cleanup {
+            inner: Some(inner.clone()),
+            generation: session.generation,
+            parent: parent.to_owned(),
+            owner,
+            node: None,
+        }
+    }
+
+    fn node(&mut self, path: &str) {
+        self.node = Some(path.to_owned());
+    }
+
+    fn disarm(&mut self) {
+        self.inner = None;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        match self.node.take() {
+            Some(path) => delete_in_background(inner, self.generation, path),
+            None => delete_owned_in_background(
+                inner,
+                self.generation,
+                std::mem::take(&mut self.parent),
+                self.owner,
+            ),
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The implementor contract of dlock-core, on top of the recipe.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
+    LockKey, LockRequest, Released, Result,
+};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::errors::BACKEND;
+use crate::naming::queue;
+use crate::recipe::list_queue;
+use crate::request::call;
+use crate::ZkLock;
+
+fn record<T>(span: &tracing::Span, result: &Result<T>, name: impl Fn(&T) -> &'static str) {
+    let outcome = match result {
+        Ok(value) => name(value),
+        Err(dlock_core::Error::Timeout { .. }) => "timeout",
+        Err(_) => "error",
+    };
+    span.record("outcome", outcome);
+}
+
+#[async_trait]
+impl DistributedLock for ZkLock {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Fencing tokens are creation zxids, which grow with every write to the ensemble, so they
+    /// are ordered for as long as the ensemble exists; a release wakes the next waiter through
+    /// its watch; leases live in the ZooKeeper session.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::Monotonic)
+            .with_notifications()
+            .with_sessions()
+    }
+
+    /// Creates the own node and lists the queue: held if it is the lowest, otherwise the node is
+    /// deleted again and the answer is busy (with no `retry_after`: ZooKeeper locks have no
+    /// remaining TTL a waiter could read).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: the node may have been created. dlock-core's acquire then
+    /// releases by owner token, which finds the node by its owner prefix.
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let span = tracing::debug_span!(
+            "dlock.zk.try_lock",
+            key = %req.key,
+            backend = BACKEND,
+            outcome = tracing::field::Empty,
+        );
+        let result = crate::acquire::try_once(&self.inner, req)
+            .instrument(span.clone())
+            .await;
+        record(&span, &result, |a| match a {
+            Attempt::Acquired(_) => "acquired",
+            Attempt::Busy { .. } => "busy",
+        });
+        result
+    }
+
+    /// Confirms the own node on the server and moves its TTL to `ttl` from now. The session, the
+    /// lock's server-side bound, is kept alive by the client library and is not changed.
+    ///
+    /// # Cancel safety
+    /// If cancelled after the check, the TTL may or may not have moved; the lease keeps its old
+    /// deadline either way.
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let span = tracing::debug_span!(
+            "dlock.zk.extend",
+            key = %lease.key,
+            backend = BACKEND,
+            outcome = tracing::field::Empty,
+        );
+        let result = crate::extend::extend(&self.inner, lease, ttl)
+            .instrument(span.clone())
+            .await;
+        record(&span, &result, |e| match e {
+            Extension::Extended => "extended",
+            Extension::Expired => "expired",
+            Extension::TakenOver => "taken_over",
+        });
+        result
+    }
+
+    /// Deletes the own node, found by owner token.
+    ///
+    /// # Cancel safety
+    /// The node may or may not have been deleted; repeating the release is harmless.
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let span = tracing::debug_span!(
+            "dlock.zk.release",
+            key = %lease.key,
+            backend = BACKEND,
+            outcome = tracing::field::Empty,
+        );
+        let result = crate::release::release(&self.inner, lease)
+            .instrument(span.clone())
+            .await;
+        record(&span, &result, |r| match r {
+            Released::Released => "released",
+            Released::Expired => "expired",
+            Released::TakenOver => "taken_over",
+        });
+        result
+    }
+
+    /// Returns when the current holder's node changes (or at `until`); at once if nobody holds
+    /// the lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads and watches.
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        let inner = &self.inner;
+        let session = inner
+            .session(until)
+            .await
+            .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+        let parent = inner.parent_path(key);
+        let children = match list_queue(inner, &session, &parent, until).await {
+            Ok(children) => children,
+            Err(_) if Instant::now() >= until => return Ok(()),
+            Err(f) => return Err(f.into_error("list the lock's queue")),
+        };
+        let Some(holder) = queue(&children)
+            .first()
+            .map(|c| format!("{parent}/{}", c.name))
+        else {
+            return Ok(());
+        };
+        let watched = call(inner, &session, until, |c| c.check_and_watch_stat(&holder)).await;
+        match watched {
+            Ok((Some(_), watcher)) => {
+                let _ = tokio::time::timeout_at(until, watcher.changed()).await;
+                Ok(())
+            }
+            Ok((None, _)) => Ok(()),
+            Err(_) if Instant::now() >= until => Ok(()),
+            Err(f) => Err(f.into_error("watch the holder")),
+        }
+    }
+
+    /// Queues for the lock: creates the own node once and waits on its predecessor only, until
+    /// the node is the lowest, `deadline` passes ([`Error::Timeout`](dlock_core::Error::Timeout)),
+    /// or the session ends (an error, so that a waiter never waits forever). `retry` is unused:
+    /// waiting is driven by watches, not by polling.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: if dropped, the own node is deleted in the background (and
+    /// dlock-core also releases by owner token).
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let _ = retry;
+        let span = tracing::debug_span!(
+            "dlock.zk.lock",
+            key = %req.key,
+            backend = BACKEND,
+            outcome = tracing::field::Empty,
+        );
+        let result = crate::acquire::wait_in_queue(&self.inner, req, deadline)
+            .instrument(span.clone())
+            .await;
+        record(&span, &result, |_| "acquired");
+        result
+    }
+}

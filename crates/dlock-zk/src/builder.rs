@@ -1,0 +1,274 @@
+//! Building a [`ZkLock`]: the connection string and the few timeouts that matter, validated
+//! before anything is sent.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_core::{Error, Result};
+
+use crate::connect_string::{check_path, ConnectString};
+use crate::ZkLock;
+
+/// The environment variable [`ZkLockBuilder::from_env`] reads the connection string from.
+pub const URL_ENV: &str = "DLOCK_ZK_URL";
+
+/// The session timeout asked for unless set: 10 s (kazoo's default). The server clamps it to
+/// between 2 and 20 of its ticks (4 s to 40 s with the default `tickTime` of 2 s).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The base path unless set: every lock key is a child of it (under the chroot, if any).
+pub const DEFAULT_ROOT: &str = "/dlock";
+
+/// The data written into every lock node unless set; kazoo's `Lock.contenders()` shows it.
+pub const DEFAULT_IDENTIFIER: &str = "dlock";
+
+/// The shortest session timeout (or connect or operation timeout) accepted.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The longest session timeout (or connect or operation timeout) accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The longest identifier accepted, in bytes.
+pub const MAX_IDENTIFIER_LEN: usize = 1024;
+
+/// Validated settings of one backend.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) connect: ConnectString,
+    /// Chroot plus root: the parent of every lock key's node.
+    pub(crate) base: String,
+    pub(crate) session_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
+    pub(crate) identifier: Vec<u8>,
+}
+
+/// Builds a [`ZkLock`]; see [`ZkLock::builder`].
+///
+/// ```no_run
+/// # async fn demo() -> dlock_core::Result<()> {
+/// use std::time::Duration;
+/// use dlock_zk::ZkLock;
+///
+/// let locks = ZkLock::builder("zk://zk1:2181,zk2:2181,zk3:2181/billing")
+///     .with_session_timeout(Duration::from_secs(15))
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct ZkLockBuilder {
+    url: Result<ConnectString>,
+    session_timeout: Duration,
+    connect_timeout: Option<Duration>,
+    operation_timeout: Option<Duration>,
+    root: String,
+    identifier: String,
+}
+
+impl fmt::Debug for ZkLockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("ZkLockBuilder");
+        match &self.url {
+            Ok(url) => s.field("url", url),
+            Err(_) => s.field("url", &"<invalid>"),
+        };
+        s.field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("root", &self.root)
+            .field("identifier", &self.identifier)
+            .finish()
+    }
+}
+
+impl ZkLockBuilder {
+    /// A builder for the ensemble at `url` (`zk://host:port[,host:port…][/chroot]`; see
+    /// [`ConnectString::parse`]). A malformed URL is reported by [`build`](Self::build).
+    pub fn new(url: &str) -> Self {
+        ZkLockBuilder {
+            url: ConnectString::parse(url),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: None,
+            operation_timeout: None,
+            root: DEFAULT_ROOT.to_owned(),
+            identifier: DEFAULT_IDENTIFIER.to_owned(),
+        }
+    }
+
+    /// A builder for the URL in the environment variable [`URL_ENV`] (`DLOCK_ZK_URL`).
+    pub fn from_env() -> Self {
+        match std::env::var(URL_ENV) {
+            Ok(url) => ZkLockBuilder::new(&url),
+            Err(_) => ZkLockBuilder {
+                url: Err(Error::invalid(
+                    "url",
+                    format!("the environment variable {URL_ENV} is not set"),
+                )),
+                ..ZkLockBuilder::new("zk://localhost")
+            },
+        }
+    }
+
+    /// The session timeout to ask the server for (default 10 s).
+    ///
+    /// It is the server-side bound of every lock this client holds: if the process dies or is cut
+    /// off, the server ends the session this long after it last heard from it, and the lock nodes
+    /// vanish. It also bounds how long a disconnected holder's lease stays
+    /// [uncertain](dlock_core::LeaseState::Uncertain) before it counts as lost. The server clamps
+    /// it to between 2 and 20 ticks; the negotiated value is the one used.
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long opening a session may take before the call fails (default: the session timeout).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// How long one call waits for a connection and an answer before it fails with
+    /// [`Error::Unavailable`] (default: the session timeout, after which a disconnected session
+    /// has expired anyway).
+    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = Some(timeout);
+        self
+    }
+
+    /// The node under which lock keys live (default `/dlock`), below the chroot if the URL has
+    /// one. Created on first use.
+    pub fn with_root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// The data written into each lock node (default `dlock`), e.g. a host name and process id,
+    /// so that operators (and kazoo's `Lock.contenders()`) can see who holds or waits.
+    pub fn with_identifier(mut self, identifier: impl Into<String>) -> Self {
+        self.identifier = identifier.into();
+        self
+    }
+
+    /// Checks every setting (an [`Error::InvalidInput`] names the first one at fault) without
+    /// connecting.
+    pub(crate) fn config(self) -> Result<Config> {
+        let connect = self.url?;
+        check_timeout("session_timeout", self.session_timeout)?;
+        let connect_timeout = self.connect_timeout.unwrap_or(self.session_timeout);
+        check_timeout("connect_timeout", connect_timeout)?;
+        let operation_timeout = self.operation_timeout.unwrap_or(self.session_timeout);
+        check_timeout("operation_timeout", operation_timeout)?;
+        check_path(&self.root, "root")?;
+        if self.root == "/" || self.root == "/zookeeper" || self.root.starts_with("/zookeeper/") {
+            return Err(Error::invalid(
+                "root",
+                format!(
+                    "{:?} is reserved; use a node of its own such as {DEFAULT_ROOT:?}",
+                    self.root
+                ),
+            ));
+        }
+        if self.identifier.len() > MAX_IDENTIFIER_LEN {
+            return Err(Error::invalid(
+                "identifier",
+                format!(
+                    "is {} bytes long; the maximum is {MAX_IDENTIFIER_LEN}",
+                    self.identifier.len()
+                ),
+            ));
+        }
+        let base = format!("{}{}", connect.chroot(), self.root);
+        Ok(Config {
+            connect,
+            base,
+            session_timeout: self.session_timeout,
+            connect_timeout,
+            operation_timeout,
+            identifier: self.identifier.into_bytes(),
+        })
+    }
+
+    /// Validates the settings and opens the first session.
+    ///
+    /// Fails with [`Error::InvalidInput`] (naming the field) on bad settings, before any
+    /// connection is attempted, and with [`Error::Unavailable`] if no server accepts a session
+    /// within the connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a session opened by a cancelled build is closed when dropped.
+    pub async fn build(self) -> Result<ZkLock> {
+        ZkLock::start(self.config()?).await
+    }
+}
+
+fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
+    if timeout < MIN_TIMEOUT || timeout > MAX_TIMEOUT {
+        return Err(Error::invalid(
+            field,
+            format!("{timeout:?} is outside {MIN_TIMEOUT:?} to {MAX_TIMEOUT:?}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(builder: ZkLockBuilder) -> &'static str {
+        match builder.config() {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_and_base_path() {
+        let config = ZkLockBuilder::new("zk://a:1,b:2/app").config().unwrap();
+        assert_eq!(config.base, "/app/dlock");
+        assert_eq!(config.session_timeout, DEFAULT_SESSION_TIMEOUT);
+        assert_eq!(config.operation_timeout, DEFAULT_SESSION_TIMEOUT);
+        let config = ZkLockBuilder::new("a:1")
+            .with_root("/locks/prod")
+            .config()
+            .unwrap();
+        assert_eq!(config.base, "/locks/prod");
+    }
+
+    #[test]
+    fn every_bad_setting_is_named() {
+        assert_eq!(field_of(ZkLockBuilder::new("http://x")), "url");
+        let ok = || ZkLockBuilder::new("zk://a:1");
+        assert_eq!(
+            field_of(ok().with_session_timeout(Duration::ZERO)),
+            "session_timeout"
+        );
+        assert_eq!(
+            field_of(ok().with_session_timeout(Duration::MAX)),
+            "session_timeout"
+        );
+        assert_eq!(
+            field_of(ok().with_connect_timeout(Duration::from_millis(1))),
+            "connect_timeout"
+        );
+        assert_eq!(
+            field_of(ok().with_operation_timeout(Duration::from_secs(7200))),
+            "operation_timeout"
+        );
+        assert_eq!(field_of(ok().with_root("dlock")), "root");
+        assert_eq!(field_of(ok().with_root("/")), "root");
+        assert_eq!(field_of(ok().with_root("/zookeeper/x")), "root");
+        assert_eq!(field_of(ok().with_root("/a//b")), "root");
+        assert_eq!(
+            field_of(ok().with_identifier("x".repeat(2000))),
+            "identifier"
+        );
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let b = ZkLockBuilder::new("zk://bob:topsecret@a:1/x");
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("topsecret"), "{shown}");
+    }
+}

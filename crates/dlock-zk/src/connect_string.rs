@@ -1,0 +1,389 @@
+//! Connection strings: `zk://[user:password@]host1:2181,host2:2181[/chroot]`.
+//!
+//! Parsed once, before anything is sent, so that a typo is an [`Error::InvalidInput`] naming the
+//! field `url` instead of a connection attempt that times out. Credentials are kept out of every
+//! `Debug` output and every error message: connection strings end up in logs.
+
+use std::fmt;
+
+use dlock_core::{Error, Result};
+
+/// The client port ZooKeeper listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 2181;
+
+/// A parsed connection string.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnectString {
+    servers: Vec<Server>,
+    chroot: String,
+    credentials: Option<Credentials>,
+}
+
+/// One server of the ensemble.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// Client port.
+    pub port: u16,
+}
+
+/// Digest credentials (`user:password`), sent with `addauth digest` on every connection.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl ConnectString {
+    /// Parses `zk://host1:2181,host2:2181/chroot` (the `zk://` is optional, ports default to
+    /// 2181, the chroot is optional; `user:password@` before the hosts adds digest credentials,
+    /// percent-encoded where they contain `@`, `:` or `/`).
+    pub fn parse(url: &str) -> Result<Self> {
+        let url = url.trim();
+        if url.is_empty() {
+            return Err(invalid(
+                "is empty; expected zk://host:port[,host:port…][/chroot]",
+            ));
+        }
+        let rest = match url.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("zk") => rest,
+            Some((scheme, _)) => {
+                return Err(invalid(format!(
+                    "scheme {:?} is not supported; expected zk://",
+                    printable(scheme)
+                )))
+            }
+            None => url,
+        };
+        if rest.contains(['?', '#']) {
+            return Err(invalid(
+                "query strings and fragments are not supported; set options on the builder",
+            ));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (credentials, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(parse_credentials(userinfo)?), hosts),
+            None => (None, authority),
+        };
+        let servers = hosts
+            .split(',')
+            .map(parse_server)
+            .collect::<Result<Vec<Server>>>()?;
+        let chroot = parse_chroot(path)?;
+        Ok(ConnectString {
+            servers,
+            chroot,
+            credentials,
+        })
+    }
+
+    /// The servers, in the order given.
+    pub fn servers(&self) -> &[Server] {
+        &self.servers
+    }
+
+    /// The chroot path (`""` for none, otherwise `/a/b`); every node of the backend lives under it.
+    pub fn chroot(&self) -> &str {
+        &self.chroot
+    }
+
+    /// Whether credentials were given.
+    pub fn has_credentials(&self) -> bool {
+        self.credentials.is_some()
+    }
+
+    pub(crate) fn credentials(&self) -> Option<&Credentials> {
+        self.credentials.as_ref()
+    }
+
+    /// `host:port,host:port` as the client library takes it (without the chroot, which the
+    /// backend applies itself so that it can create it).
+    pub(crate) fn hosts(&self) -> String {
+        self.servers
+            .iter()
+            .map(|s| {
+                if s.host.contains(':') {
+                    format!("[{}]:{}", s.host, s.port)
+                } else {
+                    format!("{}:{}", s.host, s.port)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl fmt::Debug for ConnectString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectString")
+            .field("servers", &self.hosts())
+            .field("chroot", &self.chroot)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|c| format!("{}:***", c.user)),
+            )
+            .finish()
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::invalid("url", message)
+}
+
+/// A fragment of the input safe to quote in an error: never credentials, never control bytes.
+fn printable(fragment: &str) -> String {
+    fragment
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(64)
+        .collect()
+}
+
+fn parse_credentials(userinfo: &str) -> Result<Credentials> {
+    let Some((user, password)) = userinfo.split_once(':') else {
+        return Err(invalid(
+            "credentials before '@' must be user:password (digest authentication)",
+        ));
+    };
+    let user = percent_decode(user)
+        .ok_or_else(|| invalid("the user name is not valid percent-encoded UTF-8"))?;
+    let password = percent_decode(password)
+        .ok_or_else(|| invalid("the password is not valid percent-encoded UTF-8"))?;
+    if user.is_empty() {
+        return Err(invalid("the user name before ':' is empty"));
+    }
+    Ok(Credentials { user, password })
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn parse_server(entry: &str) -> Result<Server> {
+    let entry = entry.trim();
+    if entry.is_empty() {
+        return Err(invalid(
+            "a server entry is empty; expected host:port separated by commas",
+        ));
+    }
+    let bracketed = entry.starts_with('[');
+    let (host, port) = if let Some(bracketed) = entry.strip_prefix('[') {
+        let Some((host, after)) = bracketed.split_once(']') else {
+            return Err(invalid(format!(
+                "IPv6 address in {:?} lacks its closing ']'",
+                printable(entry)
+            )));
+        };
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or_else(|| {
+                invalid(format!(
+                    "expected ':port' after the IPv6 address in {:?}",
+                    printable(entry)
+                ))
+            })?),
+        };
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return Err(invalid(format!(
+                "{:?} is not an IPv6 address",
+                printable(host)
+            )));
+        }
+        (host, port)
+    } else {
+        match entry.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (entry, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && (bracketed
+            || host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')));
+    if !host_ok {
+        return Err(invalid(format!(
+            "{:?} is not a host name or IP address",
+            printable(host)
+        )));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(port) if port > 0 => port,
+            _ => {
+                return Err(invalid(format!(
+                    "port {:?} of {:?} is not a number from 1 to 65535",
+                    printable(p),
+                    printable(host)
+                )))
+            }
+        },
+    };
+    Ok(Server {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// Checks an absolute ZooKeeper path; `field` names it in errors.
+pub(crate) fn check_path(path: &str, field: &'static str) -> Result<()> {
+    if !path.starts_with('/') {
+        return Err(Error::invalid(
+            field,
+            format!("{:?} must start with '/'", printable(path)),
+        ));
+    }
+    if path == "/" {
+        return Ok(());
+    }
+    if path.ends_with('/') {
+        return Err(Error::invalid(
+            field,
+            format!("{:?} must not end with '/'", printable(path)),
+        ));
+    }
+    for segment in path.split('/').skip(1) {
+        if segment.is_empty() {
+            return Err(Error::invalid(
+                field,
+                format!("{:?} contains an empty segment ('//')", printable(path)),
+            ));
+        }
+        if segment == "." || segment == ".." {
+            return Err(Error::invalid(
+                field,
+                format!("{:?} contains a relative segment", printable(path)),
+            ));
+        }
+        if segment.chars().any(forbidden_in_path) {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "{:?} contains a character ZooKeeper does not allow in paths",
+                    printable(path)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The characters ZooKeeper's `PathUtils.validatePath` rejects (surrogates, which it rejects too,
+/// cannot occur in a Rust string).
+fn forbidden_in_path(c: char) -> bool {
+    matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}')
+}
+
+fn parse_chroot(path: &str) -> Result<String> {
+    if path.is_empty() || path == "/" {
+        return Ok(String::new());
+    }
+    check_path(path, "url")?;
+    Ok(path.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(result: Result<ConnectString>) -> (&'static str, String) {
+        match result {
+            Err(Error::InvalidInput { field, message }) => (field, message),
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn full_form() {
+        let cs = ConnectString::parse("zk://zk1:2181,zk2:2182,10.0.0.3/app/locks").unwrap();
+        assert_eq!(cs.hosts(), "zk1:2181,zk2:2182,10.0.0.3:2181");
+        assert_eq!(cs.chroot(), "/app/locks");
+        assert!(!cs.has_credentials());
+    }
+
+    #[test]
+    fn bare_form_and_defaults() {
+        let cs = ConnectString::parse("127.0.0.1:2181").unwrap();
+        assert_eq!(cs.hosts(), "127.0.0.1:2181");
+        assert_eq!(cs.chroot(), "");
+        let cs = ConnectString::parse("ZK://localhost/").unwrap();
+        assert_eq!(cs.hosts(), "localhost:2181");
+        assert_eq!(cs.chroot(), "");
+        let cs = ConnectString::parse("zk://[::1]:2181,[fe80::1]").unwrap();
+        assert_eq!(cs.hosts(), "[::1]:2181,[fe80::1]:2181");
+    }
+
+    #[test]
+    fn credentials_never_show() {
+        let cs = ConnectString::parse("zk://alice:s%40cret@zk1:2181/x").unwrap();
+        let creds = cs.credentials().unwrap();
+        assert_eq!(creds.user, "alice");
+        assert_eq!(creds.password, "s@cret");
+        let shown = format!("{cs:?}");
+        assert!(
+            !shown.contains("s@cret") && !shown.contains("s%40cret"),
+            "{shown}"
+        );
+        assert!(shown.contains("alice:***"), "{shown}");
+    }
+
+    #[test]
+    fn errors_name_the_url_and_hide_secrets() {
+        let cases = [
+            "",
+            "http://zk1:2181",
+            "zk://",
+            "zk://zk1:2181,",
+            "zk://zk1:0",
+            "zk://zk1:65536",
+            "zk://zk1:port",
+            "zk://zk 1:2181",
+            "zk://zk1:2181//a",
+            "zk://zk1:2181/a/",
+            "zk://zk1:2181/a/../b",
+            "zk://zk1:2181/a?session=1",
+            "zk://[::1:2181",
+            "zk://nopassword@zk1",
+            "zk://:secret@zk1",
+            "zk://user:hunter2@zk1:99999",
+        ];
+        for url in cases {
+            let (f, message) = field(ConnectString::parse(url));
+            assert_eq!(f, "url", "{url}");
+            assert!(!message.contains("hunter2"), "{message}");
+            assert!(!message.contains("secret"), "{message}");
+        }
+    }
+
+    #[test]
+    fn paths_follow_zookeeper_rules() {
+        assert!(check_path("/dlock", "root").is_ok());
+        assert!(check_path("/a/b-c/d.e", "root").is_ok());
+        for bad in ["dlock", "/a/", "//", "/a//b", "/a/./b", "/a\u{1}b"] {
+            assert!(check_path(bad, "root").is_err(), "{bad:?}");
+        }
+    }
+}

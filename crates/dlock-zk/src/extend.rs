@@ -1,0 +1,119 @@
+//! Extending: confirm the own node on the server, then move its TTL.
+//!
+//! The server-side bound of a ZooKeeper lock is the session, which the client library renews by
+//! itself; an extend cannot and need not lengthen it. What an extend moves is the TTL the keeper
+//! enforces on the client. It first checks that the node still exists in this session (a lost
+//! session or a deleted node is reported as expired, never revived), then sets the node's
+//! deletion to `sent + ttl`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Drift, Error, Extension, LeaseRef, Result};
+use tokio::time::Instant;
+
+use crate::client::Inner;
+use crate::errors::BACKEND;
+use crate::naming::{owner_prefix, queue};
+use crate::recipe::list_queue;
+use crate::request::read;
+
+/// Moves the TTL of `lease`'s lock to `ttl` from now, if this owner still holds it.
+pub(crate) async fn extend(
+    inner: &Arc<Inner>,
+    lease: &LeaseRef<'_>,
+    ttl: Duration,
+) -> Result<Extension> {
+    let sent = Instant::now();
+    let until = sent + inner.config.operation_timeout;
+    let owner = lease.owner.as_u128();
+    let held = inner
+        .registry()
+        .get(owner)
+        .map(|h| (h.path.clone(), h.generation, h.delete_at));
+    let Some((path, generation, delete_at)) = held else {
+        if inner.registry().retired(owner) {
+            return Ok(Extension::Expired);
+        }
+        return not_held_here(inner, lease, until).await;
+    };
+    if sent >= delete_at {
+        // The keeper deletes it now; an extend never revives a lock.
+        return Ok(Extension::Expired);
+    }
+    let session = inner
+        .session(until)
+        .await
+        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    if session.generation != generation {
+        if let Some(held) = inner.registry().remove(owner) {
+            held.end();
+        }
+        return Ok(Extension::Expired);
+    }
+    let stat = match read(inner, &session, until, |c| c.check_stat(&path)).await {
+        Ok(stat) => stat,
+        // The session ended under the lease: the node is gone with it.
+        Err(f) if f.session_ended() => None,
+        Err(f) => return Err(f.into_error("check the lock node")),
+    };
+    match stat {
+        Some(stat) if stat.ephemeral_owner == session.id => {
+            let re_armed = inner
+                .registry()
+                .re_arm(
+                    owner,
+                    &path,
+                    Instant::now(),
+                    sent + ttl,
+                    sent + Drift::default().validity(ttl),
+                )
+                .map(|held| held.publish(session.link(), session.vouched_until()))
+                .is_some();
+            // A shorter TTL may have moved the earliest deadline forward.
+            inner.keeper.notify_one();
+            Ok(if re_armed {
+                Extension::Extended
+            } else {
+                Extension::Expired
+            })
+        }
+        _ => {
+            if let Some(held) = inner.registry().remove(owner) {
+                held.end();
+            }
+            Ok(Extension::Expired)
+        }
+    }
+}
+
+/// The answer for an owner this client does not hold a lock for.
+async fn not_held_here(
+    inner: &Arc<Inner>,
+    lease: &LeaseRef<'_>,
+    until: Instant,
+) -> Result<Extension> {
+    let session = inner
+        .session(until)
+        .await
+        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let parent = inner.parent_path(lease.key);
+    let children = match list_queue(inner, &session, &parent, until).await {
+        Ok(children) => children,
+        Err(f) if f.session_ended() => return Ok(Extension::Expired),
+        Err(f) => return Err(f.into_error("list the lock's queue")),
+    };
+    let prefix = owner_prefix(lease.owner);
+    if children.iter().any(|c| c.starts_with(&prefix)) {
+        // The node exists, but its TTL is kept by the client that took it.
+        return Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "extending a lease through another client than the one that acquired it",
+        });
+    }
+    Ok(if queue(&children).is_empty() {
+        Extension::Expired
+    } else {
+        Extension::TakenOver
+    })
+}

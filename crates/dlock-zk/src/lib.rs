@@ -1,0 +1,146 @@
+//! The ZooKeeper backend of dlock.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+//! use dlock_zk::ZkLock;
+//!
+//! let locks: Arc<dyn DistributedLock> =
+//!     Arc::new(ZkLock::connect("zk://zk1:2181,zk2:2181,zk3:2181/billing").await?);
+//! let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(5));
+//! let lease = locks.acquire("invoices/42", &opts).await?;
+//! println!("fencing token {}", lease.fencing_token());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # The recipe
+//!
+//! The classic ZooKeeper lock ("Locks" in the ZooKeeper recipes), as Curator and kazoo implement
+//! it:
+//!
+//! * Every lock key has one parent node, `<chroot><root>/<encoded key>` (root `/dlock` by
+//!   default). Keys are encoded injectively into node names by [`encode_key`]: letters, digits,
+//!   `-`, `_` and `.` stay, every other byte becomes `%XX` (so `a/b` is `a%2Fb` and never
+//!   collides with the key `a%2Fb`, which is `a%252Fb`).
+//! * A contender creates an ephemeral sequential child `<owner>__lock__<sequence>`, where
+//!   `<owner>` is the lease's random owner token in hex. It lists the children; the lowest
+//!   sequence holds the lock.
+//! * A waiter watches **only its immediate predecessor** and lists again when that node goes, so
+//!   one release wakes exactly one waiter — no herd, however long the queue.
+//! * Release deletes the own node. [`try_acquire`](dlock_core::DistributedLockExt::try_acquire)
+//!   creates, lists, and deletes its node again if it is not the lowest.
+//! * Parents are *container* nodes (ZooKeeper 3.5.3+): the server deletes a container once its
+//!   last child is gone (checked every minute by default), and that delete fails while a child
+//!   exists, so cleanup can never remove a parent under a new contender; a contender whose
+//!   create meets a parent deleted a moment earlier recreates it. Servers without containers get
+//!   persistent parents, which stay.
+//!
+//! An uncontended acquire and release is therefore three requests — create, list, delete — the
+//! floor for this recipe.
+//!
+//! # Lost replies
+//!
+//! If the connection drops after a create was sent, the create may or may not have happened.
+//! The contender then reconnects (within the same session), lists the parent and finds its own
+//! node by the owner prefix, and creates one only if there is none. Without this, the orphaned
+//! node would block every other contender until the session expired. Dropped acquire futures are
+//! cleaned up the same way: the node is deleted by path if its name is known, by owner prefix if
+//! not (the library sends requests in order, so the look-up is answered after the create).
+//!
+//! # Fencing tokens
+//!
+//! The fencing token is the own node's creation zxid (`czxid`). Zxids number every write to the
+//! ensemble, so a later holder's node always has a larger one — across all keys, and also after
+//! the parent was deleted and recreated, when sequence numbers start again at zero. Tokens are
+//! therefore [`Monotonic`](dlock_core::FencingGuarantee::Monotonic) for as long as the ensemble
+//! keeps its data.
+//!
+//! # Leases, TTLs and the session
+//!
+//! A ZooKeeper lock lives in the client's *session*: its node is ephemeral and disappears when
+//! the session ends. The client library keeps the session alive by itself. dlock's leases map
+//! onto it like this:
+//!
+//! | what happens | the lock on the server | the lease |
+//! |---|---|---|
+//! | the holder's TTL passes without an extend | the backend deletes the node at `sent + ttl` | lost (expired) at `sent + ttl − drift` |
+//! | the client is connected | kept | held |
+//! | the connection is lost | kept until the session expires, `T` after the server last heard from the client | **uncertain** until the last confirmation `+ T −` allowance, then lost |
+//! | the session expires | the node is gone; another client may hold the lock | **lost** (the session ended) |
+//! | the process dies or is cut off for good | the node goes when the session expires, `T` after the last contact | — |
+//!
+//! `T` is the negotiated session timeout
+//! ([`with_session_timeout`](ZkLockBuilder::with_session_timeout), default 10 s; the server
+//! clamps it to 2–20 ticks). So:
+//!
+//! * **The TTL** (from [`LockOptions`](dlock_core::LockOptions)) bounds how long a *living*
+//!   holder keeps the lock without extending: it is enforced on the client, whose timer deletes
+//!   the node. ZooKeeper has no per-node expiry for ephemeral nodes.
+//! * **The session timeout** is the server-side TTL: it bounds how long a *dead or cut-off*
+//!   holder blocks others. Choose it no longer than you can afford to wait after a crash.
+//! * A lease is valid no longer than the earlier of its TTL and its session bound: the last
+//!   instant the server is known to have heard from the session (the send time of a request it
+//!   answered) plus `T`, minus an allowance (1 % + 2 ms for clock rates, and a tenth of `T` for a
+//!   follower that answers a little after losing its leader). While locks are held the backend
+//!   refreshes that bound with a cheap read every `T/4`, so a holder whose process was paused
+//!   longer than the session timeout wakes up to a lost lease instead of a held one.
+//! * **Extend** checks that the own node still exists in this session and moves its TTL to
+//!   `sent + ttl`; it never recreates a node. It cannot lengthen the session, which the library
+//!   keeps alive. Auto-renew therefore works as with every backend.
+//! * A waiting acquire whose session expires fails (a temporary [`Error::Backend`]) instead of
+//!   waiting forever; the next call opens a new session.
+//!
+//! A lost lease cannot prevent a paused holder from writing after another client took the lock;
+//! present the fencing token to the resource ([`Fence`](dlock_core::Fence)) for that.
+//!
+//! # Interoperability
+//!
+//! Python's kazoo `Lock` recipe names its nodes `<uuid4 hex>__lock__<sequence>` and orders
+//! contenders by the sequence after `__lock__` — the same scheme. A kazoo `Lock` on the same
+//! path ([`ZkLock::lock_path`], e.g. `/dlock/invoices%2F42` for the key `invoices/42`) and dlock
+//! contenders exclude each other and queue together, in both directions; kazoo's `contenders()`
+//! shows dlock holders with their [identifier](ZkLockBuilder::with_identifier). This is tested
+//! against the kazoo shipped with Debian. Curator's `InterProcessMutex` uses another node name
+//! (`-lock-`) and does not see dlock's nodes, so it does not interoperate.
+//!
+//! # Connection strings
+//!
+//! `zk://[user:password@]host1:2181,host2:2181[/chroot]` (see [`ConnectString::parse`]): the
+//! `zk://` and the ports (2181) are optional; the chroot prefixes every path and is created on
+//! first use; `user:password` adds digest credentials and never appears in `Debug` output or
+//! errors. Malformed strings fail with [`Error::InvalidInput`] naming `url` before anything is
+//! sent; unreachable servers fail with [`Error::Unavailable`] within the connect timeout.
+//!
+//! [`Error::InvalidInput`]: dlock_core::Error::InvalidInput
+//! [`Error::Unavailable`]: dlock_core::Error::Unavailable
+//! [`Error::Backend`]: dlock_core::Error::Backend
+#![deny(missing_docs)]
+
+mod acquire;
+mod backend;
+mod builder;
+mod client;
+mod connect_string;
+mod errors;
+mod extend;
+mod keeper;
+mod naming;
+mod recipe;
+mod registry;
+mod release;
+mod request;
+mod session;
+mod stats;
+mod watchdog;
+
+pub use builder::{
+    ZkLockBuilder, DEFAULT_IDENTIFIER, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, MAX_IDENTIFIER_LEN,
+    MAX_TIMEOUT, MIN_TIMEOUT, URL_ENV,
+};
+pub use client::ZkLock;
+pub use connect_string::{ConnectString, Server, DEFAULT_PORT};
+pub use naming::{decode_key, encode_key};
+pub use stats::ZkStats;

@@ -1,0 +1,196 @@
+//! The node operations of the lock recipe: create the own node (with its parents, recovering a
+//! lost reply), list the queue, delete a node.
+//!
+//! Parents are container nodes where the server has them (ZooKeeper 3.5.3 and later): the server
+//! deletes a container once its last child is gone, and its delete fails while a child exists, so
+//! cleanup can never remove a parent under a new contender. A contender whose create meets a
+//! parent deleted a moment earlier gets `NoNode` and simply creates the parent again.
+
+use std::sync::atomic::Ordering;
+
+use dlock_core::OwnerToken;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::client::Inner;
+use crate::errors::Failure;
+use crate::naming::owner_prefix;
+use crate::request::{call, read};
+use crate::session::Session;
+use crate::stats::Counters;
+
+/// How often a create may meet a missing parent before giving up: the parent can vanish between
+/// being made and being used only when the server's container cleanup runs in that instant.
+const PARENT_ATTEMPTS: usize = 4;
+
+/// The contender's own node.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnNode {
+    /// Its full path.
+    pub(crate) path: String,
+    /// Its name (the last path segment).
+    pub(crate) name: String,
+    /// The zxid of its creation: the fencing token if it becomes the holder.
+    pub(crate) czxid: i64,
+}
+
+/// Creates `owner`'s ephemeral sequential node in `parent`, creating missing parents.
+///
+/// If the connection is lost before the reply arrives, the create may or may not have happened:
+/// the node is then looked up by its owner prefix after reconnecting, and created only if it is
+/// not there, so one acquire never leaves two nodes.
+pub(crate) async fn create_own(
+    inner: &Inner,
+    session: &Session,
+    parent: &str,
+    owner: OwnerToken,
+    until: Instant,
+) -> Result<OwnNode, Failure> {
+    let prefix = owner_prefix(owner);
+    let create_path = format!("{parent}/{prefix}");
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let data = inner.config.identifier.as_slice();
+    let mut missing_parent = 0;
+    loop {
+        let created = call(inner, session, until, |c| {
+            c.create(&create_path, data, &options)
+        })
+        .await;
+        match created {
+            Ok((stat, sequence)) => {
+                let name = format!("{prefix}{sequence}");
+                return Ok(OwnNode {
+                    path: format!("{parent}/{name}"),
+                    name,
+                    czxid: stat.czxid,
+                });
+            }
+            Err(Failure::Zk(zk::Error::NoNode)) if missing_parent < PARENT_ATTEMPTS => {
+                missing_parent += 1;
+                ensure_parent(inner, session, parent, until).await?;
+            }
+            Err(f) if f.outcome_unknown() => {
+                if let Some(node) = find_own(inner, session, parent, &prefix, until).await? {
+                    Counters::bump(&inner.counters.recovered_creates);
+                    tracing::debug!(
+                        backend = crate::errors::BACKEND,
+                        "create reply lost: found the own lock node by its owner prefix"
+                    );
+                    return Ok(node);
+                }
+            }
+            Err(f) => return Err(f),
+        }
+    }
+}
+
+/// Creates `parent` (a container node, or persistent on servers without containers) and the
+/// base path above it if needed.
+async fn ensure_parent(
+    inner: &Inner,
+    session: &Session,
+    parent: &str,
+    until: Instant,
+) -> Result<(), Failure> {
+    let mut made_base = false;
+    loop {
+        let containers = inner.containers.load(Ordering::Relaxed);
+        let mode = if containers {
+            zk::CreateMode::Container
+        } else {
+            zk::CreateMode::Persistent
+        };
+        let options = mode.with_acls(zk::Acls::anyone_all());
+        match call(inner, session, until, |c| c.create(parent, &[], &options)).await {
+            Ok(_) | Err(Failure::Zk(zk::Error::NodeExists)) => return Ok(()),
+            Err(Failure::Zk(zk::Error::NoNode)) if !made_base => {
+                made_base = true;
+                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                let base = inner.config.base.as_str();
+                call(inner, session, until, |c| c.mkdir(base, &options)).await?;
+            }
+            Err(Failure::Zk(zk::Error::Unimplemented)) if containers => {
+                tracing::info!(
+                    backend = crate::errors::BACKEND,
+                    "the server has no container nodes: lock parents are persistent"
+                );
+                inner.containers.store(false, Ordering::Relaxed);
+            }
+            // The caller's next create tells whether the parent exists.
+            Err(f) if f.outcome_unknown() => return Ok(()),
+            Err(f) => return Err(f),
+        }
+    }
+}
+
+/// Finds `owner`'s node in `parent` by its name prefix.
+pub(crate) async fn find_own(
+    inner: &Inner,
+    session: &Session,
+    parent: &str,
+    prefix: &str,
+    until: Instant,
+) -> Result<Option<OwnNode>, Failure> {
+    let children = list_queue(inner, session, parent, until).await?;
+    let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+        return Ok(None);
+    };
+    let path = format!("{parent}/{name}");
+    match read(inner, session, until, |c| c.check_stat(&path)).await? {
+        Some(stat) => Ok(Some(OwnNode {
+            path,
+            name,
+            czxid: stat.czxid,
+        })),
+        None => Ok(None),
+    }
+}
+
+/// The children of `parent` (none if it does not exist).
+pub(crate) async fn list_queue(
+    inner: &Inner,
+    session: &Session,
+    parent: &str,
+    until: Instant,
+) -> Result<Vec<String>, Failure> {
+    match read(inner, session, until, |c| c.list_children(parent)).await {
+        Ok(children) => Ok(children),
+        Err(Failure::Zk(zk::Error::NoNode)) => Ok(Vec::new()),
+        Err(f) => Err(f),
+    }
+}
+
+/// What a delete found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deletion {
+    /// The node existed and is gone now.
+    Deleted,
+    /// The node did not exist.
+    Missing,
+    /// The node is gone; an earlier attempt whose reply was lost may have deleted it.
+    Gone,
+}
+
+/// Deletes the node at `path`, repeating after a lost connection.
+pub(crate) async fn delete_node(
+    inner: &Inner,
+    session: &Session,
+    path: &str,
+    until: Instant,
+) -> Result<Deletion, Failure> {
+    let mut attempted = false;
+    loop {
+        match call(inner, session, until, |c| c.delete(path, None)).await {
+            Ok(()) => return Ok(Deletion::Deleted),
+            Err(Failure::Zk(zk::Error::NoNode)) => {
+                return Ok(if attempted {
+                    Deletion::Gone
+                } else {
+                    Deletion::Missing
+                })
+            }
+            Err(f) if f.connection_failed() => attempted = true,
+            Err(f) => return Err(f),
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Releasing: delete the own node, found by the registry or, for an acquire that never became a
+//! lease here, by its owner prefix.
+//!
+//! Deleting by path never touches another owner's lock (the name embeds the owner token), so
+//! ownership needs no separate check. A delete whose reply is lost is repeated; a node that is
+//! already gone means the lease ended before (TTL, session expiry).
+
+use std::sync::Arc;
+
+use dlock_core::{LeaseRef, Released, Result};
+use tokio::time::Instant;
+
+use crate::client::Inner;
+use crate::keeper::delete_in_background;
+use crate::naming::{owner_prefix, queue};
+use crate::recipe::{delete_node, list_queue, Deletion};
+
+/// Releases `lease`'s lock if this owner still holds it.
+pub(crate) async fn release(inner: &Arc<Inner>, lease: &LeaseRef<'_>) -> Result<Released> {
+    let until = Instant::now() + inner.config.operation_timeout;
+    let session = inner
+        .session(until)
+        .await
+        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    // Removed only now: a release that cannot reach the server leaves the TTL in force.
+    let held = inner.registry().remove(lease.owner.as_u128());
+    if let Some(held) = held {
+        if held.generation != session.generation {
+            // Its session ended, and the server removed the node with it.
+            return Ok(Released::Expired);
+        }
+        let path = held.path.clone();
+        drop(held);
+        return match delete_node(inner, &session, &path, until).await {
+            Ok(Deletion::Deleted | Deletion::Gone) => Ok(Released::Released),
+            Ok(Deletion::Missing) => Ok(Released::Expired),
+            // The session ended under the lease: the server removed the node with it.
+            Err(f) if f.session_ended() => Ok(Released::Expired),
+            Err(f) => {
+                // Keep trying while the session lives; the caller may retry too.
+                delete_in_background(inner.clone(), session.generation, path);
+                Err(f.into_error("delete the lock node"))
+            }
+        };
+    }
+    // Not held here: an acquire that was abandoned before it became a lease, a lease whose TTL
+    // ran out, or an owner token of another client.
+    let parent = inner.parent_path(lease.key);
+    let children = match list_queue(inner, &session, &parent, until).await {
+        Ok(children) => children,
+        // Whatever this client had in that session is gone with it.
+        Err(f) if f.session_ended() => return Ok(Released::Expired),
+        Err(f) => return Err(f.into_error("list the lock's queue")),
+    };
+    let prefix = owner_prefix(lease.owner);
+    if let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) {
+        let path = format!("{parent}/{name}");
+        // A lease whose TTL ran out a moment ago: its node is on its way out, and the lease
+        // ended before this release.
+        let retired = inner.registry().retired(lease.owner.as_u128());
+        return match delete_node(inner, &session, &path, until).await {
+            Ok(_) if retired => Ok(Released::Expired),
+            Ok(Deletion::Deleted | Deletion::Gone) => Ok(Released::Released),
+            Ok(Deletion::Missing) => Ok(Released::Expired),
+            Err(f) if f.session_ended() => Ok(Released::Expired),
+            Err(f) => Err(f.into_error("delete the lock node")),
+        };
+    }
+    if queue(&children).is_empty() {
+        Ok(Released::Expired)
+    } else {
+        Ok(Released::TakenOver)
+    }
+}

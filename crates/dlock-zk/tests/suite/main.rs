@@ -1,0 +1,183 @@
+//! The shared compliance suite against a real ZooKeeper, plus the ZooKeeper-specific cases
+//! (kazoo interoperability, lost create replies, container parents, fencing across parent
+//! recreation, connection strings, waiters whose session expires).
+//!
+//! Two standalone servers run for the whole binary: one shared by the cases, one dedicated to
+//! the outage case, which stops and starts it. Both use a 500 ms tick so that sessions of 1–10 s
+//! are allowed.
+//!
+//! ```sh
+//! eval "$(scripts/test-images)"
+//! cargo test -p dlock-zk --test suite
+//! ```
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod kazoo;
+mod zk_cases;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
+use dlock_compliance::{suite, Freeze, FreezeProxy, Inspect, Outage, Subject, Timing};
+use dlock_core::{Capabilities, DistributedLock, FencingGuarantee};
+use dlock_zk::{decode_key, DEFAULT_ROOT};
+use libtest_mimic::{Arguments, Trial};
+
+use support::proxied::Proxied;
+use support::{fixture_runtime, raw, shared, url, SESSION, SHORT_SESSION, TICK};
+
+/// What the ZooKeeper-specific cases need to know about the shared server.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// `host:port` of the shared server.
+    pub hosts: String,
+    /// Its container, for `docker exec`.
+    pub container: String,
+}
+
+/// Counts the lock nodes (parents and contenders) stored for keys in a namespace.
+struct Stored {
+    hosts: String,
+}
+
+#[async_trait]
+impl Inspect for Stored {
+    async fn stored(&self, namespace: &str) -> anyhow::Result<u64> {
+        let client = raw::connect(&self.hosts).await?;
+        let mut count = 0;
+        for parent in raw::children(&client, DEFAULT_ROOT).await? {
+            if decode_key(&parent).is_some_and(|k| k.starts_with(namespace)) {
+                let path = format!("{DEFAULT_ROOT}/{parent}");
+                count += 1 + raw::children(&client, &path).await?.len() as u64;
+            }
+        }
+        Ok(count)
+    }
+}
+
+/// What the backend declares, for a run without servers (where no client can ask it).
+fn declared() -> Capabilities {
+    Capabilities::new(FencingGuarantee::Monotonic)
+        .with_notifications()
+        .with_sessions()
+}
+
+fn subject(
+    shared_hosts: &str,
+    capabilities: Capabilities,
+    outage: Outage,
+) -> anyhow::Result<Subject> {
+    let main_url = url(shared_hosts);
+    let target: SocketAddr = shared_hosts.parse()?;
+    let connect_url = main_url.clone();
+    Ok(Subject::new("zookeeper", capabilities, move || {
+        let url = connect_url.clone();
+        async move { shared(&url, SESSION).await }
+    })
+    .with_timing(Timing {
+        ttl: Duration::from_secs(1),
+        slack: Duration::from_secs(3),
+    })
+    .with_inspect(Arc::new(Stored {
+        hosts: shared_hosts.to_owned(),
+    }))
+    .with_freezable(move || async move {
+        // Freezing the connection stops the session's pings: the server expires it after
+        // the (short) session timeout, as with a long pause or a partition.
+        let proxy = FreezeProxy::start(target).await?;
+        let lock = support::client(&url(&proxy.addr().to_string()), SHORT_SESSION).await?;
+        let switch: Arc<dyn Freeze> = proxy.switch();
+        let client: Arc<dyn DistributedLock> = Arc::new(Proxied::new(lock, proxy));
+        Ok((client, switch))
+    })
+    .with_outage(outage))
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    if docker_opt_out() {
+        let placeholder = Subject::new("zookeeper", declared(), || async {
+            anyhow::bail!("DLOCK_TEST_NO_DOCKER=1")
+        });
+        let trials: Vec<Trial> = suite::trials(&placeholder)
+            .into_iter()
+            .chain(
+                zk_cases::names()
+                    .into_iter()
+                    .map(|n| Trial::test(n, || Ok(()))),
+            )
+            .map(|t| t.with_ignored_flag(true))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    let runtime = fixture_runtime();
+    let options = || ZkOptions::default().with_tick_time(TICK);
+    let started = std::time::Instant::now();
+    let fixtures = runtime.block_on(async {
+        tokio::try_join!(
+            ZkEnsemble::start_with(1, options()),
+            ZkEnsemble::start_with(1, options())
+        )
+    });
+    let (main_zk, outage_zk) = match fixtures {
+        Ok(pair) => pair,
+        Err(e) => {
+            eprintln!("cannot start the ZooKeeper fixtures: {e}");
+            std::process::exit(1);
+        }
+    };
+    eprintln!(
+        "[timing] two standalone ZooKeepers: {:.2?}",
+        started.elapsed()
+    );
+    // The suite checks the backend's own declaration against its behaviour.
+    let capabilities = match runtime.block_on(shared(&url(&main_zk.connect_string()), SESSION)) {
+        Ok(client) => client.capabilities(),
+        Err(e) => {
+            eprintln!("cannot connect to the shared server: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let trials = match build_trials(&main_zk, &outage_zk, capabilities) {
+        Ok(trials) => trials,
+        Err(e) => {
+            eprintln!("cannot set up the trials: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Err(e) =
+        runtime.block_on(async { tokio::try_join!(main_zk.shutdown(), outage_zk.shutdown()) })
+    {
+        eprintln!("fixture shutdown: {e}");
+    }
+    conclusion.exit();
+}
+
+fn build_trials(
+    main_zk: &ZkEnsemble,
+    outage_zk: &ZkEnsemble,
+    capabilities: Capabilities,
+) -> anyhow::Result<Vec<Trial>> {
+    let outage_hosts = outage_zk.connect_string();
+    let outage_url = url(&outage_hosts);
+    let outage = Outage::new(Arc::new(outage_zk.member(0)?.clone()), move || {
+        let url = outage_url.clone();
+        async move { shared(&url, SESSION).await }
+    });
+    let hosts = main_zk.connect_string();
+    eprintln!("[zookeeper] shared server {hosts}; the outage case stops {outage_hosts}");
+    let subject = subject(&hosts, capabilities, outage)?;
+    let env = Env {
+        hosts,
+        container: main_zk.member(0)?.name().to_owned(),
+    };
+    let mut trials = suite::trials(&subject);
+    trials.extend(zk_cases::trials(&env));
+    Ok(trials)
+}
