@@ -1,0 +1,207 @@
+//! Settings of a Redis lock client, checked before anything is sent.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_core::{Error, Result};
+use tracing::Instrument;
+
+use crate::connection::{self, Connection};
+use crate::endpoint::Endpoint;
+use crate::keys::KeyLayout;
+use crate::lock::RedisLock;
+use crate::wakeups::Wakeups;
+
+/// The default bound on one request: far above a healthy round trip (well under a millisecond on
+/// a LAN), far below the TTLs locks are taken with, so a frozen or partitioned server is noticed
+/// while a lease still has most of its validity. redis-rs's own default (500 ms) is replaced.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default bound on establishing a connection (TCP, TLS, `AUTH`, `SELECT`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The shortest request or connect timeout accepted.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// The longest request or connect timeout accepted: beyond it a stalled server looks like a hang.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Builds a [`RedisLock`]: the server URL, the key prefix and the timeouts.
+///
+/// ```no_run
+/// # async fn demo() -> dlock_core::Result<()> {
+/// use std::time::Duration;
+/// use dlock_redis::RedisLock;
+///
+/// let locks = RedisLock::builder("redis://:secret@10.0.0.5:6379/2")
+///     .prefix("billing:")
+///     .request_timeout(Duration::from_millis(500))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisLockBuilder {
+    url: String,
+    prefix: String,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl RedisLockBuilder {
+    /// Settings for the server at `url` (see the crate docs for the URL forms), with an empty key
+    /// prefix and the default timeouts.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisLockBuilder {
+            url: url.into(),
+            prefix: String::new(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// Puts `prefix` before every lock name to form its key. Empty by default, so that a lock
+    /// named `n` is the key `n` that other single-instance clients (redis-py's `Lock`, redsync)
+    /// use too.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Bounds every request, including waiting for a reconnection
+    /// ([`DEFAULT_REQUEST_TIMEOUT`]). A request that gets no answer in time fails with
+    /// [`Error::Unavailable`]; its effect on the server is then unknown.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Bounds establishing a connection ([`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Checks every setting, connects and returns the client.
+    ///
+    /// Fails with [`Error::InvalidInput`] naming the field (`url`, `prefix`, `request_timeout`,
+    /// `connect_timeout`) before any connection is attempted, and with
+    /// [`Error::Unavailable`] (or a permanent [`Error::Backend`], e.g. for a wrong password) if
+    /// the server cannot be reached or refuses within the connect timeout.
+    ///
+    /// Needs a tokio runtime: the client runs its connection and its release notifications on it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is left behind but a closed connection.
+    pub async fn connect(self) -> Result<RedisLock> {
+        let endpoint = Endpoint::parse(&self.url)?;
+        let layout = KeyLayout::new(self.prefix)?;
+        check_timeout("request_timeout", self.request_timeout)?;
+        check_timeout("connect_timeout", self.connect_timeout)?;
+        install_crypto_provider();
+        let client = connection::client(&endpoint)?;
+        let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
+        let connection =
+            Connection::open(client.clone(), self.connect_timeout, self.request_timeout)
+                .instrument(span)
+                .await?;
+        let wakeups = Wakeups::start(
+            client,
+            self.connect_timeout,
+            self.request_timeout,
+            endpoint.redacted().to_owned(),
+        );
+        Ok(RedisLock::new(connection, layout, wakeups, endpoint))
+    }
+}
+
+fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
+    if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
+        return Err(Error::invalid(
+            field,
+            format!("{timeout:?} is outside {MIN_TIMEOUT:?}..={MAX_TIMEOUT:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// rustls needs a process-wide crypto provider; install `ring` unless the application installed
+/// one already (then that one is used).
+fn install_crypto_provider() {
+    #[cfg(feature = "tls")]
+    {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+impl fmt::Debug for RedisLockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let url = match Endpoint::parse(&self.url) {
+            Ok(endpoint) => endpoint.redacted().to_owned(),
+            Err(_) => "<invalid URL>".to_owned(),
+        };
+        f.debug_struct("RedisLockBuilder")
+            .field("url", &url)
+            .field("prefix", &self.prefix)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let builder = RedisLockBuilder::new("redis://app:hunter2@localhost:6379/1");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("app:***@localhost"), "{shown}");
+        let broken = RedisLockBuilder::new("redis://app:hunter2@localhost:6379/x");
+        assert!(!format!("{broken:?}").contains("hunter2"));
+    }
+
+    #[tokio::test]
+    async fn bad_settings_are_rejected_by_name_without_connecting() {
+        let field = |result: Result<RedisLock>| match result {
+            Err(Error::InvalidInput { field, .. }) => field,
+            Err(other) => panic!("expected InvalidInput, got {other}"),
+            Ok(_) => panic!("accepted"),
+        };
+        // An address nobody listens on: had any of these connected, they would fail otherwise.
+        let url = "redis://127.0.0.1:1";
+        assert_eq!(
+            field(RedisLockBuilder::new("nonsense").connect().await),
+            "url"
+        );
+        assert_eq!(
+            field(
+                RedisLockBuilder::new(url)
+                    .prefix("p".repeat(2000))
+                    .connect()
+                    .await
+            ),
+            "prefix"
+        );
+        assert_eq!(
+            field(
+                RedisLockBuilder::new(url)
+                    .request_timeout(Duration::ZERO)
+                    .connect()
+                    .await
+            ),
+            "request_timeout"
+        );
+        assert_eq!(
+            field(
+                RedisLockBuilder::new(url)
+                    .connect_timeout(Duration::from_secs(3600))
+                    .connect()
+                    .await
+            ),
+            "connect_timeout"
+        );
+    }
+}

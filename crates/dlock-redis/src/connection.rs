@@ -1,0 +1,142 @@
+//! The one command connection of a client: multiplexed, reconnecting, and bounded in time.
+//!
+//! Every lock operation of a [`RedisLock`](crate::RedisLock) and its clones goes over one
+//! multiplexed connection (redis-rs's `ConnectionManager`): requests from many tasks are pipelined
+//! on the socket and matched to their replies in order, with no client-side lock. When the
+//! connection breaks, the manager replaces it in the background; the request that saw the break
+//! fails, later ones wait for the new connection.
+//!
+//! Every request is bounded by the request timeout, which covers waiting for a reconnection too, so
+//! a frozen or unreachable server yields [`Error::Unavailable`](dlock_core::Error::Unavailable) in
+//! bounded time instead of a hang.
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use dlock_core::{Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
+use redis::RedisResult;
+
+use crate::endpoint::Endpoint;
+use crate::error;
+
+/// Reconnection attempts per break before the manager gives up until the next request.
+const RECONNECT_ATTEMPTS: usize = 3;
+/// The first delay between reconnection attempts (then doubled, jittered).
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+/// The longest delay between reconnection attempts, so a server that is back is found quickly.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
+/// Below this request timeout the [`TimerKeeper`] would wake more often than it saves wake-ups.
+const MIN_KEEPER_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A Redis client library handle with this crate's settings applied.
+pub(crate) fn client(endpoint: &Endpoint) -> Result<redis::Client> {
+    // Nagle's algorithm would hold back pipelined requests until earlier ones are acknowledged.
+    let info = endpoint
+        .connection_info()
+        .clone()
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    redis::Client::open(info).map_err(|e| Error::invalid("url", e.to_string()))
+}
+
+/// The shared, reconnecting command connection.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    manager: ConnectionManager,
+    request_timeout: Duration,
+    /// Keeps the [`TimerKeeper`] running while the connection lives.
+    _alive: Arc<()>,
+}
+
+/// Keeps one timer of the runtime always due within half a request timeout.
+///
+/// Every request arms a timer (its timeout). When tokio's time driver is parked with no timer at
+/// all, arming one has to wake the driver's thread so it can shorten its sleep: one extra thread
+/// wake-up per request, which on a mostly idle client costs more than the request's own work.
+/// With a timer that is always due sooner than any request timeout, arming a request timer never
+/// shortens the driver's sleep. The keeper wakes twice per request timeout, nothing more.
+struct TimerKeeper {
+    period: Duration,
+    alive: Weak<()>,
+}
+
+impl TimerKeeper {
+    async fn run(self) {
+        loop {
+            tokio::time::sleep(self.period).await;
+            if self.alive.strong_count() == 0 {
+                return;
+            }
+        }
+    }
+}
+
+impl Connection {
+    /// Connects, giving up after `connect_timeout`.
+    pub(crate) async fn open(
+        client: redis::Client,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Result<Self> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            // The request timeout below bounds every call (including a wait for a reconnection);
+            // a second timer per request inside the client would only cost time.
+            .set_response_timeout(None)
+            .set_number_of_retries(RECONNECT_ATTEMPTS)
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(RECONNECT_MAX_DELAY);
+        // A PING proves that the server accepts this client (password, ACL) before the first
+        // lock operation has to find out.
+        let connected = async {
+            let mut manager = client.get_connection_manager_with_config(config).await?;
+            redis::cmd("PING").query_async::<()>(&mut manager).await?;
+            Ok::<_, redis::RedisError>(manager)
+        };
+        let manager = tokio::time::timeout(connect_timeout, connected)
+            .await
+            .map_err(|_| error::no_answer("connect", connect_timeout))?
+            .map_err(|e| error::from_redis("connect", e))?;
+        let alive = Arc::new(());
+        if request_timeout >= MIN_KEEPER_TIMEOUT {
+            let keeper = TimerKeeper {
+                period: request_timeout / 2,
+                alive: Arc::downgrade(&alive),
+            };
+            tokio::spawn(keeper.run());
+        }
+        Ok(Connection {
+            manager,
+            request_timeout,
+            _alive: alive,
+        })
+    }
+
+    /// Runs `call` on the connection, bounded by the request timeout; errors name `op`.
+    ///
+    /// # Cancel safety
+    /// Dropping it drops the request: it may or may not have reached the server.
+    pub(crate) async fn run<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        match tokio::time::timeout(self.request_timeout, call(self.manager.clone())).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(error::from_redis(op, e)),
+            Err(_) => Err(error::no_answer(op, self.request_timeout)),
+        }
+    }
+
+    /// A handle on the same multiplexed connection.
+    pub(crate) fn manager(&self) -> ConnectionManager {
+        self.manager.clone()
+    }
+
+    /// The bound on every request.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+}

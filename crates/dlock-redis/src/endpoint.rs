@@ -1,0 +1,176 @@
+//! Which server to talk to: a Redis URL, checked before anything is sent, and shown without its
+//! password.
+//!
+//! Accepted forms:
+//!
+//! * `redis://[user[:password]@]host[:port][/db]` (port 6379 and database 0 by default);
+//! * `rediss://…` for TLS, with the `tls` feature (`#insecure` at the end skips certificate checks);
+//! * `redis+unix:///path/to/socket` or `unix:///path/to/socket` for a Unix socket (database 0).
+//!
+//! Query parameters are refused rather than silently ignored (the client's `protocol=resp3`
+//! would change how release notifications arrive).
+
+use std::fmt;
+
+use dlock_core::{Error, Result};
+use redis::IntoConnectionInfo;
+use url::Url;
+
+/// A validated server address and its credentials.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    info: redis::ConnectionInfo,
+    redacted: String,
+}
+
+impl Endpoint {
+    /// Checks `raw` and builds the connection settings; every problem is an
+    /// [`Error::InvalidInput`] for the field `url` whose message never repeats the password.
+    pub(crate) fn parse(raw: &str) -> Result<Self> {
+        let invalid = |message: String| Error::invalid("url", message);
+        let url = Url::parse(raw.trim()).map_err(|e| invalid(format!("not a URL: {e}")))?;
+        let redacted = redact(&url);
+        let tcp = match url.scheme() {
+            "redis" => true,
+            "rediss" => {
+                if !cfg!(feature = "tls") {
+                    return Err(invalid(format!(
+                        "{redacted}: rediss:// (TLS) needs the `tls` feature of dlock-redis"
+                    )));
+                }
+                true
+            }
+            "redis+unix" | "unix" => false,
+            other => {
+                return Err(invalid(format!(
+                    "{redacted}: unsupported scheme {other:?}; use redis://, rediss:// or redis+unix://"
+                )))
+            }
+        };
+        if url.query().is_some() {
+            return Err(invalid(format!(
+                "{redacted}: query parameters are not supported"
+            )));
+        }
+        if tcp {
+            if url.host_str().is_none_or(str::is_empty) {
+                return Err(invalid(format!("{redacted}: no host")));
+            }
+            let db = url.path().trim_matches('/');
+            if !db.is_empty() && db.parse::<u32>().is_err() {
+                return Err(invalid(format!(
+                    "{redacted}: database {db:?} is not a non-negative number"
+                )));
+            }
+            match url.fragment() {
+                None => {}
+                Some("insecure") if url.scheme() == "rediss" => {}
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "{redacted}: unsupported fragment #{other} (only rediss://…#insecure)"
+                    )))
+                }
+            }
+        } else if url.path().is_empty() || url.path() == "/" {
+            return Err(invalid(format!("{redacted}: no socket path")));
+        }
+        let info = url
+            .into_connection_info()
+            .map_err(|e| invalid(format!("{redacted}: {e}")))?;
+        Ok(Endpoint { info, redacted })
+    }
+
+    /// The settings for the client library.
+    pub(crate) fn connection_info(&self) -> &redis::ConnectionInfo {
+        &self.info
+    }
+
+    /// The URL with its password replaced by `***`, for errors, logs and `Debug`.
+    pub(crate) fn redacted(&self) -> &str {
+        &self.redacted
+    }
+}
+
+fn redact(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        // Only fails for URLs that cannot have credentials, which then have no password either.
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(raw: &str) -> String {
+        match Endpoint::parse(raw) {
+            Err(Error::InvalidInput {
+                field: "url",
+                message,
+            }) => message,
+            Err(other) => panic!("{raw}: expected InvalidInput(url), got {other}"),
+            Ok(endpoint) => panic!("{raw}: accepted as {endpoint:?}"),
+        }
+    }
+
+    #[test]
+    fn good_urls_are_accepted() {
+        for raw in [
+            "redis://127.0.0.1",
+            "redis://127.0.0.1:6380/3",
+            "redis://user:secret@localhost:6379/0",
+            "redis://:secret@localhost",
+            "redis+unix:///run/redis.sock",
+            "unix:///run/redis.sock",
+        ] {
+            assert!(Endpoint::parse(raw).is_ok(), "{raw}");
+        }
+        let e = Endpoint::parse("redis://u:p@h:1/2").unwrap();
+        assert_eq!(e.connection_info().redis_settings().db(), 2);
+    }
+
+    #[test]
+    fn bad_urls_are_invalid_input_naming_the_url() {
+        assert!(message("").contains("not a URL"));
+        assert!(message("localhost:6379").contains("scheme"));
+        assert!(message("http://localhost").contains("unsupported scheme"));
+        assert!(message("redis://").contains("no host"));
+        assert!(message("redis://host:99999").contains("not a URL"));
+        assert!(message("redis://host/abc").contains("database"));
+        assert!(message("redis://host/-1").contains("database"));
+        assert!(message("redis://host/?protocol=resp3").contains("query"));
+        assert!(message("redis://host#frag").contains("fragment"));
+        assert!(message("redis+unix://").contains("socket path"));
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_without_the_feature_names_the_feature() {
+        assert!(message("rediss://host").contains("`tls` feature"));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_with_the_feature_is_accepted() {
+        assert!(Endpoint::parse("rediss://host").is_ok());
+        assert!(Endpoint::parse("rediss://host#insecure").is_ok());
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let e = Endpoint::parse("redis://user:hunter2@localhost:6379/1").unwrap();
+        let shown = format!("{e:?} {}", e.redacted());
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("user:***@localhost"), "{shown}");
+        let err = message("redis://user:hunter2@localhost/abc");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}

@@ -1,0 +1,316 @@
+//! Where a lock lives in Redis: the lock key, its fencing counter, and its release channel.
+//!
+//! | what | name | value | expiry |
+//! |---|---|---|---|
+//! | lock | `PREFIX` + name, verbatim | the owner token (32 hex digits) | the lease's TTL (`PX`) |
+//! | fencing counter | see [`fence_key`] | an integer, incremented per grant | never |
+//! | release channel | `dlock:released:` + lock key | (pub/sub channel, not a key) | — |
+//!
+//! The lock key is the plain name so that the common single-instance convention interoperates:
+//! redis-py's `Lock(name)`, redsync and similar clients `SET name <random> NX PX <ttl>` and release
+//! by compare-and-delete, so a lock they hold on `name` blocks ours and ours blocks theirs. The
+//! default prefix is empty for that reason.
+//!
+//! The fencing counter must be in the same Redis Cluster slot as the lock key, because one script
+//! touches both. [`fence_key`] picks a name that hashes like the lock key:
+//!
+//! * a lock key with a hash tag (`jobs:{tenant-7}:nightly`) keeps it: `jobs:{tenant-7}:nightly:dlock:fence`;
+//! * a lock key without braces is wrapped in one: `{jobs/nightly}:dlock:fence`;
+//! * a lock key containing a `}` but no valid hash tag (rare: `a}b`, `x{}y`) cannot be wrapped, and
+//!   uses a counter shared by every such key of its slot: `dlock:fence:{<tag of the slot>}`. Tokens
+//!   still grow strictly per lock key (every grant increments the counter), they just advance
+//!   faster.
+//!
+//! Names are not escaped, so a lock whose key equals another lock's counter key (for example a
+//! lock named `{a}:dlock:fence` next to a lock named `a`) collides with it: keys ending in
+//! [`FENCE_SUFFIX`] and keys starting with [`SHARED_FENCE_PREFIX`] are reserved.
+
+use std::sync::OnceLock;
+
+use dlock_core::{Error, LockKey, Result, MAX_KEY_LEN};
+
+/// Appended to a lock key (or to its wrapped form) to name its fencing counter.
+pub const FENCE_SUFFIX: &str = ":dlock:fence";
+
+/// The start of a fencing counter shared by the keys of one slot that cannot carry their own.
+pub const SHARED_FENCE_PREFIX: &str = "dlock:fence:";
+
+/// The start of every release channel; the lock key follows.
+pub const RELEASE_CHANNEL_PREFIX: &str = "dlock:released:";
+
+/// The longest prefix accepted, in bytes: as long as the longest lock name.
+pub const MAX_PREFIX_LEN: usize = MAX_KEY_LEN;
+
+/// The number of Redis Cluster hash slots.
+pub const SLOTS: u16 = 16384;
+
+/// How lock names map to Redis keys: a prefix, then the name verbatim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: String,
+}
+
+/// The Redis names of one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockKeys {
+    /// The lock key: prefix + name. Its value is the owner token while the lock is held.
+    pub lock: String,
+    /// The never-expiring fencing counter, in the lock key's cluster slot.
+    pub fence: String,
+    /// The pub/sub channel a release is announced on.
+    pub channel: String,
+}
+
+impl KeyLayout {
+    /// A layout that puts `prefix` before every lock name. An empty prefix (the default) makes
+    /// the lock key the name itself, as other single-instance clients use it.
+    pub fn new(prefix: impl Into<String>) -> Result<Self> {
+        let prefix = prefix.into();
+        if prefix.len() > MAX_PREFIX_LEN {
+            return Err(Error::invalid(
+                "prefix",
+                format!(
+                    "is {} bytes long; the maximum is {MAX_PREFIX_LEN} bytes",
+                    prefix.len()
+                ),
+            ));
+        }
+        Ok(KeyLayout { prefix })
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The lock key of `name`: the prefix followed by the name.
+    pub fn lock_key(&self, name: &LockKey) -> String {
+        concat(&[&self.prefix, name.as_str()])
+    }
+
+    /// Every Redis name the lock `name` uses.
+    pub fn keys(&self, name: &LockKey) -> LockKeys {
+        let lock = self.lock_key(name);
+        LockKeys {
+            fence: fence_key(&lock),
+            channel: release_channel(&lock),
+            lock,
+        }
+    }
+}
+
+/// The fencing counter of `lock_key`, always in the same cluster slot (see the module docs).
+pub fn fence_key(lock_key: &str) -> String {
+    if hash_tag(lock_key.as_bytes()).is_some() {
+        return concat(&[lock_key, FENCE_SUFFIX]);
+    }
+    if !lock_key.contains('}') {
+        return concat(&["{", lock_key, "}", FENCE_SUFFIX]);
+    }
+    let tag = slot_tag(hash_slot(lock_key.as_bytes())).to_string();
+    concat(&[SHARED_FENCE_PREFIX, "{", &tag, "}"])
+}
+
+/// The channel a release of `lock_key` is published on.
+pub fn release_channel(lock_key: &str) -> String {
+    concat(&[RELEASE_CHANNEL_PREFIX, lock_key])
+}
+
+fn concat(parts: &[&str]) -> String {
+    let mut joined = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        joined.push_str(part);
+    }
+    joined
+}
+
+/// The part of `key` Redis Cluster hashes: the bytes between the first `{` and the next `}`, if
+/// there are any; `None` means the whole key is hashed.
+pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let close = rest.iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// The Redis Cluster hash slot of `key` (CRC16-XMODEM of its hash tag or of the whole key).
+pub fn hash_slot(key: &[u8]) -> u16 {
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// The smallest decimal number whose hash slot is `slot`, used as a hash tag that lands there.
+///
+/// Every slot is reached below 110 000 (checked by a unit test). The table of all 16 384 tags is
+/// computed on first use (a few milliseconds, 64 KiB) and kept; only the rare keys described in
+/// the module docs need it.
+pub fn slot_tag(slot: u16) -> u32 {
+    static TAGS: OnceLock<Vec<u32>> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![u32::MAX; usize::from(SLOTS)];
+        let mut left = tags.len();
+        let mut buf = itoa_buf();
+        for n in 0u32..=MAX_SLOT_TAG {
+            let entry = &mut tags[usize::from(crc16(decimal(n, &mut buf)) % SLOTS)];
+            if *entry == u32::MAX {
+                *entry = n;
+                left -= 1;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        tags
+    });
+    tags[usize::from(slot % SLOTS)]
+}
+
+/// Every slot has a decimal tag at or below this number.
+const MAX_SLOT_TAG: u32 = 110_000;
+
+fn itoa_buf() -> [u8; 10] {
+    [0; 10]
+}
+
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as Redis Cluster uses it.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> LockKey {
+        LockKey::new(name).unwrap()
+    }
+
+    #[test]
+    fn crc16_matches_the_cluster_specification() {
+        // The test vector of the Redis Cluster specification.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        // Slots quoted in the Redis documentation.
+        assert_eq!(hash_slot(b"foo"), 12182);
+        assert_eq!(hash_slot(b"bar"), 5061);
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+    }
+
+    #[test]
+    fn hash_tags_follow_the_first_brace_pair() {
+        assert_eq!(hash_tag(b"{user}.x"), Some(&b"user"[..]));
+        assert_eq!(hash_tag(b"foo{}{bar}"), None);
+        assert_eq!(hash_tag(b"foo{{bar}}zap"), Some(&b"{bar"[..]));
+        assert_eq!(hash_tag(b"foo{bar}{zap}"), Some(&b"bar"[..]));
+        assert_eq!(hash_tag(b"no tag"), None);
+        assert_eq!(hash_tag(b"open{only"), None);
+    }
+
+    #[test]
+    fn the_lock_key_is_the_plain_name_after_the_prefix() {
+        let plain = KeyLayout::default();
+        assert_eq!(plain.lock_key(&key("jobs/nightly")), "jobs/nightly");
+        let prefixed = KeyLayout::new("app:").unwrap();
+        assert_eq!(prefixed.lock_key(&key("jobs/nightly")), "app:jobs/nightly");
+    }
+
+    #[test]
+    fn the_fencing_counter_shares_the_lock_keys_slot() {
+        let names = [
+            "jobs/nightly",
+            "{tenant}:job",
+            "a}b",
+            "x{}y",
+            "{}",
+            "}",
+            "{",
+            "a{b",
+            "ключ",
+            "🔒",
+            "a\nb",
+            "{a}b",
+            "{a}c",
+        ];
+        for name in names {
+            let keys = KeyLayout::default().keys(&key(name));
+            assert_eq!(
+                hash_slot(keys.fence.as_bytes()),
+                hash_slot(keys.lock.as_bytes()),
+                "{name:?}: {keys:?}"
+            );
+            assert_ne!(keys.fence, keys.lock);
+        }
+    }
+
+    #[test]
+    fn counter_names_follow_the_documented_forms() {
+        let layout = KeyLayout::default();
+        assert_eq!(
+            layout.keys(&key("jobs/nightly")).fence,
+            "{jobs/nightly}:dlock:fence"
+        );
+        assert_eq!(
+            layout.keys(&key("jobs:{t7}:nightly")).fence,
+            "jobs:{t7}:nightly:dlock:fence"
+        );
+        let shared = layout.keys(&key("a}b")).fence;
+        assert!(shared.starts_with("dlock:fence:{"), "{shared}");
+        assert_eq!(
+            layout.keys(&key("jobs/nightly")).channel,
+            "dlock:released:jobs/nightly"
+        );
+    }
+
+    #[test]
+    fn look_alike_names_get_distinct_counters() {
+        let layout = KeyLayout::default();
+        let a = layout.keys(&key("{a}b"));
+        let c = layout.keys(&key("{a}c"));
+        assert_ne!(a.fence, c.fence);
+        let slash = layout.keys(&key("a/b"));
+        let escaped = layout.keys(&key("a%2Fb"));
+        assert_ne!(slash.fence, escaped.fence);
+    }
+
+    #[test]
+    fn every_slot_has_a_short_tag() {
+        for slot in 0..SLOTS {
+            let tag = slot_tag(slot);
+            assert!(tag <= MAX_SLOT_TAG, "slot {slot} has no tag");
+            assert_eq!(hash_slot(tag.to_string().as_bytes()), slot);
+        }
+    }
+
+    #[test]
+    fn an_oversized_prefix_is_rejected_by_name() {
+        let err = KeyLayout::new("p".repeat(MAX_PREFIX_LEN + 1)).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::InvalidInput {
+                field: "prefix",
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,124 @@
+//! dlock on a single Redis server: fenced leases, woken waiters, and bounded failures.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+//! use dlock_redis::RedisLock;
+//!
+//! let locks: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect("redis://127.0.0.1:6379").await?);
+//! let opts = LockOptions::new(Duration::from_secs(10)).with_wait(Duration::from_secs(5));
+//! let lease = locks.acquire("invoices/42", &opts).await?;
+//! // … write to the resource, presenting lease.fencing_token() …
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Connecting
+//!
+//! [`RedisLock::connect`] takes `redis://[user[:password]@]host[:port][/db]`,
+//! `rediss://…` (TLS, with the `tls` feature; `#insecure` skips certificate checks) or
+//! `redis+unix:///path`. [`RedisLock::builder`] also sets the key prefix and the timeouts. A
+//! malformed URL or setting is an [`Error::InvalidInput`](dlock_core::Error::InvalidInput) naming
+//! the field, before anything is sent; passwords never appear in `Debug`, errors or logs.
+//!
+//! One client keeps **one multiplexed connection** for all its lock operations — concurrent
+//! acquires from many tasks are pipelined on it without a client-side lock — and replaces it
+//! automatically when it breaks. It opens a second connection for release notifications the first
+//! time a task has to wait.
+//!
+//! Every request is bounded by the **request timeout** (default 1 s, replacing redis-rs's 500 ms),
+//! which includes waiting for a reconnection: a frozen, partitioned or restarting server gives
+//! [`Error::Unavailable`](dlock_core::Error::Unavailable) in bounded time, never a hang. A request
+//! that timed out may still have been executed; dlock's core handles that (a cancelled acquire is
+//! released by owner token, a failed renewal makes the lease uncertain).
+//!
+//! The `tls` feature is **off by default**: it compiles rustls with the `ring` provider (a C build
+//! step) into every build, and most deployments reach Redis over a private network; with it off, a
+//! `rediss://` URL is an `InvalidInput` error that names the feature.
+//!
+//! # Key layout
+//!
+//! | what | Redis name | value | expiry |
+//! |---|---|---|---|
+//! | lock | prefix + name, verbatim (prefix empty by default) | owner token, 32 hex digits | the lease's TTL |
+//! | fencing counter | `{<lock key>}:dlock:fence` (same cluster slot, see [`keys`]) | integer | never |
+//! | release channel | `dlock:released:<lock key>` (pub/sub) | — | — |
+//!
+//! The lock key is the plain name, so the common single-instance convention interoperates: a
+//! lock held by redis-py's `Lock`, redsync or any client that does `SET name <random> NX PX ttl`
+//! and releases by compare-and-delete blocks ours on the same name, and ours blocks theirs. (Their
+//! releases are not announced, so our waiters find them by polling.) The counter shares the lock
+//! key's hash slot, so each script touches one slot only, as Redis Cluster requires; see [`keys`]
+//! for the exact rules. (This client talks to one server; the layout is ready for a cluster-aware
+//! one.)
+//!
+//! # Operations
+//!
+//! Each operation is one Lua script (see [`scripts`]), run by SHA1 with a transparent reload when
+//! the server lost its script cache:
+//!
+//! * acquire: `SET lock owner NX PX ttl` and, only if that succeeded, `INCR` the counter — the
+//!   new fencing token; if busy, the holder's remaining TTL comes back so waiters know when an
+//!   abandoned lock frees;
+//! * extend: re-arm the TTL if the owner still holds the lock; never re-creates it;
+//! * release: delete if the owner still holds it, and publish on the release channel.
+//!
+//! Extending or releasing a lease that expired, or whose lock another owner took in the meantime,
+//! reports it lost and leaves the other owner's key untouched. A renewal (auto-renew) that finds
+//! the key gone — after it expired, or after the server lost its data — marks the lease lost at
+//! once; one that gets no answer marks it uncertain.
+//!
+//! # Fencing guarantee
+//!
+//! Tokens come from a per-key counter that never expires, incremented atomically with each grant,
+//! so they are **strictly increasing while the server keeps its data**
+//! ([`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee)). Redis
+//! replication is asynchronous: if the primary crashes and a replica that had not yet received the
+//! latest writes is promoted, both the lock and the counter can go back in time — the lock can be
+//! granted a second time and tokens can repeat. The same holds for a restore from an older
+//! snapshot. When the counter is missing altogether (a restart without persistence, a
+//! `FLUSHALL`), it restarts from the server's clock in microseconds, so tokens after a total data
+//! loss stay above earlier ones as long as the server's clock did not go back (see [`scripts`]).
+//! A lease held without auto-renew cannot notice that the server lost its lock: it stays valid on
+//! the client until its TTL runs out; renew (or extend) to find out.
+//!
+//! # Waiting
+//!
+//! A waiting acquire makes one attempt first, so an uncontended acquire costs one round trip.
+//! If the lock is busy, it registers for the lock's release channel on the client's subscriber
+//! connection (opened on first need, shared by all waiting tasks, reconnected when it breaks) and
+//! waits until the subscription is confirmed; from then on every attempt is made with the wake-up
+//! already armed, so a release between a "busy" answer and the wait is never missed. Between
+//! attempts it sleeps until the release is announced, the caller's jittered backoff passes, or
+//! the holder's remaining TTL runs out (plus a little jitter), whichever comes first, never past
+//! its deadline. Each announced release wakes one waiting task per client (the one waiting
+//! longest), since only one contender can win. Releases that are not announced — an expiry, a
+//! foreign client's release, a message lost while the subscriber reconnects — only cost latency:
+//! the waiter finds them at its next poll. Works on the default server configuration (no
+//! keyspace notifications).
+//!
+//! # Server requirements
+//!
+//! Redis 5 or later (the acquire script may write after reading `TIME`, which needs script
+//! effects replication, the default since Redis 5); the user must be allowed `EVALSHA`, `EVAL`,
+//! `PING`, and — for release notifications — `PUBLISH` and `SUBSCRIBE` on the `dlock:released:*`
+//! channels. Without the channel permission (Redis 7's default for new ACL users) locks work the
+//! same, and waiters learn of releases by polling.
+#![deny(missing_docs)]
+
+mod builder;
+mod connection;
+mod endpoint;
+mod error;
+pub mod keys;
+mod lock;
+pub mod scripts;
+mod waiting;
+mod wakeups;
+
+pub use builder::{
+    RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_TIMEOUT, MIN_TIMEOUT,
+};
+pub use lock::RedisLock;

@@ -1,0 +1,194 @@
+//! The Redis backend: dlock's implementor contract on one Redis server.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
+    LockKey, LockRequest, Released, Result,
+};
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use crate::builder::RedisLockBuilder;
+use crate::connection::Connection;
+use crate::endpoint::Endpoint;
+use crate::error::BACKEND;
+use crate::keys::{self, KeyLayout, LockKeys};
+use crate::scripts::{self, AcquireReply};
+use crate::wakeups::Wakeups;
+
+/// Locks on one Redis server (a standalone server or a primary with asynchronous replicas).
+///
+/// Clones share one multiplexed connection and one subscriber connection; make one per process
+/// and share it, usually as `Arc<dyn DistributedLock>`. Dropping the last clone closes both.
+/// See the [crate docs](crate) for the key layout, the fencing guarantee and how waiting works.
+#[derive(Clone)]
+pub struct RedisLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: Connection,
+    layout: KeyLayout,
+    wakeups: Wakeups,
+    endpoint: Endpoint,
+}
+
+impl RedisLock {
+    /// Connects to the server at `url` with the default settings (see [`RedisLockBuilder`]).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is left behind but a closed connection.
+    pub async fn connect(url: &str) -> Result<Self> {
+        RedisLockBuilder::new(url).connect().await
+    }
+
+    /// Settings for the server at `url`, to adjust before [`connect`](RedisLockBuilder::connect).
+    pub fn builder(url: impl Into<String>) -> RedisLockBuilder {
+        RedisLockBuilder::new(url)
+    }
+
+    pub(crate) fn new(
+        connection: Connection,
+        layout: KeyLayout,
+        wakeups: Wakeups,
+        endpoint: Endpoint,
+    ) -> Self {
+        RedisLock {
+            inner: Arc::new(Inner {
+                connection,
+                layout,
+                wakeups,
+                endpoint,
+            }),
+        }
+    }
+
+    /// How lock names map to Redis keys for this client.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.inner.layout
+    }
+
+    /// The Redis names of the lock `name`.
+    pub fn keys(&self, name: &LockKey) -> LockKeys {
+        self.inner.layout.keys(name)
+    }
+
+    /// A handle on the multiplexed connection this client's lock operations use, e.g. to run a
+    /// fenced write in a script of your own next to them. Requests on it are not bounded by the
+    /// request timeout.
+    pub fn connection(&self) -> ConnectionManager {
+        self.inner.connection.manager()
+    }
+
+    /// The server's URL with its password hidden.
+    pub fn endpoint(&self) -> &str {
+        self.inner.endpoint.redacted()
+    }
+
+    /// The bound on every request.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.connection.request_timeout()
+    }
+
+    pub(crate) fn wakeups(&self) -> &Wakeups {
+        &self.inner.wakeups
+    }
+
+    /// One run of the acquire script on `lock` and its counter `fence`.
+    pub(crate) async fn attempt(
+        &self,
+        lock: &str,
+        fence: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<AcquireReply> {
+        self.inner
+            .connection
+            .run("acquire", |mut con| async move {
+                scripts::acquire(&mut con, lock, fence, owner, ttl).await
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let lock = self.inner.layout.lock_key(req.key);
+        let fence = keys::fence_key(&lock);
+        let owner = req.owner.to_hex();
+        let sent = Instant::now();
+        Ok(match self.attempt(&lock, &fence, &owner, req.ttl).await? {
+            AcquireReply::Granted(token) => Attempt::Acquired(Grant::new(token, sent)),
+            AcquireReply::Busy { pttl } => Attempt::Busy { retry_after: pttl },
+        })
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let lock = self.inner.layout.lock_key(lease.key);
+        let owner = lease.owner.to_hex();
+        self.inner
+            .connection
+            .run("extend", |mut con| async move {
+                scripts::extend(&mut con, &lock, &owner, ttl).await
+            })
+            .await
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let lock = self.inner.layout.lock_key(lease.key);
+        let channel = keys::release_channel(&lock);
+        let owner = lease.owner.to_hex();
+        self.inner
+            .connection
+            .run("release", |mut con| async move {
+                scripts::release(&mut con, &lock, &owner, &channel).await
+            })
+            .await
+    }
+
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        let channel = keys::release_channel(&self.inner.layout.lock_key(key));
+        let registration = self.wakeups().register(&channel);
+        let notified = registration.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        self.wakeups().subscribed(&registration, until).await;
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        Ok(())
+    }
+
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        self.wait_for_lock(req, deadline, retry).await
+    }
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("endpoint", &self.inner.endpoint)
+            .field("prefix", &self.inner.layout.prefix())
+            .field("request_timeout", &self.request_timeout())
+            .finish()
+    }
+}

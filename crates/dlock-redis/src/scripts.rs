@@ -1,0 +1,391 @@
+//! The three Lua scripts of a Redis lock, and how their answers are decoded.
+//!
+//! Each lock operation is one script, so it is atomic on the server: no other client's command can
+//! run between the ownership check and the change. They are shared with the Redlock backend, which
+//! runs the same scripts on every master.
+//!
+//! * [`ACQUIRE`]: `SET lock owner NX PX ttl`; only if that succeeded, `INCR` the never-expiring
+//!   fencing counter and return the new token. Otherwise return the holder's remaining `PTTL`, so a
+//!   waiter knows when an abandoned lock runs out. A repeated request by the same owner (a retry
+//!   after a lost reply) re-arms the TTL and is granted a new, larger token.
+//! * [`EXTEND`]: if the lock's value is the owner, `PEXPIRE` it; never re-creates it.
+//! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and `PUBLISH` on its release channel.
+//!
+//! Extend and release tell "expired" (no lock) from "taken over" (another owner's lock, left
+//! untouched).
+//!
+//! # The fencing counter after a data loss
+//!
+//! When the counter does not exist — the first grant of a key, or a server that restarted without
+//! persistence, or a `FLUSHALL` — the script starts it at the server's clock in microseconds
+//! (`TIME`), not at 1. Tokens issued after a total loss of the data therefore stay above the ones
+//! issued before it, as long as the server's clock did not go back and the key saw fewer than a
+//! million grants per second on average. A counter that survives but is *stale* (an asynchronous
+//! replica promoted after a crash, a restore from an older snapshot) can still repeat tokens: that
+//! is why the backend declares
+//! [`MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee::MonotonicWhileDataSurvives).
+//!
+//! # Script cache
+//!
+//! Scripts run by SHA1 (`EVALSHA`). When the server answers `NOSCRIPT` — it restarted, failed over,
+//! or someone ran `SCRIPT FLUSH` — the call is repeated once with `EVAL` and the full source, which
+//! also puts the script back in the cache. `NOSCRIPT` guarantees the first attempt did nothing, so
+//! repeating it is safe.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use dlock_core::{Extension, FencingToken, Released};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
+
+/// One Lua script with its SHA1, ready to run by hash.
+#[derive(Debug)]
+pub struct LockScript {
+    name: &'static str,
+    source: &'static str,
+    hash: String,
+}
+
+impl LockScript {
+    fn new(name: &'static str, source: &'static str) -> Self {
+        LockScript {
+            name,
+            source,
+            hash: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    /// A short name for errors and tracing: `acquire`, `extend` or `release`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The Lua source.
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+
+    /// The SHA1 of the source, as `EVALSHA` and `SCRIPT EXISTS` take it.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// Runs the script with `keys` and `args`: `EVALSHA`, and `EVAL` once if the server's script
+    /// cache lost it.
+    ///
+    /// # Cancel safety
+    /// If dropped, the script may or may not have run once; it never runs twice.
+    pub async fn invoke<C, T>(&self, con: &mut C, keys: &[&str], args: &[&[u8]]) -> RedisResult<T>
+    where
+        C: ConnectionLike + Send,
+        T: FromRedisValue,
+    {
+        let by_hash = self.command("EVALSHA", &self.hash, keys, args);
+        match by_hash.query_async(con).await {
+            Err(e) if is_noscript(&e) => {
+                tracing::debug!(
+                    script = self.name,
+                    "server lost the script cache: running the source"
+                );
+                self.command("EVAL", self.source, keys, args)
+                    .query_async(con)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    fn command(&self, verb: &str, script: &str, keys: &[&str], args: &[&[u8]]) -> Cmd {
+        let bytes = verb.len()
+            + script.len()
+            + 2
+            + keys.iter().map(|k| k.len()).sum::<usize>()
+            + args.iter().map(|a| a.len()).sum::<usize>();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+        cmd.arg(verb).arg(script).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd
+    }
+}
+
+fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// Takes a lock. Returns the fencing token (always positive) when granted; when another owner
+/// holds the lock, `-1 - PTTL` (negative) or 0 if the holder's key has no TTL. See
+/// [`decode_acquire`].
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+/// Needs Redis 5 or later (effects replication, for `TIME` followed by a write).
+pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        "acquire",
+        r#"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return -1 - redis.call('PTTL', KEYS[1])
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local token = redis.call('INCR', KEYS[2])
+if token == 1 then
+  local now = redis.call('TIME')
+  local seed = now[1] .. string.format('%06d', tonumber(now[2]))
+  redis.call('SET', KEYS[2], seed)
+  token = tonumber(seed)
+end
+return token
+"#,
+    )
+});
+
+/// Re-arms a lock's TTL if the owner still holds it. Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or
+/// [`HELD_BY_OTHER`].
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        "extend",
+        r#"
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if holder then return 2 end
+return 0
+"#,
+    )
+});
+
+/// Deletes a lock if the owner still holds it and announces the release on a channel (none if
+/// the channel argument is empty). Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
+///
+/// The announcement is best effort (`redis.pcall`): a user without permission for the channel
+/// (Redis 7 gives new ACL users none) still releases; waiters then find out by polling.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel or `""`.
+pub static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        "release",
+        r#"
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if ARGV[2] ~= '' then redis.pcall('PUBLISH', ARGV[2], '') end
+  return 1
+end
+if holder then return 2 end
+return 0
+"#,
+    )
+});
+
+/// Extend/release answer: the caller held the lock (and the change was made).
+pub const HELD_BY_CALLER: i64 = 1;
+/// Extend/release answer: nobody holds the lock; nothing was changed.
+pub const NOT_HELD: i64 = 0;
+/// Extend/release answer: another owner holds the lock; it was left untouched.
+pub const HELD_BY_OTHER: i64 = 2;
+
+/// The answer of [`ACQUIRE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// The lock is the caller's, with this fencing token.
+    Granted(FencingToken),
+    /// Another owner holds it; it runs out after `pttl` unless renewed (`None`: it has no TTL).
+    Busy {
+        /// The holder's remaining time to live.
+        pttl: Option<Duration>,
+    },
+}
+
+/// Decodes the reply of [`ACQUIRE`]: a positive token, 0 (busy, no TTL) or `-1 - PTTL` (busy).
+pub fn decode_acquire(reply: i64) -> AcquireReply {
+    match reply {
+        token @ 1.. => AcquireReply::Granted(FencingToken(token.unsigned_abs())),
+        0 => AcquireReply::Busy { pttl: None },
+        negative => AcquireReply::Busy {
+            pttl: Some(Duration::from_millis((-1 - negative).unsigned_abs())),
+        },
+    }
+}
+
+/// Decodes the reply of [`EXTEND`].
+pub fn decode_extend(code: i64) -> RedisResult<Extension> {
+    match code {
+        HELD_BY_CALLER => Ok(Extension::Extended),
+        NOT_HELD => Ok(Extension::Expired),
+        HELD_BY_OTHER => Ok(Extension::TakenOver),
+        other => Err(unexpected(format!("extend answered {other}"))),
+    }
+}
+
+/// Decodes the reply of [`RELEASE`].
+pub fn decode_release(code: i64) -> RedisResult<Released> {
+    match code {
+        HELD_BY_CALLER => Ok(Released::Released),
+        NOT_HELD => Ok(Released::Expired),
+        HELD_BY_OTHER => Ok(Released::TakenOver),
+        other => Err(unexpected(format!("release answered {other}"))),
+    }
+}
+
+fn unexpected(detail: String) -> RedisError {
+    RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "unexpected script reply",
+        detail,
+    ))
+}
+
+/// A TTL as the whole milliseconds Redis takes, rounded up so the server never holds a lock for
+/// less than the client counts on.
+pub fn ttl_millis(ttl: Duration) -> u64 {
+    let millis = ttl.as_millis();
+    let rounded = if ttl.subsec_nanos().is_multiple_of(1_000_000) {
+        millis
+    } else {
+        millis + 1
+    };
+    u64::try_from(rounded).unwrap_or(u64::MAX)
+}
+
+/// Runs [`ACQUIRE`] for `owner` (the owner token's hex form) on `lock_key` and its `fence_key`
+/// (see [`crate::keys`]).
+///
+/// # Cancel safety
+/// If dropped, the lock may or may not have been taken; release by owner token to be sure.
+pub async fn acquire<C>(
+    con: &mut C,
+    lock_key: &str,
+    fence_key: &str,
+    owner: &str,
+    ttl: Duration,
+) -> RedisResult<AcquireReply>
+where
+    C: ConnectionLike + Send,
+{
+    let ttl = ttl_millis(ttl).to_string();
+    let reply: i64 = ACQUIRE
+        .invoke(
+            con,
+            &[lock_key, fence_key],
+            &[owner.as_bytes(), ttl.as_bytes()],
+        )
+        .await?;
+    Ok(decode_acquire(reply))
+}
+
+/// Runs [`EXTEND`] for `owner`.
+///
+/// # Cancel safety
+/// If dropped, the TTL may or may not have been re-armed; ownership is unchanged either way.
+pub async fn extend<C>(
+    con: &mut C,
+    lock_key: &str,
+    owner: &str,
+    ttl: Duration,
+) -> RedisResult<Extension>
+where
+    C: ConnectionLike + Send,
+{
+    let ttl = ttl_millis(ttl).to_string();
+    let code: i64 = EXTEND
+        .invoke(con, &[lock_key], &[owner.as_bytes(), ttl.as_bytes()])
+        .await?;
+    decode_extend(code)
+}
+
+/// Runs [`RELEASE`] for `owner`, announcing it on `channel` (none if empty).
+///
+/// # Cancel safety
+/// If dropped, the release may or may not have happened; repeating it is harmless.
+pub async fn release<C>(
+    con: &mut C,
+    lock_key: &str,
+    owner: &str,
+    channel: &str,
+) -> RedisResult<Released>
+where
+    C: ConnectionLike + Send,
+{
+    let code: i64 = RELEASE
+        .invoke(con, &[lock_key], &[owner.as_bytes(), channel.as_bytes()])
+        .await?;
+    decode_release(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_are_sha1_of_the_source() {
+        for script in [&*ACQUIRE, &*EXTEND, &*RELEASE] {
+            assert_eq!(script.hash().len(), 40, "{}", script.name());
+            assert_eq!(
+                script.hash(),
+                redis::Script::new(script.source()).get_hash()
+            );
+        }
+        assert_ne!(ACQUIRE.hash(), RELEASE.hash());
+    }
+
+    #[test]
+    fn acquire_replies_decode() {
+        assert_eq!(decode_acquire(42), AcquireReply::Granted(FencingToken(42)));
+        assert_eq!(
+            decode_acquire(1_732_291_234_000_567),
+            AcquireReply::Granted(FencingToken(1_732_291_234_000_567))
+        );
+        assert_eq!(
+            decode_acquire(-1501),
+            AcquireReply::Busy {
+                pttl: Some(Duration::from_millis(1500))
+            }
+        );
+        assert_eq!(
+            decode_acquire(-1),
+            AcquireReply::Busy {
+                pttl: Some(Duration::ZERO)
+            }
+        );
+        assert_eq!(decode_acquire(0), AcquireReply::Busy { pttl: None });
+        assert_eq!(
+            decode_acquire(i64::MIN),
+            AcquireReply::Busy {
+                pttl: Some(Duration::from_millis(i64::MAX as u64))
+            }
+        );
+    }
+
+    #[test]
+    fn extend_and_release_codes_decode() {
+        assert_eq!(decode_extend(1).unwrap(), Extension::Extended);
+        assert_eq!(decode_extend(0).unwrap(), Extension::Expired);
+        assert_eq!(decode_extend(2).unwrap(), Extension::TakenOver);
+        assert!(decode_extend(3).is_err());
+        assert_eq!(decode_release(1).unwrap(), Released::Released);
+        assert_eq!(decode_release(0).unwrap(), Released::Expired);
+        assert_eq!(decode_release(2).unwrap(), Released::TakenOver);
+        assert!(decode_release(-1).is_err());
+    }
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_millis(10)), 10);
+        assert_eq!(ttl_millis(Duration::from_micros(10_001)), 11);
+        assert_eq!(
+            ttl_millis(Duration::from_secs(30 * 24 * 3600)),
+            2_592_000_000
+        );
+    }
+}

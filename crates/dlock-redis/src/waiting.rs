@@ -1,0 +1,114 @@
+//! Waiting for a busy lock: woken by the release, with polling as the safety net.
+//!
+//! 1. One attempt. Free: granted after one round trip, with no subscription (the uncontended case
+//!    costs exactly one script call).
+//! 2. Busy: register for the lock's release notifications and wait until the subscription is
+//!    confirmed (bounded by the request timeout; skipped while the subscriber connection is down).
+//! 3. Loop: arm the wake-up, attempt, and if still busy sleep until the release notification, the
+//!    caller's jittered backoff, or the holder's remaining TTL (plus a little jitter, so waiters of
+//!    an expired lock do not all come at once), whichever is first; never past the deadline.
+//!
+//! Every attempt that may be followed by a wait is made after the subscription is confirmed and
+//! after the wake-up is armed, so a release between a "busy" answer and the wait wakes the waiter:
+//! no lost wake-up. A release that is not announced (an expiry, a foreign client, a message lost
+//! while the subscriber reconnects) costs at most one backoff step or the holder's remaining TTL.
+
+use std::time::Duration;
+
+use dlock_core::{Backoff, Error, Grant, LockRequest, Result};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::keys;
+use crate::lock::RedisLock;
+use crate::scripts::AcquireReply;
+
+/// How long after the holder's TTL ends a waiter comes back: 1 ms plus up to 2 ms of jitter.
+fn past_expiry() -> Duration {
+    Duration::from_micros(1_000 + rand::random_range(0..2_000u64))
+}
+
+impl RedisLock {
+    /// [`DistributedLock::lock`](dlock_core::DistributedLock::lock) for Redis; see the module docs.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: an attempt may have reached the server. Core releases by owner
+    /// token when an acquire is dropped.
+    pub(crate) async fn wait_for_lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let started = Instant::now();
+        let lock = self.layout().lock_key(req.key);
+        let fence = keys::fence_key(&lock);
+        let owner = req.owner.to_hex();
+        let sent = Instant::now();
+        if let AcquireReply::Granted(token) = self.attempt(&lock, &fence, &owner, req.ttl).await? {
+            return Ok(Grant::new(token, sent));
+        }
+        let timeout = || Error::Timeout {
+            key: req.key.to_string(),
+            waited: started.elapsed(),
+        };
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(timeout());
+        }
+        let span = tracing::debug_span!(
+            "dlock.redis.wait",
+            key = %req.key,
+            backend = "redis",
+            attempts = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let mut attempts: u32 = 1;
+        let waited = async {
+            let registration = self.wakeups().register(&keys::release_channel(&lock));
+            let mut ready_by = Instant::now() + self.request_timeout();
+            if let Some(d) = deadline {
+                ready_by = ready_by.min(d);
+            }
+            self.wakeups().subscribed(&registration, ready_by).await;
+            loop {
+                let notified = registration.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let sent = Instant::now();
+                attempts = attempts.saturating_add(1);
+                let retry_after = match self.attempt(&lock, &fence, &owner, req.ttl).await? {
+                    AcquireReply::Granted(token) => return Ok(Grant::new(token, sent)),
+                    AcquireReply::Busy { pttl } => pttl,
+                };
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(timeout());
+                }
+                let mut delay = retry.delay(attempts - 2);
+                if let Some(left) = retry_after {
+                    delay = delay.min(left + past_expiry());
+                }
+                let mut until = now + delay;
+                if let Some(d) = deadline {
+                    until = until.min(d);
+                }
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        span.record("attempts", attempts);
+        span.record(
+            "outcome",
+            match &waited {
+                Ok(_) => "acquired",
+                Err(Error::Timeout { .. }) => "timeout",
+                Err(_) => "error",
+            },
+        );
+        waited
+    }
+}

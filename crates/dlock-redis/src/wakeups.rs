@@ -1,0 +1,375 @@
+//! Release notifications: one pub/sub connection per client wakes the tasks waiting for a lock.
+//!
+//! The release script publishes on the lock's release channel (see [`crate::keys`]); this module
+//! subscribes to the channels that tasks of this client are waiting on and wakes them. It works on
+//! a default server configuration (no keyspace notifications needed).
+//!
+//! * **One subscriber connection per client**, opened on first need and shared by every waiting
+//!   task, driven by one background task (the *listener*) that also owns every `SUBSCRIBE` and
+//!   `UNSUBSCRIBE`, so they reach the server in the order they were decided.
+//! * **One wake-up per release and client**: a message wakes the task of this client that has
+//!   waited longest (`Notify::notify_one`); only one contender can win anyway, so waking the
+//!   others would only send the server attempts that are sure to fail. If the woken task loses to
+//!   another client it simply waits again; if it was cancelled, tokio hands the wake-up on.
+//! * **A lost message only costs latency**: waiters also poll, with the caller's jittered backoff
+//!   bounded by the holder's remaining TTL, so a release during a reconnection, a release by a
+//!   foreign client (which does not publish), or an expiry (which nobody publishes) is found by
+//!   the next poll.
+//! * **Subscriptions outlive their waiters a little**: a channel nobody waits on is unsubscribed by
+//!   a periodic sweep, not at once, so a hot key is not resubscribed between every two waits.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
+
+/// How often channels without waiters are unsubscribed.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// The first pause after a failed connection attempt; doubled up to [`MAX_RETRY_PAUSE`].
+const MIN_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between connection attempts while tasks wait.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
+/// The pause after the server refused a subscription (e.g. no permission for the channels):
+/// that does not pass by itself, and waiters poll meanwhile.
+const REFUSED_PAUSE: Duration = Duration::from_secs(30);
+
+/// The client's release notifications. Dropping it stops the listener and closes its connection.
+pub(crate) struct Wakeups {
+    shared: Arc<Shared>,
+    requests: mpsc::UnboundedSender<()>,
+}
+
+/// What the listener and the waiting tasks share.
+struct Shared {
+    channels: Mutex<HashMap<String, Arc<Channel>>>,
+    status: watch::Sender<Status>,
+}
+
+/// The listener's connection, as waiting tasks see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Status {
+    /// Incremented with every new subscriber connection; 0 before the first.
+    epoch: u64,
+    /// The last connection attempt failed or the connection broke: do not wait for a
+    /// subscription, poll.
+    down: bool,
+}
+
+/// One release channel that tasks of this client wait on.
+struct Channel {
+    notify: Notify,
+    /// Registered waiting tasks.
+    users: AtomicUsize,
+    /// The epoch of the connection on which the subscription was confirmed; 0 for none.
+    subscribed_in: AtomicU64,
+}
+
+/// A waiting task's hold on a channel: wake-ups for it are delivered while this lives.
+pub(crate) struct Registration {
+    channel: Arc<Channel>,
+}
+
+impl Registration {
+    /// A future that completes at the next release notification. Create it and
+    /// [`enable`](tokio::sync::futures::Notified::enable) it *before* the attempt it follows up
+    /// on, so a release between the attempt and the wait is not missed.
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.channel.notify.notified()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.channel.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Wakeups {
+    /// Starts the listener on the current runtime. It opens no connection until a task waits.
+    pub(crate) fn start(
+        client: redis::Client,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        endpoint: String,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            channels: Mutex::new(HashMap::new()),
+            status: watch::Sender::new(Status {
+                epoch: 0,
+                down: false,
+            }),
+        });
+        let (requests, rx) = mpsc::unbounded_channel();
+        let listener = Listener {
+            shared: shared.clone(),
+            client,
+            connect_timeout,
+            request_timeout,
+            endpoint,
+            requests: rx,
+            epoch: 0,
+            refused: false,
+        };
+        tokio::spawn(listener.run());
+        Wakeups { shared, requests }
+    }
+
+    /// Registers a waiting task on `channel` and asks the listener to subscribe to it.
+    pub(crate) fn register(&self, channel: &str) -> Registration {
+        let (channel, new) = {
+            let mut channels = self.shared.channels();
+            match channels.get(channel) {
+                Some(existing) => {
+                    existing.users.fetch_add(1, Ordering::AcqRel);
+                    (existing.clone(), false)
+                }
+                None => {
+                    let created = Arc::new(Channel {
+                        notify: Notify::new(),
+                        users: AtomicUsize::new(1),
+                        subscribed_in: AtomicU64::new(0),
+                    });
+                    channels.insert(channel.to_owned(), created.clone());
+                    (created, true)
+                }
+            }
+        };
+        if new {
+            // Fails only when the listener is gone, i.e. never while `self` lives; the waiter
+            // then polls.
+            let _ = self.requests.send(());
+        }
+        Registration { channel }
+    }
+
+    /// Waits until the registration's channel is subscribed on the live connection, the
+    /// connection is known to be down, or `until` — whichever comes first. Never fails: without a
+    /// subscription the waiter polls.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub(crate) async fn subscribed(&self, registration: &Registration, until: Instant) {
+        let mut status = self.shared.status.subscribe();
+        loop {
+            {
+                let now = *status.borrow_and_update();
+                let confirmed = registration.channel.subscribed_in.load(Ordering::Acquire);
+                if now.down || (now.epoch != 0 && confirmed == now.epoch) {
+                    return;
+                }
+            }
+            match tokio::time::timeout_at(until, status.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Arc<Channel>>> {
+        // Every critical section leaves the map consistent before anything can panic.
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wake(&self, channel: &str) {
+        if let Some(entry) = self.channels().get(channel) {
+            entry.notify.notify_one();
+        }
+    }
+
+    fn set_status(&self, epoch: u64, down: bool) {
+        self.status.send_modify(|s| {
+            s.epoch = epoch;
+            s.down = down;
+        });
+    }
+}
+
+/// The background task that owns the subscriber connection.
+struct Listener {
+    shared: Arc<Shared>,
+    client: redis::Client,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    /// The redacted URL, for logs.
+    endpoint: String,
+    requests: mpsc::UnboundedReceiver<()>,
+    epoch: u64,
+    /// The server refused the last subscription.
+    refused: bool,
+}
+
+/// Why the listener left its connection.
+enum Ended {
+    /// The client was dropped: stop.
+    Shutdown,
+    /// The connection broke or a request on it failed: reconnect.
+    Broken,
+}
+
+impl Listener {
+    async fn run(mut self) {
+        let mut pause = MIN_RETRY_PAUSE;
+        loop {
+            if self.shared.channels().is_empty() && self.requests.recv().await.is_none() {
+                return;
+            }
+            if let Some((sink, stream)) = self.connect().await {
+                pause = MIN_RETRY_PAUSE;
+                match self.serve(sink, stream).await {
+                    Ended::Shutdown => return,
+                    Ended::Broken => tracing::debug!(
+                        endpoint = %self.endpoint,
+                        "release notifications: connection lost; waiters poll meanwhile"
+                    ),
+                }
+            }
+            // Down (never connected, or broken): waiters poll until a new connection is up.
+            self.shared.set_status(self.epoch, true);
+            let wait = if self.refused { REFUSED_PAUSE } else { pause };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                request = self.requests.recv() => {
+                    if request.is_none() {
+                        return;
+                    }
+                }
+            }
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+        }
+    }
+
+    /// Opens a subscriber connection and subscribes every channel tasks wait on.
+    async fn connect(&mut self) -> Option<(PubSubSink, PubSubStream)> {
+        let opened =
+            tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub()).await;
+        let pubsub = match opened {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(error)) => {
+                tracing::debug!(endpoint = %self.endpoint, %error, "release notifications: cannot connect");
+                return None;
+            }
+            Err(_) => {
+                tracing::debug!(endpoint = %self.endpoint, "release notifications: connect timed out");
+                return None;
+            }
+        };
+        let (mut sink, stream) = pubsub.split();
+        self.epoch += 1;
+        let wanted: Vec<(String, Arc<Channel>)> = self
+            .shared
+            .channels()
+            .iter()
+            .map(|(name, channel)| (name.clone(), channel.clone()))
+            .collect();
+        if !self.subscribe(&mut sink, wanted).await {
+            return None;
+        }
+        self.shared.set_status(self.epoch, false);
+        Some((sink, stream))
+    }
+
+    /// Subscribes `channels` on `sink` and marks them confirmed; false if the connection failed.
+    async fn subscribe(
+        &mut self,
+        sink: &mut PubSubSink,
+        channels: Vec<(String, Arc<Channel>)>,
+    ) -> bool {
+        if channels.is_empty() {
+            return true;
+        }
+        let names: Vec<&str> = channels.iter().map(|(name, _)| name.as_str()).collect();
+        match tokio::time::timeout(self.request_timeout, sink.subscribe(&names)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                let refused = error.code() == Some("NOPERM");
+                if refused && !self.refused {
+                    tracing::warn!(endpoint = %self.endpoint, %error, "release notifications refused by the server; waiters poll");
+                } else {
+                    tracing::debug!(endpoint = %self.endpoint, %error, "release notifications: SUBSCRIBE failed");
+                }
+                self.refused = refused;
+                return false;
+            }
+            Err(_) => {
+                tracing::debug!(endpoint = %self.endpoint, "release notifications: SUBSCRIBE timed out");
+                return false;
+            }
+        }
+        self.refused = false;
+        for (_, channel) in &channels {
+            channel.subscribed_in.store(self.epoch, Ordering::Release);
+        }
+        // Wake the tasks waiting for their subscription.
+        self.shared.set_status(self.epoch, false);
+        true
+    }
+
+    /// Delivers messages and handles requests until the connection breaks or the client is gone.
+    async fn serve(&mut self, mut sink: PubSubSink, mut stream: PubSubStream) -> Ended {
+        let mut sweep = tokio::time::interval_at(Instant::now() + SWEEP_EVERY, SWEEP_EVERY);
+        loop {
+            tokio::select! {
+                message = stream.next() => match message {
+                    Some(message) => self.shared.wake(message.get_channel_name()),
+                    None => return Ended::Broken,
+                },
+                request = self.requests.recv() => {
+                    if request.is_none() {
+                        return Ended::Shutdown;
+                    }
+                    // Coalesce every request that is already queued into one SUBSCRIBE.
+                    while let Ok(()) = self.requests.try_recv() {}
+                    let pending = self.unconfirmed();
+                    if !self.subscribe(&mut sink, pending).await {
+                        return Ended::Broken;
+                    }
+                }
+                _ = sweep.tick() => {
+                    if !self.sweep(&mut sink).await {
+                        return Ended::Broken;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The channels wanted but not yet subscribed on this connection.
+    fn unconfirmed(&self) -> Vec<(String, Arc<Channel>)> {
+        self.shared
+            .channels()
+            .iter()
+            .filter(|(_, c)| c.subscribed_in.load(Ordering::Acquire) != self.epoch)
+            .map(|(name, channel)| (name.clone(), channel.clone()))
+            .collect()
+    }
+
+    /// Forgets and unsubscribes the channels nobody waits on; false if the connection failed.
+    async fn sweep(&self, sink: &mut PubSubSink) -> bool {
+        let idle: Vec<String> = {
+            let mut channels = self.shared.channels();
+            let idle: Vec<String> = channels
+                .iter()
+                .filter(|(_, c)| c.users.load(Ordering::Acquire) == 0)
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                channels.remove(name);
+            }
+            idle
+        };
+        if idle.is_empty() {
+            return true;
+        }
+        matches!(
+            tokio::time::timeout(self.request_timeout, sink.unsubscribe(&idle)).await,
+            Ok(Ok(()))
+        )
+    }
+}

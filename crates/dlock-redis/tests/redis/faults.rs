@@ -1,0 +1,296 @@
+//! Faults of the server: a pause (GC, VM stall, silent partition), a restart that loses every key,
+//! and a flushed script cache. Each trial breaks a server of its own.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use anyhow::{bail, ensure, Context};
+use dlock_compliance::fixtures::RedisServer;
+use dlock_core::{AutoRenew, DistributedLockExt, Error, LockOptions, Released};
+use dlock_redis::{scripts, RedisLock};
+
+use crate::support::{self, unique};
+
+/// How late past a promised bound an answer may come on this noisy machine.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// The server freezes while a client waits for a held lock: the acquire ends by its deadline (with
+/// a timeout or an unavailability error), a request in the meantime fails within the request
+/// timeout, a renewed lease stops counting as held, and everything works again after the thaw.
+pub async fn paused_server_ends_a_waiting_acquire_by_its_deadline(_: String) -> anyhow::Result<()> {
+    let server = RedisServer::start().await?;
+    let member = server.member()?;
+    let holder = Arc::new(RedisLock::connect(&server.url()).await?);
+    let waiter = Arc::new(RedisLock::connect(&server.url()).await?);
+    let prober = Arc::new(RedisLock::connect(&server.url()).await?);
+    let key = unique("paused");
+    let held = holder
+        .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await?;
+    let renewed = holder
+        .acquire(
+            &unique("paused-renewed"),
+            &LockOptions::new(Duration::from_secs(3)).with_renewal(AutoRenew {
+                interval: Some(Duration::from_millis(300)),
+                max_hold: None,
+            }),
+        )
+        .await?;
+
+    let wait = Duration::from_secs(2);
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let result = waiter
+                .acquire(
+                    &key,
+                    &LockOptions::new(Duration::from_secs(30)).with_wait(wait),
+                )
+                .await;
+            (result.map(|_| ()), start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    member.pause().await?;
+    let outcome = async {
+        let start = Instant::now();
+        let probe = prober
+            .try_acquire(&unique("probe"), &LockOptions::new(Duration::from_secs(5)))
+            .await;
+        let took = start.elapsed();
+        match probe {
+            Err(Error::Unavailable { .. }) => {}
+            Err(other) => bail!("a request to a paused server failed oddly: {other}"),
+            Ok(_) => bail!("a request to a paused server succeeded"),
+        }
+        ensure!(
+            took <= prober.request_timeout() + SLACK,
+            "a request to a paused server took {took:?} to fail"
+        );
+        let (result, took) = waiting.await?;
+        match result {
+            Err(Error::Timeout { .. } | Error::Unavailable { .. }) => {}
+            Err(other) => bail!("the waiting acquire failed oddly: {other}"),
+            Ok(()) => bail!("the waiting acquire took a held lock"),
+        }
+        ensure!(
+            took <= wait + SLACK,
+            "the waiting acquire with a {wait:?} deadline ended after {took:?}"
+        );
+        // A renewal in flight when the server froze fails after the request timeout; from then
+        // on the lease is uncertain.
+        let noticed =
+            support::eventually(prober.request_timeout() * 2 + SLACK, || !renewed.is_held()).await;
+        ensure!(
+            noticed.is_some(),
+            "a lease whose renewals get no answer still counts as held: {:?}",
+            renewed.state()
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    member.unpause().await?;
+    outcome?;
+
+    // Back to normal: the holder still holds (its TTL is far from over) and can release.
+    ensure!(
+        waiter
+            .try_acquire(&key, &LockOptions::new(Duration::from_secs(5)))
+            .await?
+            .is_none(),
+        "the held lock was lost during the pause"
+    );
+    ensure!(
+        held.release().await? == Released::Released,
+        "release after the pause"
+    );
+    let lease = waiter
+        .acquire(
+            &key,
+            &LockOptions::new(Duration::from_secs(5)).with_wait(Duration::from_secs(5)),
+        )
+        .await
+        .context("acquire after the pause")?;
+    lease.release().await?;
+    drop(renewed);
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// The server restarts and comes back empty: requests fail meanwhile, then work again through the
+/// same client; a renewed lease is reported lost by its next renewal (not silently held until its
+/// TTL), and a new holder gets a larger fencing token than the lost one.
+pub async fn restart_without_persistence_errors_then_recovers_and_loses_leases(
+    _: String,
+) -> anyhow::Result<()> {
+    let server = RedisServer::start().await?;
+    let member = server.member()?;
+    let client = Arc::new(RedisLock::connect(&server.url()).await?);
+    let key = unique("wiped");
+    // A long TTL: if the lease ends soon, it is the renewal that found the key gone, not expiry.
+    let renewed_opts = LockOptions::new(Duration::from_secs(20)).with_renewal(AutoRenew {
+        interval: Some(Duration::from_millis(250)),
+        max_hold: None,
+    });
+    let lease = client.acquire(&key, &renewed_opts).await?;
+    let lost_token = lease.fencing_token();
+    let valid_until = lease.valid_until();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (errors, successes_after_error) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let prober = {
+        let (client, stop) = (client.clone(), stop.clone());
+        let (errors, after) = (errors.clone(), successes_after_error.clone());
+        tokio::spawn(async move {
+            let opts = LockOptions::new(Duration::from_secs(5));
+            while !stop.load(Ordering::SeqCst) {
+                match client.try_acquire(&unique("probe"), &opts).await {
+                    Ok(Some(lease)) => {
+                        if errors.load(Ordering::SeqCst) > 0 {
+                            after.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let _ = lease.release().await;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        ensure!(e.is_temporary(), "a restart gave a permanent error: {e}");
+                        errors.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    let restarted = Instant::now();
+    member.restart_wipe_data().await?;
+    let back = Instant::now();
+    eprintln!("[timing] restart_wipe_data: {:.2?}", back - restarted);
+
+    let lost_within = Duration::from_secs(5);
+    let watch = lease.watch();
+    let reason = tokio::time::timeout(lost_within, watch.lost())
+        .await
+        .with_context(|| format!("a lease whose key the server lost still counts as {:?} {lost_within:?} after the restart", lease.state()))?;
+    ensure!(
+        Instant::now() < valid_until,
+        "the lease only ended with its validity ({reason}), the renewal did not notice the loss"
+    );
+
+    let recovered = support::eventually(Duration::from_secs(10), || {
+        successes_after_error.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    prober.await??;
+    ensure!(
+        errors.load(Ordering::SeqCst) > 0,
+        "no request failed while the server was restarting"
+    );
+    ensure!(
+        recovered.is_some(),
+        "the client did not work again after the restart"
+    );
+
+    let successor = client
+        .acquire(
+            &key,
+            &LockOptions::new(Duration::from_secs(10)).with_wait(Duration::from_secs(5)),
+        )
+        .await?;
+    ensure!(
+        successor.fencing_token() > lost_token,
+        "tokens went back after the data loss: {lost_token} then {}",
+        successor.fencing_token()
+    );
+    let stale = lease.release().await?;
+    ensure!(
+        stale != Released::Released,
+        "the lost lease released the successor's lock"
+    );
+    ensure!(successor.is_held(), "successor: {:?}", successor.state());
+    ensure!(
+        successor.release().await? == Released::Released,
+        "successor release"
+    );
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// `SCRIPT FLUSH` between operations: acquire, extend and release still work, and put their
+/// scripts back in the cache.
+pub async fn flushed_script_cache_is_reloaded(_: String) -> anyhow::Result<()> {
+    let server = RedisServer::start().await?;
+    let client = Arc::new(RedisLock::connect(&server.url()).await?);
+    let mut raw = support::raw(&server.url()).await?;
+    let flush = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async::<()>(&mut raw)
+                .await
+        }
+    };
+    let key = unique("flushed");
+    let opts = LockOptions::new(Duration::from_secs(10));
+    client
+        .try_acquire(&key, &opts)
+        .await?
+        .context("warm-up")?
+        .release()
+        .await?;
+
+    flush(&mut raw).await?;
+    let mut lease = client
+        .try_acquire(&key, &opts)
+        .await?
+        .context("acquire after SCRIPT FLUSH: busy")?;
+    flush(&mut raw).await?;
+    lease
+        .extend(Duration::from_secs(20))
+        .await
+        .context("extend after SCRIPT FLUSH")?;
+    flush(&mut raw).await?;
+    ensure!(
+        lease.release().await? == Released::Released,
+        "release after SCRIPT FLUSH"
+    );
+    let hashes = [
+        scripts::ACQUIRE.hash(),
+        scripts::EXTEND.hash(),
+        scripts::RELEASE.hash(),
+    ];
+    let cached: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(&hashes[..])
+        .query_async(&mut raw)
+        .await?;
+    // Acquire and extend ran before the last flush; release ran after it and must be back.
+    ensure!(
+        cached[2],
+        "the release script was not put back in the cache: {cached:?}"
+    );
+    let again = client
+        .try_acquire(&key, &opts)
+        .await?
+        .context("acquire again")?;
+    let cached: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(scripts::ACQUIRE.hash())
+        .query_async(&mut raw)
+        .await?;
+    ensure!(
+        cached == [true],
+        "the acquire script was not put back in the cache"
+    );
+    again.release().await?;
+    server.shutdown().await?;
+    Ok(())
+}

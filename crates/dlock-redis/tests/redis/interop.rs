@@ -1,0 +1,181 @@
+//! Interoperability with the common single-instance convention, written with the raw client
+//! exactly as redis-py's `Lock` and redsync do it: `SET name <random> NX PX ttl` to take, a
+//! compare-and-delete script to release. And the key layout the crate documents.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use dlock_core::{DistributedLockExt, LockKey, LockOptions, Released};
+use dlock_redis::RedisLock;
+use redis::aio::MultiplexedConnection;
+
+use crate::support::{self, unique};
+
+/// redis-py's release script (`LUA_RELEASE_SCRIPT`), verbatim.
+const CONVENTION_RELEASE: &str = r#"
+local token = redis.call('get', KEYS[1])
+if not token or token ~= ARGV[1] then
+    return 0
+end
+redis.call('del', KEYS[1])
+return 1
+"#;
+
+/// The other client: takes and releases `name` by the convention.
+struct ConventionClient {
+    con: MultiplexedConnection,
+    token: String,
+}
+
+impl ConventionClient {
+    async fn new(url: &str) -> anyhow::Result<Self> {
+        Ok(ConventionClient {
+            con: support::raw(url).await?,
+            token: format!("{:032x}", rand::random::<u128>()),
+        })
+    }
+
+    async fn try_take(&mut self, name: &str, ttl: Duration) -> anyhow::Result<bool> {
+        let answer: Option<String> = redis::cmd("SET")
+            .arg(name)
+            .arg(&self.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .query_async(&mut self.con)
+            .await?;
+        Ok(answer.is_some())
+    }
+
+    async fn release(&mut self, name: &str) -> anyhow::Result<bool> {
+        let deleted: i64 = redis::Script::new(CONVENTION_RELEASE)
+            .key(name)
+            .arg(&self.token)
+            .invoke_async(&mut self.con)
+            .await?;
+        Ok(deleted == 1)
+    }
+}
+
+/// A lock the other client holds blocks ours (try and wait), and a waiter of ours gets it soon
+/// after the other client's release, although that release is not announced. A lock we hold
+/// blocks the other client, whose release cannot delete it.
+pub async fn a_convention_lock_and_ours_exclude_each_other(url: String) -> anyhow::Result<()> {
+    let ours = Arc::new(RedisLock::connect(&url).await?);
+    let mut theirs = ConventionClient::new(&url).await?;
+    let name = unique("interop");
+    let opts = LockOptions::new(Duration::from_secs(30));
+
+    ensure!(
+        theirs.try_take(&name, Duration::from_secs(30)).await?,
+        "their take"
+    );
+    ensure!(
+        ours.try_acquire(&name, &opts).await?.is_none(),
+        "our try_acquire took a lock the other client holds"
+    );
+    let waiting = {
+        let (ours, name, opts) = (ours.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move {
+            let lease = ours
+                .acquire(&name, &opts.with_wait(Duration::from_secs(20)))
+                .await;
+            (lease, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    ensure!(
+        !waiting.is_finished(),
+        "our waiter took a lock the other client holds"
+    );
+    let released_at = Instant::now();
+    ensure!(theirs.release(&name).await?, "their release");
+    let (lease, acquired_at) = waiting.await?;
+    let lease = lease.context("our waiter after their release")?;
+    // Not announced: found by polling, within one step of the default backoff (500 ms at most).
+    let gap = acquired_at - released_at;
+    ensure!(
+        gap <= Duration::from_millis(1500),
+        "our waiter took {gap:?} after their release"
+    );
+
+    ensure!(
+        !theirs.try_take(&name, Duration::from_secs(30)).await?,
+        "the other client took a lock we hold"
+    );
+    ensure!(
+        !theirs.release(&name).await?,
+        "the other client's release deleted our lock"
+    );
+    ensure!(lease.is_held(), "our lease: {:?}", lease.state());
+    ensure!(lease.release().await? == Released::Released, "our release");
+    ensure!(
+        theirs.try_take(&name, Duration::from_secs(30)).await?,
+        "the other client cannot take the lock after our release"
+    );
+    ensure!(theirs.release(&name).await?, "their second release");
+    Ok(())
+}
+
+/// While held: the lock key is prefix + name with the owner token as value and the lease's TTL;
+/// the counter holds the lease's fencing token and never expires; after release only the counter
+/// is left.
+pub async fn the_key_layout_is_as_documented(url: String) -> anyhow::Result<()> {
+    let prefix = format!("{}:", unique("prefix"));
+    let client = Arc::new(RedisLock::builder(&url).prefix(&prefix).connect().await?);
+    let mut raw = support::raw(&url).await?;
+    let name = "jobs/nightly";
+    let ttl = Duration::from_secs(30);
+    let lease = client
+        .try_acquire(name, &LockOptions::new(ttl))
+        .await?
+        .context("a free key was busy")?;
+
+    let lock_key = format!("{prefix}{name}");
+    let keys = client.keys(&LockKey::new(name)?);
+    ensure!(keys.lock == lock_key, "lock key {:?}", keys.lock);
+    ensure!(
+        keys.fence == format!("{{{lock_key}}}:dlock:fence"),
+        "counter key {:?}",
+        keys.fence
+    );
+    let value: Option<String> = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await?;
+    ensure!(
+        value.as_deref() == Some(lease.owner().to_hex().as_str()),
+        "the lock's value is {value:?}, not the owner token"
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await?;
+    ensure!(
+        pttl > 25_000 && pttl <= 30_000,
+        "the lock's PTTL is {pttl} ms for a {ttl:?} lease"
+    );
+    let counter: Option<u64> = redis::cmd("GET")
+        .arg(&keys.fence)
+        .query_async(&mut raw)
+        .await?;
+    ensure!(
+        counter == Some(lease.fencing_token().get()),
+        "the counter holds {counter:?}, the lease has token {}",
+        lease.fencing_token()
+    );
+    let counter_ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys.fence)
+        .query_async(&mut raw)
+        .await?;
+    ensure!(counter_ttl == -1, "the counter expires: PTTL {counter_ttl}");
+
+    lease.release().await?;
+    let left = support::scan(&mut raw, &format!("*{}*", support::glob_escape(&prefix))).await?;
+    ensure!(
+        left == vec![keys.fence.clone()],
+        "left after release: {left:?}"
+    );
+    Ok(())
+}

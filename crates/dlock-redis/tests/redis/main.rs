@@ -1,0 +1,158 @@
+//! The Redis backend against real Redis servers in containers: the whole compliance suite, then
+//! the faults, interoperability, waiting and connection behaviour specific to Redis.
+//!
+//! ```sh
+//! eval "$(scripts/test-images)"
+//! cargo test -p dlock-redis --test redis
+//! ```
+//!
+//! The suite shares one server (every case works in its own key namespace); its outage case gets a
+//! dedicated one. Trials that break a server or count its connections start their own. With
+//! `DLOCK_TEST_NO_DOCKER=1` every trial is reported as ignored; without Docker and without that
+//! opt-out the binary fails.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod connecting;
+mod faults;
+mod interop;
+mod support;
+mod waiting;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::{docker_opt_out, Member, RedisServer};
+use dlock_compliance::{suite, Inspect, Outage, ServerControl, Subject, Timing};
+use dlock_core::{DistributedLock, FencingGuarantee};
+use dlock_redis::RedisLock;
+use libtest_mimic::{Arguments, Trial};
+use tokio::runtime::Handle;
+
+fn main() {
+    let args = Arguments::from_args();
+    if RedisServer::needs_docker() && docker_opt_out() {
+        let mut trials = suite::trials(&placeholder_subject());
+        trials.extend(support::own_trials(String::new()));
+        let trials = trials
+            .into_iter()
+            .map(|t| t.with_ignored_flag(true))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let started = Instant::now();
+    let (shared, outage) = runtime
+        .block_on(async { tokio::try_join!(RedisServer::start(), RedisServer::start()) })
+        .unwrap_or_else(|e| panic!("cannot start the Redis servers: {e}"));
+    eprintln!("[timing] two Redis servers up in {:.2?}", started.elapsed());
+
+    let subject = subject(&shared, &outage, runtime.handle().clone());
+    let mut trials: Vec<Trial> = suite::trials(&subject);
+    trials.extend(support::own_trials(shared.url()));
+    let conclusion = libtest_mimic::run(&args, trials);
+
+    runtime.block_on(async {
+        let (a, b) = tokio::join!(shared.shutdown(), outage.shutdown());
+        a.and(b)
+            .unwrap_or_else(|e| eprintln!("removing the servers failed: {e}"));
+    });
+    conclusion.exit();
+}
+
+fn connect_to(url: String) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {
+    move || {
+        let url = url.clone();
+        Box::pin(async move {
+            let client: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&url).await?);
+            Ok(client)
+        })
+    }
+}
+
+fn subject(shared: &RedisServer, outage: &RedisServer, main: Handle) -> Subject {
+    let capabilities = dlock_core::Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+        .with_notifications();
+    let member = outage
+        .member()
+        .expect("a container-backed outage server")
+        .clone();
+    let control = Arc::new(OnMainRuntime {
+        handle: main,
+        member,
+    });
+    Subject::new("redis", capabilities, connect_to(shared.url()))
+        .with_timing(Timing {
+            ttl: Duration::from_millis(1_000),
+            slack: Duration::from_secs(3),
+        })
+        .with_inspect(Arc::new(KeyCount { url: shared.url() }))
+        .with_outage(Outage::new(control, connect_to(outage.url())))
+}
+
+/// The same trial names, for a run that opted out of Docker.
+fn placeholder_subject() -> Subject {
+    let capabilities = dlock_core::Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+        .with_notifications();
+    let outage = Outage::new(Arc::new(NoServer), connect_to(String::new()));
+    Subject::new("redis", capabilities, connect_to(String::new())).with_outage(outage)
+}
+
+/// Runs the fixture's Docker calls on the runtime that created it, whichever runtime the
+/// suite's outage case calls from.
+struct OnMainRuntime {
+    handle: Handle,
+    member: Member,
+}
+
+#[async_trait]
+impl ServerControl for OnMainRuntime {
+    async fn stop(&self) -> anyhow::Result<()> {
+        let member = self.member.clone();
+        self.handle
+            .spawn(async move { member.stop().await })
+            .await??;
+        Ok(())
+    }
+
+    async fn start(&self) -> anyhow::Result<()> {
+        let member = self.member.clone();
+        self.handle
+            .spawn(async move { member.start().await })
+            .await??;
+        Ok(())
+    }
+}
+
+struct NoServer;
+
+#[async_trait]
+impl ServerControl for NoServer {
+    async fn stop(&self) -> anyhow::Result<()> {
+        anyhow::bail!("no server in a run without Docker")
+    }
+
+    async fn start(&self) -> anyhow::Result<()> {
+        anyhow::bail!("no server in a run without Docker")
+    }
+}
+
+/// Counts the keys of a namespace: lock keys start with it, counters contain it.
+struct KeyCount {
+    url: String,
+}
+
+#[async_trait]
+impl Inspect for KeyCount {
+    async fn stored(&self, namespace: &str) -> anyhow::Result<u64> {
+        let mut con = support::raw(&self.url).await?;
+        let pattern = format!("*{}*", support::glob_escape(namespace));
+        Ok(support::scan(&mut con, &pattern).await?.len() as u64)
+    }
+}
