@@ -1,0 +1,767 @@
+//! The etcd lock client, [`EtcdLock`], and its implementation of the lock contract.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Backoff, Capabilities, DistributedLock, Drift, Error, Extension, FencingGuarantee,
+    FencingToken, Grant, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
+    SessionState,
+};
+use etcd_client::ConnectOptions;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::builder::{EtcdLockBuilder, Settings};
+use crate::contention::{
+    ahead, anyone, confirm_own, delete_by_owner, delete_own, join, occupied, remove_leftover,
+    take_if_free, Ahead, Contender, Join, Owner, Read, Take,
+};
+use crate::endpoints::Endpoints;
+use crate::error::{closed, BACKEND};
+use crate::keywatch::KeyWatch;
+use crate::layout::{contender_key, lease_hex, KeyLayout};
+use crate::requests::{RequestError, Requests};
+use crate::session::{Session, SessionSlot};
+use crate::table::{Held, Table, Term};
+use crate::turn::Turn;
+use crate::waiting::{arm, WaitError, Woken};
+use crate::watchdog::{merge, Watchdog, WATCH_AFTER};
+
+/// HTTP/2 keep-alive pings on connections with open streams. etcd refuses pings more frequent
+/// than every 5 s (`--grpc-keepalive-min-time`) by closing the connection, so stay above that.
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How many times an abandoned key of our own may be cleared out of the way in one attempt.
+const LEFTOVER_ATTEMPTS: u32 = 3;
+
+/// A distributed lock service on etcd.
+///
+/// One value is one etcd client with one session lease, shared by every lock it takes; clone it
+/// (cheaply) to share it between tasks, or hold it as `Arc<dyn DistributedLock>`. See the crate
+/// documentation for the protocol and what each guarantee rests on.
+#[derive(Clone)]
+pub struct EtcdLock {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    requests: Requests,
+    settings: Settings,
+    sessions: SessionSlot,
+    table: Arc<Table>,
+    keys: Arc<KeyWatch>,
+    closed: AtomicBool,
+}
+
+impl fmt::Debug for EtcdLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shared;
+        f.debug_struct("EtcdLock")
+            .field("endpoints", &s.settings.endpoints)
+            .field("namespace", &s.settings.layout.namespace())
+            .field(
+                "user",
+                &s.settings.credentials.as_ref().map(|(user, _)| user),
+            )
+            .field("session", &s.sessions.current_id().map(lease_hex))
+            .field("keys", &s.table.len())
+            .field("closed", &s.closed.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Why one pass of a waiting acquire did not end with the lock.
+enum Step {
+    /// Give up with this error.
+    Done(Error),
+    /// The caller's deadline passed.
+    Deadline,
+    /// A temporary failure: try again after a pause, while a session still bounds the wait.
+    Retry(Error),
+    /// Try again at once (the session was replaced, or our own leftover key was removed).
+    Again,
+}
+
+/// Where a waiting acquire stands once the lock is its own.
+struct Won {
+    session: Arc<Session>,
+    contender: Vec<u8>,
+    revision: i64,
+    sent: Instant,
+}
+
+fn released(owner: Owner) -> Released {
+    match owner {
+        Owner::Us => Released::Released,
+        Owner::Other => Released::TakenOver,
+        Owner::Nobody => Released::Expired,
+    }
+}
+
+fn session_ended(key: &LockKey) -> Error {
+    Error::Lost {
+        key: key.to_string(),
+        reason: LostReason::SessionEnded,
+    }
+}
+
+/// The lock's term for a TTL starting at `sent`.
+///
+/// The key is deleted at `sent + ttl` by this client; the lease is valid until `sent + ttl`
+/// minus dlock's default drift allowance, so it never claims more than the core computed for
+/// default options. (The per-acquire TTL is enforced on this client's own clock, so no drift
+/// between clocks applies to it; the session's part is bounded separately.)
+fn term(sent: Instant, ttl: Duration) -> Term {
+    Term {
+        delete_at: sent + ttl,
+        valid_until: sent + Drift::default().validity(ttl),
+    }
+}
+
+impl EtcdLock {
+    /// A builder for the endpoints, namespace, session TTL, timeouts and credentials.
+    pub fn builder() -> EtcdLockBuilder {
+        EtcdLockBuilder::new()
+    }
+
+    /// Connects with a connection string,
+    /// `etcd://[user[:password]@]host:port[,host:port…][/namespace][?session_ttl=10&…]`
+    /// (see [`EtcdLockBuilder::from_url`]).
+    ///
+    /// # Cancel safety
+    /// If cancelled after the session lease was granted, the lease expires after its TTL.
+    pub async fn connect(url: &str) -> Result<EtcdLock> {
+        EtcdLockBuilder::from_url(url)?.connect().await
+    }
+
+    pub(crate) async fn from_settings(settings: Settings) -> Result<EtcdLock> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(settings.connect_timeout)
+            .with_keep_alive(HTTP2_PING_INTERVAL, settings.request_timeout)
+            .with_keep_alive_while_idle(false)
+            .with_require_leader(true);
+        if let Some((user, password)) = &settings.credentials {
+            options = options.with_user(user.clone(), password.expose());
+        }
+        let endpoints = Endpoints::new(
+            settings.endpoints.clone(),
+            options,
+            settings.request_timeout,
+        );
+        let requests = Requests::new(endpoints);
+        if settings.endpoints.len() > 1 {
+            let _ =
+                tokio::time::timeout(settings.connect_timeout, requests.endpoints().pin_leader())
+                    .await;
+        }
+        let shared = Shared {
+            keys: Arc::new(KeyWatch::start(requests.clone())),
+            requests,
+            sessions: SessionSlot::default(),
+            table: Arc::new(Table::default()),
+            closed: AtomicBool::new(false),
+            settings,
+        };
+        // Granting the session proves that a member answers, within the connect timeout.
+        shared
+            .sessions
+            .get_or_grant(
+                &shared.requests,
+                shared.settings.session_ttl,
+                shared.settings.connect_timeout,
+            )
+            .await?;
+        Ok(EtcdLock {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The key layout: where each lock lives in etcd.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.shared.settings.layout
+    }
+
+    /// The lock name of `key` for etcd's Go `concurrency.NewMutex` and `etcdctl lock`: a Go
+    /// service locking this name excludes, and is excluded by, dlock clients locking `key`.
+    pub fn lock_name(&self, key: &str) -> Result<String> {
+        Ok(self.layout().lock_name(&LockKey::new(key)?))
+    }
+
+    /// The endpoint of the member this client currently talks to. Everything — requests, the
+    /// session's keep-alives, watches — goes to one member at a time, and moves to the next
+    /// endpoint when that member fails.
+    pub fn endpoint_in_use(&self) -> &str {
+        self.shared.requests.endpoints().pinned_endpoint()
+    }
+
+    /// The id of the client's current session lease, if it has one.
+    pub fn session_lease(&self) -> Option<i64> {
+        self.shared.sessions.current_id()
+    }
+
+    /// What the client knows about its current session lease (`Expired` if it has none).
+    pub fn session_state(&self) -> SessionState {
+        self.shared
+            .sessions
+            .usable()
+            .map_or(SessionState::Expired, |s| s.state())
+    }
+
+    /// The TTL the server granted the current session lease.
+    pub fn session_ttl(&self) -> Option<Duration> {
+        self.shared.sessions.usable().map(|s| s.ttl())
+    }
+
+    /// Closes the client: every lease it holds becomes lost at once, then the session lease is
+    /// revoked, which deletes all its keys on the server, so waiters elsewhere proceed without
+    /// waiting for a TTL. Later operations fail.
+    ///
+    /// # Cancel safety
+    /// If cancelled, the leases are lost already and the revocation may not have been sent; the
+    /// session lease then expires after its TTL.
+    pub async fn close(&self) -> Result<()> {
+        let shared = &self.shared;
+        shared.closed.store(true, Ordering::SeqCst);
+        drop(shared.table.clear());
+        match shared.sessions.take() {
+            Some(session) => session.revoke().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Shared {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    async fn session(&self) -> Result<Arc<Session>> {
+        if self.is_closed() {
+            return Err(closed());
+        }
+        self.sessions
+            .get_or_grant(
+                &self.requests,
+                self.settings.session_ttl,
+                self.settings.request_timeout,
+            )
+            .await
+    }
+
+    /// Turns a won contest into a held lock and its grant.
+    fn hold(&self, turn: Turn, req: &LockRequest<'_>, won: Won, prefix: Vec<u8>) -> Result<Grant> {
+        let term = term(won.sent, req.ttl);
+        let session_now = *won.session.watch().borrow();
+        let initial = merge(session_now, term, Instant::now());
+        if matches!(initial, SessionState::Expired) {
+            // Dropping the turn withdraws the key.
+            return Err(session_ended(req.key));
+        }
+        let Some(guard) = turn.into_guard() else {
+            return Err(Error::backend(
+                BACKEND,
+                false,
+                "the key's local turn was lost",
+            ));
+        };
+        let (term_tx, term_rx) = watch::channel(term);
+        let (view, view_rx) = watch::channel(initial);
+        let watchdog = Watchdog {
+            table: Arc::downgrade(&self.table),
+            requests: self.requests.clone(),
+            key: req.key.clone(),
+            prefix,
+            contender: won.contender.clone(),
+            revision: won.revision,
+            lease: won.session.id(),
+            session: won.session.watch(),
+            term: term_rx,
+            view,
+            keys: Arc::downgrade(&self.keys),
+            subscription: None,
+            watch_at: Some(Instant::now() + WATCH_AFTER),
+        };
+        self.table.insert(
+            req.key,
+            Held {
+                owner: req.owner,
+                revision: won.revision,
+                contender: won.contender,
+                session: won.session,
+                term: term_tx,
+                expiring: false,
+                watchdog: None,
+                _turn: guard,
+            },
+        );
+        // Started only once the record exists, so it always finds it.
+        let task = tokio::spawn(watchdog.run());
+        let revision = won.revision;
+        self.table.with_held(req.key, |held| {
+            if held.revision == revision {
+                held.watchdog = Some(task.abort_handle());
+            }
+        });
+        Ok(Grant::new(FencingToken(revision.unsigned_abs()), won.sent).with_session(view_rx))
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let sent = Instant::now();
+        let Some(guard) = self.table.try_turn(req.key) else {
+            // Another task of this client holds or is acquiring the key.
+            return Ok(Attempt::Busy { retry_after: None });
+        };
+        let mut turn = Turn::new(self.table.clone(), req.key.clone(), guard);
+        let prefix = self.settings.layout.prefix(req.key);
+        let owner = req.owner.to_hex();
+        let mut fresh_session = false;
+        let mut leftovers = 0;
+        loop {
+            let session = self.session().await?;
+            let key = contender_key(&prefix, session.id());
+            let c = Contender {
+                prefix: &prefix,
+                key: &key,
+                owner: &owner,
+                lease: session.id(),
+            };
+            turn.may_write(&self.requests, &prefix, &key, &owner);
+            match take_if_free(&self.requests, &c).await {
+                Ok(Take::Taken { revision }) => {
+                    let won = Won {
+                        session,
+                        contender: key,
+                        revision,
+                        sent,
+                    };
+                    return self.hold(turn, req, won, prefix).map(Attempt::Acquired);
+                }
+                Ok(Take::Busy) => {
+                    turn.nothing_written();
+                    return Ok(Attempt::Busy { retry_after: None });
+                }
+                Ok(Take::Leftover { mod_revision }) if leftovers < LEFTOVER_ATTEMPTS => {
+                    turn.nothing_written();
+                    leftovers += 1;
+                    remove_leftover(&self.requests, &key, mod_revision).await?;
+                }
+                Ok(Take::Leftover { .. }) => {
+                    turn.nothing_written();
+                    return Ok(Attempt::Busy { retry_after: None });
+                }
+                Err(error) if error.is_lease_not_found() && !fresh_session => {
+                    turn.nothing_written();
+                    session.mark_expired();
+                    fresh_session = true;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let started = Instant::now();
+        let timeout = || Error::Timeout {
+            key: req.key.to_string(),
+            waited: started.elapsed(),
+        };
+        let Some(guard) = self.table.turn(req.key, deadline).await else {
+            return Err(timeout());
+        };
+        let mut turn = Turn::new(self.table.clone(), req.key.clone(), guard);
+        let prefix = self.settings.layout.prefix(req.key);
+        let owner = req.owner.to_hex();
+        let mut failures = 0u32;
+        let mut agains = 0u32;
+        loop {
+            let error = match self
+                .contend(&mut turn, req, &prefix, &owner, deadline)
+                .await
+            {
+                Ok(won) => return self.hold(turn, req, won, prefix),
+                Err(Step::Done(error)) => return Err(error),
+                Err(Step::Deadline) => return Err(timeout()),
+                Err(Step::Again) if agains < LEFTOVER_ATTEMPTS => {
+                    agains += 1;
+                    continue;
+                }
+                Err(Step::Again) => Error::backend(
+                    BACKEND,
+                    true,
+                    "the contender key kept changing under this client",
+                ),
+                Err(Step::Retry(error)) => error,
+            };
+            // A temporary failure: try again while a live session bounds the wait. If the
+            // cluster stays unreachable the session expires and the error is returned.
+            let now = Instant::now();
+            if self.sessions.usable().is_none() || deadline.is_some_and(|d| now >= d) {
+                return Err(error);
+            }
+            let mut until = now + retry.delay(failures);
+            if let Some(d) = deadline {
+                until = until.min(d);
+            }
+            tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
+            failures = failures.saturating_add(1);
+            agains = 0;
+            tokio::time::sleep_until(until).await;
+        }
+    }
+
+    /// Classifies a failed request of a waiting acquire.
+    fn step(error: RequestError, session: &Session) -> Step {
+        if error.is_lease_not_found() {
+            session.mark_expired();
+            return Step::Again;
+        }
+        let error = Error::from(error);
+        if error.is_temporary() {
+            Step::Retry(error)
+        } else {
+            Step::Done(error)
+        }
+    }
+
+    /// One pass of a waiting acquire: join the queue (or find our key in it), then wait for the
+    /// contenders ahead to go, one at a time.
+    async fn contend(
+        &self,
+        turn: &mut Turn,
+        req: &LockRequest<'_>,
+        prefix: &[u8],
+        owner: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Won, Step> {
+        // A session that cannot be granted ends the acquire: no session bounds the wait.
+        let session = self.session().await.map_err(Step::Done)?;
+        let key = contender_key(prefix, session.id());
+        let c = Contender {
+            prefix,
+            key: &key,
+            owner,
+            lease: session.id(),
+        };
+        turn.may_write(&self.requests, prefix, &key, owner);
+        let mut sent = Instant::now();
+        let (revision, mut first) = match join(&self.requests, &c).await {
+            Ok(Join::Head { revision }) => (revision, true),
+            Ok(Join::Queued { revision }) => (revision, false),
+            Ok(Join::Leftover { mod_revision }) => {
+                remove_leftover(&self.requests, &key, mod_revision)
+                    .await
+                    .map_err(|e| Self::step(e, &session))?;
+                return Err(Step::Again);
+            }
+            Err(error) => return Err(Self::step(error, &session)),
+        };
+        loop {
+            if first {
+                // etcd issue #11456: never report a lock held whose session has run out while
+                // it waited. Our key existed at the last read; the session must still be alive.
+                session
+                    .wait_alive(req.key.as_str(), deadline)
+                    .await
+                    .map_err(|e| match e {
+                        Error::Timeout { .. } => Step::Deadline,
+                        other => Step::Done(other),
+                    })?;
+                return Ok(Won {
+                    session,
+                    contender: key,
+                    revision,
+                    sent,
+                });
+            }
+            sent = Instant::now();
+            let (predecessor, seen_at) = match self.ahead(&c, revision).await {
+                Ok(Ahead::Nobody) => {
+                    first = true;
+                    continue;
+                }
+                Ok(Ahead::Gone) => {
+                    // Our key went while we waited: its lease ended (or someone deleted it).
+                    return Err(Step::Done(session_ended(req.key)));
+                }
+                Ok(Ahead::Predecessor { key, seen_at }) => (key, seen_at),
+                Err(error) => return Err(Self::step(error, &session)),
+            };
+            let armed = match arm(
+                &self.requests,
+                vec![predecessor.clone(), key.clone()],
+                false,
+            )
+            .await
+            {
+                Ok(armed) => armed,
+                Err(WaitError::Request(error)) => return Err(Self::step(error, &session)),
+                Err(WaitError::Broken(error)) => return Err(Step::Retry(error)),
+            };
+            if armed.at > seen_at {
+                // The store moved on between the read and the watch: whatever happened in
+                // between is not in the watch, so look again before relying on it.
+                match self.ahead(&c, revision).await {
+                    Ok(Ahead::Predecessor { key: again, .. }) if again == predecessor => {}
+                    Ok(Ahead::Gone) => return Err(Step::Done(session_ended(req.key))),
+                    Ok(_) => continue,
+                    Err(error) => return Err(Self::step(error, &session)),
+                }
+            }
+            match armed.wait(Some(session.watch()), deadline).await {
+                Ok(Woken::Deleted) => {}
+                Ok(Woken::SessionEnded) => return Err(Step::Done(session_ended(req.key))),
+                Ok(Woken::Deadline) => return Err(Step::Deadline),
+                Err(WaitError::Request(error)) => return Err(Self::step(error, &session)),
+                Err(WaitError::Broken(error)) => return Err(Step::Retry(error)),
+            }
+        }
+    }
+
+    /// Who is ahead of our key, read from the member; a "gone" answer, which a member that lags
+    /// behind can give wrongly, is confirmed with a linearizable read.
+    async fn ahead(&self, c: &Contender<'_>, revision: i64) -> Result<Ahead, RequestError> {
+        match ahead(&self.requests, c, revision, Read::Local).await? {
+            Ahead::Gone => ahead(&self.requests, c, revision, Read::Fresh).await,
+            answer => Ok(answer),
+        }
+    }
+
+    /// The held lock of `lease`, if this client holds it for that owner (and token).
+    fn held_by(&self, lease: &LeaseRef<'_>) -> Option<HeldView> {
+        self.table
+            .with_held(lease.key, |held| {
+                let token_matches = lease
+                    .fencing
+                    .is_none_or(|f| f.get() == held.revision.unsigned_abs());
+                (held.owner == lease.owner && token_matches).then(|| HeldView {
+                    contender: held.contender.clone(),
+                    revision: held.revision,
+                    session: held.session.clone(),
+                    over: held.expiring || Instant::now() >= held.term.borrow().delete_at,
+                })
+            })
+            .flatten()
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let sent = Instant::now();
+        let prefix = self.settings.layout.prefix(lease.key);
+        let Some(held) = self.held_by(lease) else {
+            return Ok(match anyone(&self.requests, &prefix).await? {
+                Owner::Other => Extension::TakenOver,
+                Owner::Us | Owner::Nobody => Extension::Expired,
+            });
+        };
+        if held.over || !held.session.is_usable() {
+            return Ok(Extension::Expired);
+        }
+        let owner = confirm_own(
+            &self.requests,
+            &prefix,
+            &held.contender,
+            held.revision,
+            held.session.id(),
+            Read::Fresh,
+        )
+        .await?;
+        match owner {
+            Owner::Us => {
+                let now = Instant::now();
+                let applied = self.table.with_held(lease.key, |record| {
+                    let current = *record.term.borrow();
+                    if record.revision != held.revision
+                        || record.expiring
+                        || now >= current.delete_at
+                    {
+                        return false;
+                    }
+                    record.term.send_replace(term(sent, ttl));
+                    true
+                });
+                Ok(if applied == Some(true) {
+                    Extension::Extended
+                } else {
+                    Extension::Expired
+                })
+            }
+            Owner::Other => {
+                self.table.discard(lease.key, held.revision);
+                Ok(Extension::TakenOver)
+            }
+            Owner::Nobody => {
+                self.table.discard(lease.key, held.revision);
+                Ok(Extension::Expired)
+            }
+        }
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let prefix = self.settings.layout.prefix(lease.key);
+        match self.held_by(lease) {
+            // The watchdog is deleting it already: the TTL ran out first.
+            Some(held) if held.over => Ok(Released::Expired),
+            Some(held) => {
+                let owner = delete_own(
+                    &self.requests,
+                    &prefix,
+                    &held.contender,
+                    held.revision,
+                    held.session.id(),
+                )
+                .await?;
+                self.table.discard(lease.key, held.revision);
+                Ok(released(owner))
+            }
+            None => {
+                // Not a lock we know of: an acquire whose outcome is unknown may have written
+                // our key with this owner token, or the caller is not the owner at all.
+                let owner = match self.sessions.current_id() {
+                    Some(id) => {
+                        let key = contender_key(&prefix, id);
+                        delete_by_owner(&self.requests, &prefix, &key, &lease.owner.to_hex())
+                            .await?
+                    }
+                    None => anyone(&self.requests, &prefix).await?,
+                };
+                Ok(released(owner))
+            }
+        }
+    }
+
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        let prefix = self.settings.layout.prefix(key);
+        let Some(seen_at) = occupied(&self.requests, &prefix).await? else {
+            return Ok(());
+        };
+        let armed = arm(&self.requests, vec![prefix.clone()], true).await?;
+        if armed.at > seen_at && occupied(&self.requests, &prefix).await?.is_none() {
+            return Ok(());
+        }
+        armed.wait(None, Some(until)).await?;
+        Ok(())
+    }
+}
+
+/// What release and extend need from a held lock's record.
+struct HeldView {
+    contender: Vec<u8>,
+    revision: i64,
+    session: Arc<Session>,
+    /// The TTL ran out: the watchdog deletes the key.
+    over: bool,
+}
+
+fn outcome_of<T>(result: &Result<T>, name: impl Fn(&T) -> &'static str) -> &'static str {
+    match result {
+        Ok(value) => name(value),
+        Err(Error::Timeout { .. }) => "timeout",
+        Err(Error::Lost { .. }) => "lost",
+        Err(_) => "error",
+    }
+}
+
+#[async_trait]
+impl DistributedLock for EtcdLock {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Fencing tokens are create revisions of a consensus store: they only grow. Waiters are
+    /// woken by watches; leases follow the client's session lease.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::Monotonic)
+            .with_notifications()
+            .with_sessions()
+    }
+
+    /// # Cancel safety
+    /// Not cancel safe on its own: if dropped after the request was sent, the key is withdrawn in
+    /// the background, and a release by owner token (which the core issues) finds it too.
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let span = tracing::debug_span!("dlock.etcd.try_lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
+        let result = self.shared.try_lock(req).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            outcome_of(&result, |a| match a {
+                Attempt::Acquired(_) => "acquired",
+                Attempt::Busy { .. } => "busy",
+            }),
+        );
+        result
+    }
+
+    /// # Cancel safety
+    /// The extension may or may not have happened; ownership is unchanged either way.
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let span = tracing::debug_span!("dlock.etcd.extend", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
+        let result = self
+            .shared
+            .extend(lease, ttl)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            outcome_of(&result, |e| match e {
+                Extension::Extended => "extended",
+                Extension::Expired => "expired",
+                Extension::TakenOver => "taken_over",
+            }),
+        );
+        result
+    }
+
+    /// # Cancel safety
+    /// The release may or may not have happened; repeating it is harmless.
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let span = tracing::debug_span!("dlock.etcd.release", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
+        let result = self.shared.release(lease).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            outcome_of(&result, |r| match r {
+                Released::Released => "released",
+                Released::Expired => "expired",
+                Released::TakenOver => "taken_over",
+            }),
+        );
+        result
+    }
+
+    /// Waits for the deletion of any contender key of `key` (a watch), or until `until`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        self.shared.wait_for_release(key, until).await
+    }
+
+    /// Joins the queue of contenders and waits, watching only the contender just ahead, until
+    /// the lock is ours; transient failures are retried while the session lease bounds the wait.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: if dropped, the contender key is withdrawn in the background.
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let span = tracing::debug_span!("dlock.etcd.lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
+        let result = self
+            .shared
+            .lock(req, deadline, retry)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", outcome_of(&result, |_| "acquired"));
+        result
+    }
+}

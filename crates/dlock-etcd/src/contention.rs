@@ -1,0 +1,321 @@
+//! The transactions that order contenders and check ownership, one round trip each.
+//!
+//! A lock is held by the contender key under `<name>/` with the smallest create revision, as in
+//! etcd's `concurrency.Mutex`. Every decision below is one etcd transaction, so it is made at one
+//! revision of the store: "our key exists and nobody is ahead of it" cannot be torn apart by a
+//! concurrent change.
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
+};
+
+use crate::requests::{RequestError, Requests};
+
+/// Our contender key for one lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Contender<'a> {
+    /// `<name>/`, the range of all contenders.
+    pub(crate) prefix: &'a [u8],
+    /// `<name>/<lease id in hex>`.
+    pub(crate) key: &'a [u8],
+    /// The owner token in hex, stored as the key's value.
+    pub(crate) owner: &'a str,
+    /// The session lease the key is attached to.
+    pub(crate) lease: i64,
+}
+
+/// The answer of [`take_if_free`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Nobody contended; our key was created at `revision`.
+    Taken { revision: i64 },
+    /// Someone else holds or waits for the lock.
+    Busy,
+    /// A key of ours from an abandoned acquire is in the way (see [`remove_leftover`]).
+    Leftover { mod_revision: i64 },
+}
+
+/// The answer of [`join`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Join {
+    /// Our key (at `revision`) is the oldest: the lock is ours.
+    Head { revision: i64 },
+    /// Our key (at `revision`) waits behind older ones.
+    Queued { revision: i64 },
+    /// A key of ours from an abandoned acquire is in the way (see [`remove_leftover`]).
+    Leftover { mod_revision: i64 },
+}
+
+/// The answer of [`ahead`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ahead {
+    /// Our key exists and no older one does: the lock is ours.
+    Nobody,
+    /// The newest key older than ours, and the store revision at which it was seen.
+    Predecessor { key: Vec<u8>, seen_at: i64 },
+    /// Our key is gone (its lease ended, or someone deleted it).
+    Gone,
+}
+
+/// Who a lock belongs to, as far as an ownership check could tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// Our key, as identified, was there (and was changed as asked).
+    Us,
+    /// Our key was not there, but someone else's is.
+    Other,
+    /// No contender at all.
+    Nobody,
+}
+
+fn first_created(prefix: &[u8]) -> TxnOp {
+    TxnOp::get(
+        prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    )
+}
+
+fn any_key(prefix: &[u8]) -> TxnOp {
+    TxnOp::get(
+        prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_limit(1),
+        ),
+    )
+}
+
+/// The key-values of the `index`th response, which must be a get.
+fn kvs(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
+    match response.op_responses().into_iter().nth(index) {
+        Some(TxnOpResponse::Get(mut get)) => get.take_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+fn store_revision(response: &TxnResponse) -> i64 {
+    response.header().map_or(0, |h| h.revision())
+}
+
+fn put(c: &Contender<'_>) -> TxnOp {
+    TxnOp::put(c.key, c.owner, Some(PutOptions::new().with_lease(c.lease)))
+}
+
+/// One attempt that never waits: creates our key only if no contender exists at all.
+pub(crate) async fn take_if_free(
+    requests: &Requests,
+    c: &Contender<'_>,
+) -> Result<Take, RequestError> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(c.prefix, CompareOp::Equal, 0).with_prefix()])
+        .and_then([put(c)])
+        .or_else([first_created(c.prefix)]);
+    let response = requests.txn(txn).await?;
+    if response.succeeded() {
+        return Ok(Take::Taken {
+            revision: store_revision(&response),
+        });
+    }
+    Ok(match kvs(&response, 0).first() {
+        Some(kv) if kv.key() == c.key && kv.value() == c.owner.as_bytes() => Take::Taken {
+            revision: kv.create_revision(),
+        },
+        Some(kv) if kv.key() == c.key => Take::Leftover {
+            mod_revision: kv.mod_revision(),
+        },
+        _ => Take::Busy,
+    })
+}
+
+/// Joins the queue: creates our key if absent, else reads it (a repeated attempt of the same
+/// acquire finds its own key), and reads the oldest contender, all at one revision.
+pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join, RequestError> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(c.key, CompareOp::Equal, 0)])
+        .and_then([put(c), first_created(c.prefix)])
+        .or_else([TxnOp::get(c.key, None), first_created(c.prefix)]);
+    let response = requests.txn(txn).await?;
+    let mine = if response.succeeded() {
+        store_revision(&response)
+    } else {
+        match kvs(&response, 0).first() {
+            Some(kv) if kv.value() == c.owner.as_bytes() => kv.create_revision(),
+            Some(kv) => {
+                return Ok(Join::Leftover {
+                    mod_revision: kv.mod_revision(),
+                })
+            }
+            // Cannot happen inside one transaction; a retry sorts it out.
+            None => return Ok(Join::Leftover { mod_revision: 0 }),
+        }
+    };
+    let head = kvs(&response, 1).first().map(KeyValue::create_revision);
+    Ok(if head == Some(mine) {
+        Join::Head { revision: mine }
+    } else {
+        Join::Queued { revision: mine }
+    })
+}
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// Served by the member from what it has applied, without a round of consensus.
+    Local,
+    /// Linearizable: reflects every write committed before the request.
+    Fresh,
+}
+
+/// Checks that our key (created at `revision`) still exists, and finds the newest contender
+/// created before it: the one to wait for. Waiting for that one alone, rather than for the
+/// holder, is what keeps a release from waking every waiter at once.
+///
+/// A [`Read::Local`] answer may be stale, but never wrongly says that nobody is ahead: no key can
+/// be created with a revision older than ours, so the keys ahead of us only ever go away, and an
+/// older view shows more of them, not fewer. It can wrongly say [`Ahead::Gone`] (a member that
+/// has not applied our key's creation yet), so that answer must be confirmed with a
+/// [`Read::Fresh`] one.
+pub(crate) async fn ahead(
+    requests: &Requests,
+    c: &Contender<'_>,
+    revision: i64,
+    read: Read,
+) -> Result<Ahead, RequestError> {
+    let mut before = GetOptions::new()
+        .with_prefix()
+        .with_max_create_revision(revision - 1)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1)
+        .with_keys_only();
+    if read == Read::Local {
+        // A read-only transaction whose reads are all serializable is served serializably.
+        before = before.with_serializable();
+    }
+    let txn = Txn::new()
+        .when([Compare::create_revision(c.key, CompareOp::Equal, revision)])
+        .and_then([TxnOp::get(c.prefix, Some(before))]);
+    let response = requests.txn(txn).await?;
+    if !response.succeeded() {
+        return Ok(Ahead::Gone);
+    }
+    Ok(match kvs(&response, 0).into_iter().next() {
+        None => Ahead::Nobody,
+        Some(kv) => Ahead::Predecessor {
+            key: kv.into_key_value().0,
+            seen_at: store_revision(&response),
+        },
+    })
+}
+
+/// Deletes a contender key of ours that an abandoned acquire left behind, unless it changed.
+///
+/// Such a key is never adopted: its create revision may already have been handed out as a
+/// fencing token, and the next holder's token must be greater.
+pub(crate) async fn remove_leftover(
+    requests: &Requests,
+    key: &[u8],
+    mod_revision: i64,
+) -> Result<(), RequestError> {
+    let txn = Txn::new()
+        .when([Compare::mod_revision(key, CompareOp::Equal, mod_revision)])
+        .and_then([TxnOp::delete(key, None)]);
+    requests.txn(txn).await.map(|_| ())
+}
+
+fn owner_from(response: &TxnResponse) -> Owner {
+    if response.succeeded() {
+        Owner::Us
+    } else if kvs(response, 0).is_empty() {
+        Owner::Nobody
+    } else {
+        Owner::Other
+    }
+}
+
+/// Deletes our key if it is still the one created at `revision` on lease `lease`.
+pub(crate) async fn delete_own(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    revision: i64,
+    lease: i64,
+) -> Result<Owner, RequestError> {
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, revision),
+            Compare::lease(key, CompareOp::Equal, lease),
+        ])
+        .and_then([TxnOp::delete(key, None)])
+        .or_else([any_key(prefix)]);
+    Ok(owner_from(&requests.txn(txn).await?))
+}
+
+/// Checks, without changing anything, that our key is still the one created at `revision` on
+/// lease `lease`.
+pub(crate) async fn confirm_own(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    revision: i64,
+    lease: i64,
+    read: Read,
+) -> Result<Owner, RequestError> {
+    let mut others = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_limit(1);
+    if read == Read::Local {
+        others = others.with_serializable();
+    }
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, revision),
+            Compare::lease(key, CompareOp::Equal, lease),
+        ])
+        .and_then([])
+        .or_else([TxnOp::get(prefix, Some(others))]);
+    Ok(owner_from(&requests.txn(txn).await?))
+}
+
+/// Deletes `key` if its value is `owner`: what an acquire whose outcome is unknown may have
+/// written.
+pub(crate) async fn delete_by_owner(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    owner: &str,
+) -> Result<Owner, RequestError> {
+    let txn = Txn::new()
+        .when([Compare::value(key, CompareOp::Equal, owner)])
+        .and_then([TxnOp::delete(key, None)])
+        .or_else([any_key(prefix)]);
+    Ok(owner_from(&requests.txn(txn).await?))
+}
+
+/// Whether any contender exists under `prefix`.
+pub(crate) async fn anyone(requests: &Requests, prefix: &[u8]) -> Result<Owner, RequestError> {
+    let response = requests.txn(Txn::new().and_then([any_key(prefix)])).await?;
+    Ok(if kvs(&response, 0).is_empty() {
+        Owner::Nobody
+    } else {
+        Owner::Other
+    })
+}
+
+/// Whether any contender exists under `prefix`, and if so the store revision at which one was
+/// seen (to watch for its deletion from the next revision on).
+pub(crate) async fn occupied(
+    requests: &Requests,
+    prefix: &[u8],
+) -> Result<Option<i64>, RequestError> {
+    let response = requests.txn(Txn::new().and_then([any_key(prefix)])).await?;
+    Ok((!kvs(&response, 0).is_empty()).then(|| store_revision(&response)))
+}

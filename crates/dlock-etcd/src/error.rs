@@ -1,0 +1,130 @@
+//! How etcd's errors become dlock's semantic errors.
+//!
+//! Callers decide by [`Error`] variant whether to retry, so the mapping matters more than the
+//! message: anything that means "no member answered in time" (connection refused, a dead
+//! connection, no leader, a leader change, our own deadline) is [`Error::Unavailable`]; what a
+//! retry cannot fix (permission denied, a request the server rejects) is a permanent
+//! [`Error::Backend`]. The one etcd error with a meaning of its own here — the session lease is
+//! gone — is recognised separately ([`is_lease_not_found`]).
+
+use std::time::Duration;
+
+use dlock_core::Error;
+use tonic::Code;
+
+/// The backend's name in errors and tracing.
+pub(crate) const BACKEND: &str = "etcd";
+
+/// Converts an etcd client error into a dlock error.
+pub(crate) fn from_client(error: etcd_client::Error) -> Error {
+    if is_temporary(&error) {
+        Error::Unavailable {
+            reached: 0,
+            needed: 1,
+            source: Some(Box::new(error)),
+        }
+    } else {
+        Error::backend(BACKEND, false, error)
+    }
+}
+
+/// The error of every operation on a client after [`close`](crate::EtcdLock::close).
+pub(crate) fn closed() -> Error {
+    Error::backend(BACKEND, false, "the etcd lock client was closed")
+}
+
+/// The error for a request that got no answer within `after`.
+pub(crate) fn timed_out(what: &'static str, after: Duration) -> Error {
+    Error::Unavailable {
+        reached: 0,
+        needed: 1,
+        source: Some(format!("etcd {what}: no answer within {after:?}").into()),
+    }
+}
+
+/// Whether the etcd cluster may answer the same request later: transport failures and the status
+/// codes etcd uses while it has no leader or is overloaded.
+pub(crate) fn is_temporary(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::ResourceExhausted
+                | Code::Unknown
+                | Code::Internal
+        ),
+        etcd_client::Error::TransportError(_)
+        | etcd_client::Error::IoError(_)
+        | etcd_client::Error::WatchError(_)
+        | etcd_client::Error::LeaseKeepAliveError(_)
+        | etcd_client::Error::EndpointError(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether the server said that the lease named in the request does not exist (it expired or was
+/// revoked): every key attached to it is gone, and the session must be replaced.
+pub(crate) fn is_lease_not_found(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == Code::NotFound && status.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(message) => message.contains("lease not found"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_is_unavailable_and_temporary() {
+        let e = from_client(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "etcdserver: no leader",
+        )));
+        assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+        assert!(e.is_temporary());
+        assert!(e.to_string().contains("no leader"), "{e}");
+    }
+
+    #[test]
+    fn rejected_requests_are_permanent() {
+        let e = from_client(etcd_client::Error::GRpcStatus(
+            tonic::Status::permission_denied("etcdserver: permission denied"),
+        ));
+        assert!(
+            matches!(
+                e,
+                Error::Backend {
+                    temporary: false,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn lease_not_found_is_recognised() {
+        let gone = etcd_client::Error::GRpcStatus(tonic::Status::not_found(
+            "etcdserver: requested lease not found",
+        ));
+        assert!(is_lease_not_found(&gone));
+        let other = etcd_client::Error::GRpcStatus(tonic::Status::not_found("something else"));
+        assert!(!is_lease_not_found(&other));
+    }
+
+    #[test]
+    fn timeouts_name_the_operation() {
+        let e = timed_out("txn", Duration::from_secs(2));
+        assert!(e.is_temporary());
+        assert!(
+            e.to_string().contains("etcd txn: no answer within 2s"),
+            "{e}"
+        );
+    }
+}

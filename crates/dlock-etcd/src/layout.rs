@@ -1,0 +1,172 @@
+//! Where locks live in etcd: the key layout of etcd's own `concurrency.Mutex`.
+//!
+//! etcd's Go recipe (`concurrency.NewMutex(session, name)`, also behind `etcdctl lock name`) keeps
+//! one key per contender at `<name>/<lease id in hex>`, attached to the contender's session lease,
+//! and orders contenders by the keys' create revisions. We use exactly that layout, so Go services
+//! and `etcdctl lock` exclude each other with dlock clients on the same lock name.
+//!
+//! A dlock key becomes the lock name `<namespace><escaped key>`, where escaping turns `%` into `%25`
+//! and `/` into `%2F`. Without it, the contenders of key `a` (prefix `a/`) would include those of
+//! key `a/b` (prefix `a/b/`); with it, no lock name's prefix contains another's. Use
+//! [`KeyLayout::lock_name`] to find the name a Go service or `etcdctl lock` must use.
+
+use dlock_core::{Error, LockKey, Result};
+
+/// The namespace used when none is configured.
+pub const DEFAULT_NAMESPACE: &str = "dlock/";
+
+/// The longest namespace accepted, in bytes. etcd keys can be much longer; this only keeps a
+/// mistaken value (a whole document pasted into the setting) from reaching the server.
+pub const MAX_NAMESPACE_LEN: usize = 512;
+
+/// Maps lock keys to etcd lock names and contender keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    namespace: String,
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        KeyLayout {
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+        }
+    }
+}
+
+impl KeyLayout {
+    /// A layout that puts every lock name under `namespace` (any UTF-8 string, may be empty).
+    pub fn new(namespace: impl Into<String>) -> Result<Self> {
+        let namespace = namespace.into();
+        if namespace.len() > MAX_NAMESPACE_LEN {
+            return Err(Error::invalid(
+                "namespace",
+                format!(
+                    "is {} bytes long; the maximum is {MAX_NAMESPACE_LEN} bytes",
+                    namespace.len()
+                ),
+            ));
+        }
+        Ok(KeyLayout { namespace })
+    }
+
+    /// The namespace every lock name starts with.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The lock name of `key` as etcd's `concurrency.NewMutex` and `etcdctl lock` take it:
+    /// `<namespace><key with % and / escaped>`. Contenders' keys live under `<name>/`.
+    pub fn lock_name(&self, key: &LockKey) -> String {
+        let mut name = String::with_capacity(self.namespace.len() + key.as_str().len() + 8);
+        name.push_str(&self.namespace);
+        escape_into(key.as_str(), &mut name);
+        name
+    }
+
+    /// The prefix of every lock name whose key starts with `key_prefix` (for counting what a
+    /// group of keys left on the server).
+    pub fn name_prefix(&self, key_prefix: &str) -> String {
+        let mut name = self.namespace.clone();
+        escape_into(key_prefix, &mut name);
+        name
+    }
+
+    /// The range every contender of `key` lives in: `<lock name>/`.
+    pub(crate) fn prefix(&self, key: &LockKey) -> Vec<u8> {
+        let mut prefix = self.lock_name(key).into_bytes();
+        prefix.push(b'/');
+        prefix
+    }
+}
+
+/// The contender key of session lease `lease` under `prefix`, formatted as Go's `%x` formats a
+/// lease id.
+pub(crate) fn contender_key(prefix: &[u8], lease: i64) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(lease_hex(lease).as_bytes());
+    key
+}
+
+/// A lease id in Go's `%x` form: lowercase hex without padding (a `-` sign for negative ids, which
+/// etcd never hands out).
+pub(crate) fn lease_hex(lease: i64) -> String {
+    if lease < 0 {
+        format!("-{:x}", lease.unsigned_abs())
+    } else {
+        format!("{lease:x}")
+    }
+}
+
+fn escape_into(key: &str, out: &mut String) {
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn key(k: &str) -> LockKey {
+        LockKey::new(k).unwrap()
+    }
+
+    #[test]
+    fn names_follow_the_go_recipe() {
+        let layout = KeyLayout::default();
+        assert_eq!(layout.lock_name(&key("jobs")), "dlock/jobs");
+        assert_eq!(layout.prefix(&key("jobs")), b"dlock/jobs/");
+        assert_eq!(
+            contender_key(&layout.prefix(&key("jobs")), 0x694d_8a6b_13c2_1f04),
+            b"dlock/jobs/694d8a6b13c21f04"
+        );
+        assert_eq!(lease_hex(255), "ff");
+        assert_eq!(lease_hex(-255), "-ff");
+    }
+
+    #[test]
+    fn no_prefix_contains_another() {
+        let layout = KeyLayout::new("ns/").unwrap();
+        let keys = ["a", "a/b", "a%2Fb", "a%2fb", "a/", "/", "//", "%", "a b"];
+        let prefixes: Vec<Vec<u8>> = keys.iter().map(|k| layout.prefix(&key(k))).collect();
+        for (i, p) in prefixes.iter().enumerate() {
+            for (j, q) in prefixes.iter().enumerate() {
+                if i != j {
+                    assert!(!q.starts_with(p), "{:?} contains {:?}", keys[j], keys[i]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn name_prefix_is_a_prefix_of_every_name_under_it() {
+        let layout = KeyLayout::default();
+        let group = "suite/1234/";
+        for k in ["suite/1234/x", "suite/1234/a/b", "suite/1234/%"] {
+            assert!(layout
+                .lock_name(&key(k))
+                .starts_with(&layout.name_prefix(group)));
+        }
+        assert!(!layout
+            .lock_name(&key("suite/12345/x"))
+            .starts_with(&layout.name_prefix(group)));
+    }
+
+    #[test]
+    fn oversized_namespace_is_rejected_by_name() {
+        let err = KeyLayout::new("x".repeat(MAX_NAMESPACE_LEN + 1)).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::InvalidInput {
+                field: "namespace",
+                ..
+            }
+        ));
+        assert!(KeyLayout::new("").is_ok());
+    }
+}

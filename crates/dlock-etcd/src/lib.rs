@@ -1,0 +1,121 @@
+//! The etcd backend of dlock: etcd's own lock recipe, with the gaps closed.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+//! use dlock_etcd::EtcdLock;
+//!
+//! let locks: Arc<dyn DistributedLock> =
+//!     Arc::new(EtcdLock::connect("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379").await?);
+//! let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(5));
+//! let lease = locks.acquire("invoices/42", &opts).await?;
+//! // Present lease.fencing_token() with every write to the guarded resource.
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Protocol
+//!
+//! * **One session lease per client.** [`EtcdLock`] grants one etcd lease when it connects and
+//!   keeps it alive with one keep-alive stream (a keep-alive every third of its TTL); every lock
+//!   the client takes is a key attached to it. The lease is revoked by [`EtcdLock::close`] (and
+//!   when the last handle is dropped), so a client's locks go at once when it shuts down, and
+//!   within the session TTL when it dies or is cut off. If the lease is lost, the next acquire
+//!   grants a new one.
+//! * **The key layout of etcd's `concurrency.Mutex`.** A lock's contenders are keys
+//!   `<name>/<lease id in hex>` (see [`KeyLayout`]), and the one with the smallest create revision
+//!   holds the lock. Go services using `concurrency.NewMutex(session, name)` and `etcdctl lock name`
+//!   exclude each other with dlock clients; [`EtcdLock::lock_name`] tells the name for a key.
+//! * **Acquire** is one transaction — create our key if absent, else read it, and read the oldest
+//!   contender. If ours is not the oldest, the acquire watches the contender created just before
+//!   ours for its deletion: no polling, and a release wakes exactly one waiter. (The watch starts
+//!   from "now", which etcd serves at once, and the acquire reads again if the store moved on
+//!   since its last read; a watch from a past revision would be served by etcd's catch-up loop,
+//!   up to 100 ms late.) When nobody is left ahead, the acquire has seen its own key in the same
+//!   read, and it checks that the session still has time left, before it reports the lock held
+//!   (etcd issue #11456: a waiter was once granted a lock after its lease had expired). Its own
+//!   key is watched on the same stream, so a waiter whose session ends fails its acquire at once
+//!   with [`Error::Lost`](dlock_core::Error::Lost). `try_acquire` is a single transaction that
+//!   creates the key only if no contender exists at all, so a busy answer leaves nothing behind.
+//!   The waiter's "who is ahead of me" reads are served by the member without a consensus round:
+//!   keys older than ours are never created later, so a stale view shows more of them, never
+//!   fewer, and cannot grant the lock early.
+//! * **Fencing token**: the create revision of the holder's key. Revisions of an etcd cluster
+//!   only grow, and a later holder's key is always created later
+//!   ([`FencingGuarantee::Monotonic`](dlock_core::FencingGuarantee::Monotonic)).
+//! * **Release and extend are ownership-checked transactions** comparing the key's create
+//!   revision and lease. (etcd's server-side lock service deletes whatever key it is given on
+//!   unlock, so a holder whose lease expired could delete its successor's key.) A release by an
+//!   owner token alone — what the core sends after a cancelled acquire — deletes our key only if
+//!   it carries that token as its value.
+//! * **A holder learns at once when its key is deleted**, whoever deleted it: keys held longer
+//!   than 50 ms are watched on one shared stream per client (shorter critical sections are spared
+//!   the watch), and the lease is lost the moment the deletion is reported. Keep-alives alone
+//!   would never reveal a key deleted while the session lives on.
+//!
+//! # The per-acquire TTL
+//!
+//! etcd leases are per session, not per lock, so a lock's TTL (`LockOptions::ttl`) cannot be a
+//! lease of its own without giving up the shared session. It is enforced by the client instead:
+//!
+//! * A lock is held until the TTL runs out (counted from before the granting request, re-armed
+//!   by `extend`); then this client deletes its key — ownership-checked — and the lease is lost.
+//!   A live, unpaused client therefore frees an abandoned lock after its TTL, like every backend.
+//! * A client that dies, freezes or is cut off cannot delete anything: its locks are freed when
+//!   its session lease expires on the server, after the session TTL
+//!   ([`EtcdLockBuilder::session_ttl`], default 10 s). So an abandoned lock is held for at most
+//!   the TTL while its client runs, and at most the session TTL once it does not.
+//! * The lease is valid until the earlier of the TTL's end (less dlock's default drift
+//!   allowance) and the session's confirmed end: the last answered keep-alive's send time plus
+//!   the lease TTL, less a margin. It is **uncertain** while keep-alives go unanswered (the
+//!   server may still keep the lease) and **lost** the moment the server reports the lease gone
+//!   or the confirmed end passes.
+//!
+//! # Endpoints and fail-over
+//!
+//! A client sends everything — requests, keep-alives, watches — to one member at a time,
+//! preferring the leader (every write is decided there), and moves to the next endpoint when a
+//! request to that member fails in a way another member might not: connection refused or
+//! broken, no answer within the request timeout, no leader. Streams and watches follow it to the
+//! new member. [`EtcdLock::endpoint_in_use`] tells which member that is. (etcd-client's own
+//! balancer keeps sending requests to a member that refuses connections, and leaves streams on
+//! a dead connection, so this client does not use it.)
+//!
+//! # Tasks of one client
+//!
+//! One session means one contender key per lock name per client, so tasks of the same client
+//! that want the same lock queue inside the client first (first come, first served), and only
+//! one of them contends on the server at a time.
+//!
+//! # Compatibility
+//!
+//! Only requests that etcd 3.4 and 3.5/3.6 both serve are used: transactions with range
+//! comparisons, ranges bounded by create revision, watches with a start revision and filters,
+//! and lease grant/keep-alive/revoke. Not the v3 lock service, and not `TryLock`, which only Go's
+//! 3.5 client has.
+#![deny(missing_docs)]
+
+mod builder;
+mod client;
+mod contention;
+mod endpoints;
+mod error;
+mod keywatch;
+mod layout;
+mod requests;
+mod session;
+mod table;
+mod turn;
+mod url;
+mod waiting;
+mod watchdog;
+
+pub use builder::{
+    EtcdLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TTL,
+    MAX_SESSION_TTL, MAX_TIMEOUT, MIN_SESSION_TTL,
+};
+pub use client::EtcdLock;
+pub use layout::{KeyLayout, DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN};
+pub use url::SCHEME;

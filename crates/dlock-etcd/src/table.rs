@@ -1,0 +1,179 @@
+//! What this client holds and waits for, key by key.
+//!
+//! All locks of a client share its session lease, and the Go layout names a contender key after
+//! the lease (`<name>/<lease id>`), so one client can have only one contender key per lock name.
+//! Tasks of the same client that want the same key therefore queue here first, in FIFO order (a
+//! fair `tokio::sync::Mutex` per key, the key's *turn*), and only the task whose turn it is
+//! contends on the server. This is also what keeps a client's own tasks from herding the server.
+//!
+//! A held lock is recorded as a [`Held`] entry that keeps the turn until the lock is released or
+//! lost, so a second local task cannot write the same contender key meanwhile.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use dlock_core::{LockKey, OwnerToken};
+use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::session::Session;
+
+/// The local time frame of a held lock: when this client deletes its key unless extended, and
+/// until when the lease may be relied on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Term {
+    /// The end of the per-acquire TTL: the watchdog deletes the key then.
+    pub(crate) delete_at: Instant,
+    /// The end of the lease's validity as far as the TTL is concerned (before `delete_at`).
+    pub(crate) valid_until: Instant,
+}
+
+/// A lock this client holds.
+pub(crate) struct Held {
+    /// The owner token of the lease holding it.
+    pub(crate) owner: OwnerToken,
+    /// The contender key's create revision: the fencing token.
+    pub(crate) revision: i64,
+    /// The contender key.
+    pub(crate) contender: Vec<u8>,
+    /// The session the key is attached to.
+    pub(crate) session: Arc<Session>,
+    /// The lock's term, re-armed by extend; the watchdog follows it.
+    pub(crate) term: watch::Sender<Term>,
+    /// Set once the watchdog has begun deleting the key at the end of its term: from then on
+    /// the lock can be neither extended nor released by its owner.
+    pub(crate) expiring: bool,
+    /// The watchdog, stopped when the record goes.
+    pub(crate) watchdog: Option<AbortHandle>,
+    /// The key's local turn, kept while the lock is held.
+    pub(crate) _turn: OwnedMutexGuard<()>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    turn: Arc<tokio::sync::Mutex<()>>,
+    held: Option<Held>,
+}
+
+/// The per-key table of one client.
+#[derive(Default)]
+pub(crate) struct Table {
+    slots: Mutex<HashMap<LockKey, Slot>>,
+}
+
+impl Table {
+    fn slots(&self) -> MutexGuard<'_, HashMap<LockKey, Slot>> {
+        // Every change below completes before anything can panic; a poisoned table is intact.
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn turn_of(&self, key: &LockKey) -> Arc<tokio::sync::Mutex<()>> {
+        self.slots().entry(key.clone()).or_default().turn.clone()
+    }
+
+    /// Takes `key`'s turn if no local task has it.
+    pub(crate) fn try_turn(&self, key: &LockKey) -> Option<OwnedMutexGuard<()>> {
+        let turn = self.turn_of(key);
+        let taken = turn.try_lock_owned().ok();
+        if taken.is_none() {
+            self.tidy(key);
+        }
+        taken
+    }
+
+    /// Waits for `key`'s turn, until `deadline`. `None` when the deadline passed first.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a task that stops waiting leaves the queue.
+    pub(crate) async fn turn(
+        &self,
+        key: &LockKey,
+        deadline: Option<Instant>,
+    ) -> Option<OwnedMutexGuard<()>> {
+        let turn = self.turn_of(key);
+        let waited = match deadline {
+            Some(d) => tokio::time::timeout_at(d, turn.lock_owned()).await.ok(),
+            None => Some(turn.lock_owned().await),
+        };
+        if waited.is_none() {
+            self.tidy(key);
+        }
+        waited
+    }
+
+    /// Records `held` as the lock this client holds on `key`.
+    pub(crate) fn insert(&self, key: &LockKey, held: Held) {
+        let previous = self
+            .slots()
+            .entry(key.clone())
+            .or_default()
+            .held
+            .replace(held);
+        // There is none: the turn is exclusive. Dropped outside the lock if there were.
+        drop(previous);
+    }
+
+    /// Runs `f` on the lock held on `key`, if any.
+    pub(crate) fn with_held<R>(&self, key: &LockKey, f: impl FnOnce(&mut Held) -> R) -> Option<R> {
+        self.slots()
+            .get_mut(key)
+            .and_then(|slot| slot.held.as_mut())
+            .map(f)
+    }
+
+    /// Removes the record of the lock on `key` if it is still the one with `revision`, and
+    /// returns it; dropping it stops its watchdog and passes the turn on.
+    pub(crate) fn remove(&self, key: &LockKey, revision: i64) -> Option<Held> {
+        let removed = {
+            let mut slots = self.slots();
+            let slot = slots.get_mut(key)?;
+            if slot.held.as_ref().map(|h| h.revision) != Some(revision) {
+                return None;
+            }
+            slot.held.take()
+        };
+        removed
+    }
+
+    /// Removes and drops the record of the lock on `key` if it is still the one with `revision`;
+    /// returns whether it was.
+    pub(crate) fn discard(&self, key: &LockKey, revision: i64) -> bool {
+        let removed = self.remove(key, revision);
+        let found = removed.is_some();
+        drop(removed);
+        self.tidy(key);
+        found
+    }
+
+    /// Drops the entry of `key` when nobody holds, waits for or uses it any more.
+    pub(crate) fn tidy(&self, key: &LockKey) {
+        let mut slots = self.slots();
+        if let Some(slot) = slots.get(key) {
+            if slot.held.is_none() && Arc::strong_count(&slot.turn) == 1 {
+                slots.remove(key);
+            }
+        }
+    }
+
+    /// How many keys have an entry (held, waited for, or in use by an acquire).
+    pub(crate) fn len(&self) -> usize {
+        self.slots().len()
+    }
+
+    /// Removes every record (the client is closing); returns them to be dropped by the caller.
+    pub(crate) fn clear(&self) -> Vec<Held> {
+        self.slots()
+            .values_mut()
+            .filter_map(|slot| slot.held.take())
+            .collect()
+    }
+}

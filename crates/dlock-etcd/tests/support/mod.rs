@@ -1,0 +1,225 @@
+//! What the etcd test binaries share: clients, a raw etcd client for checking the server's side,
+//! a freezable client, `etcdctl` inside a member's container, and trials with their own runtime.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use dlock_compliance::{Freeze, FreezeProxy};
+use dlock_core::{DistributedLock, LockKey};
+use dlock_etcd::EtcdLock;
+use futures::StreamExt;
+use libtest_mimic::{Failed, Trial};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// The namespace the test clients use.
+pub const NAMESPACE: &str = "dlock-test/";
+
+/// Upper bound for one whole etcd-specific trial, to end a hung one.
+pub const TRIAL_BUDGET: Duration = Duration::from_secs(120);
+
+/// A client of `endpoints` with test timings: a short session TTL, so that the server frees the
+/// locks of a frozen client within a few seconds.
+pub async fn client(endpoints: &[String], session_ttl: Duration) -> anyhow::Result<EtcdLock> {
+    Ok(EtcdLock::builder()
+        .endpoints(endpoints.iter().cloned())
+        .namespace(NAMESPACE)
+        .session_ttl(session_ttl)
+        .request_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await?)
+}
+
+/// A raw etcd client, to look at and tamper with the server's state.
+pub async fn raw(endpoints: &[String]) -> anyhow::Result<etcd_client::Client> {
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5));
+    Ok(etcd_client::Client::connect(endpoints, Some(options)).await?)
+}
+
+/// The contender keys (key, value, create revision, lease) stored for lock `key`.
+pub async fn contenders(
+    raw: &etcd_client::Client,
+    locks: &EtcdLock,
+    key: &str,
+) -> anyhow::Result<Vec<(String, String, i64, i64)>> {
+    let prefix = format!("{}/", locks.layout().lock_name(&LockKey::new(key)?));
+    let options = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let response = raw.clone().get(prefix, Some(options)).await?;
+    response
+        .kvs()
+        .iter()
+        .map(|kv| {
+            Ok((
+                kv.key_str()?.to_owned(),
+                kv.value_str()?.to_owned(),
+                kv.create_revision(),
+                kv.lease(),
+            ))
+        })
+        .collect()
+}
+
+/// How many keys the server stores under `prefix`.
+pub async fn count(raw: &mut etcd_client::Client, prefix: &str) -> anyhow::Result<u64> {
+    let options = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    let response = raw.get(prefix, Some(options)).await?;
+    Ok(u64::try_from(response.count()).unwrap_or(0))
+}
+
+/// Polls `check` every 50 ms until it holds, for at most `within`.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("{what}: not within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A freeze switch that keeps its proxy alive.
+pub struct ProxyFreeze {
+    switch: Arc<dyn Freeze>,
+    _proxy: FreezeProxy,
+}
+
+impl Freeze for ProxyFreeze {
+    fn freeze(&self) {
+        self.switch.freeze();
+    }
+
+    fn thaw(&self) {
+        self.switch.thaw();
+    }
+}
+
+/// A client that reaches `endpoint` (`127.0.0.1:PORT`) through a freezable proxy.
+pub async fn freezable_client(
+    endpoint: &str,
+    session_ttl: Duration,
+) -> anyhow::Result<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)> {
+    let target = endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .context("fixture endpoint")?;
+    let proxy = FreezeProxy::start(target).await?;
+    let locks = client(&[format!("http://{}", proxy.addr())], session_ttl).await?;
+    let freeze = ProxyFreeze {
+        switch: proxy.switch(),
+        _proxy: proxy,
+    };
+    Ok((Arc::new(locks), Arc::new(freeze)))
+}
+
+/// A command running inside a container (`docker exec`), with its output collected.
+pub struct Exec {
+    output: JoinHandle<String>,
+}
+
+impl Exec {
+    /// Starts `cmd` in `container`.
+    pub async fn start(container: &str, cmd: Vec<String>) -> anyhow::Result<Exec> {
+        let docker = dlock_compliance::fixtures::connect_docker().await?;
+        let exec = docker
+            .create_exec(
+                container,
+                CreateExecOptions {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    env: Some(vec!["ETCDCTL_API=3".to_owned()]),
+                    cmd: Some(cmd),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let StartExecResults::Attached { mut output, .. } =
+            docker.start_exec(&exec.id, None).await?
+        else {
+            bail!("docker exec did not attach");
+        };
+        let output = tokio::spawn(async move {
+            let mut text = String::new();
+            while let Some(Ok(chunk)) = output.next().await {
+                text.push_str(&chunk.to_string());
+            }
+            text
+        });
+        Ok(Exec { output })
+    }
+
+    /// Waits for the command to end and returns what it printed.
+    pub async fn finish(self, within: Duration) -> anyhow::Result<String> {
+        Ok(tokio::time::timeout(within, self.output)
+            .await
+            .context("the command did not end in time")??)
+    }
+}
+
+/// `etcdctl` inside a member's container, talking to that member.
+pub fn etcdctl(args: &[&str]) -> Vec<String> {
+    let mut cmd = vec![
+        "etcdctl".to_owned(),
+        "--endpoints=http://127.0.0.1:2379".to_owned(),
+    ];
+    cmd.extend(args.iter().map(|a| (*a).to_owned()));
+    cmd
+}
+
+/// A trial with a runtime of its own, bounded by [`TRIAL_BUDGET`].
+pub fn trial<F, Fut>(name: impl Into<String>, body: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let name = name.into();
+    Trial::test(name.clone(), move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let started = std::time::Instant::now();
+        let result = runtime.block_on(async {
+            match tokio::time::timeout(TRIAL_BUDGET, body()).await {
+                Ok(result) => result,
+                Err(_) => Err(anyhow::anyhow!("hung: not done within {TRIAL_BUDGET:?}")),
+            }
+        });
+        eprintln!("[timing] {name}: {:.2?}", started.elapsed());
+        result.map_err(|e| Failed::from(format!("{e:#}")))
+    })
+}
+
+/// A runtime for starting and stopping fixtures in `main`.
+pub fn fixture_runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot build a tokio runtime: {e}");
+            std::process::exit(101);
+        }
+    }
+}
