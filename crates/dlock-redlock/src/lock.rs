@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::{
     Attempt, Capabilities, DistributedLock, Drift, Error, Extension, FencingGuarantee,
-    FencingToken, Grant, LeaseRef, LockKey, LockRequest, Released, Result,
+    FencingToken, Grant, LeaseRef, LockKey, LockRequest, OwnerToken, Released, Result,
 };
 use dlock_redis::keys::{self, KeyLayout};
 use dlock_redis::scripts::{self, AcquireReply, FenceRaise};
@@ -19,6 +19,26 @@ use crate::quorum::{gather, Progress, QuorumFailure, Reply};
 
 /// The backend's name in errors and tracing.
 pub(crate) const BACKEND: &str = "redlock";
+
+/// The Redis names and the owner of one request, shared by its per-master calls (which may
+/// outlive the request, see [`gather`]).
+#[derive(Clone)]
+struct Names {
+    lock: Arc<str>,
+    fence: Arc<str>,
+    owner: Arc<str>,
+}
+
+impl Names {
+    fn new(layout: &KeyLayout, key: &LockKey, owner: OwnerToken) -> Self {
+        let lock = layout.lock_key(key);
+        Names {
+            fence: keys::fence_key(&lock).into(),
+            lock: lock.into(),
+            owner: owner.to_hex().into(),
+        }
+    }
+}
 
 /// The checked settings a client runs with.
 #[derive(Debug)]
@@ -154,17 +174,21 @@ impl RedlockLock {
     /// Releases on every master, listening for answers until `done` says enough came back.
     async fn release_everywhere(
         &self,
-        lock: &str,
-        owner: &str,
+        names: &Names,
         timeout: Duration,
         done: impl FnMut(Progress<'_, Released>) -> bool,
     ) -> Vec<Reply<Released>> {
+        let names = names.clone();
+        let call = move |mut con| {
+            let n = names.clone();
+            async move { scripts::release(&mut con, &n.lock, &n.owner, "").await }
+        };
         gather(
             &self.inner.nodes,
             self.all(),
             "release",
             timeout,
-            |mut con| async move { scripts::release(&mut con, lock, owner, "").await },
+            call,
             done,
         )
         .await
@@ -175,13 +199,13 @@ impl RedlockLock {
     /// did not answer it does not delay the outcome again.
     async fn abandon<T, R>(
         &self,
-        keys: (&str, &str),
+        names: &Names,
         timeout: Duration,
         first: &[Reply<R>],
         outcome: T,
     ) -> T {
         let responsive = first.iter().filter(|r| r.result.is_ok()).count();
-        self.release_everywhere(keys.0, keys.1, timeout, |p| {
+        self.release_everywhere(names, timeout, |p| {
             p.replies.iter().filter(|r| r.result.is_ok()).count() >= responsive
         })
         .await;
@@ -192,12 +216,11 @@ impl RedlockLock {
     /// Returns how many counting masters now hold the lock with a counter of at least `token`.
     async fn raise_fences(
         &self,
-        keys: (&str, &str, &str),
+        names: &Names,
         token: FencingToken,
         grants: &[(usize, bool, FencingToken)],
         timeout: Duration,
     ) -> (usize, Vec<Reply<FenceRaise>>) {
-        let (lock, fence, owner) = keys;
         let quorum = self.inner.settings.quorum;
         let at_max = grants
             .iter()
@@ -211,12 +234,17 @@ impl RedlockLock {
         if at_max >= quorum || behind.is_empty() {
             return (at_max, Vec::new());
         }
+        let names = names.clone();
+        let call = move |mut con| {
+            let n = names.clone();
+            async move { scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token).await }
+        };
         let replies = gather(
             &self.inner.nodes,
             behind,
             "raise_fence",
             timeout,
-            |mut con| async move { scripts::raise_fence(&mut con, lock, fence, owner, token).await },
+            call,
             |p: Progress<'_, FenceRaise>| {
                 let raised = counted(p.replies, |r| *r == FenceRaise::Raised);
                 at_max + raised >= quorum || at_max + raised + p.pending < quorum
@@ -261,19 +289,23 @@ impl DistributedLock for RedlockLock {
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let settings = &self.inner.settings;
         let (timeout, validity) = settings.plan(req.ttl)?;
-        let lock = settings.layout.lock_key(req.key);
-        let fence = keys::fence_key(&lock);
-        let owner = req.owner.to_hex();
-        let (lock, fence, owner) = (lock.as_str(), fence.as_str(), owner.as_str());
+        let names = Names::new(&settings.layout, req.key, req.owner);
         let quorum = settings.quorum;
         let ttl = req.ttl;
+        let call = {
+            let names = names.clone();
+            move |mut con| {
+                let n = names.clone();
+                async move { scripts::acquire(&mut con, &n.lock, &n.fence, &n.owner, ttl).await }
+            }
+        };
         let sent = Instant::now();
         let replies = gather(
             &self.inner.nodes,
             self.all(),
             "acquire",
             timeout,
-            |mut con| async move { scripts::acquire(&mut con, lock, fence, owner, ttl).await },
+            call,
             |p: Progress<'_, AcquireReply>| {
                 let granted = counted(p.replies, |r| matches!(r, AcquireReply::Granted(_)));
                 granted >= quorum || (granted + p.pending < quorum && answered(p.replies) >= quorum)
@@ -292,7 +324,7 @@ impl DistributedLock for RedlockLock {
             if answered(&replies) < quorum {
                 let failure = QuorumFailure::of("acquire", &replies, &self.inner.nodes, quorum);
                 let error = failure.into_error();
-                return Err(self.abandon((lock, owner), timeout, &replies, error).await);
+                return Err(self.abandon(&names, timeout, &replies, error).await);
             }
             // Busy: the holder's key runs out on the first master at the earliest.
             let retry_after = replies
@@ -303,7 +335,7 @@ impl DistributedLock for RedlockLock {
                 })
                 .min();
             let busy = Attempt::Busy { retry_after };
-            return Ok(self.abandon((lock, owner), timeout, &replies, busy).await);
+            return Ok(self.abandon(&names, timeout, &replies, busy).await);
         }
         let token = grants
             .iter()
@@ -311,16 +343,14 @@ impl DistributedLock for RedlockLock {
             .max()
             .unwrap_or(FencingToken(0));
         if settings.fencing {
-            let (confirmed, raised) = self
-                .raise_fences((lock, fence, owner), token, &grants, timeout)
-                .await;
+            let (confirmed, raised) = self.raise_fences(&names, token, &grants, timeout).await;
             if confirmed < quorum {
                 let failure = QuorumFailure {
                     reached: confirmed,
                     ..QuorumFailure::of("fencing write-back", &raised, &self.inner.nodes, quorum)
                 };
                 let error = failure.into_error();
-                return Err(self.abandon((lock, owner), timeout, &replies, error).await);
+                return Err(self.abandon(&names, timeout, &replies, error).await);
             }
         }
         let elapsed = sent.elapsed();
@@ -335,7 +365,7 @@ impl DistributedLock for RedlockLock {
                     .into(),
                 ),
             };
-            return Err(self.abandon((lock, owner), timeout, &replies, late).await);
+            return Err(self.abandon(&names, timeout, &replies, late).await);
         }
         Ok(Attempt::Acquired(Grant::new(token, sent)))
     }
@@ -343,17 +373,19 @@ impl DistributedLock for RedlockLock {
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let settings = &self.inner.settings;
         let (timeout, validity) = settings.plan(ttl)?;
-        let lock = settings.layout.lock_key(lease.key);
-        let owner = lease.owner.to_hex();
-        let (lock, owner) = (lock.as_str(), owner.as_str());
+        let names = Names::new(&settings.layout, lease.key, lease.owner);
         let quorum = settings.quorum;
+        let call = move |mut con| {
+            let n = names.clone();
+            async move { scripts::extend(&mut con, &n.lock, &n.owner, ttl).await }
+        };
         let sent = Instant::now();
         let replies = gather(
             &self.inner.nodes,
             self.all(),
             "extend",
             timeout,
-            |mut con| async move { scripts::extend(&mut con, lock, owner, ttl).await },
+            call,
             |p: Progress<'_, Extension>| {
                 let extended = counted(p.replies, |r| *r == Extension::Extended);
                 extended >= quorum
@@ -384,13 +416,12 @@ impl DistributedLock for RedlockLock {
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let settings = &self.inner.settings;
-        let lock = settings.layout.lock_key(lease.key);
-        let owner = lease.owner.to_hex();
+        let names = Names::new(&settings.layout, lease.key, lease.owner);
         let quorum = settings.quorum;
         // A release must go out even for a TTL the settings would refuse now.
         let timeout = settings.node_timeout.unwrap_or(MAX_DERIVED_NODE_TIMEOUT);
         let replies = self
-            .release_everywhere(&lock, &owner, timeout, |p| {
+            .release_everywhere(&names, timeout, |p| {
                 counted(p.replies, |r| *r == Released::Released) >= quorum
             })
             .await;

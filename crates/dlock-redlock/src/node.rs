@@ -2,9 +2,10 @@
 //!
 //! Each master has one multiplexed connection that all requests of the client share (redis-rs's
 //! `MultiplexedConnection`: requests from many tasks are pipelined, no client-side lock). When it
-//! breaks, the next request starts one reconnection in a background task that every request
-//! waiting for this master shares; each waits at most its own timeout, so a master that is down
-//! costs a request its timeout, never a TCP timeout. The connection is replaced here rather than
+//! breaks, the next request fails for this master at once and starts one reconnection in a
+//! background task; requests made once it is up use the new connection. A request never waits
+//! for a connection, so requests reach a master in the order they were made, and a master that is
+//! down costs nothing; one that hangs costs a request its per-node timeout, never a TCP timeout. The connection is replaced here rather than
 //! inside redis-rs's `ConnectionManager` because every new connection must be checked with
 //! `INFO server` before it is used (see [`crate::restart`]): a restarted master is only ever
 //! reached through a new connection.
@@ -126,7 +127,7 @@ impl Node {
         Fut: Future<Output = RedisResult<T>>,
     {
         let attempt = async {
-            let link = self.link().await.map_err(|e| self.failure(e))?;
+            let link = self.ready_link().map_err(|e| self.failure(e))?;
             match call(link.connection.clone()).await {
                 Ok(value) => {
                     self.answered(link.generation);
@@ -166,12 +167,31 @@ impl Node {
         }
     }
 
+    /// The current connection; without one, a request fails at once (and starts a reconnection
+    /// if none is under way) rather than waiting, so that requests are sent in the order they
+    /// were made — never a request made later on a connection that was ready earlier.
+    fn ready_link(self: &Arc<Self>) -> Result<Link, Arc<Error>> {
+        if let LinkState::Up { link, .. } = &*lock(&self.state) {
+            return Ok(link.clone());
+        }
+        // Start a reconnection if there is none; this request does not wait for it.
+        drop(self.link());
+        Err(Arc::new(Error::Unavailable {
+            reached: 0,
+            needed: 1,
+            source: Some("not connected; reconnecting".into()),
+        }))
+    }
+
     /// The current connection, or the shared reconnection in progress.
-    async fn link(self: &Arc<Self>) -> Result<Link, Arc<Error>> {
+    fn link(self: &Arc<Self>) -> impl Future<Output = Result<Link, Arc<Error>>> + 'static {
         let pending = {
             let mut state = lock(&self.state);
             match &*state {
-                LinkState::Up { link, .. } => return Ok(link.clone()),
+                LinkState::Up { link, .. } => {
+                    let link = link.clone();
+                    return futures::future::ready(Ok(link)).boxed().shared();
+                }
                 LinkState::Connecting(pending) => pending.clone(),
                 LinkState::Down => {
                     let task = tokio::spawn(reconnect(Arc::downgrade(self)));
@@ -191,7 +211,7 @@ impl Node {
                 }
             }
         };
-        pending.await
+        pending
     }
 
     fn answered(&self, generation: u64) {

@@ -4,10 +4,12 @@
 //! caller stops listening as soon as the outcome is decided — a quorum agreed, or a quorum
 //! answered and too few masters are left to agree — so one frozen master never delays an answer
 //! the others already gave. When too few answer at all, the caller waits for every master (at
-//! most the timeout), so that its error counts every master that could be reached. Requests that were still pending are dropped: they were sent on their connections and
-//! run on the master when it gets to them (in order with the client's later requests), or were
-//! never sent if the master had no connection; either way the lock key they may set expires with
-//! its TTL, and releases go to every master.
+//! most the timeout), so that its error counts every master that could be reached.
+//!
+//! Requests still pending when the outcome is decided are not dropped: they were queued on their
+//! masters' connections (a master without a connection fails at once, see `node.rs`), and a
+//! background task waits for their answers, so that each runs on its master in the order the
+//! client sent it — a release is never skipped, nor overtaken by the client's next request.
 
 use std::fmt;
 use std::future::Future;
@@ -41,9 +43,10 @@ pub(crate) struct Progress<'a, T> {
 
 /// Sends `call` to the masters at `targets` in parallel, each bounded by `timeout`, and collects
 /// answers until `decided` says the outcome is known or every master has answered or timed out.
+/// Requests still pending then finish in the background (see the module docs).
 ///
 /// # Cancel safety
-/// Dropping it drops the pending requests, as when the outcome is decided early.
+/// Dropping it drops the pending requests: each may or may not run on its master.
 pub(crate) async fn gather<T, F, Fut>(
     nodes: &[Arc<Node>],
     targets: impl IntoIterator<Item = usize>,
@@ -53,23 +56,25 @@ pub(crate) async fn gather<T, F, Fut>(
     mut decided: impl FnMut(Progress<'_, T>) -> bool,
 ) -> Vec<Reply<T>>
 where
-    F: Fn(MultiplexedConnection) -> Fut,
-    Fut: Future<Output = RedisResult<T>>,
+    T: Send + 'static,
+    F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = RedisResult<T>> + Send + 'static,
 {
-    let call = &call;
     let mut outstanding: Vec<usize> = targets
         .into_iter()
         .filter(|index| *index < nodes.len())
         .collect();
     let mut pending: FuturesUnordered<_> = outstanding
         .iter()
-        .map(|&index| async move {
-            let node = &nodes[index];
-            let result = node.run(op, timeout, call).await;
-            Reply {
-                index,
-                counts: node.counts(),
-                result,
+        .map(|&index| {
+            let (node, call) = (nodes[index].clone(), call.clone());
+            async move {
+                let result = node.run(op, timeout, call).await;
+                Reply {
+                    index,
+                    counts: node.counts(),
+                    result,
+                }
             }
         })
         .collect();
@@ -84,6 +89,9 @@ where
         }) {
             break;
         }
+    }
+    if !pending.is_empty() {
+        tokio::spawn(pending.for_each(|_| async {}));
     }
     replies
 }
