@@ -10,6 +10,8 @@
 //!
 //! * uncontended acquire + release, p50/p99: dlock-redlock (fencing on), dlock-redlock (fencing
 //!   off), rslock, and dlock-redis on master 0 (the 1.5× target compares the first with the last);
+//!   beside them the floors measured on the same connections: two rounds of a bare script
+//!   (`EVALSHA` of `return 1`) to one master, and to all five in parallel;
 //! * throughput with 1, 16 and 64 tasks on distinct keys, dlock-redlock and rslock taking turns in
 //!   short slices so that load from elsewhere hits both alike (median slice);
 //! * a hot key: 16 tasks contending for one key, hand-offs per second;
@@ -141,6 +143,15 @@ async fn run(
     );
     let single: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&urls[0]).await?);
     let rl = LockManager::new(urls.clone());
+    let mut raw = Vec::new();
+    for url in &urls {
+        raw.push(
+            redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
+    let noop = redis::Script::new("return 1");
     let both = Contenders {
         dlock: fenced.clone(),
         rslock: rl.clone(),
@@ -155,7 +166,11 @@ async fn run(
             dlock_cycle(&single, "bench/cycle-single", false).await?;
             rslock_cycle(&rl, "bench/cycle-rslock", false).await?;
         }
-        let mut samples: [Vec<Duration>; 4] = Default::default();
+        for _ in 0..10 {
+            floor_rounds(&noop, &raw[..1]).await?;
+            floor_rounds(&noop, &raw).await?;
+        }
+        let mut samples: [Vec<Duration>; 6] = Default::default();
         // One cycle of each in turn, so that load from elsewhere hits all alike.
         for _ in 0..scale.cycles {
             let start = Instant::now();
@@ -170,8 +185,14 @@ async fn run(
             let start = Instant::now();
             dlock_cycle(&single, "bench/cycle-single", false).await?;
             samples[3].push(start.elapsed());
+            let start = Instant::now();
+            floor_rounds(&noop, &raw[..1]).await?;
+            samples[4].push(start.elapsed());
+            let start = Instant::now();
+            floor_rounds(&noop, &raw).await?;
+            samples[5].push(start.elapsed());
         }
-        let [fenced_s, unfenced_s, rslock_s, single_s] = samples.map(Summary::of);
+        let [fenced_s, unfenced_s, rslock_s, single_s, floor1, floor5] = samples.map(Summary::of);
         table.cycle(
             "dlock-redlock (fencing on)",
             &fenced_s,
@@ -186,6 +207,18 @@ async fn run(
         );
         table.cycle("rslock", &rslock_s, &rslock_s, &single_s);
         table.cycle("dlock-redis, one master", &single_s, &rslock_s, &single_s);
+        table.cycle(
+            "floor: 2 × EVALSHA `return 1`, one master",
+            &floor1,
+            &rslock_s,
+            &single_s,
+        );
+        table.cycle(
+            "floor: 2 rounds of EVALSHA `return 1` to all 5 masters in parallel",
+            &floor5,
+            &rslock_s,
+            &single_s,
+        );
     }
 
     for tasks in [1usize, 16, 64] {
@@ -266,6 +299,23 @@ async fn run(
     }
 
     table.print(scale);
+    Ok(())
+}
+
+/// Two rounds of a bare script, each sent to every connection in parallel and waiting for all.
+async fn floor_rounds(
+    noop: &redis::Script,
+    connections: &[redis::aio::MultiplexedConnection],
+) -> anyhow::Result<()> {
+    for _ in 0..2 {
+        let calls = connections.iter().map(|con| {
+            let mut con = con.clone();
+            async move { noop.invoke_async::<_, i64>(&mut con).await }
+        });
+        for result in futures::future::join_all(calls).await {
+            result?;
+        }
+    }
     Ok(())
 }
 

@@ -110,44 +110,40 @@ impl Node {
         lock(&self.restarts).excluded_until(Instant::now())
     }
 
-    /// Runs `call` on the master's connection, connecting first if needed, all within `timeout`.
-    /// `op` names the operation in errors.
+    /// Runs `call` on the master's connection; fails at once without one. `op` names the
+    /// operation in errors. The caller bounds it in time and reports a timeout with
+    /// [`timed_out`](Self::timed_out).
     ///
     /// # Cancel safety
-    /// Dropping it drops the request (which may or may not have reached the master); a
-    /// reconnection it started carries on in the background.
+    /// Dropping it drops the request, which may or may not have reached the master.
     pub(crate) async fn run<T, F, Fut>(
         self: &Arc<Self>,
         op: &'static str,
-        timeout: Duration,
         call: F,
     ) -> Result<T, NodeFailure>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let attempt = async {
-            let link = self.ready_link().map_err(|e| self.failure(e))?;
-            match call(link.connection.clone()).await {
-                Ok(value) => {
-                    self.answered(link.generation);
-                    Ok(value)
-                }
-                Err(e) => {
-                    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                        self.broken(link.generation);
-                    }
-                    Err(self.failure(Arc::new(dlock_redis::error_from_redis(op, e))))
-                }
+        let link = self.ready_link().map_err(|e| self.failure(e))?;
+        match call(link.connection.clone()).await {
+            Ok(value) => {
+                self.answered(link.generation);
+                Ok(value)
             }
-        };
-        match tokio::time::timeout(timeout, attempt).await {
-            Ok(result) => result,
-            Err(_) => {
-                self.silent();
-                Err(self.failure(Arc::new(no_answer(op, timeout))))
+            Err(e) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    self.broken(link.generation);
+                }
+                Err(self.failure(Arc::new(dlock_redis::error_from_redis(op, e))))
             }
         }
+    }
+
+    /// The failure of a request of `op` that got no answer within `timeout`.
+    pub(crate) fn timed_out(&self, op: &'static str, timeout: Duration) -> NodeFailure {
+        self.silent();
+        self.failure(Arc::new(no_answer(op, timeout)))
     }
 
     /// Connects now (bounded by the connect timeout), for [`connect`](crate::RedlockBuilder::connect).

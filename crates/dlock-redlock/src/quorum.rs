@@ -16,6 +16,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use dlock_core::Error;
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
@@ -27,7 +29,7 @@ use crate::node::{Node, NodeFailure};
 pub(crate) struct Reply<T> {
     /// The master's position in the client's list.
     pub(crate) index: usize,
-    /// Whether the master counted towards a quorum when it answered (see [`crate::restart`]).
+    /// Whether the master counts towards a quorum in this round (see [`crate::restart`]).
     pub(crate) counts: bool,
     /// Its answer, or why there was none.
     pub(crate) result: Result<T, NodeFailure>,
@@ -60,6 +62,9 @@ where
     F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = RedisResult<T>> + Send + 'static,
 {
+    // Who counts is fixed for the round: a master's exclusion only ever ends, and a restart is
+    // only seen on a new connection, which requests of this round do not use.
+    let counting: Vec<bool> = nodes.iter().map(|n| n.counts()).collect();
     let mut outstanding: Vec<usize> = targets
         .into_iter()
         .filter(|index| *index < nodes.len())
@@ -67,22 +72,42 @@ where
     let mut pending: FuturesUnordered<_> = outstanding
         .iter()
         .map(|&index| {
-            let (node, call) = (nodes[index].clone(), call.clone());
+            let (node, call, counts) = (nodes[index].clone(), call.clone(), counting[index]);
             async move {
-                let result = node.run(op, timeout, call).await;
                 Reply {
                     index,
-                    counts: node.counts(),
-                    result,
+                    counts,
+                    result: node.run(op, call).await,
                 }
             }
         })
         .collect();
     let mut replies = Vec::with_capacity(outstanding.len());
-    while let Some(reply) = pending.next().await {
+    // One timer for the whole round rather than one per master.
+    let deadline = Instant::now() + timeout;
+    let expiry = tokio::time::sleep_until(deadline);
+    tokio::pin!(expiry);
+    loop {
+        let reply = tokio::select! {
+            biased;
+            reply = pending.next() => reply,
+            () = &mut expiry => {
+                for &index in &outstanding {
+                    replies.push(Reply {
+                        index,
+                        counts: counting[index],
+                        result: Err(nodes[index].timed_out(op, timeout)),
+                    });
+                }
+                return replies;
+            }
+        };
+        let Some(reply) = reply else {
+            return replies;
+        };
         outstanding.retain(|&i| i != reply.index);
         replies.push(reply);
-        let still_counting = outstanding.iter().filter(|&&i| nodes[i].counts()).count();
+        let still_counting = outstanding.iter().filter(|&&i| counting[i]).count();
         if decided(Progress {
             replies: &replies,
             pending: still_counting,
@@ -91,7 +116,10 @@ where
         }
     }
     if !pending.is_empty() {
-        tokio::spawn(pending.for_each(|_| async {}));
+        tokio::spawn(tokio::time::timeout_at(
+            deadline,
+            pending.for_each(|_| async {}),
+        ));
     }
     replies
 }

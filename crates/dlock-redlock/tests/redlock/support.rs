@@ -17,7 +17,7 @@ type Body = fn() -> TrialFuture;
 
 /// The per-node timeout the trials use: far above a healthy round trip through Docker's port
 /// mapping, even on a loaded machine, and far below the suite's one-second TTLs.
-pub const NODE_TIMEOUT: Duration = Duration::from_millis(100);
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// The longest one of these trials may take before it counts as hung.
 const TRIAL_BUDGET: Duration = Duration::from_secs(180);
