@@ -52,6 +52,7 @@ mod retry;
 mod session;
 mod state;
 mod token;
+pub mod url;
 
 pub use backend::{
     Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
