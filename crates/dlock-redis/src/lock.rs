@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
-    LockKey, LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken,
+    Grant, Holding, LeaseRef, LockKey, LockRequest, OwnerToken, Released, Result,
 };
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -157,6 +157,35 @@ impl DistributedLock for RedisLock {
                 scripts::release(&mut con, &lock, &owner, &channel).await
             })
             .await
+    }
+
+    /// Reads the lock key, its remaining TTL and the fencing counter in one `MULTI` (so the three
+    /// answers belong together). The counter is the holder's token only when the holder is a
+    /// dlock client (its value is a dlock owner token); a lock taken by another client with a
+    /// plain `SET NX` did not count, so its token is reported as unknown.
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        let keys = self.keys(key);
+        let (owner, pttl, counter): (Option<String>, i64, Option<u64>) = self
+            .inner
+            .connection
+            .run("inspect", |mut con| async move {
+                redis::pipe()
+                    .atomic()
+                    .get(&keys.lock)
+                    .pttl(&keys.lock)
+                    .get(&keys.fence)
+                    .query_async(&mut con)
+                    .await
+            })
+            .await?;
+        let Some(owner) = owner else {
+            return Ok(Holding::Free);
+        };
+        let ours = OwnerToken::from_hex(&owner).is_some();
+        Ok(Holding::Held {
+            fencing: counter.filter(|_| ours).map(FencingToken),
+            expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
+        })
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
