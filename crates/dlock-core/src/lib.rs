@@ -72,8 +72,3 @@ pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
-
-/// The README's examples, compiled as doctests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;
