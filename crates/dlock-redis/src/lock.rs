@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken,
-    Grant, Holding, LeaseRef, LockKey, LockRequest, OwnerToken, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, Holding,
+    LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -159,31 +159,29 @@ impl DistributedLock for RedisLock {
             .await
     }
 
-    /// Reads the lock key, its remaining TTL and the fencing counter in one `MULTI` (so the three
-    /// answers belong together). The counter is the holder's token only when the holder is a
-    /// dlock client (its value is a dlock owner token); a lock taken by another client with a
-    /// plain `SET NX` did not count, so its token is reported as unknown.
+    /// Reads the lock key and its remaining TTL in one `MULTI`. The holder's fencing token is
+    /// reported as unknown: the counter holds the token of the last grant by a dlock client, but
+    /// the lock may since have been taken by another client with a plain `SET NX` (which does
+    /// not count), and its value cannot tell: redis-py's tokens, for one, look like ours.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let keys = self.keys(key);
-        let (owner, pttl, counter): (Option<String>, i64, Option<u64>) = self
+        let (exists, pttl): (bool, i64) = self
             .inner
             .connection
             .run("inspect", |mut con| async move {
                 redis::pipe()
                     .atomic()
-                    .get(&keys.lock)
+                    .exists(&keys.lock)
                     .pttl(&keys.lock)
-                    .get(&keys.fence)
                     .query_async(&mut con)
                     .await
             })
             .await?;
-        let Some(owner) = owner else {
+        if !exists {
             return Ok(Holding::Free);
-        };
-        let ours = OwnerToken::from_hex(&owner).is_some();
+        }
         Ok(Holding::Held {
-            fencing: counter.filter(|_| ours).map(FencingToken),
+            fencing: None,
             expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
         })
     }
