@@ -75,7 +75,11 @@ impl<'a> Address<'a> {
     }
 
     /// The URL as the backend's own parser takes it: everything but the query, which the facade
-    /// has taken apart itself.
+    /// has taken apart itself. (Unused in a build without network backends.)
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "zk", feature = "etcd")),
+        allow(dead_code)
+    )]
     pub(crate) fn without_query(&self) -> String {
         let mut url = format!("{}://", self.scheme);
         if let Some(userinfo) = self.userinfo {
