@@ -14,6 +14,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::args::RunArgs;
 use crate::exit::{self, Failure};
 
+/// How long an interrupted wait lets the background clean-up of the dropped acquire run.
+const CLEANUP_GRACE: Duration = Duration::from_secs(1);
+
 /// Runs `args.command` under the lock and returns the exit code.
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     // Installed first, so that a SIGINT or SIGTERM while waiting for the lock ends the wait
@@ -32,10 +35,20 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     }
     let options = options.with_auto_renew();
 
-    let lease = tokio::select! {
-        lease = take(&locks, key, &options) => lease?,
-        _ = interrupt.recv() => return Ok(128 + Signal::SIGINT as u8),
-        _ = terminate.recv() => return Ok(128 + Signal::SIGTERM as u8),
+    let waited = tokio::select! {
+        lease = take(&locks, key, &options) => Waited::Held(lease?),
+        _ = interrupt.recv() => Waited::Interrupted(Signal::SIGINT),
+        _ = terminate.recv() => Waited::Interrupted(Signal::SIGTERM),
+    };
+    let lease = match waited {
+        Waited::Held(lease) => lease,
+        Waited::Interrupted(signal) => {
+            // The acquire was dropped: dlock-core withdraws whatever it had queued or been
+            // granted in the background. Give that a moment before the process ends, so the
+            // lock is not left to its TTL or session timeout.
+            tokio::time::sleep(CLEANUP_GRACE).await;
+            return Ok(128 + signal as u8);
+        }
     };
 
     let mut child = match Command::new(&args.command[0])
@@ -78,6 +91,14 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let status = status
         .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("lost track of the command: {e}")))?;
     Ok(code_of(status))
+}
+
+/// How waiting for the lock ended.
+enum Waited {
+    /// The lock is ours.
+    Held(Lease),
+    /// dlock was told to stop first.
+    Interrupted(Signal),
 }
 
 /// Takes the lock: once for `--wait 0`, otherwise waiting as the options say. A lock still busy

@@ -42,7 +42,7 @@ fn main() {
         Trial::test("missing_command_is_127", missing_command_is_127),
         Trial::test("unreachable_server_is_69", unreachable_server_is_69),
     ];
-    let server_trials: [(&str, ServerTrial); 7] = [
+    let server_trials: [(&str, ServerTrial); 8] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -64,6 +64,10 @@ fn main() {
         (
             "etcd_status_names_the_holders_token",
             status_names_the_holders_token,
+        ),
+        (
+            "etcd_an_interrupted_wait_leaves_nothing_queued",
+            interrupted_wait_leaves_nothing,
         ),
     ];
 
@@ -645,6 +649,48 @@ fn status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
     ensure!(
         text(&output.stdout) == format!("{key}: free\n"),
         "status after release: {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
+}
+
+/// SIGTERM to a `dlock run` waiting for a busy lock: it exits with 143 without running the
+/// command, and withdraws its place in etcd's queue, so the lock is free once the holder
+/// releases (a left-over contender key would hold it until its session expired).
+fn interrupted_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("interrupted");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-etcd-interrupted-{}", std::process::id());
+    let url = servers.etcd_url.clone();
+    let (locks, lease) = servers.handle.block_on(async {
+        let locks = dlock::connect(&url).await?;
+        let lease = locks
+            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+            .await?;
+        Ok::<_, dlock::Error>((locks, lease))
+    })?;
+    let waiter = spawn(&mut dlock_run(
+        &servers.etcd_url,
+        &key,
+        &["--wait", "60s"],
+        &["touch", &marker],
+    ))?;
+    // Time to connect and queue up behind the holder (generous on a loaded machine).
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(waiter.id())?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    let output = finish(waiter)?;
+    exits(&output, 143)?;
+    ensure!(
+        !Path::new(&marker).exists(),
+        "the command ran without the lock"
+    );
+    servers.handle.block_on(lease.release())?;
+    drop(locks);
+    let output = dlock_status(&servers.etcd_url, &key);
+    ensure!(
+        text(&output.stdout) == format!("{key}: free\n"),
+        "after the holder's release: {:?}",
         text(&output.stdout)
     );
     Ok(())
