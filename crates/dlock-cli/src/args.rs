@@ -44,7 +44,8 @@ pub enum Command {
 /// Which lock.
 #[derive(Debug, Args)]
 pub struct Target {
-    /// The lock service's URL, e.g. redis://localhost:6379 or etcd://h1:2379,h2:2379.
+    /// The lock service's URL, e.g. redis://localhost:6379 or etcd://h1:2379,h2:2379. Put a URL
+    /// with a password in DLOCK_URL instead: other users can read a process's arguments.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub url: String,
     /// The lock's name (1 to 1024 bytes).

@@ -66,7 +66,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
             )))
         }
     };
-    Ok(Locks::new(backend, options, address.shown.clone()))
+    Ok(Locks::new(backend, options, &address.shown))
 }
 
 /// The error for a scheme whose backend is not compiled in.

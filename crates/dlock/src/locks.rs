@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use dlock_core::url::redact_password;
 use dlock_core::{DistributedLock, LockOptions, SharedLock};
 
 /// A shared handle to the backend a URL names, with the per-acquire defaults the URL set.
@@ -23,13 +24,13 @@ pub struct Locks {
 }
 
 impl Locks {
-    /// A handle on `backend` with `options` as the defaults. `url` is shown by `Debug`; pass it
-    /// with its password hidden ([`dlock_core::url::redact_password`]).
-    pub fn new(backend: Arc<dyn DistributedLock>, options: LockOptions, url: String) -> Self {
+    /// A handle on `backend` with `options` as the defaults; `url` names it in `Debug` and
+    /// [`url`](Self::url), with its password hidden.
+    pub fn new(backend: Arc<dyn DistributedLock>, options: LockOptions, url: &str) -> Self {
         Locks {
             backend,
             options,
-            url,
+            url: redact_password(url),
         }
     }
 
@@ -63,6 +64,7 @@ impl From<Locks> for Arc<dyn DistributedLock> {
 }
 
 impl fmt::Debug for Locks {
+    /// The URL without its password, the backend's name and the defaults.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locks")
             .field("url", &self.url)

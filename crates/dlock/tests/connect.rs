@@ -70,6 +70,17 @@ async fn memory_urls_give_a_working_backend_with_the_url_defaults() {
     assert!(dlock::connect("MEMORY://").await.is_ok());
 }
 
+#[test]
+fn a_handle_never_shows_a_password() {
+    let locks = Locks::new(
+        std::sync::Arc::new(dlock::InMemoryLock::new()),
+        dlock::LockOptions::default(),
+        "redis://app:hunter2@cache:6379/1",
+    );
+    assert_eq!(locks.url(), "redis://app:***@cache:6379/1");
+    assert!(!format!("{locks:?}").contains("hunter2"));
+}
+
 #[tokio::test]
 async fn malformed_urls_say_what_and_where() {
     assert!(invalid("").await.contains("has no scheme"));
