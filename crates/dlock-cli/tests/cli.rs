@@ -103,6 +103,7 @@ fn main() {
         trials.push(Trial::test(name, move || test(&redis)));
     }
     let conclusion = libtest_mimic::run(&args, trials);
+    remove_scratch();
     runtime.block_on(async {
         let (a, b) = tokio::join!(server.shutdown(), etcd.shutdown());
         a.and(b)
@@ -188,12 +189,30 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// A fresh scratch directory for one trial.
+/// The prefix of this run's scratch directories.
+fn scratch_prefix() -> String {
+    format!("dlock-cli-{}-", std::process::id())
+}
+
+/// A fresh scratch directory for one trial, removed by [`remove_scratch`] after the run.
 fn scratch(trial: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dlock-cli-{}-{trial}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("{}{trial}", scratch_prefix()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Removes this run's scratch directories.
+fn remove_scratch() {
+    let prefix = scratch_prefix();
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 fn read(path: &Path) -> String {
