@@ -1,9 +1,12 @@
 //! Quickstart: one lock key, a fenced resource, and the paused holder that fencing exists for.
 //!
-//! Run it with `cargo run -p examples --example quickstart`. It needs no server: it uses
-//! [`InMemoryLock`], the in-process backend of `dlock-core`, which keeps real TTLs, owner checks
-//! and fencing tokens, so everything below behaves as it would against a lock server. It prints a
-//! timeline and exits with a non-zero status if anything it demonstrates does not hold.
+//! Run it with `cargo run -p examples --example quickstart`. It needs no server: by default it
+//! uses `memory://`, the in-process backend ([`InMemoryLock`](dlock::InMemoryLock)), which keeps
+//! real TTLs, owner checks and fencing tokens, so everything below behaves as it would against a
+//! lock server. Set `DLOCK_URL` to run the same program on a server, e.g.
+//! `DLOCK_URL=redis://localhost:6379 cargo run -p examples --example quickstart` (see
+//! `dlock::connect` for every URL form). It prints a timeline and exits with a non-zero status if
+//! anything it demonstrates does not hold.
 //!
 //! 1. **Taking turns.** Four workers contend for the key `"ledger"` with
 //!    [`acquire`](DistributedLockExt::acquire) (waiting up to a deadline). Each holder appends an
@@ -14,10 +17,10 @@
 //!    (a stop-the-world GC, a swapped-out VM, a slow disk) past the end of its lease, and when it
 //!    resumes it still believes it holds the lock. This is the case Martin Kleppmann describes in
 //!    "How to do distributed locking" (2016). Here `worker-1` takes the lock with a 300 ms TTL and
-//!    no auto-renew, then sleeps for 700 ms. Its lease's [`lost`](dlock_core::Lease::lost) future
+//!    no auto-renew, then sleeps for 700 ms. Its lease's [`lost`](dlock::Lease::lost) future
 //!    fires when the validity runs out, `worker-2` takes the lock with a higher fencing token and
 //!    writes, and when `worker-1` wakes and attempts its late write with its old token, the ledger
-//!    rejects it with a [`StaleToken`](dlock_core::StaleToken) error. Fencing, not timing, is what
+//!    rejects it with a [`StaleToken`](dlock::StaleToken) error. Fencing, not timing, is what
 //!    keeps the ledger correct.
 //! 3. **Auto-renew.** [`with_lock`](DistributedLockExt::with_lock) with a 200 ms TTL and
 //!    [auto-renew](LockOptions::with_auto_renew) runs 500 ms of work: the lease is renewed in the
@@ -29,9 +32,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_core::{
-    DistributedLock, DistributedLockExt, Fenced, FencingToken, InMemoryLock, LeaseEnd, LeaseState,
-    LockOptions, LostReason, Released,
+use dlock::{
+    DistributedLock, DistributedLockExt, Fenced, FencingToken, LeaseEnd, LeaseState, LockOptions,
+    LostReason, Released,
 };
 
 /// The one lock key, named after the resource it guards.
@@ -118,8 +121,19 @@ async fn main() -> Outcome {
     let timeline = Timeline {
         start: Instant::now(),
     };
-    // Services hold the backend as a trait object; here it is the in-process one.
-    let locks: Arc<dyn DistributedLock> = Arc::new(InMemoryLock::new());
+    // Services hold the backend as a trait object, chosen at run time by one setting.
+    let url = match std::env::var("DLOCK_URL") {
+        Ok(url) => url,
+        Err(std::env::VarError::NotPresent) => "memory://".to_owned(),
+        Err(e) => return Err(format!("DLOCK_URL: {e}").into()),
+    };
+    let connected = dlock::connect(&url).await?;
+    println!(
+        "backend: {} ({})",
+        connected.backend().backend_name(),
+        connected.url()
+    );
+    let locks: Arc<dyn DistributedLock> = connected.into();
     let ledger = Arc::new(Ledger::new(Vec::new()));
 
     timeline.heading(&format!(

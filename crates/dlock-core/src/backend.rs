@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::inspect::Holding;
 use crate::key::LockKey;
 use crate::retry::Backoff;
 use crate::session::SessionWatch;
@@ -211,6 +212,22 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Looks at `key` without changing anything: whether it is held, and by which fencing token
+    /// where the backend can tell.
+    ///
+    /// Optional: the default answers [`Error::Unsupported`], which is the honest answer for a
+    /// backend that could only find out by taking the lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        let _ = key;
+        Err(Error::Unsupported {
+            backend: self.backend_name(),
+            what: "looking at a lock without taking it",
+        })
+    }
+
     /// Takes the lock, waiting until `deadline` (or forever) while it is busy.
     ///
     /// The default repeats [`try_lock`](Self::try_lock), waiting in between with
@@ -277,6 +294,9 @@ macro_rules! forward_distributed_lock {
             }
             async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
                 (**self).wait_for_release(key, until).await
+            }
+            async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+                (**self).inspect(key).await
             }
             async fn lock(
                 &self,

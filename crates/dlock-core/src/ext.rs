@@ -9,6 +9,7 @@ use tracing::Instrument;
 use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest};
 use crate::critical::CriticalSection;
 use crate::error::{Error, Result};
+use crate::inspect::Holding;
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseParts};
 use crate::options::LockOptions;
@@ -93,6 +94,20 @@ pub trait DistributedLockExt: SharedLock {
                 }),
             }
         }
+    }
+
+    /// Whether `key` is held right now, and by which fencing token where the backend can tell,
+    /// without taking it ([`DistributedLock::inspect`]).
+    ///
+    /// Fails with [`Error::InvalidInput`] for a bad key (nothing is sent) and with
+    /// [`Error::Unsupported`] where the backend cannot look without taking the lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    fn holding(&self, key: &str) -> impl Future<Output = Result<Holding>> + Send {
+        let handle = self.shared();
+        let key = LockKey::new(key);
+        async move { handle.inspect(&key?).await }
     }
 
     /// Acquires `key`, runs `work` with a view of the lease, and releases.

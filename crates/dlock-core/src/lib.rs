@@ -42,6 +42,7 @@ mod critical;
 mod error;
 mod ext;
 mod fence;
+mod inspect;
 mod key;
 mod lease;
 mod memory;
@@ -52,6 +53,7 @@ mod retry;
 mod session;
 mod state;
 mod token;
+pub mod url;
 
 pub use backend::{
     Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
@@ -61,6 +63,7 @@ pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};
 pub use ext::{DistributedLockExt, SharedLock};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
+pub use inspect::Holding;
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use lease::Lease;
 pub use memory::InMemoryLock;
@@ -69,8 +72,3 @@ pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
-
-/// The README's examples, compiled as doctests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;

@@ -19,6 +19,7 @@ use crate::backend::{
     LockRequest, Released,
 };
 use crate::error::Result;
+use crate::inspect::Holding;
 use crate::key::LockKey;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -62,6 +63,7 @@ impl Slot {
 #[derive(Debug, Clone, Copy)]
 struct Holder {
     owner: OwnerToken,
+    fencing: FencingToken,
     expires: Instant,
 }
 
@@ -126,15 +128,14 @@ impl DistributedLock for InMemoryLock {
                 retry_after: Some(holder.expires - now),
             });
         }
+        table.last_token += 1;
+        let fencing = FencingToken(table.last_token);
         slot.holder = Some(Holder {
             owner: req.owner,
+            fencing,
             expires: now + req.ttl,
         });
-        table.last_token += 1;
-        Ok(Attempt::Acquired(Grant::new(
-            FencingToken(table.last_token),
-            now,
-        )))
+        Ok(Attempt::Acquired(Grant::new(fencing, now)))
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
@@ -175,6 +176,18 @@ impl DistributedLock for InMemoryLock {
             slot.remove();
         }
         Ok(outcome)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        let now = Instant::now();
+        let table = self.table();
+        Ok(match table.slots.get(key).and_then(|slot| slot.holder) {
+            Some(h) if h.live(now) => Holding::Held {
+                fencing: Some(h.fencing),
+                expires_in: Some(h.expires - now),
+            },
+            _ => Holding::Free,
+        })
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use dlock_core::url::redact_password;
 use dlock_core::{Error, Result};
 
 use crate::client::EtcdLock;
@@ -239,7 +240,7 @@ fn normalize_endpoint(endpoint: &str) -> Result<String> {
             "endpoints",
             format!(
                 "{:?} {why} (expected host:port or http://host:port)",
-                redact(endpoint)
+                redact_password(endpoint)
             ),
         )
     };
@@ -267,14 +268,6 @@ fn normalize_endpoint(endpoint: &str) -> Result<String> {
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(format!("http://{host}:{p}")),
         _ => Err(bad("has no valid port")),
-    }
-}
-
-/// An endpoint as it may be shown: anything before an `@` is cut off.
-fn redact(endpoint: &str) -> String {
-    match endpoint.rsplit_once('@') {
-        Some((_, rest)) => format!("<redacted>@{rest}"),
-        None => endpoint.to_owned(),
     }
 }
 

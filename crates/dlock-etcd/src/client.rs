@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
-    FencingToken, Grant, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
+    FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
     SessionState,
 };
 use etcd_client::ConnectOptions;
@@ -18,8 +18,8 @@ use tracing::Instrument;
 
 use crate::builder::{EtcdLockBuilder, Settings};
 use crate::contention::{
-    ahead, anyone, confirm_own, delete_by_owner, delete_own, join, occupied, remove_leftover,
-    take_if_free, Ahead, Contender, Join, Owner, Read, Take,
+    ahead, anyone, confirm_own, delete_by_owner, delete_own, holder, join, occupied,
+    remove_leftover, take_if_free, Ahead, Contender, Join, Owner, Read, Take,
 };
 use crate::endpoints::Endpoints;
 use crate::error::{closed, BACKEND};
@@ -733,6 +733,23 @@ impl DistributedLock for EtcdLock {
             }),
         );
         result
+    }
+
+    /// Reads the oldest contender key of `key`: its create revision is the holder's fencing
+    /// token, as for a dlock holder, so also for a Go `concurrency.Mutex` or `etcdctl lock`.
+    /// The remaining time is not told: a holder's key lives as long as its session lease.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        let prefix = self.layout().prefix(key);
+        Ok(match holder(&self.shared.requests, &prefix).await? {
+            None => Holding::Free,
+            Some(revision) => Holding::Held {
+                fencing: Some(FencingToken(revision.unsigned_abs())),
+                expires_in: None,
+            },
+        })
     }
 
     /// Waits for the deletion of any contender key of `key` (a watch), or until `until`.

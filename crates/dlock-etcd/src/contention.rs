@@ -109,6 +109,18 @@ fn put(c: &Contender<'_>) -> TxnOp {
     TxnOp::put(c.key, c.owner, Some(PutOptions::new().with_lease(c.lease)))
 }
 
+/// The create revision of the oldest contender under `prefix` — the holder's fencing token —
+/// or `None` when nobody holds or waits. One read; nothing is written.
+pub(crate) async fn holder(
+    requests: &Requests,
+    prefix: &[u8],
+) -> Result<Option<i64>, RequestError> {
+    let response = requests
+        .txn(Txn::new().and_then([first_created(prefix)]))
+        .await?;
+    Ok(kvs(&response, 0).first().map(KeyValue::create_revision))
+}
+
 /// One attempt that never waits: creates our key only if no contender exists at all.
 pub(crate) async fn take_if_free(
     requests: &Requests,

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use dlock_core::url::percent_decode;
 use dlock_core::{Error, Result};
 
 use crate::builder::EtcdLockBuilder;
@@ -45,10 +46,10 @@ pub(crate) fn parse(url: &str) -> Result<EtcdLockBuilder> {
     let mut builder = EtcdLockBuilder::new();
     if let Some(userinfo) = userinfo {
         let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-        let user =
-            decode(user).ok_or_else(|| invalid("invalid percent-encoding in the user name"))?;
-        let password =
-            decode(password).ok_or_else(|| invalid("invalid percent-encoding in the password"))?;
+        let user = percent_decode(user)
+            .ok_or_else(|| invalid("invalid percent-encoding in the user name"))?;
+        let password = percent_decode(password)
+            .ok_or_else(|| invalid("invalid percent-encoding in the password"))?;
         if user.is_empty() {
             return Err(invalid("the user name before '@' is empty"));
         }
@@ -65,7 +66,7 @@ pub(crate) fn parse(url: &str) -> Result<EtcdLockBuilder> {
     }
     if let Some(path) = path.filter(|p| !p.is_empty()) {
         let namespace =
-            decode(path).ok_or_else(|| invalid("invalid percent-encoding in the path"))?;
+            percent_decode(path).ok_or_else(|| invalid("invalid percent-encoding in the path"))?;
         builder = builder.namespace(namespace);
     }
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -100,24 +101,6 @@ fn duration(name: &str, value: &str) -> Result<Duration> {
     };
     let count: u32 = digits.parse().map_err(|_| bad())?;
     unit.checked_mul(count).ok_or_else(bad)
-}
-
-/// Percent-decodes `s`; `None` if an escape is malformed or the result is not UTF-8.
-fn decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -25,7 +25,8 @@ use async_trait::async_trait;
 use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster};
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::{
-    DistributedLock, DistributedLockExt, Error, LeaseState, LockOptions, LostReason, Released,
+    DistributedLock, DistributedLockExt, Error, FencingToken, Holding, LeaseState, LockOptions,
+    LostReason, Released,
 };
 use dlock_etcd::EtcdLock;
 use libtest_mimic::{Arguments, Trial};
@@ -211,6 +212,13 @@ fn etcd_trials(cluster: &EtcdCluster) -> Vec<Trial> {
                 move || unanswered_keep_alives_make_the_lease_uncertain_then_lost(endpoints),
             )
         },
+        {
+            let endpoints = e();
+            trial(
+                "etcd::holding_reads_the_holder_without_taking_it",
+                move || holding_reads_the_holder_without_taking_it(endpoints),
+            )
+        },
         trial(
             "etcd::bad_configuration_fails_fast",
             bad_configuration_fails_fast,
@@ -232,6 +240,42 @@ fn rand_u64() -> u64 {
             .unwrap_or(0),
     );
     h.finish()
+}
+
+/// `holding` reads who holds a key — free, then the holder's token — and changes nothing: the
+/// lock is still the holder's afterwards, and no contender key was added.
+async fn holding_reads_the_holder_without_taking_it(endpoints: Vec<String>) -> anyhow::Result<()> {
+    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let observer = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let raw = raw(&endpoints).await?;
+    let key = key("holding");
+    ensure!(
+        observer.holding(&key).await? == Holding::Free,
+        "a new key is not free"
+    );
+    let lease = locks
+        .try_acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await?
+        .context("a free key was busy")?;
+    let seen = observer.holding(&key).await?;
+    ensure!(
+        seen == Holding::Held {
+            fencing: Some(lease.fencing_token()),
+            expires_in: None
+        },
+        "holding() saw {seen:?}, the holder has token {}",
+        lease.fencing_token()
+    );
+    ensure!(
+        contenders(&raw, &locks, &key).await?.len() == 1,
+        "looking added a contender"
+    );
+    lease.release().await?;
+    ensure!(
+        observer.holding(&key).await? == Holding::Free,
+        "a released key is not free"
+    );
+    Ok(())
 }
 
 /// Our contender key is `<name>/<session lease in hex>`, attached to the session lease, holding
@@ -298,6 +342,13 @@ async fn etcdctl_holds_and_dlock_waits(
     ensure!(
         locks.try_acquire(&key, &opts).await?.is_none(),
         "try_acquire took a lock etcdctl holds"
+    );
+    // A read-only look names etcdctl's key's create revision as the holder's token.
+    let etcdctl_revision = contenders(&raw, &locks, &key).await?[0].2;
+    let seen = locks.holding(&key).await?;
+    ensure!(
+        matches!(seen, Holding::Held { fencing: Some(FencingToken(t)), .. } if t == etcdctl_revision.unsigned_abs()),
+        "holding() saw {seen:?}; etcdctl's key was created at revision {etcdctl_revision}"
     );
     let lease = locks.acquire(&key, &opts).await?;
     let seen = raw.get(marker.as_str(), None).await?;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
-    LockKey, LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, Holding,
+    LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -157,6 +157,33 @@ impl DistributedLock for RedisLock {
                 scripts::release(&mut con, &lock, &owner, &channel).await
             })
             .await
+    }
+
+    /// Reads the lock key and its remaining TTL in one `MULTI`. The holder's fencing token is
+    /// reported as unknown: the counter holds the token of the last grant by a dlock client, but
+    /// the lock may since have been taken by another client with a plain `SET NX` (which does
+    /// not count), and its value cannot tell: redis-py's tokens, for one, look like ours.
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        let keys = self.keys(key);
+        let (exists, pttl): (bool, i64) = self
+            .inner
+            .connection
+            .run("inspect", |mut con| async move {
+                redis::pipe()
+                    .atomic()
+                    .exists(&keys.lock)
+                    .pttl(&keys.lock)
+                    .query_async(&mut con)
+                    .await
+            })
+            .await?;
+        if !exists {
+            return Ok(Holding::Free);
+        }
+        Ok(Holding::Held {
+            fencing: None,
+            expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
+        })
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
-    LockKey, LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, Holding,
+    LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -108,6 +108,16 @@ impl DistributedLock for ZkLock {
             Released::TakenOver => "taken_over",
         });
         result
+    }
+
+    /// Reads the lowest contender node's creation zxid: the holder's fencing token, also for a
+    /// holder using kazoo's or Curator's recipe on the same path. The remaining time is not told:
+    /// the node lives as long as its holder's session.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        crate::inspect::holding(&self.inner, key).await
     }
 
     /// Returns when the current holder's node changes (or at `until`); at once if nobody holds

@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use dlock_core::url::percent_decode;
 use dlock_core::{Error, Result};
 
 /// The client port ZooKeeper listens on unless told otherwise.
@@ -157,23 +158,6 @@ fn parse_credentials(userinfo: &str) -> Result<Credentials> {
         return Err(invalid("the user name before ':' is empty"));
     }
     Ok(Credentials { user, password })
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 fn parse_server(entry: &str) -> Result<Server> {

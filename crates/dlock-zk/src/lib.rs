@@ -126,6 +126,7 @@ mod client;
 mod connect_string;
 mod errors;
 mod extend;
+mod inspect;
 mod keeper;
 mod naming;
 mod recipe;

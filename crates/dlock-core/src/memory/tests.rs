@@ -177,3 +177,36 @@ async fn abandoned_entries_are_swept() {
     }
     assert!(m.entries() <= 1, "{} entries left", m.entries());
 }
+
+#[tokio::test(start_paused = true)]
+async fn inspect_reads_the_holder_without_taking_the_lock() {
+    let locks = InMemoryLock::new();
+    let k = key("k");
+    assert_eq!(locks.inspect(&k).await.unwrap(), Holding::Free);
+    let grant = granted(
+        locks
+            .try_lock(&req(&k, OwnerToken::random(), 100))
+            .await
+            .unwrap(),
+    );
+    match locks.inspect(&k).await.unwrap() {
+        Holding::Held {
+            fencing,
+            expires_in,
+        } => {
+            assert_eq!(fencing, Some(grant.fencing));
+            assert!(expires_in.is_some_and(|left| left <= Duration::from_millis(100)));
+        }
+        other => panic!("expected held, got {other:?}"),
+    }
+    // Looking did not take anything: once the TTL passes the key is free for the next owner.
+    tokio::time::advance(Duration::from_millis(101)).await;
+    assert_eq!(locks.inspect(&k).await.unwrap(), Holding::Free);
+    let next = granted(
+        locks
+            .try_lock(&req(&k, OwnerToken::random(), 100))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(next.fencing.0, grant.fencing.0 + 1);
+}

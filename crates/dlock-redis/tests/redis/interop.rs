@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLockExt, LockKey, LockOptions, Released};
+use dlock_core::{DistributedLockExt, Holding, LockKey, LockOptions, Released};
 use dlock_redis::RedisLock;
 use redis::aio::MultiplexedConnection;
 
@@ -115,6 +115,57 @@ pub async fn a_convention_lock_and_ours_exclude_each_other(url: String) -> anyho
         "the other client cannot take the lock after our release"
     );
     ensure!(theirs.release(&name).await?, "their second release");
+    Ok(())
+}
+
+/// `holding` reads the lock without taking it: held with its remaining TTL, the token unknown
+/// (it cannot be told from another client's holder, whose take did not count), then free.
+pub async fn holding_tells_held_or_free_and_the_ttl(url: String) -> anyhow::Result<()> {
+    let ours = Arc::new(RedisLock::connect(&url).await?);
+    let mut theirs = ConventionClient::new(&url).await?;
+    let name = unique("holding");
+    let ttl = Duration::from_secs(30);
+    ensure!(
+        ours.holding(&name).await? == Holding::Free,
+        "a new key is not free"
+    );
+
+    let lease = ours
+        .try_acquire(&name, &LockOptions::new(ttl))
+        .await?
+        .context("a free key was busy")?;
+    match ours.holding(&name).await? {
+        Holding::Held {
+            fencing,
+            expires_in,
+        } => {
+            ensure!(fencing.is_none(), "claims to know the token: {fencing:?}");
+            ensure!(
+                expires_in.is_some_and(|left| left <= ttl && left > ttl / 2),
+                "remaining {expires_in:?} of {ttl:?}"
+            );
+        }
+        other => anyhow::bail!("our held lock looks {other:?}"),
+    }
+    ensure!(lease.release().await? == Released::Released, "our release");
+    ensure!(
+        ours.holding(&name).await? == Holding::Free,
+        "a released key is not free"
+    );
+
+    ensure!(theirs.try_take(&name, ttl).await?, "their take");
+    let seen = ours.holding(&name).await?;
+    ensure!(
+        matches!(
+            seen,
+            Holding::Held {
+                fencing: None,
+                expires_in: Some(_)
+            }
+        ),
+        "their lock looks {seen:?}"
+    );
+    ensure!(theirs.release(&name).await?, "their release");
     Ok(())
 }
 

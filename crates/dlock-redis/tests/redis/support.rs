@@ -41,6 +41,9 @@ pub fn own_trials(url: String) -> Vec<Trial> {
         ("interop::the_key_layout_is_as_documented", |u| {
             Box::pin(crate::interop::the_key_layout_is_as_documented(u))
         }),
+        ("interop::holding_tells_held_or_free_and_the_ttl", |u| {
+            Box::pin(crate::interop::holding_tells_held_or_free_and_the_ttl(u))
+        }),
         ("waiting::a_release_wakes_a_waiter_without_polling", |u| {
             Box::pin(crate::waiting::a_release_wakes_a_waiter_without_polling(u))
         }),

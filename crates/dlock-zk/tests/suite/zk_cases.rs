@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_compliance::FreezeProxy;
-use dlock_core::{DistributedLockExt, Error, LockOptions, Released};
+use dlock_core::{DistributedLockExt, Error, Holding, LockOptions, Released};
 use dlock_zk::ZkLock;
 use libtest_mimic::Trial;
 use tokio::time::Instant;
@@ -40,6 +40,7 @@ fn cases() -> Vec<(&'static str, Case)> {
         case!(credentials_work_and_never_show),
         case!(a_chroot_prefixes_every_node),
         case!(waiter_whose_session_expires_fails_instead_of_waiting),
+        case!(holding_reads_the_holder_without_taking_it),
     ]
 }
 
@@ -69,6 +70,52 @@ fn key(name: &str) -> String {
 
 fn opts() -> LockOptions {
     LockOptions::new(Duration::from_secs(60))
+}
+
+/// `holding` reads who holds a key — free, then the holder's token — and changes nothing: the
+/// holder keeps the lock, and no node is added to the queue.
+async fn holding_reads_the_holder_without_taking_it(env: Env) -> anyhow::Result<()> {
+    let holder = client(&url(&env.hosts), SESSION).await?;
+    let observer = client(&url(&env.hosts), SESSION).await?;
+    let key = key("holding");
+    ensure!(
+        observer.holding(&key).await? == Holding::Free,
+        "a new key is not free"
+    );
+    let lease = holder
+        .try_acquire(&key, &opts())
+        .await?
+        .context("a free key was busy")?;
+    let seen = observer.holding(&key).await?;
+    ensure!(
+        seen == Holding::Held {
+            fencing: Some(lease.fencing_token()),
+            expires_in: None
+        },
+        "holding() saw {seen:?}, the holder has token {}",
+        lease.fencing_token()
+    );
+    let observer_raw = raw::connect(&env.hosts).await?;
+    let parent = holder.lock_path(&key)?;
+    let queue = raw::children(&observer_raw, &parent).await?;
+    ensure!(queue.len() == 1, "looking added a node: {queue:?}");
+    let node = raw::stat(&observer_raw, &format!("{parent}/{}", queue[0]))
+        .await?
+        .context("the holder's node is gone")?;
+    ensure!(
+        u64::try_from(node.czxid)? == lease.fencing_token().0,
+        "the token is not the holder node's creation zxid {}",
+        node.czxid
+    );
+    ensure!(
+        lease.release().await? == Released::Released,
+        "the holder lost its lock"
+    );
+    ensure!(
+        observer.holding(&key).await? == Holding::Free,
+        "a released key is not free"
+    );
+    Ok(())
 }
 
 /// The server applies a create whose reply never arrives; after reconnecting, the contender

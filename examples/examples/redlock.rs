@@ -1,15 +1,18 @@
-//! Takes a lock on Redlock masters, shows its fencing token, and gives it back.
+//! The Redlock backend through its own builder: takes a lock on independent Redis masters, shows
+//! its fencing token, and gives it back.
 //!
 //! ```sh
-//! cargo run -p dlock-redlock --example redlock -- redis://h1:6379 redis://h2:6379 redis://h3:6379
+//! cargo run -p examples --example redlock -- redis://h1:6379 redis://h2:6379 redis://h3:6379
 //! ```
 //!
 //! Without arguments it reads the comma-separated URLs of `DLOCK_TEST_REDLOCK_URLS`.
+//! `dlock::connect("redlock://h1:6379,h2:6379,h3:6379?node_timeout=20ms")` builds the same
+//! client from a URL.
 
 use std::time::Duration;
 
-use dlock_core::{DistributedLockExt, LockOptions};
-use dlock_redlock::RedlockBuilder;
+use dlock::redlock::RedlockBuilder;
+use dlock::{DistributedLockExt, LockOptions};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,0 +1,77 @@
+//! The exit codes of `dlock`, and the one-line failures that carry them.
+//!
+//! The codes follow sysexits(3) where one fits, so that `dlock run` drops into scripts written
+//! for `flock -E 75`, and the shell's conventions for commands that cannot run or die by signal.
+
+use std::fmt;
+
+use dlock::Error;
+
+/// The help text's table of exit codes (also in the README).
+pub const TABLE: &str = "\
+Exit codes:
+  (child's)  run: the command's own exit status; 128+N if it died of signal N
+  0          status: the lock is free
+  3          status: the backend cannot tell without taking the lock
+  64         usage: bad arguments, URL, parameter or duration (EX_USAGE)
+  69         the lock service is unavailable or failed (EX_UNAVAILABLE)
+  75         run: the lock is busy and the wait ended, the command did not run;
+             status: the lock is held (EX_TEMPFAIL, as with flock -E 75)
+  76         run: the lease was lost while the command ran; it was stopped
+             (SIGTERM, then SIGKILL after --grace)
+  126        run: the command could not be executed
+  127        run: the command was not found";
+
+/// `status`: the lock is free.
+pub const FREE: u8 = 0;
+/// `status`: the backend cannot look at a lock without taking it.
+pub const UNKNOWN: u8 = 3;
+/// Bad arguments, URL, query parameter or duration (EX_USAGE).
+pub const USAGE: u8 = 64;
+/// The lock service could not be reached or failed (EX_UNAVAILABLE).
+pub const UNAVAILABLE: u8 = 69;
+/// The lock is busy: `run` gave up waiting, `status` found it held (EX_TEMPFAIL).
+pub const BUSY: u8 = 75;
+/// `run`: the lease was lost while the command ran, and the command was stopped.
+pub const LOST: u8 = 76;
+/// `run`: the command exists but could not be executed.
+pub const CANNOT_EXECUTE: u8 = 126;
+/// `run`: the command was not found.
+pub const NOT_FOUND: u8 = 127;
+
+/// Why `dlock` stops early: an exit code and a message for one line of standard error.
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit code.
+    pub code: u8,
+    message: String,
+}
+
+impl Failure {
+    /// A failure with `code` and `message`.
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        let code = match &error {
+            Error::InvalidInput { .. } => USAGE,
+            Error::Timeout { .. } => BUSY,
+            _ => UNAVAILABLE,
+        };
+        Failure::new(code, error.to_string())
+    }
+}
+
+impl fmt::Display for Failure {
+    /// One line, whatever the underlying error's text holds.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let one_line: Vec<&str> = self.message.split_whitespace().collect();
+        write!(f, "dlock: {}", one_line.join(" "))
+    }
+}

@@ -1,0 +1,81 @@
+//! `dlock`: run a command while holding a distributed lock, or show whether a lock is held.
+//!
+//! ```sh
+//! dlock run --url redis://localhost:6379 --key nightly-report --ttl 30s --wait 0 -- ./report.sh
+//! dlock status --url redis://localhost:6379 --key nightly-report
+//! ```
+//!
+//! See `dlock --help` for the commands and the exit codes; the lock service is named by a URL as
+//! for `dlock::connect`, also taken from `DLOCK_URL`.
+
+mod args;
+mod exit;
+mod run;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+use crate::exit::Failure;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(usage(&e)),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("dlock: cannot start: {e}");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Status(target) => status::status(target).await,
+        }
+    });
+    ExitCode::from(outcome.unwrap_or_else(|failure: Failure| {
+        eprintln!("{failure}");
+        failure.code
+    }))
+}
+
+/// Help and version go to standard output with status 0; a usage error is one line on standard
+/// error with status 64.
+fn usage(error: &clap::Error) -> u8 {
+    match error.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = error.print();
+            0
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = error.print();
+            exit::USAGE
+        }
+        _ => {
+            // clap's first paragraph, on one line (the usage and hints after it are dropped).
+            let rendered = error.render().to_string();
+            let first: Vec<&str> = rendered
+                .lines()
+                .map(str::trim)
+                .skip_while(|line| line.is_empty())
+                .take_while(|line| !line.is_empty())
+                .collect();
+            let first = first.join(" ");
+            let first = first.trim_start_matches("error: ");
+            eprintln!(
+                "{}",
+                Failure::new(exit::USAGE, format!("{first} (see dlock --help)"))
+            );
+            exit::USAGE
+        }
+    }
+}

@@ -1,0 +1,716 @@
+//! The `dlock` binary end to end: its arguments and errors without a server, `run` and `status`
+//! against a real Redis server in a container (one server for all trials, each trial on keys of
+//! its own), and `status` against etcd, whose holders' tokens it can tell.
+//!
+//! ```sh
+//! eval "$(scripts/test-images)"
+//! cargo test -p dlock-cli --test cli
+//! ```
+//!
+//! With `DLOCK_TEST_NO_DOCKER=1` the server trials are reported as ignored; without Docker and
+//! without that opt-out the binary fails.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock::{DistributedLockExt, LockOptions};
+use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster, RedisServer};
+use libtest_mimic::{Arguments, Failed, Trial};
+use tokio::runtime::Handle;
+
+/// Far above what any step here takes on a loaded machine; only ends a hung trial.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(Failed::from(format!($($msg)+)));
+        }
+    };
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = vec![
+        Trial::test("help_for_every_command", help_for_every_command),
+        Trial::test("usage_errors_are_one_line_64", usage_errors_are_one_line_64),
+        Trial::test("memory_run_exports_the_token", memory_run_exports_the_token),
+        Trial::test("missing_command_is_127", missing_command_is_127),
+        Trial::test("unreachable_server_is_69", unreachable_server_is_69),
+    ];
+    let server_trials: [(&str, ServerTrial); 8] = [
+        ("redis_runs_never_overlap", runs_never_overlap),
+        (
+            "redis_busy_lock_exits_75_without_running",
+            busy_lock_exits_75,
+        ),
+        (
+            "redis_lost_lease_stops_the_command_76",
+            lost_lease_stops_the_command,
+        ),
+        (
+            "redis_lost_lease_kills_a_stubborn_command",
+            lost_lease_kills_a_stubborn_command,
+        ),
+        (
+            "redis_exit_status_passes_through",
+            exit_status_passes_through,
+        ),
+        ("redis_signals_reach_the_command", signals_reach_the_command),
+        (
+            "etcd_status_names_the_holders_token",
+            status_names_the_holders_token,
+        ),
+        (
+            "etcd_an_interrupted_wait_leaves_nothing_queued",
+            interrupted_wait_leaves_nothing,
+        ),
+    ];
+
+    if (RedisServer::needs_docker() || EtcdCluster::needs_docker()) && docker_opt_out() {
+        for (name, _) in server_trials {
+            trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+        }
+        libtest_mimic::run(&args, trials).exit();
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let started = Instant::now();
+    let (server, etcd) = runtime
+        .block_on(async { tokio::try_join!(RedisServer::start(), EtcdCluster::start(1)) })
+        .unwrap_or_else(|e| panic!("cannot start the servers: {e}"));
+    eprintln!("[timing] Redis and etcd up in {:.2?}", started.elapsed());
+    let etcd_hosts: Vec<String> = etcd
+        .endpoints()
+        .iter()
+        .map(|e| e.trim_start_matches("http://").to_owned())
+        .collect();
+    let redis = Arc::new(Servers {
+        url: server.url(),
+        etcd_url: format!("etcd://{}", etcd_hosts.join(",")),
+        handle: runtime.handle().clone(),
+    });
+    for (name, test) in server_trials {
+        let redis = redis.clone();
+        trials.push(Trial::test(name, move || test(&redis)));
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    remove_scratch();
+    runtime.block_on(async {
+        let (a, b) = tokio::join!(server.shutdown(), etcd.shutdown());
+        a.and(b)
+            .unwrap_or_else(|e| eprintln!("removing the servers failed: {e}"));
+    });
+    conclusion.exit();
+}
+
+/// A trial against the shared server.
+type ServerTrial = fn(&Servers) -> Result<(), Failed>;
+
+/// The shared servers and a runtime to talk to them from the test threads.
+struct Servers {
+    /// The Redis server, which all `run` trials use.
+    url: String,
+    /// A one-member etcd cluster, for a backend whose holders' tokens `status` can tell.
+    etcd_url: String,
+    handle: Handle,
+}
+
+impl Servers {
+    /// Deletes a Redis key, as an operator (or a data loss) would.
+    fn delete(&self, key: &str) -> Result<(), Failed> {
+        let url = self.url.clone();
+        let key = key.to_owned();
+        self.handle
+            .block_on(async move {
+                let client = redis::Client::open(url)?;
+                let mut con = client.get_multiplexed_async_connection().await?;
+                redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async::<i64>(&mut con)
+                    .await
+            })
+            .map(drop)
+            .map_err(|e| Failed::from(format!("DEL failed: {e}")))
+    }
+}
+
+/// The binary, with no `DLOCK_URL` from the environment of the test run.
+fn dlock() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    command.env_remove("DLOCK_URL");
+    command
+}
+
+/// `dlock run --url URL --key KEY OPTIONS… -- COMMAND…`.
+fn dlock_run(url: &str, key: &str, options: &[&str], command: &[&str]) -> Command {
+    let mut run = dlock();
+    run.args(["run", "--url", url, "--key", key])
+        .args(options)
+        .arg("--")
+        .args(command);
+    run
+}
+
+/// `dlock status --url URL --key KEY`, run to its end.
+fn dlock_status(url: &str, key: &str) -> Output {
+    run_to_end(dlock().args(["status", "--url", url, "--key", key]))
+}
+
+/// Starts `command` in the background, its output captured for [`finish`].
+fn spawn(command: &mut Command) -> Result<Child, Failed> {
+    Ok(command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?)
+}
+
+fn run_to_end(command: &mut Command) -> Output {
+    command
+        .stdin(Stdio::null())
+        .output()
+        .expect("the dlock binary runs")
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The prefix of this run's scratch directories.
+fn scratch_prefix() -> String {
+    format!("dlock-cli-{}-", std::process::id())
+}
+
+/// A fresh scratch directory for one trial, removed by [`remove_scratch`] after the run.
+fn scratch(trial: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{}{trial}", scratch_prefix()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Removes this run's scratch directories.
+fn remove_scratch() {
+    let prefix = scratch_prefix();
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Waits until `path` contains `needle`.
+fn wait_for(path: &Path, needle: &str) -> Result<(), Failed> {
+    let until = Instant::now() + PATIENCE;
+    while Instant::now() < until {
+        if read(path).contains(needle) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!(
+        "{} never contained {needle:?}: {:?}",
+        path.display(),
+        read(path)
+    )
+    .into())
+}
+
+/// Waits for a spawned dlock to exit, killing it if it does not within [`PATIENCE`].
+fn finish(mut child: Child) -> Result<Output, Failed> {
+    let until = Instant::now() + PATIENCE;
+    while Instant::now() < until {
+        if child.try_wait()?.is_some() {
+            return Ok(child.wait_with_output()?);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output()?;
+    Err(format!(
+        "dlock did not exit within {PATIENCE:?}: {}",
+        text(&output.stderr)
+    )
+    .into())
+}
+
+/// Checks dlock's exit code, showing its stderr if it is not `expected`.
+fn exits(output: &Output, expected: i32) -> Result<(), Failed> {
+    ensure!(
+        code(output) == expected,
+        "exited {} instead of {expected}: {}",
+        code(output),
+        text(&output.stderr)
+    );
+    Ok(())
+}
+
+/// Checks that stderr is exactly one line starting with `dlock:` and mentioning `needle`.
+fn one_line_error(output: &Output, needle: &str) -> Result<(), Failed> {
+    let stderr = text(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    ensure!(
+        lines.len() == 1 && lines[0].starts_with("dlock: ") && lines[0].contains(needle),
+        "expected one line mentioning {needle:?}, got {stderr:?}"
+    );
+    Ok(())
+}
+
+fn help_for_every_command() -> Result<(), Failed> {
+    for args in [&["--help"][..], &["run", "--help"], &["status", "--help"]] {
+        let output = run_to_end(dlock().args(args));
+        let stdout = text(&output.stdout);
+        ensure!(code(&output) == 0, "{args:?} exited {}", code(&output));
+        ensure!(
+            stdout.contains("Exit codes:") && stdout.contains("75") && stdout.contains("76"),
+            "{args:?} does not list the exit codes: {stdout}"
+        );
+    }
+    let run_help = text(&run_to_end(dlock().args(["run", "--help"])).stdout);
+    for flag in [
+        "--url",
+        "--key",
+        "--ttl",
+        "--wait",
+        "--grace",
+        "DLOCK_FENCING_TOKEN",
+    ] {
+        ensure!(run_help.contains(flag), "run --help lacks {flag}");
+    }
+    // The URL may come from DLOCK_URL; its value (a password, perhaps) is never shown.
+    let output = run_to_end(
+        dlock()
+            .env("DLOCK_URL", "redis://u:hunter2@h")
+            .args(["run", "--help"]),
+    );
+    ensure!(
+        !text(&output.stdout).contains("hunter2"),
+        "help shows DLOCK_URL's value"
+    );
+    Ok(())
+}
+
+fn usage_errors_are_one_line_64() -> Result<(), Failed> {
+    let cases: [(&[&str], &str); 7] = [
+        (&["bogus"], "bogus"),
+        (&["run", "--url", "memory://", "--key", "k"], "COMMAND"),
+        (
+            &[
+                "run",
+                "--url",
+                "memory://",
+                "--key",
+                "k",
+                "--ttl",
+                "10",
+                "--",
+                "true",
+            ],
+            "--ttl",
+        ),
+        (&["run", "--key", "k", "--", "true"], "--url"),
+        (
+            &[
+                "run",
+                "--url",
+                "redis://u:hunter2@h?colour=red",
+                "--key",
+                "k",
+                "--",
+                "true",
+            ],
+            "unknown parameter `colour`",
+        ),
+        (
+            &["status", "--url", "ftp://u:hunter2@h", "--key", "k"],
+            "unknown scheme",
+        ),
+        (&["status", "--url", "memory://", "--key", ""], "key"),
+    ];
+    for (args, needle) in cases {
+        let output = run_to_end(dlock().args(args));
+        ensure!(code(&output) == 64, "{args:?} exited {}", code(&output));
+        one_line_error(&output, needle)
+            .map_err(|e| format!("{args:?}: {}", e.message().unwrap_or_default()))?;
+        ensure!(
+            !text(&output.stderr).contains("hunter2"),
+            "{args:?} shows the password"
+        );
+    }
+    Ok(())
+}
+
+fn memory_run_exports_the_token() -> Result<(), Failed> {
+    let output = run_to_end(&mut dlock_run(
+        "memory://",
+        "jobs/a",
+        &[],
+        &["sh", "-c", "echo \"$DLOCK_KEY $DLOCK_FENCING_TOKEN\""],
+    ));
+    exits(&output, 0)?;
+    ensure!(
+        text(&output.stdout) == "jobs/a 1\n",
+        "printed {:?}",
+        text(&output.stdout)
+    );
+    let output = dlock_status("memory://", "k");
+    ensure!(
+        code(&output) == 0 && text(&output.stdout) == "k: free\n",
+        "status: {output:?}"
+    );
+    Ok(())
+}
+
+fn missing_command_is_127() -> Result<(), Failed> {
+    let output = run_to_end(&mut dlock_run(
+        "memory://",
+        "k",
+        &[],
+        &["/nonexistent/command"],
+    ));
+    exits(&output, 127)?;
+    one_line_error(&output, "/nonexistent/command")
+}
+
+fn unreachable_server_is_69() -> Result<(), Failed> {
+    let output = run_to_end(&mut dlock_run(
+        "redis://u:hunter2@127.0.0.1:1?connect_timeout=300ms",
+        "k",
+        &[],
+        &["true"],
+    ));
+    exits(&output, 69)?;
+    one_line_error(&output, "unavailable")?;
+    ensure!(
+        !text(&output.stderr).contains("hunter2"),
+        "the password shows"
+    );
+    Ok(())
+}
+
+/// Three `dlock run` on one key, each appending a begin and an end line around a pause: the
+/// lines must come in begin/end pairs of one holder each, with increasing fencing tokens.
+fn runs_never_overlap(redis: &Servers) -> Result<(), Failed> {
+    let dir = scratch("overlap");
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"begin $DLOCK_FENCING_TOKEN\" >> {0}; sleep 0.3; echo \"end $DLOCK_FENCING_TOKEN\" >> {0}",
+        log.display()
+    );
+    let key = format!("cli-overlap-{}", std::process::id());
+    let options = ["--ttl", "5s", "--wait", "60s"];
+    let children = (0..3)
+        .map(|_| {
+            spawn(&mut dlock_run(
+                &redis.url,
+                &key,
+                &options,
+                &["sh", "-c", &script],
+            ))
+        })
+        .collect::<Result<Vec<Child>, Failed>>()?;
+    for child in children {
+        let output = finish(child)?;
+        ensure!(
+            code(&output) == 0,
+            "a run exited {}: {}",
+            code(&output),
+            text(&output.stderr)
+        );
+    }
+    let lines: Vec<String> = read(&log).lines().map(str::to_owned).collect();
+    ensure!(lines.len() == 6, "expected 6 lines, got {lines:?}");
+    let mut last_token = 0u64;
+    for pair in lines.chunks(2) {
+        let begin = pair[0].strip_prefix("begin ");
+        let end = pair[1].strip_prefix("end ");
+        ensure!(
+            begin.is_some() && begin == end,
+            "runs overlapped (not a begin/end pair of one holder): {lines:?}"
+        );
+        let token: u64 = begin.unwrap_or_default().parse()?;
+        ensure!(
+            token > last_token,
+            "fencing tokens did not increase: {lines:?}"
+        );
+        last_token = token;
+    }
+    Ok(())
+}
+
+fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
+    let dir = scratch("busy");
+    let marker = dir.join("ran");
+    let key = format!("cli-busy-{}", std::process::id());
+    let url = redis.url.clone();
+    let (locks, lease) = redis.handle.block_on(async {
+        let locks = dlock::connect(&url).await?;
+        let lease = locks
+            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+            .await?;
+        Ok::<_, dlock::Error>((locks, lease))
+    })?;
+
+    for wait in ["0", "300ms"] {
+        let touch = marker.display().to_string();
+        let output = run_to_end(&mut dlock_run(
+            &redis.url,
+            &key,
+            &["--wait", wait],
+            &["touch", &touch],
+        ));
+        ensure!(
+            code(&output) == 75,
+            "--wait {wait} exited {}",
+            code(&output)
+        );
+        one_line_error(&output, "busy")?;
+        ensure!(
+            !marker.exists(),
+            "the command ran although the lock was busy"
+        );
+    }
+
+    let output = dlock_status(&redis.url, &key);
+    let stdout = text(&output.stdout);
+    ensure!(
+        code(&output) == 75,
+        "status of a held lock exited {}",
+        code(&output)
+    );
+    // Redis cannot tell a dlock holder's token for certain (see RedisLock's inspect), and the
+    // command says so rather than guess; the TTL it can tell.
+    ensure!(
+        stdout.starts_with(&format!("{key}: held (fencing token unknown), expires in ")),
+        "status printed {stdout:?}"
+    );
+
+    redis.handle.block_on(lease.release())?;
+    drop(locks);
+    let output = dlock_status(&redis.url, &key);
+    ensure!(
+        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
+        "status after release: {output:?}"
+    );
+    Ok(())
+}
+
+/// Starts `dlock run` with `script` (which must write `started` to `log` first), deletes the
+/// lock key so the next renewal finds the lease lost, and returns dlock's output.
+fn run_and_lose(
+    redis: &Servers,
+    trial: &str,
+    script: &str,
+    grace: &str,
+) -> Result<(Output, PathBuf), Failed> {
+    let dir = scratch(trial);
+    let log = dir.join("log");
+    let script = script.replace("LOG", &log.display().to_string());
+    let key = format!("cli-{trial}-{}", std::process::id());
+    let child = spawn(&mut dlock_run(
+        &redis.url,
+        &key,
+        &["--ttl", "1500ms", "--grace", grace],
+        &["sh", "-c", &script],
+    ))?;
+    wait_for(&log, "started")?;
+    redis.delete(&key)?;
+    Ok((finish(child)?, log))
+}
+
+fn lost_lease_stops_the_command(redis: &Servers) -> Result<(), Failed> {
+    let script = "trap 'echo terminated >> LOG; exit 0' TERM; echo started >> LOG; \
+                  while :; do sleep 0.1; done";
+    let (output, log) = run_and_lose(redis, "lost", script, "30s")?;
+    exits(&output, 76)?;
+    ensure!(
+        read(&log).contains("terminated"),
+        "the command got no SIGTERM: {:?}",
+        read(&log)
+    );
+    ensure!(
+        text(&output.stderr).contains("is lost"),
+        "stderr: {}",
+        text(&output.stderr)
+    );
+    Ok(())
+}
+
+fn lost_lease_kills_a_stubborn_command(redis: &Servers) -> Result<(), Failed> {
+    let script = "trap '' TERM; echo $$ > LOG.pid; echo started >> LOG; \
+                  while :; do sleep 0.1; done";
+    let (output, log) = run_and_lose(redis, "stubborn", script, "1s")?;
+    exits(&output, 76)?;
+    let pid = read(&log.with_extension("pid")).trim().to_owned();
+    ensure!(!pid.is_empty(), "the command did not write its pid");
+    ensure!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the command (pid {pid}) is still running"
+    );
+    ensure!(
+        text(&output.stderr).contains("SIGKILL"),
+        "stderr: {}",
+        text(&output.stderr)
+    );
+    Ok(())
+}
+
+fn exit_status_passes_through(redis: &Servers) -> Result<(), Failed> {
+    let key = format!("cli-status-{}", std::process::id());
+    for (script, expected) in [
+        (format!("test \"$DLOCK_KEY\" = {key} && exit 7"), 7),
+        ("exit 0".to_owned(), 0),
+        ("kill -9 $$".to_owned(), 137),
+    ] {
+        let output = run_to_end(&mut dlock_run(
+            &redis.url,
+            &key,
+            &["--wait", "30s"],
+            &["sh", "-c", &script],
+        ));
+        ensure!(
+            code(&output) == expected,
+            "{script:?} exited {}, expected {expected}",
+            code(&output)
+        );
+    }
+    // Released after each run.
+    let output = dlock_status(&redis.url, &key);
+    ensure!(
+        code(&output) == 0,
+        "the lock was left held: {}",
+        text(&output.stdout)
+    );
+    Ok(())
+}
+
+fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
+    let dir = scratch("signals");
+    let log = dir.join("log");
+    let key = format!("cli-signals-{}", std::process::id());
+    let script = format!(
+        "trap 'echo got-term >> {0}; exit 3' TERM; echo started >> {0}; while :; do sleep 0.1; done",
+        log.display()
+    );
+    let child = spawn(&mut dlock_run(
+        &redis.url,
+        &key,
+        &[],
+        &["sh", "-c", &script],
+    ))?;
+    wait_for(&log, "started")?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    let output = finish(child)?;
+    exits(&output, 3)?;
+    ensure!(
+        read(&log).contains("got-term"),
+        "the command got no SIGTERM"
+    );
+    let output = dlock_status(&redis.url, &key);
+    ensure!(
+        code(&output) == 0,
+        "the lock was left held: {}",
+        text(&output.stdout)
+    );
+    Ok(())
+}
+
+/// `status` on etcd, which can tell the holder's token: held with the token the lease has
+/// (exit 75), then free (exit 0) after the release. Looking takes nothing: the holder keeps it.
+fn status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
+    let key = format!("cli-etcd-status-{}", std::process::id());
+    let url = servers.etcd_url.clone();
+    let (locks, lease) = servers.handle.block_on(async {
+        let locks = dlock::connect(&url).await?;
+        let lease = locks
+            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+            .await?;
+        Ok::<_, dlock::Error>((locks, lease))
+    })?;
+    let output = dlock_status(&servers.etcd_url, &key);
+    exits(&output, 75)?;
+    let expected = format!("{key}: held (fencing token {})\n", lease.fencing_token());
+    ensure!(
+        text(&output.stdout) == expected,
+        "status printed {:?}, expected {expected:?}",
+        text(&output.stdout)
+    );
+    ensure!(
+        lease.is_held(),
+        "looking took the lock from its holder: {:?}",
+        lease.state()
+    );
+    servers.handle.block_on(lease.release())?;
+    drop(locks);
+    let output = dlock_status(&servers.etcd_url, &key);
+    exits(&output, 0)?;
+    ensure!(
+        text(&output.stdout) == format!("{key}: free\n"),
+        "status after release: {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
+}
+
+/// SIGTERM to a `dlock run` waiting for a busy lock: it exits with 143 without running the
+/// command, and withdraws its place in etcd's queue, so the lock is free once the holder
+/// releases (a left-over contender key would hold it until its session expired).
+fn interrupted_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("interrupted");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-etcd-interrupted-{}", std::process::id());
+    let url = servers.etcd_url.clone();
+    let (locks, lease) = servers.handle.block_on(async {
+        let locks = dlock::connect(&url).await?;
+        let lease = locks
+            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+            .await?;
+        Ok::<_, dlock::Error>((locks, lease))
+    })?;
+    let waiter = spawn(&mut dlock_run(
+        &servers.etcd_url,
+        &key,
+        &["--wait", "60s"],
+        &["touch", &marker],
+    ))?;
+    // Time to connect and queue up behind the holder (generous on a loaded machine).
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(waiter.id())?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    let output = finish(waiter)?;
+    exits(&output, 143)?;
+    ensure!(
+        !Path::new(&marker).exists(),
+        "the command ran without the lock"
+    );
+    servers.handle.block_on(lease.release())?;
+    drop(locks);
+    let output = dlock_status(&servers.etcd_url, &key);
+    ensure!(
+        text(&output.stdout) == format!("{key}: free\n"),
+        "after the holder's release: {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! Distributed locks with fencing tokens: one dependency, backends chosen by Cargo feature and
+//! swapped per environment by URL.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> dlock::Result<()> {
+//! use dlock::DistributedLockExt;
+//!
+//! // memory:// in tests, redis://, zk:// or etcd:// in production: one setting.
+//! let url = std::env::var("DLOCK_URL").unwrap_or_else(|_| "memory://?ttl=30s".into());
+//! let locks = dlock::connect(&url).await?;
+//!
+//! let opts = locks.options().clone().with_auto_renew();
+//! let lease = locks.acquire("invoices/42", &opts).await?;
+//! // Present the token with every write, so the resource can reject a stale holder.
+//! println!("writing with fencing token {}", lease.fencing_token());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! This crate re-exports the API of [`dlock_core`] (also as [`core`]) — the
+//! [`DistributedLock`] trait, [`DistributedLockExt`], [`Lease`], [`FencingToken`], [`Fence`],
+//! [`LockOptions`] and the in-process [`InMemoryLock`] — and each network backend behind a Cargo
+//! feature, as a module named after it with the backend's own builder:
+//!
+//! | feature | module | URL schemes |
+//! |---|---|---|
+//! | — (always) | [`InMemoryLock`] | `memory://` |
+//! | `redis` | `redis` ([`dlock-redis`](https://docs.rs/dlock-redis)) | `redis://`, `redis+unix://` |
+//! | `redis-tls` | `redis`, with TLS | `rediss://` as well |
+//! | `redlock` | `redlock` ([`dlock-redlock`](https://docs.rs/dlock-redlock)) | `redlock://` |
+//! | `zk` | `zk` ([`dlock-zk`](https://docs.rs/dlock-zk)) | `zk://` |
+//! | `etcd` | `etcd` ([`dlock-etcd`](https://docs.rs/dlock-etcd)) | `etcd://` |
+//!
+//! No network backend is on by default, so `cargo add dlock` builds anywhere, without protoc or
+//! a server. [`connect`] describes every URL form and its query parameters; a scheme whose
+//! feature is not compiled in is an error that names the feature.
+#![deny(missing_docs)]
+
+mod address;
+mod connect;
+mod locks;
+mod params;
+
+pub use connect::connect;
+pub use locks::Locks;
+pub use params::parse_duration;
+
+/// The core API, for what the root does not re-export.
+pub use dlock_core as core;
+
+pub use dlock_core::{
+    url, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock, DistributedLockExt,
+    Drift, Error, Fence, FenceMode, Fenced, FencingGuarantee, FencingToken, Holding, InMemoryLock,
+    Lease, LeaseEnd, LeaseState, LeaseWatch, LockKey, LockOptions, LostReason, OwnerToken,
+    Released, Result, SharedLock, StaleToken,
+};
+
+/// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).
+#[cfg(feature = "redis")]
+pub use dlock_redis as redis;
+
+/// The Redlock backend (feature `redlock`): [`RedlockBuilder`](dlock_redlock::RedlockBuilder).
+#[cfg(feature = "redlock")]
+pub use dlock_redlock as redlock;
+
+/// The ZooKeeper backend (feature `zk`): [`ZkLock::builder`](dlock_zk::ZkLock::builder).
+#[cfg(feature = "zk")]
+pub use dlock_zk as zk;
+
+/// The etcd backend (feature `etcd`): [`EtcdLock::builder`](dlock_etcd::EtcdLock::builder).
+#[cfg(feature = "etcd")]
+pub use dlock_etcd as etcd;
+
+/// The README's examples, compiled as doctests so they cannot rot. They live here, in the crate
+/// that sees every part of the API the README shows.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,247 @@
+//! `dlock::connect` URLs, good and bad, per scheme, without a server: a good URL gets as far as
+//! connecting (to a port nobody listens on, so it fails as unavailable, not as invalid), a bad
+//! one fails with InvalidInput before anything is sent, and no message shows the password.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use dlock::{DistributedLockExt, Error, Holding, Locks};
+
+/// An address where nothing listens: connecting there fails fast.
+#[allow(dead_code)]
+const NOBODY: &str = "127.0.0.1:1";
+
+async fn invalid(url: &str) -> String {
+    match dlock::connect(url).await {
+        Err(Error::InvalidInput { field, message }) => {
+            let shown = format!("{field}: {message}");
+            assert!(
+                !shown.contains("hunter2"),
+                "{url}: the password shows in {shown}"
+            );
+            shown
+        }
+        Err(other) => panic!("{url}: expected InvalidInput, got {other}"),
+        Ok(locks) => panic!("{url}: accepted as {locks:?}"),
+    }
+}
+
+/// A URL the facade accepted and handed to the backend, which then could not reach a server.
+#[allow(dead_code)]
+async fn unreachable(url: &str) {
+    match dlock::connect(url).await {
+        Err(Error::InvalidInput { field, message }) => {
+            panic!("{url}: rejected as invalid {field}: {message}")
+        }
+        Err(e) => {
+            let shown = e.to_string();
+            assert!(
+                !shown.contains("hunter2"),
+                "{url}: the password shows in {shown}"
+            );
+        }
+        Ok(locks) => panic!("{url}: connected to nothing as {locks:?}"),
+    }
+}
+
+#[tokio::test]
+async fn memory_urls_give_a_working_backend_with_the_url_defaults() {
+    let locks: Locks = dlock::connect("memory://?ttl=5s&wait=1s&drift=3ms")
+        .await
+        .unwrap();
+    assert_eq!(locks.backend().backend_name(), "memory");
+    assert_eq!(locks.options().ttl, Duration::from_secs(5));
+    assert_eq!(locks.options().wait, Some(Duration::from_secs(1)));
+    assert_eq!(locks.options().drift.fixed, Duration::from_millis(3));
+    let lease = locks.acquire("k", locks.options()).await.unwrap();
+    match locks.holding("k").await.unwrap() {
+        Holding::Held { fencing, .. } => assert_eq!(fencing, Some(lease.fencing_token())),
+        other => panic!("expected held, got {other:?}"),
+    }
+    assert!(locks
+        .try_acquire("k", locks.options())
+        .await
+        .unwrap()
+        .is_none());
+    lease.release().await.unwrap();
+    assert_eq!(locks.holding("k").await.unwrap(), Holding::Free);
+    assert!(format!("{locks:?}").contains("memory://?ttl=5s"));
+    assert!(dlock::connect("MEMORY://").await.is_ok());
+}
+
+#[test]
+fn a_handle_never_shows_a_password() {
+    let locks = Locks::new(
+        std::sync::Arc::new(dlock::InMemoryLock::new()),
+        dlock::LockOptions::default(),
+        "redis://app:hunter2@cache:6379/1",
+    );
+    assert_eq!(locks.url(), "redis://app:***@cache:6379/1");
+    assert!(!format!("{locks:?}").contains("hunter2"));
+}
+
+#[tokio::test]
+async fn malformed_urls_say_what_and_where() {
+    assert!(invalid("").await.contains("has no scheme"));
+    assert!(invalid("localhost:6379").await.contains("has no scheme"));
+    let m = invalid("http://u:hunter2@h").await;
+    assert!(m.contains("unknown scheme \"http\""), "{m}");
+    assert!(m.contains("http://u:***@h"), "{m}");
+    assert!(invalid("memory://host").await.contains("takes no host"));
+    assert!(invalid("memory:///path").await.contains("takes no host"));
+    let m = invalid("memory://?prefix=x").await;
+    assert!(
+        m.contains("unknown parameter `prefix` for memory://"),
+        "{m}"
+    );
+    assert!(invalid("memory://?ttl=0s")
+        .await
+        .contains("parameter `ttl`"));
+    assert!(invalid("memory://?wait=later")
+        .await
+        .contains("parameter `wait`"));
+}
+
+#[cfg(not(feature = "redlock"))]
+#[tokio::test]
+async fn redlock_without_its_feature_names_it() {
+    let m = invalid("redlock://u:hunter2@h1:6379,h2:6379,h3:6379").await;
+    assert!(m.contains("needs the `redlock` feature"), "{m}");
+}
+
+#[cfg(feature = "redlock")]
+#[tokio::test]
+async fn redlock_urls_are_checked_before_anything_is_sent() {
+    let m = invalid("redlock://u:hunter2@h1:6379,,h3:6379").await;
+    assert!(m.contains("host #2 is empty"), "{m}");
+    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?quorum=most").await;
+    assert!(m.contains("quorum"), "{m}");
+    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?fencing=maybe").await;
+    assert!(m.contains("fencing"), "{m}");
+    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?node_timeout=fast").await;
+    assert!(m.contains("node_timeout"), "{m}");
+    // An even number of masters is refused by the Redlock builder itself.
+    let m = invalid("redlock://:hunter2@h1:6379,h2:6379").await;
+    assert!(!m.is_empty());
+}
+
+#[cfg(feature = "redlock")]
+#[tokio::test]
+async fn redlock_to_masters_nobody_runs_is_unavailable() {
+    let url = format!("redlock://{NOBODY},127.0.0.1:2,127.0.0.1:3?connect_timeout=200ms");
+    match dlock::connect(&url).await {
+        Err(e @ Error::Unavailable { .. }) => assert!(e.to_string().contains("of 3"), "{e}"),
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+#[tokio::test]
+async fn redis_without_its_feature_names_it() {
+    let m = invalid("redis://u:hunter2@localhost:6379").await;
+    assert!(m.contains("needs the `redis` feature"), "{m}");
+    let m = invalid("rediss://localhost:6379").await;
+    assert!(m.contains("needs the `redis-tls` feature"), "{m}");
+}
+
+#[cfg(all(feature = "redis", not(feature = "redis-tls")))]
+#[tokio::test]
+async fn rediss_without_tls_names_the_feature() {
+    let m = invalid("rediss://u:hunter2@localhost:6379").await;
+    assert!(m.contains("needs the `redis-tls` feature"), "{m}");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_urls() {
+    unreachable(&format!(
+        "redis://u:hunter2@{NOBODY}/2?prefix=billing%3A&request_timeout=200ms&connect_timeout=200ms&ttl=5s&wait=1s"
+    ))
+    .await;
+    unreachable("redis+unix:///nonexistent/redis.sock?connect_timeout=200ms").await;
+    for (url, says) in [
+        (
+            "redis://u:hunter2@h?session_ttl=1s",
+            "unknown parameter `session_ttl` for redis://",
+        ),
+        ("redis://u:hunter2@h?request_timeout=0", "request_timeout"),
+        ("redis://u:hunter2@h?connect_timeout=1h", "connect_timeout"),
+        ("redis://u:hunter2@h/notadb", "database"),
+        ("redis://u:hunter2@h:99999", "url"),
+        ("redis://u:hunter2@h?prefix=p&prefix=q", "given twice"),
+    ] {
+        let m = invalid(url).await;
+        assert!(m.contains(says), "{url}: {m}");
+    }
+}
+
+#[cfg(not(feature = "zk"))]
+#[tokio::test]
+async fn zk_without_its_feature_names_it() {
+    let m = invalid("zk://u:hunter2@zk1:2181,zk2:2181/app").await;
+    assert!(m.contains("needs the `zk` feature"), "{m}");
+}
+
+#[cfg(feature = "zk")]
+#[tokio::test]
+async fn zk_urls() {
+    unreachable(&format!(
+        "zk://u:hunter2@{NOBODY},127.0.0.1:2/app?prefix=/locks&session_timeout=1s&connect_timeout=300ms&operation_timeout=300ms&identifier=me%40host&ttl=5s"
+    ))
+    .await;
+    for (url, says) in [
+        (
+            "zk://u:hunter2@h?request_timeout=1s",
+            "unknown parameter `request_timeout` for zk://",
+        ),
+        ("zk://u:hunter2@h?prefix=locks", "parameter `prefix`"),
+        ("zk://u:hunter2@h?prefix=/zookeeper/x", "parameter `prefix`"),
+        ("zk://u:hunter2@h?session_timeout=1ms", "session_timeout"),
+        ("zk://u:hunter2@h1,,h2", "url"),
+        ("zk://u:hunter2@h:0", "url"),
+        ("zk://u:p%zz@h", "percent-encoded"),
+    ] {
+        let m = invalid(url).await;
+        assert!(m.contains(says), "{url}: {m}");
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+#[tokio::test]
+async fn etcd_without_its_feature_names_it() {
+    let m = invalid("etcd://u:hunter2@h1:2379,h2:2379").await;
+    assert!(m.contains("needs the `etcd` feature"), "{m}");
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn etcd_urls() {
+    unreachable(&format!(
+        "etcd://u:hunter2@{NOBODY},127.0.0.1:2?prefix=billing/&session_ttl=5s&request_timeout=300ms&connect_timeout=300ms&ttl=5s"
+    ))
+    .await;
+    unreachable(&format!("etcd://{NOBODY}/billing/?connect_timeout=300ms")).await;
+    for (url, says) in [
+        (
+            "etcd://u:hunter2@h:1?session_timeout=1s",
+            "unknown parameter `session_timeout` for etcd://",
+        ),
+        (
+            "etcd://u:hunter2@h:1/ns/?prefix=other/",
+            "namespace is given twice",
+        ),
+        (
+            "etcd://u:hunter2@h:1?session_ttl=10",
+            "parameter `session_ttl`",
+        ),
+        ("etcd://u:hunter2@h:1?session_ttl=0s", "session_ttl"),
+        ("etcd://u:hunter2@h", "endpoints"),
+        ("etcd://u:p%zz@h:1", "percent-encoding"),
+    ] {
+        let m = invalid(url).await;
+        assert!(m.contains(says), "{url}: {m}");
+    }
+    let m = invalid(&format!("etcd://u:hunter2@h:1?prefix={}", "n".repeat(5000))).await;
+    assert!(m.contains("parameter `prefix`"), "{m}");
+}
