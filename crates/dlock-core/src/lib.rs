@@ -54,8 +54,8 @@ mod state;
 mod token;
 
 pub use backend::{
-    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
-    LockRequest, Released,
+    Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
+    LeaseRef, LockRequest, Released,
 };
 pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};

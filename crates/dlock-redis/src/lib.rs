@@ -121,4 +121,4 @@ mod wakeups;
 pub use builder::{
     RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_TIMEOUT, MIN_TIMEOUT,
 };
-pub use lock::RedisLock;
+pub use lock::{RedisLock, EXTEND_BATCH};
