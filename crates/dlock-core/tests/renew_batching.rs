@@ -11,19 +11,23 @@ fn renewing(ttl_ms: u64) -> LockOptions {
     LockOptions::new(Duration::from_millis(ttl_ms)).with_auto_renew()
 }
 
-async fn take(backend: &Scripted, count: usize, opts: &LockOptions) -> Vec<Lease> {
+async fn take(
+    backend: &Scripted,
+    count: usize,
+    opts: &LockOptions,
+) -> dlock_core::Result<Vec<Lease>> {
     let locks = backend.shared();
     let mut leases = Vec::with_capacity(count);
     for i in 0..count {
-        leases.push(locks.acquire(&format!("k{i}"), opts).await.unwrap());
+        leases.push(locks.acquire(&format!("k{i}"), opts).await?);
     }
-    leases
+    Ok(leases)
 }
 
 #[tokio::test(start_paused = true)]
 async fn leases_taken_together_renew_in_one_batch_per_tick_on_one_timer() {
     let backend = Scripted::new();
-    let leases = take(&backend, 1_000, &renewing(900)).await;
+    let leases = take(&backend, 1_000, &renewing(900)).await.unwrap();
     // One scheduler task, not one task per lease.
     let tasks = tokio::runtime::Handle::current()
         .metrics()
@@ -79,7 +83,7 @@ async fn leases_taken_at_different_times_cost_a_bounded_number_of_batches() {
 #[tokio::test(start_paused = true)]
 async fn one_lease_taken_over_in_a_batch_is_lost_and_the_others_stay_held() {
     let backend = Scripted::new();
-    let leases = take(&backend, 10, &renewing(900)).await;
+    let leases = take(&backend, 10, &renewing(900)).await.unwrap();
     backend
         .faults
         .taken_over_keys
@@ -103,7 +107,7 @@ async fn one_lease_taken_over_in_a_batch_is_lost_and_the_others_stay_held() {
 #[tokio::test(start_paused = true)]
 async fn a_failing_batch_makes_every_lease_uncertain_then_lost_at_its_deadline() {
     let backend = Scripted::new();
-    let leases = take(&backend, 5, &renewing(900)).await;
+    let leases = take(&backend, 5, &renewing(900)).await.unwrap();
     support::Scripted::set(&backend.faults.fail_extend, true);
     tokio::time::sleep(Duration::from_millis(301)).await;
     assert!(leases
@@ -117,8 +121,8 @@ async fn a_failing_batch_makes_every_lease_uncertain_then_lost_at_its_deadline()
 #[tokio::test(start_paused = true)]
 async fn each_backend_handle_has_its_own_schedule() {
     let (a, b) = (Scripted::new(), Scripted::new());
-    let _on_a = take(&a, 3, &renewing(900)).await;
-    let _on_b = take(&b, 4, &renewing(900)).await;
+    let _on_a = take(&a, 3, &renewing(900)).await.unwrap();
+    let _on_b = take(&b, 4, &renewing(900)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(301)).await;
     assert_eq!(Scripted::count(&a.calls.extend_many), 1);
     assert_eq!(Scripted::count(&a.calls.largest_batch), 3);

@@ -100,7 +100,7 @@ impl DistributedLock for Scripted {
                 .faults
                 .taken_over_keys
                 .lock()
-                .unwrap()
+                .unwrap_or_else(|e| e.into_inner())
                 .contains(lease.key.as_str())
         {
             return Ok(Extension::TakenOver);

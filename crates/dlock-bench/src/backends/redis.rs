@@ -1,0 +1,91 @@
+//! One Redis server: dlock beside the floor of two bare script round trips.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::RedisServer;
+use dlock_core::DistributedLock;
+use dlock_redis::{RedisLock, EXTEND_BATCH};
+use redis::aio::ConnectionManager;
+
+use super::{Fixture, Setup};
+use crate::locker::{Dlock, Held, Kind, Locker, Release, Side};
+
+pub async fn start() -> anyhow::Result<Setup> {
+    let server = RedisServer::start().await?;
+    let url = server.url();
+    let client = RedisLock::connect(&url).await?;
+    let locks: Arc<dyn DistributedLock> = Arc::new(client.clone());
+    let floor = Arc::new(Floor {
+        con: client.connection(),
+        script: redis::Script::new("return 1"),
+    });
+    let connect_url = url.clone();
+    let sides = vec![
+        Side {
+            kind: Kind::Dlock,
+            label: "dlock RedisLock".into(),
+            locker: Arc::new(Dlock::new(locks.clone())),
+            connect: Some(Arc::new(move || {
+                let url = connect_url.clone();
+                Box::pin(async move {
+                    let locks: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&url).await?);
+                    Ok(Arc::new(Dlock::new(locks)) as Arc<dyn Locker>)
+                })
+            })),
+        },
+        Side {
+            kind: Kind::Floor,
+            label: "floor: 2 × EVALSHA `return 1`".into(),
+            locker: floor,
+            connect: None,
+        },
+    ];
+    let client_url = url.clone();
+    Ok(Setup {
+        servers: "1 Redis server".into(),
+        sides,
+        locks,
+        client: Arc::new(move || {
+            let url = client_url.clone();
+            Box::pin(async move {
+                Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn DistributedLock>)
+            })
+        }),
+        wire_batch: Some(EXTEND_BATCH),
+        renewal_note: "a TTL per key; batched: one script re-arms up to 500 leases",
+        freeze: Err("a single server: frozen means unavailable".into()),
+        fixture: Fixture::Redis(server),
+    })
+}
+
+/// The round trips a Redis lock cycle cannot avoid: one script to take, one to give back.
+struct Floor {
+    con: ConnectionManager,
+    script: redis::Script,
+}
+
+struct FloorHeld {
+    con: ConnectionManager,
+    script: redis::Script,
+}
+
+#[async_trait]
+impl Locker for Floor {
+    async fn acquire(&self, _key: &str) -> anyhow::Result<Held> {
+        let mut con = self.con.clone();
+        let _: i64 = self.script.invoke_async(&mut con).await?;
+        Ok(Box::new(FloorHeld {
+            con,
+            script: self.script.clone(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Release for FloorHeld {
+    async fn release(mut self: Box<Self>) -> anyhow::Result<()> {
+        let _: i64 = self.script.invoke_async(&mut self.con).await?;
+        Ok(())
+    }
+}
