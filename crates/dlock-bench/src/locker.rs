@@ -30,6 +30,19 @@ pub trait Release: Send {
 pub type Connect =
     Arc<dyn Fn() -> BoxFuture<'static, anyhow::Result<Arc<dyn Locker>>> + Send + Sync>;
 
+/// Makes a new dlock client of a backend (a connection or session of its own).
+pub type Client =
+    Arc<dyn Fn() -> BoxFuture<'static, anyhow::Result<Arc<dyn DistributedLock>>> + Send + Sync>;
+
+/// A [`Client`] that calls `connect(address)`.
+pub fn client<F, Fut>(address: String, connect: F) -> Client
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<Arc<dyn DistributedLock>>> + Send + 'static,
+{
+    Arc::new(move || Box::pin(connect(address.clone())))
+}
+
 /// What a side is, for the ratios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -47,6 +60,48 @@ pub struct Side {
     pub locker: Arc<dyn Locker>,
     /// New contenders for the hot key; `None` for floors.
     pub connect: Option<Connect>,
+}
+
+impl Side {
+    /// dlock on `locks`; the hot key's contenders get clients of their own from `client`.
+    pub fn dlock(label: &str, locks: &Arc<dyn DistributedLock>, client: &Client) -> Side {
+        let client = client.clone();
+        Side {
+            kind: Kind::Dlock,
+            label: label.to_owned(),
+            locker: Arc::new(Dlock::new(locks.clone())),
+            connect: Some(Arc::new(move || {
+                let connecting = client();
+                Box::pin(
+                    async move { Ok(Arc::new(Dlock::new(connecting.await?)) as Arc<dyn Locker>) },
+                )
+            })),
+        }
+    }
+
+    /// A floor: bare round trips, no exclusion, so no hot key.
+    pub fn floor(label: &str, locker: Arc<dyn Locker>) -> Side {
+        Side {
+            kind: Kind::Floor,
+            label: label.to_owned(),
+            locker,
+            connect: None,
+        }
+    }
+
+    /// A side whose hot-key contenders all share `locker`, as tasks of one process do.
+    pub fn shared(kind: Kind, label: &str, locker: Arc<dyn Locker>) -> Side {
+        let shared = locker.clone();
+        Side {
+            kind,
+            label: label.to_owned(),
+            locker,
+            connect: Some(Arc::new(move || {
+                let shared = shared.clone();
+                Box::pin(async move { Ok(shared) })
+            })),
+        }
+    }
 }
 
 /// dlock's own acquire and release, on any backend.

@@ -183,7 +183,7 @@ impl Scheduler {
                 owner: renewal.owner,
                 fencing: renewal.fencing,
                 ttl: renewal.ttl,
-                deadline: renewal.status.borrow().deadline,
+                deadline: renewal.status.borrow().until(),
             });
         }
         for id in finished {

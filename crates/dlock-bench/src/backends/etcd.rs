@@ -10,8 +10,8 @@ use dlock_core::DistributedLock;
 use dlock_etcd::EtcdLock;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use super::{follower_to_freeze, Fixture, Setup};
-use crate::locker::{Connect, Dlock, Held, Kind, Locker, Release, Side};
+use super::{freeze_target, Fixture, Setup};
+use crate::locker::{self, Connect, Held, Kind, Locker, Release, Side};
 
 /// The peer's lease: long enough for any run, so no keep-alive is needed.
 const PEER_LEASE_SECS: i64 = 900;
@@ -34,19 +34,9 @@ pub async fn start() -> anyhow::Result<Setup> {
         .ok_or_else(|| anyhow::anyhow!("a cluster without members"))?;
     let locks = connect(&endpoint).await?;
     let raw = etcd_client::Client::connect([endpoint.clone()], None).await?;
-    let freeze = match (cluster.leader().await, cluster.members()) {
-        (Ok(leader), Ok(members)) => match follower_to_freeze(leader, members.len()) {
-            Some(i) => Ok((members[i].clone(), format!("follower {i} of 3"))),
-            None => Err("no follower to freeze".into()),
-        },
-        _ => Err("an external cluster".into()),
-    };
-    let dlock_endpoint = endpoint.clone();
-    let connect_dlock: Connect = Arc::new(move || {
-        let endpoint = dlock_endpoint.clone();
-        Box::pin(
-            async move { Ok(Arc::new(Dlock::new(connect(&endpoint).await?)) as Arc<dyn Locker>) },
-        )
+    let freeze = freeze_target(cluster.leader().await, cluster.members());
+    let client = locker::client(endpoint.clone(), |endpoint| async move {
+        connect(&endpoint).await
     });
     let peer_endpoint = endpoint.clone();
     let connect_peer: Connect = Arc::new(move || {
@@ -54,18 +44,11 @@ pub async fn start() -> anyhow::Result<Setup> {
         Box::pin(async move { Ok(Arc::new(Peer::connect(&endpoint).await?) as Arc<dyn Locker>) })
     });
     let sides = vec![
-        Side {
-            kind: Kind::Dlock,
-            label: "dlock EtcdLock".into(),
-            locker: Arc::new(Dlock::new(locks.clone())),
-            connect: Some(connect_dlock),
-        },
-        Side {
-            kind: Kind::Floor,
-            label: "floor: txn (create if absent) + delete".into(),
-            locker: Arc::new(Floor { raw: raw.clone() }),
-            connect: None,
-        },
+        Side::dlock("dlock EtcdLock", &locks, &client),
+        Side::floor(
+            "floor: txn (create if absent) + delete",
+            Arc::new(Floor { raw }),
+        ),
         Side {
             kind: Kind::Peer,
             label: "etcd-client lock/unlock".into(),
@@ -77,10 +60,7 @@ pub async fn start() -> anyhow::Result<Setup> {
         servers: "3-member etcd cluster".into(),
         sides,
         locks,
-        client: Arc::new(move || {
-            let endpoint = endpoint.clone();
-            Box::pin(async move { connect(&endpoint).await })
-        }),
+        client,
         wire_batch: None,
         renewal_note: "one etcd lease per client, kept alive by the client: no request per lease",
         freeze,

@@ -5,32 +5,22 @@ use std::sync::Arc;
 use dlock_core::{DistributedLock, InMemoryLock};
 
 use super::{Fixture, Setup};
-use crate::locker::{Dlock, Kind, Locker, Side, TokioMutexes};
+use crate::locker::{Dlock, Kind, Side, TokioMutexes};
 
 pub async fn start() -> anyhow::Result<Setup> {
     let locks: Arc<dyn DistributedLock> = Arc::new(InMemoryLock::new());
-    let dlock: Arc<dyn Locker> = Arc::new(Dlock::new(locks.clone()));
-    let peer: Arc<dyn Locker> = Arc::new(TokioMutexes::default());
     let sides = vec![
-        Side {
-            kind: Kind::Dlock,
-            label: "dlock InMemoryLock".into(),
-            locker: dlock.clone(),
-            // In-process contenders share the one table, as tasks of one process would.
-            connect: Some(Arc::new(move || {
-                let dlock = dlock.clone();
-                Box::pin(async move { Ok(dlock) })
-            })),
-        },
-        Side {
-            kind: Kind::Peer,
-            label: "tokio::sync::Mutex".into(),
-            locker: peer.clone(),
-            connect: Some(Arc::new(move || {
-                let peer = peer.clone();
-                Box::pin(async move { Ok(peer) })
-            })),
-        },
+        // In-process contenders share the one table, as tasks of one process would.
+        Side::shared(
+            Kind::Dlock,
+            "dlock InMemoryLock",
+            Arc::new(Dlock::new(locks.clone())),
+        ),
+        Side::shared(
+            Kind::Peer,
+            "tokio::sync::Mutex",
+            Arc::new(TokioMutexes::default()),
+        ),
     ];
     Ok(Setup {
         servers: "none (in process)".into(),

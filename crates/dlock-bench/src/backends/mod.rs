@@ -12,11 +12,7 @@ use dlock_compliance::fixtures::{EtcdCluster, Member, RedisServer, ZkEnsemble};
 use dlock_core::DistributedLock;
 use futures::future::BoxFuture;
 
-use crate::locker::Side;
-
-/// Makes a new dlock client of the backend (a connection or session of its own).
-pub type Client =
-    Arc<dyn Fn() -> BoxFuture<'static, anyhow::Result<Arc<dyn DistributedLock>>> + Send + Sync>;
+use crate::locker::{Client, Side};
 
 /// A backend ready to measure.
 pub struct Setup {
@@ -89,6 +85,24 @@ pub const ENTRIES: &[Entry] = &[
         start: || Box::pin(etcd::start()),
     },
 ];
+
+/// The member to freeze in a cluster with this leader and these members (see
+/// [`follower_to_freeze`]), or why there is none.
+fn freeze_target(
+    leader: dlock_compliance::fixtures::Result<usize>,
+    members: dlock_compliance::fixtures::Result<&[Member]>,
+) -> Result<(Member, String), String> {
+    let (Ok(leader), Ok(members)) = (leader, members) else {
+        return Err("external servers".into());
+    };
+    match follower_to_freeze(leader, members.len()) {
+        Some(i) => Ok((
+            members[i].clone(),
+            format!("follower {i} of {}", members.len()),
+        )),
+        None => Err("no follower to freeze".into()),
+    }
+}
 
 /// Which member of a three-member cluster to freeze: a follower other than member 0, which every
 /// client of the run talks to, so that the figure is the cost of a missing vote, not of a failover.

@@ -9,49 +9,29 @@ use dlock_redis::{RedisLock, EXTEND_BATCH};
 use redis::aio::ConnectionManager;
 
 use super::{Fixture, Setup};
-use crate::locker::{Dlock, Held, Kind, Locker, Release, Side};
+use crate::locker::{self, Held, Locker, Release, Side};
 
 pub async fn start() -> anyhow::Result<Setup> {
     let server = RedisServer::start().await?;
     let url = server.url();
-    let client = RedisLock::connect(&url).await?;
-    let locks: Arc<dyn DistributedLock> = Arc::new(client.clone());
+    let redis = RedisLock::connect(&url).await?;
+    let locks: Arc<dyn DistributedLock> = Arc::new(redis.clone());
     let floor = Arc::new(Floor {
-        con: client.connection(),
+        con: redis.connection(),
         script: redis::Script::new("return 1"),
     });
-    let connect_url = url.clone();
+    let client = locker::client(url, |url| async move {
+        Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn DistributedLock>)
+    });
     let sides = vec![
-        Side {
-            kind: Kind::Dlock,
-            label: "dlock RedisLock".into(),
-            locker: Arc::new(Dlock::new(locks.clone())),
-            connect: Some(Arc::new(move || {
-                let url = connect_url.clone();
-                Box::pin(async move {
-                    let locks: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&url).await?);
-                    Ok(Arc::new(Dlock::new(locks)) as Arc<dyn Locker>)
-                })
-            })),
-        },
-        Side {
-            kind: Kind::Floor,
-            label: "floor: 2 × EVALSHA `return 1`".into(),
-            locker: floor,
-            connect: None,
-        },
+        Side::dlock("dlock RedisLock", &locks, &client),
+        Side::floor("floor: 2 × EVALSHA `return 1`", floor),
     ];
-    let client_url = url.clone();
     Ok(Setup {
         servers: "1 Redis server".into(),
         sides,
         locks,
-        client: Arc::new(move || {
-            let url = client_url.clone();
-            Box::pin(async move {
-                Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn DistributedLock>)
-            })
-        }),
+        client,
         wire_batch: Some(EXTEND_BATCH),
         renewal_note: "a TTL per key; batched: one script re-arms up to 500 leases",
         freeze: Err("a single server: frozen means unavailable".into()),

@@ -10,8 +10,8 @@ use dlock_core::DistributedLock;
 use dlock_zk::ZkLock;
 use zookeeper_client as zk;
 
-use super::{follower_to_freeze, Fixture, Setup};
-use crate::locker::{Dlock, Held, Kind, Locker, Release, Side};
+use super::{freeze_target, Fixture, Setup};
+use crate::locker::{self, Held, Locker, Release, Side};
 
 const SESSION: Duration = Duration::from_secs(10);
 /// Where the floor's nodes live, away from the locks.
@@ -44,42 +44,17 @@ pub async fn start() -> anyhow::Result<Setup> {
         .connect(&endpoint)
         .await?;
     create_if_absent(&raw, FLOOR_ROOT).await?;
-    let freeze = match (ensemble.leader().await, ensemble.members()) {
-        (Ok(leader), Ok(members)) => match follower_to_freeze(leader, members.len()) {
-            Some(i) => Ok((members[i].clone(), format!("follower {i} of 3"))),
-            None => Err("no follower to freeze".into()),
-        },
-        _ => Err("an external ensemble".into()),
-    };
-    let connect_url = url.clone();
+    let freeze = freeze_target(ensemble.leader().await, ensemble.members());
+    let client = locker::client(url, |url| async move { connect(&url).await });
     let sides = vec![
-        Side {
-            kind: Kind::Dlock,
-            label: "dlock ZkLock".into(),
-            locker: Arc::new(Dlock::new(locks.clone())),
-            connect: Some(Arc::new(move || {
-                let url = connect_url.clone();
-                Box::pin(async move {
-                    Ok(Arc::new(Dlock::new(connect(&url).await?)) as Arc<dyn Locker>)
-                })
-            })),
-        },
-        Side {
-            kind: Kind::Floor,
-            label: "floor: create + list + delete".into(),
-            locker: Arc::new(Floor { raw }),
-            connect: None,
-        },
+        Side::dlock("dlock ZkLock", &locks, &client),
+        Side::floor("floor: create + list + delete", Arc::new(Floor { raw })),
     ];
-    let client_url = url.clone();
     Ok(Setup {
         servers: "3-member ZooKeeper ensemble".into(),
         sides,
         locks,
-        client: Arc::new(move || {
-            let url = client_url.clone();
-            Box::pin(async move { connect(&url).await })
-        }),
+        client,
         wire_batch: None,
         renewal_note:
             "one session per client, kept alive by the client library: no request per lease",
