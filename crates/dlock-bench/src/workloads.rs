@@ -263,7 +263,11 @@ pub async fn renewing(
     let mut tasks = Vec::new();
     let mut held = Vec::new();
     match mode {
-        Renewal::Batched | Renewal::Session => held = leases,
+        Renewal::Batched | Renewal::Session => {
+            // Held in a vector of exactly their number, as the per-lease tasks hold one each.
+            held = leases;
+            held.shrink_to_fit();
+        }
         Renewal::PerLease => {
             for mut lease in leases {
                 tasks.push(tokio::spawn(async move {

@@ -61,7 +61,11 @@ impl Renewal {
             validity: self.drift.validity(self.ttl),
             stop_at: self.config.max_hold.map(|m| self.acquired_at + m),
             in_flight: false,
-            renewal: self,
+            key: self.key,
+            owner: self.owner,
+            fencing: self.fencing,
+            ttl: self.ttl,
+            status: self.status,
         };
         let id = {
             let mut book = scheduler.book();
@@ -87,9 +91,13 @@ impl Drop for Scheduled {
     }
 }
 
-/// One lease on the schedule.
+/// One lease on the schedule: only what each tick needs, since there may be many.
 struct Entry {
-    renewal: Renewal,
+    key: LockKey,
+    owner: OwnerToken,
+    fencing: FencingToken,
+    ttl: Duration,
+    status: StatusSender,
     next: Instant,
     interval: Duration,
     validity: Duration,
@@ -165,25 +173,24 @@ impl Scheduler {
                 wake = Some(wake.map_or(entry.next, |w| w.min(entry.next)));
                 continue;
             }
-            let renewal = &entry.renewal;
             if entry.stop_at.is_some_and(|stop| now >= stop) {
-                tracing::debug!(key = %renewal.key, "maximum hold time reached: renewal stops, the lease runs out");
+                tracing::debug!(key = %entry.key, "maximum hold time reached: renewal stops, the lease runs out");
                 finished.push(id);
                 continue;
             }
-            if renewal.status.borrow().at(now).is_lost() {
-                state::record_expiry(&renewal.status, now);
+            if entry.status.borrow().at(now).is_lost() {
+                state::record_expiry(&entry.status, now);
                 finished.push(id);
                 continue;
             }
             entry.in_flight = true;
             due.push(Due {
                 id,
-                key: renewal.key.clone(),
-                owner: renewal.owner,
-                fencing: renewal.fencing,
-                ttl: renewal.ttl,
-                deadline: renewal.status.borrow().until(),
+                key: entry.key.clone(),
+                owner: entry.owner,
+                fencing: entry.fencing,
+                ttl: entry.ttl,
+                deadline: entry.status.borrow().until(),
             });
         }
         for id in finished {
@@ -218,7 +225,7 @@ impl Scheduler {
         let Some(answers) = answers else {
             for d in &due {
                 if let Some(entry) = book.entries.remove(&d.id) {
-                    state::record_expiry(&entry.renewal.status, now);
+                    state::record_expiry(&entry.status, now);
                 }
             }
             return;
@@ -243,8 +250,7 @@ impl Scheduler {
 impl Entry {
     /// Applies one renewal's answer; false when the lease is over and leaves the schedule.
     fn apply(&mut self, sent: Instant, answer: Result<Extension>) -> bool {
-        let renewal = &self.renewal;
-        match apply_extension(&renewal.status, &renewal.key, sent, self.validity, answer) {
+        match apply_extension(&self.status, &self.key, sent, self.validity, answer) {
             Ok(()) => {
                 self.next = sent + self.interval;
                 true
@@ -252,10 +258,10 @@ impl Entry {
             Err(Error::Lost { .. } | Error::NotOwner { .. }) => false,
             Err(error) => {
                 let now = Instant::now();
-                if renewal.status.borrow().at(now).is_lost() {
+                if self.status.borrow().at(now).is_lost() {
                     return false;
                 }
-                tracing::warn!(key = %renewal.key, %error, "renewal failed; the lease is uncertain");
+                tracing::warn!(key = %self.key, %error, "renewal failed; the lease is uncertain");
                 // Retry well before the deadline, a few times per interval.
                 self.next = now + (self.interval / 4).max(Duration::from_millis(1));
                 true
