@@ -55,7 +55,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Where to write the JSON report.
-    #[arg(long, default_value = "dlock-bench.json")]
+    #[arg(long, default_value = "target/dlock-bench.json")]
     json: PathBuf,
     /// Only these backends (comma-separated names: memory, redis, zk, etcd).
     #[arg(long, value_delimiter = ',')]
@@ -98,6 +98,9 @@ fn main() -> anyhow::Result<()> {
     let report = runtime.block_on(run(&args))?;
     let text = report::print(&report);
     println!("{text}");
+    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
