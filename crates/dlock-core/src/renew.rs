@@ -160,8 +160,16 @@ impl Scheduler {
     }
 
     /// Takes the leases due at `now` off the schedule's idle set and says when to wake next.
+    ///
+    /// Nothing is taken unless some lease is due now: only then are the leases due within the
+    /// early window taken along. (Taking them whenever the scheduler wakes would let each
+    /// batch's answer pull in the next sliver of leases, a chain of tiny batches.)
     fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
         let mut book = self.book();
+        let idle = || book.entries.values().filter(|e| !e.in_flight);
+        if !idle().any(|e| e.next <= now) {
+            return (Vec::new(), idle().map(|e| e.next).min());
+        }
         let mut due = Vec::new();
         let mut finished = Vec::new();
         let mut wake = None::<Instant>;

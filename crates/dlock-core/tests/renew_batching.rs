@@ -55,6 +55,11 @@ async fn leases_taken_together_renew_in_one_batch_per_tick_on_one_timer() {
 #[tokio::test(start_paused = true)]
 async fn leases_taken_at_different_times_cost_a_bounded_number_of_batches() {
     let backend = Scripted::new();
+    // Answers take a while, as on a network: an answer must not pull in the next few leases.
+    backend
+        .faults
+        .batch_delay_ms
+        .store(5, std::sync::atomic::Ordering::SeqCst);
     let locks = backend.shared();
     let opts = renewing(900);
     let mut leases = Vec::new();

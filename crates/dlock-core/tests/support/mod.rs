@@ -24,6 +24,8 @@ pub struct Faults {
     pub taken_over_keys: Mutex<HashSet<String>>,
     /// Each try_lock is delayed by this many milliseconds after the inner backend answered.
     pub reply_delay_ms: AtomicU64,
+    /// Each extend_many answers this many milliseconds late.
+    pub batch_delay_ms: AtomicU64,
     /// After the inner backend granted, the reply never arrives.
     pub hang_after_grant: AtomicBool,
 }
@@ -113,6 +115,10 @@ impl DistributedLock for Scripted {
         self.calls
             .largest_batch
             .fetch_max(requests.len(), Ordering::SeqCst);
+        let delay = self.faults.batch_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         let mut answers = Vec::with_capacity(requests.len());
         for request in requests {
             answers.push(self.extend(&request.lease, request.ttl).await);
