@@ -7,7 +7,8 @@
 //! ```
 //!
 //! For each backend it starts the servers through the compliance fixtures (or uses the servers
-//! given with `--redis-url`, `--zk-url`, `--etcd-url` or the `DLOCK_TEST_*_URL` variables), then
+//! given with `--redis-url`, `--redlock-urls`, `--zk-url`, `--etcd-url` or the `DLOCK_TEST_*`
+//! variables), then
 //! runs the same workloads on dlock, on the server's floor (the bare round trips a lock cycle
 //! cannot avoid) and on the peers (another lock implementation on the same server):
 //!
@@ -57,12 +58,16 @@ struct Args {
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/dlock-bench.json")]
     json: PathBuf,
-    /// Only these backends (comma-separated names: memory, redis, zk, etcd).
+    /// Only these backends (comma-separated names: memory, redis, redlock, zk, etcd).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Use this Redis server instead of a container (as DLOCK_TEST_REDIS_URL).
     #[arg(long)]
     redis_url: Option<String>,
+    /// Use these Redis masters for Redlock instead of containers, comma-separated (as
+    /// DLOCK_TEST_REDLOCK_URLS).
+    #[arg(long)]
+    redlock_urls: Option<String>,
     /// Use this ZooKeeper ensemble instead of containers (as DLOCK_TEST_ZK_URL).
     #[arg(long)]
     zk_url: Option<String>,
@@ -84,6 +89,7 @@ fn main() -> anyhow::Result<()> {
     // The fixtures read these variables; the flags are a shorter way to set them.
     for (flag, env) in [
         (&args.redis_url, "DLOCK_TEST_REDIS_URL"),
+        (&args.redlock_urls, "DLOCK_TEST_REDLOCK_URLS"),
         (&args.zk_url, "DLOCK_TEST_ZK_URL"),
         (&args.etcd_url, "DLOCK_TEST_ETCD_URL"),
     ] {

@@ -4,11 +4,12 @@
 mod etcd;
 mod memory;
 mod redis;
+mod redlock;
 mod zk;
 
 use std::sync::Arc;
 
-use dlock_compliance::fixtures::{EtcdCluster, Member, RedisServer, ZkEnsemble};
+use dlock_compliance::fixtures::{EtcdCluster, Member, RedisMasters, RedisServer, ZkEnsemble};
 use dlock_core::DistributedLock;
 use futures::future::BoxFuture;
 
@@ -37,6 +38,7 @@ pub struct Setup {
 pub enum Fixture {
     None,
     Redis(RedisServer),
+    Redlock(RedisMasters),
     Zk(ZkEnsemble),
     Etcd(EtcdCluster),
 }
@@ -46,6 +48,7 @@ impl Fixture {
         match self {
             Fixture::None => {}
             Fixture::Redis(server) => server.shutdown().await?,
+            Fixture::Redlock(masters) => masters.shutdown().await?,
             Fixture::Zk(ensemble) => ensemble.shutdown().await?,
             Fixture::Etcd(cluster) => cluster.shutdown().await?,
         }
@@ -73,6 +76,11 @@ pub const ENTRIES: &[Entry] = &[
         name: "redis",
         needs_docker: RedisServer::needs_docker,
         start: || Box::pin(redis::start()),
+    },
+    Entry {
+        name: "redlock",
+        needs_docker: RedisMasters::needs_docker,
+        start: || Box::pin(redlock::start()),
     },
     Entry {
         name: "zk",
