@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::locker::Kind;
 use crate::plan::Plan;
 use crate::stats::{bytes, micros, rate, ratio, Latency};
-use crate::workloads::{Frozen, HotKey, Renewing, TASKS};
+use crate::workloads::{Frozen, HotKey, Renewing, Throughput, TASKS};
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -37,8 +37,8 @@ pub struct SideReport {
     pub kind: Kind,
     pub label: String,
     pub cycle: Latency,
-    /// Cycles per second at each of [`TASKS`].
-    pub throughput: Vec<f64>,
+    /// At each of [`TASKS`].
+    pub throughput: Vec<Throughput>,
     pub hot_key: Option<HotKey>,
 }
 
@@ -104,9 +104,14 @@ pub fn table(report: &Report) -> String {
                 micros(side.cycle.p99_us),
                 micros(side.cycle.p999_us),
             ];
-            for (i, per_s) in side.throughput.iter().enumerate() {
-                let pick = move |s: &SideReport| s.throughput.get(i).copied().unwrap_or(0.0);
-                cells.push(format!("{}{}", rate(*per_s), compare(&pick, *per_s)));
+            for (i, t) in side.throughput.iter().enumerate() {
+                let pick = move |s: &SideReport| s.throughput.get(i).map_or(0.0, |t| t.per_s);
+                cells.push(format!(
+                    "{}{}{}",
+                    rate(t.per_s),
+                    compare(&pick, t.per_s),
+                    failures(t.failed)
+                ));
             }
             match &side.hot_key {
                 Some(hot) => {
@@ -116,7 +121,11 @@ pub fn table(report: &Report) -> String {
                     } else {
                         String::new()
                     };
-                    cells.push(format!("{}{ratio}", rate(hot.handoffs_per_s)));
+                    cells.push(format!(
+                        "{}{ratio}{}",
+                        rate(hot.handoffs_per_s),
+                        failures(hot.failed)
+                    ));
                     cells.push(format!(
                         "{} / {}",
                         micros(hot.handoff.p50_us),
@@ -171,6 +180,15 @@ pub fn table(report: &Report) -> String {
         }
     }
     out
+}
+
+/// ` [12 failed]` when some operations failed.
+fn failures(failed: u64) -> String {
+    if failed == 0 {
+        String::new()
+    } else {
+        format!(" [{failed} failed]")
+    }
 }
 
 /// The table with a heading that says how it was made.

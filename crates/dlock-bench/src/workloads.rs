@@ -44,27 +44,39 @@ pub async fn cycles(sides: &[Side], plan: Plan) -> anyhow::Result<Vec<Latency>> 
     Ok(times.into_iter().map(Latency::of).collect())
 }
 
+/// What one side achieved at one task count.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Throughput {
+    pub per_s: f64,
+    /// Cycles that ended in an error (not counted in the rate).
+    pub failed: u64,
+}
+
 /// Cycles per second of `tasks` tasks on keys of their own, for every side; sides take turns in
-/// slices and each rate is total cycles over total time.
-pub async fn throughput(sides: &[Side], tasks: usize, plan: Plan) -> anyhow::Result<Vec<f64>> {
+/// slices and each rate is total cycles over total time. A failed cycle is counted, not fatal:
+/// an overloaded server answering with errors is a result too.
+pub async fn throughput(
+    sides: &[Side],
+    tasks: usize,
+    plan: Plan,
+) -> anyhow::Result<Vec<Throughput>> {
     let slice = plan.window / plan.rounds as u32;
-    let mut totals = vec![(0u64, Duration::ZERO); sides.len()];
+    let mut totals = vec![(0u64, 0u64, Duration::ZERO); sides.len()];
     for _ in 0..plan.rounds {
         for (i, side) in sides.iter().enumerate() {
-            let (done, took) = run_for(
-                &side.locker,
-                &format!("bench/{i}/tput{tasks}"),
-                tasks,
-                slice,
-            )
-            .await?;
+            let prefix = format!("bench/{i}/tput{tasks}");
+            let (done, failed, took) = run_for(&side.locker, &prefix, tasks, slice).await?;
             totals[i].0 += done;
-            totals[i].1 += took;
+            totals[i].1 += failed;
+            totals[i].2 += took;
         }
     }
     Ok(totals
         .into_iter()
-        .map(|(done, took)| done as f64 / took.as_secs_f64().max(f64::MIN_POSITIVE))
+        .map(|(done, failed, took)| Throughput {
+            per_s: done as f64 / took.as_secs_f64().max(f64::MIN_POSITIVE),
+            failed,
+        })
         .collect())
 }
 
@@ -73,32 +85,45 @@ async fn run_for(
     prefix: &str,
     tasks: usize,
     slice: Duration,
-) -> anyhow::Result<(u64, Duration)> {
-    let count = Arc::new(AtomicU64::new(0));
+) -> anyhow::Result<(u64, u64, Duration)> {
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let until = start + slice;
     let handles: Vec<_> = (0..tasks)
         .map(|task| {
-            let (locker, count, key) = (locker.clone(), count.clone(), format!("{prefix}/{task}"));
+            let (locker, done, failed) = (locker.clone(), done.clone(), failed.clone());
+            let key = format!("{prefix}/{task}");
             tokio::spawn(async move {
                 while Instant::now() < until {
-                    locker.acquire(&key).await?.release().await?;
-                    count.fetch_add(1, Ordering::Relaxed);
+                    match cycle(&locker, &key).await {
+                        Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                    };
                 }
-                anyhow::Ok(())
             })
         })
         .collect();
     for handle in handles {
-        handle.await??;
+        handle.await?;
     }
-    Ok((count.load(Ordering::Relaxed), start.elapsed()))
+    Ok((
+        done.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        start.elapsed(),
+    ))
+}
+
+async fn cycle(locker: &Arc<dyn Locker>, key: &str) -> anyhow::Result<()> {
+    locker.acquire(key).await?.release().await
 }
 
 /// Hand-offs on one hot key between contenders with clients of their own.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct HotKey {
     pub handoffs_per_s: f64,
+    /// Acquires or releases that ended in an error.
+    pub failed: u64,
     /// From the previous holder calling release to the next holder having the lock.
     pub handoff: Latency,
 }
@@ -115,6 +140,7 @@ pub async fn hot_key(side: &Side, index: usize, plan: Plan) -> anyhow::Result<Op
     // (previous holder, when it called release)
     let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
     let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let failed = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let until = start + plan.hot_for;
     let handles: Vec<_> = contenders
@@ -122,9 +148,13 @@ pub async fn hot_key(side: &Side, index: usize, plan: Plan) -> anyhow::Result<Op
         .enumerate()
         .map(|(id, locker)| {
             let (key, last, samples) = (key.clone(), last.clone(), samples.clone());
+            let failed = failed.clone();
             tokio::spawn(async move {
                 while Instant::now() < until {
-                    let held = locker.acquire(&key).await?;
+                    let Ok(held) = locker.acquire(&key).await else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
                     let now = Instant::now();
                     {
                         let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
@@ -138,19 +168,21 @@ pub async fn hot_key(side: &Side, index: usize, plan: Plan) -> anyhow::Result<Op
                         }
                         *last = Some((id, Instant::now()));
                     }
-                    held.release().await?;
+                    if held.release().await.is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-                anyhow::Ok(())
             })
         })
         .collect();
     for handle in handles {
-        handle.await??;
+        handle.await?;
     }
     let took = start.elapsed();
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(Some(HotKey {
         handoffs_per_s: samples.len() as f64 / took.as_secs_f64(),
+        failed: failed.load(Ordering::Relaxed),
         handoff: Latency::of(samples),
     }))
 }
