@@ -25,14 +25,9 @@ pub const MIN_DERIVED_NODE_TIMEOUT: Duration = Duration::from_millis(5);
 /// The longest per-node timeout the TTL-derived default picks.
 pub const MAX_DERIVED_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
-/// The shortest per-node or connect timeout accepted.
-pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
-
-/// The longest per-node or connect timeout accepted.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The default bound on opening a connection to one master.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+// The shortest and longest per-node or connect timeout accepted, and the default bound on
+// opening a connection to one master: those of the single-Redis client.
+pub use dlock_redis::{DEFAULT_CONNECT_TIMEOUT, MAX_TIMEOUT, MIN_TIMEOUT};
 
 /// The default upper bound of the random part of the wait between attempts.
 pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(10);

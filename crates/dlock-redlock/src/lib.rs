@@ -28,8 +28,9 @@
 //! sent. `connect` needs a quorum of the masters to answer; the others are connected when a
 //! request needs them.
 //!
-//! The client keeps one multiplexed connection per master and replaces it when it breaks (see
-//! `node.rs`). Keys are those of [`dlock_redis`] ([`dlock_redis::keys`]), and each operation is
+//! The client keeps one multiplexed connection per master and replaces it in the background
+//! when it breaks; every new connection is checked with `INFO server` (see the delayed restart
+//! below). Keys are those of [`dlock_redis`] ([`dlock_redis::keys`]), and each operation is
 //! one of its scripts ([`dlock_redis::scripts`]), run on every master.
 //!
 //! # The algorithm
@@ -39,8 +40,10 @@
 //! * **Acquire**: note the time `sent`, then send the acquire script (`SET key owner NX PX ttl`,
 //!   and increment the key's fencing counter if granted) to **every master in parallel**, each
 //!   request bounded by the **per-node timeout** (configurable; by default `ttl / 200`, between
-//!   5 and 50 ms). A master that hangs costs at most that timeout, and the client stops waiting as
-//!   soon as a quorum (`N/2 + 1` by default) granted or can no longer grant. The lock is acquired
+//!   5 and 50 ms). A master that hangs costs at most that timeout, and one without a connection
+//!   (being reconnected in the background) answers "no" at once. The client stops waiting as soon
+//!   as a quorum (`N/2 + 1` by default) granted, or a quorum answered and no quorum can grant;
+//!   requests still pending finish in the background, so none is skipped or overtaken. The lock is acquired
 //!   only if a quorum granted *and* the time since `sent` is still below the validity
 //!   `ttl − (ttl × drift.factor + drift.fixed)` — the same formula and the same `sent` stamp from
 //!   which dlock's core computes the lease's validity deadline, so the lease the caller gets ends
