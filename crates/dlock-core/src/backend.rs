@@ -91,6 +91,15 @@ pub struct LeaseRef<'a> {
     pub fencing: Option<FencingToken>,
 }
 
+/// One lease to re-arm in a batch ([`DistributedLock::extend_many`]): which, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct ExtendRequest<'a> {
+    /// The lease, with its owner token.
+    pub lease: LeaseRef<'a>,
+    /// The TTL to re-arm it with.
+    pub ttl: Duration,
+}
+
 /// The server's answer to a successful lock request.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -193,6 +202,25 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// The extension may or may not have happened; either way ownership is unchanged.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension>;
 
+    /// Re-arms many leases at once; one answer per request, in the same order.
+    ///
+    /// Auto-renew calls this once per tick with every lease of this handle that is due, so that
+    /// 10,000 renewing leases cost one timer and a few requests rather than 10,000 of each. Each
+    /// request has the semantics of [`extend`](Self::extend). The default sends one `extend` per
+    /// lease, all at once; a backend that can batch on the wire (one pipeline or one script over
+    /// many keys) overrides it. A failure of the whole batch is reported for every lease.
+    ///
+    /// # Cancel safety
+    /// Like [`extend`](Self::extend): any of the extensions may or may not have happened.
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        futures::future::join_all(
+            requests
+                .iter()
+                .map(|request| self.extend(&request.lease, request.ttl)),
+        )
+        .await
+    }
+
     /// Frees a lock this owner still holds; never touches another owner's lock.
     ///
     /// # Cancel safety
@@ -288,6 +316,9 @@ macro_rules! forward_distributed_lock {
             }
             async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
                 (**self).extend(lease, ttl).await
+            }
+            async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+                (**self).extend_many(requests).await
             }
             async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
                 (**self).release(lease).await

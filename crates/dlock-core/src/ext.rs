@@ -256,7 +256,6 @@ async fn take(
             });
             if let Some(config) = opts.auto_renew {
                 let renewal = Renewal {
-                    backend: backend.clone(),
                     key: key.clone(),
                     owner,
                     fencing: grant.fencing,
@@ -266,7 +265,7 @@ async fn take(
                     config,
                     status: lease.status_sender(),
                 };
-                lease.attach(renewal.spawn());
+                lease.attach_renewal(renewal.start(backend));
             }
             if let Some(session) = grant.session {
                 lease.attach(crate::session::follow(lease.status_sender(), session));

@@ -12,6 +12,7 @@ use crate::backend::{DistributedLock, Extension, LeaseRef, Released};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::options::{validate_ttl, Drift};
+use crate::renew::Scheduled;
 use crate::state::{
     self, Condition, LeaseState, LeaseWatch, LostReason, Status, StatusCell, StatusSender,
 };
@@ -39,8 +40,10 @@ pub struct Lease {
     drift: Drift,
     acquired_at: Instant,
     status: StatusCell,
-    /// Renewal and session-following tasks, aborted when the lease ends.
+    /// Session-following tasks, aborted when the lease ends.
     tasks: Vec<JoinHandle<()>>,
+    /// The lease's place on its backend's renewal schedule, left when the lease ends.
+    renewal: Option<Scheduled>,
     finished: bool,
 }
 
@@ -69,13 +72,19 @@ impl Lease {
             acquired_at: parts.sent_at,
             status,
             tasks: Vec::new(),
+            renewal: None,
             finished: false,
         }
     }
 
-    /// Ties a background task (renewal, session following) to the lease's life.
+    /// Ties a background task (session following) to the lease's life.
     pub(crate) fn attach(&mut self, task: JoinHandle<()>) {
         self.tasks.push(task);
+    }
+
+    /// Keeps the lease on its backend's renewal schedule for as long as it lives.
+    pub(crate) fn attach_renewal(&mut self, renewal: Scheduled) {
+        self.renewal = Some(renewal);
     }
 
     pub(crate) fn status_sender(&self) -> StatusSender {
@@ -250,6 +259,7 @@ impl Lease {
     }
 
     fn stop_tasks(&mut self) {
+        self.renewal = None;
         for task in self.tasks.drain(..) {
             task.abort();
         }

@@ -11,7 +11,9 @@
 //!   holder, and a conservative validity deadline on the client's monotonic clock.
 //! * Every lease is [held, uncertain or lost](LeaseState), observable as a query and as a future
 //!   ([`Lease::lost`]), so work can stop the moment the lock is gone.
-//! * [Auto-renew](LockOptions::with_auto_renew) is opt-in, written once here for every backend.
+//! * [Auto-renew](LockOptions::with_auto_renew) is opt-in, written once here for every backend;
+//!   a backend handle renews all its due leases in one batch per tick
+//!   ([`extend_many`](DistributedLock::extend_many)), not one timer and one request per lease.
 //! * [`Lease::release`] is explicit and async; dropping a lease never blocks.
 //! * A [`Fence`] lets a resource reject the writes of a holder whose lease already ended, which no
 //!   lock service can prevent by time alone.
@@ -56,8 +58,8 @@ mod token;
 pub mod url;
 
 pub use backend::{
-    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, LeaseRef,
-    LockRequest, Released,
+    Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
+    LeaseRef, LockRequest, Released,
 };
 pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};

@@ -69,8 +69,10 @@ impl Drift {
 
 /// Opt-in automatic renewal of a lease.
 ///
-/// A background task extends the lease every `interval` (default a third of the TTL) through the
-/// backend's ownership-checked extend. A failed renewal marks the lease
+/// The backend handle's renewal scheduler extends the lease every `interval` (default a third of
+/// the TTL) through the backend's ownership-checked extend, together with every other lease of the
+/// handle that is due: one timer and one [`extend_many`](crate::DistributedLock::extend_many) call
+/// per tick, however many leases are held. A failed renewal marks the lease
 /// [uncertain](crate::LeaseState::Uncertain) and retries; if it cannot be confirmed before its
 /// validity ends the lease becomes [lost](crate::LeaseState::Lost). Renewal stops on release, on
 /// drop, and once `max_hold` has passed since the acquire.

@@ -123,4 +123,4 @@ pub use builder::{
 };
 pub use endpoint::Endpoint;
 pub use error::from_redis as error_from_redis;
-pub use lock::RedisLock;
+pub use lock::{RedisLock, EXTEND_BATCH};

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, Holding,
-    LeaseRef, LockKey, LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee,
+    Grant, Holding, LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
@@ -19,6 +19,11 @@ use crate::error::BACKEND;
 use crate::keys::{self, KeyLayout, LockKeys};
 use crate::scripts::{self, AcquireReply};
 use crate::wakeups::Wakeups;
+
+/// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough
+/// that 10,000 leases take a handful of round trips, small enough that one call keeps the server
+/// busy for about a millisecond at most.
+pub const EXTEND_BATCH: usize = 500;
 
 /// Locks on one Redis server (a standalone server or a primary with asynchronous replicas).
 ///
@@ -145,6 +150,48 @@ impl DistributedLock for RedisLock {
                 scripts::extend(&mut con, &lock, &owner, ttl).await
             })
             .await
+    }
+
+    /// One [`EXTEND_MANY`](scripts::EXTEND_MANY) script per [`EXTEND_BATCH`] leases on the
+    /// shared connection, instead of one request per lease.
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        let mut answers = Vec::with_capacity(requests.len());
+        for chunk in requests.chunks(EXTEND_BATCH) {
+            let locks: Vec<(String, String, Duration)> = chunk
+                .iter()
+                .map(|r| {
+                    let lock = self.inner.layout.lock_key(r.lease.key);
+                    (lock, r.lease.owner.to_hex(), r.ttl)
+                })
+                .collect();
+            let result = self
+                .inner
+                .connection
+                .run("extend", |mut con| async move {
+                    let triples: Vec<(&str, &str, Duration)> = locks
+                        .iter()
+                        .map(|(lock, owner, ttl)| (lock.as_str(), owner.as_str(), *ttl))
+                        .collect();
+                    scripts::extend_many(&mut con, &triples).await
+                })
+                .await;
+            match result {
+                Ok(codes) => answers.extend(codes.into_iter().map(Ok)),
+                Err(error) => {
+                    // The whole chunk failed alike: each lease gets the same error.
+                    let (temporary, message) = (error.is_temporary(), error.to_string());
+                    answers.push(Err(error));
+                    answers.extend((1..chunk.len()).map(|_| {
+                        Err(dlock_core::Error::backend(
+                            BACKEND,
+                            temporary,
+                            message.clone(),
+                        ))
+                    }));
+                }
+            }
+        }
+        answers
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {

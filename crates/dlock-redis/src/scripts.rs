@@ -1,4 +1,4 @@
-//! The three Lua scripts of a Redis lock, and how their answers are decoded.
+//! The Lua scripts of a Redis lock, and how their answers are decoded.
 //!
 //! Each lock operation is one script, so it is atomic on the server: no other client's command can
 //! run between the ownership check and the change. They are shared with the Redlock backend, which
@@ -9,6 +9,8 @@
 //!   waiter knows when an abandoned lock runs out. A repeated request by the same owner (a retry
 //!   after a lost reply) re-arms the TTL and is granted a new, larger token.
 //! * [`EXTEND`]: if the lock's value is the owner, `PEXPIRE` it; never re-creates it.
+//! * [`EXTEND_MANY`]: [`EXTEND`] for many locks in one call, so auto-renew costs one round trip
+//!   per batch rather than one per lease.
 //! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and `PUBLISH` on its release channel.
 //! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
 //!   owner, raise the fencing counter to at least a given token, never lowering it.
@@ -163,6 +165,30 @@ if holder == ARGV[1] then
 end
 if holder then return 2 end
 return 0
+"#,
+    )
+});
+
+/// [`EXTEND`] for many locks in one script: returns one code per key, in order.
+///
+/// `KEYS[i]` lock key; `ARGV[2i - 1]` its owner token, `ARGV[2i]` its TTL in ms.
+pub static EXTEND_MANY: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        "extend_many",
+        r#"
+local answers = {}
+for i, key in ipairs(KEYS) do
+  local holder = redis.call('GET', key)
+  if holder == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', key, ARGV[2 * i])
+    answers[i] = 1
+  elseif holder then
+    answers[i] = 2
+  else
+    answers[i] = 0
+  end
+end
+return answers
 "#,
     )
 });
@@ -354,6 +380,38 @@ where
     decode_extend(code)
 }
 
+/// Runs [`EXTEND_MANY`] for `(lock key, owner, ttl)` triples, one round trip for all of them.
+///
+/// # Cancel safety
+/// If dropped, the TTLs may or may not have been re-armed; ownership is unchanged either way.
+pub async fn extend_many<C>(
+    con: &mut C,
+    locks: &[(&str, &str, Duration)],
+) -> RedisResult<Vec<Extension>>
+where
+    C: ConnectionLike + Send,
+{
+    let keys: Vec<&str> = locks.iter().map(|(key, _, _)| *key).collect();
+    let ttls: Vec<String> = locks
+        .iter()
+        .map(|(_, _, ttl)| ttl_millis(*ttl).to_string())
+        .collect();
+    let args: Vec<&[u8]> = locks
+        .iter()
+        .zip(&ttls)
+        .flat_map(|((_, owner, _), ttl)| [owner.as_bytes(), ttl.as_bytes()])
+        .collect();
+    let codes: Vec<i64> = EXTEND_MANY.invoke(con, &keys, &args).await?;
+    if codes.len() != locks.len() {
+        return Err(unexpected(format!(
+            "extend_many answered {} codes for {} locks",
+            codes.len(),
+            locks.len()
+        )));
+    }
+    codes.into_iter().map(decode_extend).collect()
+}
+
 /// Runs [`RELEASE`] for `owner`, announcing it on `channel` (none if empty).
 ///
 /// # Cancel safety
@@ -405,7 +463,7 @@ mod tests {
 
     #[test]
     fn hashes_are_sha1_of_the_source() {
-        for script in [&*ACQUIRE, &*EXTEND, &*RELEASE, &*RAISE_FENCE] {
+        for script in [&*ACQUIRE, &*EXTEND, &*EXTEND_MANY, &*RELEASE, &*RAISE_FENCE] {
             assert_eq!(script.hash().len(), 40, "{}", script.name());
             assert_eq!(
                 script.hash(),

@@ -86,6 +86,10 @@ pub fn cases() -> Vec<Case> {
         ),
         case!(ownership::stale_lease_cannot_release_or_extend, Nothing),
         case!(ownership::foreign_owner_cannot_release_or_extend, Nothing),
+        case!(
+            ownership::extend_many_answers_each_lease_like_extend,
+            Nothing
+        ),
         case!(expiry::abandoned_lock_is_acquirable_after_its_ttl, Nothing),
         case!(expiry::extend_prolongs_the_lease, Nothing),
         case!(expiry::extend_after_expiry_fails_as_lost, Nothing),

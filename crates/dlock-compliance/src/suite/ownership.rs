@@ -1,7 +1,9 @@
 //! Ownership: only the current owner may extend or release.
 
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLockExt, Extension, LeaseRef, LockKey, OwnerToken, Released};
+use dlock_core::{
+    DistributedLockExt, ExtendRequest, Extension, LeaseRef, LockKey, OwnerToken, Released,
+};
 
 use super::Ctx;
 
@@ -75,5 +77,68 @@ pub(crate) async fn foreign_owner_cannot_release_or_extend(cx: Ctx) -> anyhow::R
         lease.release().await? == Released::Released,
         "the owner could not release"
     );
+    Ok(())
+}
+
+/// A batch of extensions (what auto-renew sends) answers each lease as `extend` would: the
+/// owner's lease is extended, a released one and another owner's are not, and the other owner
+/// keeps its lock.
+pub(crate) async fn extend_many_answers_each_lease_like_extend(cx: Ctx) -> anyhow::Result<()> {
+    let holder = cx.client().await?;
+    let other = cx.client().await?;
+    let (own_key, gone_key, other_key) = (cx.key("own"), cx.key("gone"), cx.key("other"));
+    let own = holder.acquire(&own_key, &cx.opts(cx.long_ttl())).await?;
+    let gone = holder.acquire(&gone_key, &cx.opts(cx.long_ttl())).await?;
+    let gone_owner = gone.owner();
+    gone.release().await?;
+    let others = other.acquire(&other_key, &cx.opts(cx.long_ttl())).await?;
+    let (own_name, gone_name, other_name) = (
+        LockKey::new(&own_key)?,
+        LockKey::new(&gone_key)?,
+        LockKey::new(&other_key)?,
+    );
+    let request = |key, owner, fencing| ExtendRequest {
+        lease: LeaseRef {
+            key,
+            owner,
+            fencing,
+        },
+        ttl: cx.long_ttl(),
+    };
+    let requests = [
+        request(&own_name, own.owner(), Some(own.fencing_token())),
+        request(&gone_name, gone_owner, None),
+        request(&other_name, OwnerToken::random(), None),
+    ];
+    let answers = holder.extend_many(&requests).await;
+    ensure!(
+        answers.len() == 3,
+        "{} answers to 3 requests",
+        answers.len()
+    );
+    let answers: Vec<Extension> = answers.into_iter().collect::<Result<_, _>>()?;
+    ensure!(
+        answers[0] == Extension::Extended,
+        "the owner's lease was not extended: {:?}",
+        answers[0]
+    );
+    ensure!(
+        answers[1] != Extension::Extended,
+        "a released lease was extended"
+    );
+    ensure!(
+        answers[2] != Extension::Extended,
+        "another owner's lock was extended"
+    );
+    ensure!(
+        holder
+            .try_acquire(&other_key, &cx.opts(cx.ttl()))
+            .await?
+            .is_none(),
+        "the other owner's lock is free after the batch"
+    );
+    ensure!(own.is_held() && others.is_held(), "a lease was lost");
+    own.release().await?;
+    others.release().await?;
     Ok(())
 }

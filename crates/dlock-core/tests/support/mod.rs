@@ -1,14 +1,15 @@
 //! A test wrapper around the in-process backend that counts calls and injects faults.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Error, Extension, InMemoryLock, LeaseRef, LockKey,
-    LockRequest, Released, Result,
+    Attempt, Capabilities, DistributedLock, Error, ExtendRequest, Extension, InMemoryLock,
+    LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -19,8 +20,12 @@ pub struct Faults {
     pub fail_extend: AtomicBool,
     /// Extends answer "taken over" without asking the inner backend.
     pub extend_taken_over: AtomicBool,
+    /// Extends of these keys answer "taken over" without asking the inner backend.
+    pub taken_over_keys: Mutex<HashSet<String>>,
     /// Each try_lock is delayed by this many milliseconds after the inner backend answered.
     pub reply_delay_ms: AtomicU64,
+    /// Each extend_many answers this many milliseconds late.
+    pub batch_delay_ms: AtomicU64,
     /// After the inner backend granted, the reply never arrives.
     pub hang_after_grant: AtomicBool,
 }
@@ -30,6 +35,10 @@ pub struct Faults {
 pub struct Calls {
     pub try_lock: AtomicUsize,
     pub extend: AtomicUsize,
+    /// Batches, each also counted once per lease in `extend`.
+    pub extend_many: AtomicUsize,
+    /// The size of the largest batch.
+    pub largest_batch: AtomicUsize,
     pub release: AtomicUsize,
 }
 
@@ -88,10 +97,33 @@ impl DistributedLock for Scripted {
         if self.faults.fail_extend.load(Ordering::SeqCst) {
             return Err(Error::backend("scripted", true, "connection reset"));
         }
-        if self.faults.extend_taken_over.load(Ordering::SeqCst) {
+        if self.faults.extend_taken_over.load(Ordering::SeqCst)
+            || self
+                .faults
+                .taken_over_keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(lease.key.as_str())
+        {
             return Ok(Extension::TakenOver);
         }
         self.inner.extend(lease, ttl).await
+    }
+
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        self.calls.extend_many.fetch_add(1, Ordering::SeqCst);
+        self.calls
+            .largest_batch
+            .fetch_max(requests.len(), Ordering::SeqCst);
+        let delay = self.faults.batch_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        let mut answers = Vec::with_capacity(requests.len());
+        for request in requests {
+            answers.push(self.extend(&request.lease, request.ttl).await);
+        }
+        answers
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {

@@ -16,6 +16,7 @@
 mod connecting;
 mod faults;
 mod interop;
+mod renewing;
 mod support;
 mod waiting;
 

@@ -59,6 +59,14 @@ pub fn own_trials(url: String) -> Vec<Trial> {
             |u| Box::pin(crate::waiting::a_lost_subscriber_connection_costs_only_latency(u)),
         ),
         (
+            "renewing::extend_many_answers_each_lease_in_one_script",
+            |u| Box::pin(crate::renewing::extend_many_answers_each_lease_in_one_script(u)),
+        ),
+        (
+            "renewing::many_renewing_leases_cost_a_few_scripts_per_tick",
+            |u| Box::pin(crate::renewing::many_renewing_leases_cost_a_few_scripts_per_tick(u)),
+        ),
+        (
             "connecting::unreachable_servers_fail_in_bounded_time",
             |u| {
                 Box::pin(crate::connecting::unreachable_servers_fail_in_bounded_time(

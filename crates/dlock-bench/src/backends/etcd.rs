@@ -1,0 +1,145 @@
+//! A three-member etcd cluster: dlock beside the floor of its bare requests (a create-if-absent
+//! transaction and a delete) and beside etcd's own lock service as the peer (etcd-client's
+//! `lock`/`unlock`, with a lease per client), all on member 0.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::EtcdCluster;
+use dlock_core::DistributedLock;
+use dlock_etcd::EtcdLock;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use super::{freeze_target, Fixture, Setup};
+use crate::locker::{self, Connect, Held, Kind, Locker, Release, Side};
+
+/// The peer's lease: long enough for any run, so no keep-alive is needed.
+const PEER_LEASE_SECS: i64 = 900;
+
+async fn connect(endpoint: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
+    let lock = EtcdLock::builder()
+        .endpoints([endpoint.to_owned()])
+        .namespace("dlock-bench/")
+        .connect()
+        .await?;
+    Ok(Arc::new(lock))
+}
+
+pub async fn start() -> anyhow::Result<Setup> {
+    let cluster = EtcdCluster::start(3).await?;
+    let endpoint = cluster
+        .endpoints()
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("a cluster without members"))?;
+    let locks = connect(&endpoint).await?;
+    let raw = etcd_client::Client::connect([endpoint.clone()], None).await?;
+    let freeze = freeze_target(cluster.leader().await, cluster.members());
+    let client = locker::client(endpoint.clone(), |endpoint| async move {
+        connect(&endpoint).await
+    });
+    let peer_endpoint = endpoint.clone();
+    let connect_peer: Connect = Arc::new(move || {
+        let endpoint = peer_endpoint.clone();
+        Box::pin(async move { Ok(Arc::new(Peer::connect(&endpoint).await?) as Arc<dyn Locker>) })
+    });
+    let sides = vec![
+        Side::dlock("dlock EtcdLock", &locks, &client),
+        Side::floor(
+            "floor: txn (create if absent) + delete",
+            Arc::new(Floor { raw }),
+        ),
+        Side {
+            kind: Kind::Peer,
+            label: "etcd-client lock/unlock".into(),
+            locker: Arc::new(Peer::connect(&endpoint).await?),
+            connect: Some(connect_peer),
+        },
+    ];
+    Ok(Setup {
+        servers: "3-member etcd cluster".into(),
+        sides,
+        locks,
+        client,
+        wire_batch: None,
+        renewal_note: "one etcd lease per client, kept alive by the client: no request per lease",
+        freeze,
+        fixture: Fixture::Etcd(cluster),
+    })
+}
+
+/// The requests a lock cycle cannot avoid: take the key if nobody has it, delete it.
+struct Floor {
+    raw: etcd_client::Client,
+}
+
+struct FloorHeld {
+    raw: etcd_client::Client,
+    key: String,
+}
+
+#[async_trait]
+impl Locker for Floor {
+    async fn acquire(&self, key: &str) -> anyhow::Result<Held> {
+        let key = format!("floor-bench/{key}");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), "floor", None)]);
+        let answer = self.raw.clone().txn(txn).await?;
+        anyhow::ensure!(answer.succeeded(), "the floor's key {key} was free");
+        Ok(Box::new(FloorHeld {
+            raw: self.raw.clone(),
+            key,
+        }))
+    }
+}
+
+#[async_trait]
+impl Release for FloorHeld {
+    async fn release(mut self: Box<Self>) -> anyhow::Result<()> {
+        self.raw.delete(self.key.as_str(), None).await?;
+        Ok(())
+    }
+}
+
+/// etcd's server-side lock service, as etcd-client exposes it: the lock is held under a lease.
+struct Peer {
+    client: etcd_client::Client,
+    lease: i64,
+}
+
+impl Peer {
+    async fn connect(endpoint: &str) -> anyhow::Result<Peer> {
+        let mut client = etcd_client::Client::connect([endpoint], None).await?;
+        let lease = client.lease_grant(PEER_LEASE_SECS, None).await?.id();
+        Ok(Peer { client, lease })
+    }
+}
+
+struct PeerHeld {
+    client: etcd_client::Client,
+    key: Vec<u8>,
+}
+
+#[async_trait]
+impl Locker for Peer {
+    async fn acquire(&self, key: &str) -> anyhow::Result<Held> {
+        let mut client = self.client.clone();
+        let options = etcd_client::LockOptions::new().with_lease(self.lease);
+        let locked = client
+            .lock(format!("peer-bench/{key}"), Some(options))
+            .await?;
+        Ok(Box::new(PeerHeld {
+            client,
+            key: locked.key().to_vec(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Release for PeerHeld {
+    async fn release(mut self: Box<Self>) -> anyhow::Result<()> {
+        self.client.unlock(self.key).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,71 @@
+//! One Redis server: dlock beside the floor of two bare script round trips.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::RedisServer;
+use dlock_core::DistributedLock;
+use dlock_redis::{RedisLock, EXTEND_BATCH};
+use redis::aio::ConnectionManager;
+
+use super::{Fixture, Setup};
+use crate::locker::{self, Held, Locker, Release, Side};
+
+pub async fn start() -> anyhow::Result<Setup> {
+    let server = RedisServer::start().await?;
+    let url = server.url();
+    let redis = RedisLock::connect(&url).await?;
+    let locks: Arc<dyn DistributedLock> = Arc::new(redis.clone());
+    let floor = Arc::new(Floor {
+        con: redis.connection(),
+        script: redis::Script::new("return 1"),
+    });
+    let client = locker::client(url, |url| async move {
+        Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn DistributedLock>)
+    });
+    let sides = vec![
+        Side::dlock("dlock RedisLock", &locks, &client),
+        Side::floor("floor: 2 × EVALSHA `return 1`", floor),
+    ];
+    Ok(Setup {
+        servers: "1 Redis server".into(),
+        sides,
+        locks,
+        client,
+        wire_batch: Some(EXTEND_BATCH),
+        renewal_note: "a TTL per key; batched: one script re-arms up to 500 leases",
+        freeze: Err("a single server: frozen means unavailable".into()),
+        fixture: Fixture::Redis(server),
+    })
+}
+
+/// The round trips a Redis lock cycle cannot avoid: one script to take, one to give back.
+struct Floor {
+    con: ConnectionManager,
+    script: redis::Script,
+}
+
+struct FloorHeld {
+    con: ConnectionManager,
+    script: redis::Script,
+}
+
+#[async_trait]
+impl Locker for Floor {
+    async fn acquire(&self, _key: &str) -> anyhow::Result<Held> {
+        let mut con = self.con.clone();
+        let _: i64 = self.script.invoke_async(&mut con).await?;
+        Ok(Box::new(FloorHeld {
+            con,
+            script: self.script.clone(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Release for FloorHeld {
+    async fn release(mut self: Box<Self>) -> anyhow::Result<()> {
+        let _: i64 = self.script.invoke_async(&mut self.con).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! A three-member ZooKeeper ensemble: dlock beside the floor of its recipe's bare requests
+//! (create an ephemeral sequential node, list its parent, delete it), all on member 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::{ZkEnsemble, ZkOptions};
+use dlock_core::DistributedLock;
+use dlock_zk::ZkLock;
+use zookeeper_client as zk;
+
+use super::{freeze_target, Fixture, Setup};
+use crate::locker::{self, Held, Locker, Release, Side};
+
+const SESSION: Duration = Duration::from_secs(10);
+/// Where the floor's nodes live, away from the locks.
+const FLOOR_ROOT: &str = "/dlock-bench-floor";
+
+async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
+    let lock = ZkLock::builder(url)
+        .with_session_timeout(SESSION)
+        .build()
+        .await?;
+    Ok(Arc::new(lock))
+}
+
+pub async fn start() -> anyhow::Result<Setup> {
+    let ensemble = ZkEnsemble::start_with(
+        3,
+        ZkOptions::default().with_tick_time(Duration::from_millis(500)),
+    )
+    .await?;
+    // Every client talks to member 0, so the floor and the lock pay the same hops.
+    let endpoint = ensemble
+        .endpoints()
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("an ensemble without members"))?;
+    let url = format!("zk://{endpoint}");
+    let locks = connect(&url).await?;
+    let raw = zk::Client::connector()
+        .with_session_timeout(SESSION)
+        .connect(&endpoint)
+        .await?;
+    create_if_absent(&raw, FLOOR_ROOT).await?;
+    let freeze = freeze_target(ensemble.leader().await, ensemble.members());
+    let client = locker::client(url, |url| async move { connect(&url).await });
+    let sides = vec![
+        Side::dlock("dlock ZkLock", &locks, &client),
+        Side::floor("floor: create + list + delete", Arc::new(Floor { raw })),
+    ];
+    Ok(Setup {
+        servers: "3-member ZooKeeper ensemble".into(),
+        sides,
+        locks,
+        client,
+        wire_batch: None,
+        renewal_note:
+            "one session per client, kept alive by the client library: no request per lease",
+        freeze,
+        fixture: Fixture::Zk(ensemble),
+    })
+}
+
+async fn create_if_absent(raw: &zk::Client, path: &str) -> anyhow::Result<()> {
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    match raw.create(path, b"", &options).await {
+        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The requests the lock recipe cannot avoid, on a parent per key.
+struct Floor {
+    raw: zk::Client,
+}
+
+struct FloorHeld {
+    raw: zk::Client,
+    node: String,
+}
+
+#[async_trait]
+impl Locker for Floor {
+    async fn acquire(&self, key: &str) -> anyhow::Result<Held> {
+        let parent = format!("{FLOOR_ROOT}/{}", key.replace('/', "_"));
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let prefix = format!("{parent}/{:032x}__lock__", rand::random::<u128>());
+        let (_, sequence) = match self.raw.create(&prefix, b"dlock", &options).await {
+            Err(zk::Error::NoNode) => {
+                create_if_absent(&self.raw, &parent).await?;
+                self.raw.create(&prefix, b"dlock", &options).await?
+            }
+            other => other?,
+        };
+        let children = self.raw.list_children(&parent).await?;
+        anyhow::ensure!(!children.is_empty(), "the node just created is listed");
+        Ok(Box::new(FloorHeld {
+            raw: self.raw.clone(),
+            node: format!("{prefix}{sequence}"),
+        }))
+    }
+}
+
+#[async_trait]
+impl Release for FloorHeld {
+    async fn release(self: Box<Self>) -> anyhow::Result<()> {
+        self.raw.delete(&self.node, None).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! A backend wrapper that counts renewal traffic: leases renewed and requests sent for them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Backoff, Capabilities, DistributedLock, ExtendRequest, Extension, Grant, LeaseRef,
+    LockKey, LockRequest, Released, Result,
+};
+use tokio::time::Instant;
+
+/// Counts what passes through `extend` and `extend_many`.
+#[derive(Debug)]
+pub struct Counting {
+    inner: Arc<dyn DistributedLock>,
+    /// How many leases the backend renews per request in `extend_many`, if it batches on the wire;
+    /// otherwise the default `extend_many` runs here, so that each `extend` is counted.
+    wire_batch: Option<usize>,
+    renewals: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn DistributedLock>, wire_batch: Option<usize>) -> Self {
+        Counting {
+            inner,
+            wire_batch,
+            renewals: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+        }
+    }
+
+    /// (leases renewed, requests sent) since the last call.
+    pub fn take(&self) -> (u64, u64) {
+        (
+            self.renewals.swap(0, Ordering::Relaxed),
+            self.requests.swap(0, Ordering::Relaxed),
+        )
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Counting {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        self.inner.try_lock(req).await
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.inner.extend(lease, ttl).await
+    }
+
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        match self.wire_batch {
+            Some(batch) => {
+                let n = requests.len() as u64;
+                self.renewals.fetch_add(n, Ordering::Relaxed);
+                self.requests
+                    .fetch_add(n.div_ceil(batch.max(1) as u64), Ordering::Relaxed);
+                self.inner.extend_many(requests).await
+            }
+            None => {
+                futures::future::join_all(requests.iter().map(|r| self.extend(&r.lease, r.ttl)))
+                    .await
+            }
+        }
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        self.inner.release(lease).await
+    }
+
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        self.inner.wait_for_release(key, until).await
+    }
+
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        self.inner.lock(req, deadline, retry).await
+    }
+}

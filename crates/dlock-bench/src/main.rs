@@ -1,0 +1,233 @@
+//! `dlock-bench`: every dlock backend beside its floor and its peers, in one run.
+//!
+//! ```sh
+//! eval "$(scripts/test-images)"
+//! cargo run --release -p dlock-bench            # the full run, under ten minutes
+//! cargo run --release -p dlock-bench -- --quick # about a minute
+//! ```
+//!
+//! For each backend it starts the servers through the compliance fixtures (or uses the servers
+//! given with `--redis-url`, `--redlock-urls`, `--zk-url`, `--etcd-url` or the `DLOCK_TEST_*`
+//! variables), then
+//! runs the same workloads on dlock, on the server's floor (the bare round trips a lock cycle
+//! cannot avoid) and on the peers (another lock implementation on the same server):
+//!
+//! * uncontended acquire + release, p50/p99/p999;
+//! * throughput at 1, 16 and 64 tasks on keys of their own;
+//! * a hot key: contenders with clients of their own, hand-offs per second and hand-off latency;
+//! * acquire latency while one server or member is frozen (`docker pause`);
+//! * many held leases with auto-renew: client memory per lease and renewal requests per second,
+//!   renewing per lease (a timer and a request per lease) and batched (dlock's auto-renew).
+//!
+//! Sides take turns in rounds, so load from elsewhere on a noisy machine hits them alike; the
+//! ratios beside the absolute figures are what to compare between runs. Progress goes to standard
+//! error; the table to standard output; everything to a JSON file. Nothing is asserted on speed.
+
+mod backends;
+mod counting;
+mod locker;
+mod plan;
+mod progress;
+mod report;
+mod stats;
+mod workloads;
+
+use std::alloc::System;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
+
+use crate::backends::ENTRIES;
+use crate::progress::Progress;
+use crate::report::{BackendReport, Report, SideReport};
+use crate::workloads::{Renewal, TASKS};
+
+/// Counts allocations, for the client memory per held lease.
+#[global_allocator]
+pub static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// One comparative benchmark of every dlock backend, its floor and its peers.
+#[derive(Debug, Parser)]
+#[command(name = "dlock-bench", version)]
+struct Args {
+    /// About one minute instead of ten: fewer samples, shorter windows, 1,000 leases.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "target/dlock-bench.json")]
+    json: PathBuf,
+    /// Only these backends (comma-separated names: memory, redis, redlock, zk, etcd).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Use this Redis server instead of a container (as DLOCK_TEST_REDIS_URL).
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Use these Redis masters for Redlock instead of containers, comma-separated (as
+    /// DLOCK_TEST_REDLOCK_URLS).
+    #[arg(long)]
+    redlock_urls: Option<String>,
+    /// Use this ZooKeeper ensemble instead of containers (as DLOCK_TEST_ZK_URL).
+    #[arg(long)]
+    zk_url: Option<String>,
+    /// Use this etcd cluster instead of containers (as DLOCK_TEST_ETCD_URL).
+    #[arg(long)]
+    etcd_url: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(unknown) = args
+        .only
+        .iter()
+        .find(|name| !ENTRIES.iter().any(|e| e.name == name.as_str()))
+    {
+        let known: Vec<&str> = ENTRIES.iter().map(|e| e.name).collect();
+        anyhow::bail!("unknown backend {unknown:?}; known: {}", known.join(", "));
+    }
+    // The fixtures read these variables; the flags are a shorter way to set them.
+    for (flag, env) in [
+        (&args.redis_url, "DLOCK_TEST_REDIS_URL"),
+        (&args.redlock_urls, "DLOCK_TEST_REDLOCK_URLS"),
+        (&args.zk_url, "DLOCK_TEST_ZK_URL"),
+        (&args.etcd_url, "DLOCK_TEST_ETCD_URL"),
+    ] {
+        if let Some(url) = flag {
+            std::env::set_var(env, url);
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(run(&args))?;
+    let text = report::print(&report);
+    println!("{text}");
+    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
+
+async fn run(args: &Args) -> anyhow::Result<Report> {
+    let plan = if args.quick { plan::QUICK } else { plan::FULL };
+    let progress = Progress::new();
+    let started = Instant::now();
+    let mut backends = Vec::new();
+    let mut skipped = Vec::new();
+    for entry in ENTRIES {
+        if !args.only.is_empty() && !args.only.iter().any(|n| n == entry.name) {
+            continue;
+        }
+        if (entry.needs_docker)() && dlock_compliance::fixtures::docker_opt_out() {
+            progress.say(
+                entry.name,
+                "skipped: DLOCK_TEST_NO_DOCKER=1 and no server given",
+            );
+            skipped.push((entry.name.to_owned(), "DLOCK_TEST_NO_DOCKER=1".to_owned()));
+            continue;
+        }
+        progress.say(entry.name, "starting servers");
+        let setup = (entry.start)().await?;
+        let result = measure(entry.name, &setup, plan, &progress).await;
+        progress.say(entry.name, "removing servers");
+        let fixture = setup.fixture;
+        fixture.shutdown().await?;
+        backends.push(result?);
+    }
+    Ok(Report {
+        quick: args.quick,
+        plan,
+        machine: machine(),
+        backends,
+        skipped,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+async fn measure(
+    name: &str,
+    setup: &backends::Setup,
+    plan: plan::Plan,
+    progress: &Progress,
+) -> anyhow::Result<BackendReport> {
+    progress.say(
+        name,
+        format!("uncontended cycles ({} per side)", plan.cycles),
+    );
+    let cycles = workloads::cycles(&setup.sides, plan).await?;
+    let mut throughput = vec![Vec::new(); setup.sides.len()];
+    for tasks in TASKS {
+        progress.say(name, format!("throughput, {tasks} task(s)"));
+        for (side, rate) in workloads::throughput(&setup.sides, tasks, plan)
+            .await?
+            .into_iter()
+            .enumerate()
+        {
+            throughput[side].push(rate);
+        }
+    }
+    let mut sides = Vec::new();
+    for (i, ((side, cycle), throughput)) in
+        setup.sides.iter().zip(cycles).zip(throughput).enumerate()
+    {
+        if side.connect.is_some() {
+            progress.say(name, format!("hot key: {}", side.label));
+        }
+        let hot_key = workloads::hot_key(side, i, plan).await?;
+        sides.push(SideReport {
+            kind: side.kind,
+            label: side.label.clone(),
+            cycle,
+            throughput,
+            hot_key,
+        });
+    }
+    // Session backends need no renewal per lease: the client keeps its one session alive.
+    let modes: &[Renewal] = if setup.locks.capabilities().session_based {
+        &[Renewal::Session]
+    } else {
+        &[Renewal::Batched, Renewal::PerLease]
+    };
+    let mut renewing = Vec::new();
+    for &mode in modes {
+        progress.say(
+            name,
+            format!("{} leases held, renewal: {}", plan.leases, mode.name()),
+        );
+        let client = (setup.client)().await?;
+        renewing.push(workloads::renewing(client, setup.wire_batch, mode, plan).await?);
+    }
+    let frozen = match &setup.freeze {
+        Ok((member, what)) => {
+            progress.say(name, format!("acquires with {what} frozen"));
+            Ok(workloads::frozen(&setup.locks, member, what.clone(), plan).await?)
+        }
+        Err(why) => Err(why.clone()),
+    };
+    Ok(BackendReport {
+        name: name.to_owned(),
+        servers: setup.servers.clone(),
+        sides,
+        frozen,
+        renewal_note: setup.renewal_note.to_owned(),
+        renewing,
+    })
+}
+
+/// Cores and CPU model, as the report states them.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    format!("{cores} cores ({model}); servers in Docker containers on loopback; the machine is shared, so figures are noisy")
+}

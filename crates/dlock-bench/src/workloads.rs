@@ -1,0 +1,343 @@
+//! The workloads, written once for every backend and side.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+use futures::{StreamExt, TryStreamExt};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::counting::Counting;
+use crate::locker::{Locker, Side};
+use crate::plan::Plan;
+use crate::stats::Latency;
+
+/// Task counts for throughput on distinct keys.
+pub const TASKS: [usize; 3] = [1, 16, 64];
+/// Acquires in flight at once while taking the memory workload's leases.
+const TAKING_AT_ONCE: usize = 32;
+/// The TTL of leases that live in a session, longer than any run.
+const SESSION_LEASE_TTL: Duration = Duration::from_secs(3_600);
+
+/// Uncontended acquire + release, one after the other; sides take turns in rounds.
+pub async fn cycles(sides: &[Side], plan: Plan) -> anyhow::Result<Vec<Latency>> {
+    let keys: Vec<String> = (0..sides.len())
+        .map(|i| format!("bench/{i}/cycle"))
+        .collect();
+    for (side, key) in sides.iter().zip(&keys) {
+        for _ in 0..plan.warmup {
+            side.locker.acquire(key).await?.release().await?;
+        }
+    }
+    let mut times = vec![Vec::with_capacity(plan.cycles); sides.len()];
+    for _ in 0..plan.rounds {
+        for ((side, key), times) in sides.iter().zip(&keys).zip(&mut times) {
+            for _ in 0..plan.cycles / plan.rounds {
+                let start = Instant::now();
+                side.locker.acquire(key).await?.release().await?;
+                times.push(start.elapsed());
+            }
+        }
+    }
+    Ok(times.into_iter().map(Latency::of).collect())
+}
+
+/// What one side achieved at one task count.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Throughput {
+    pub per_s: f64,
+    /// Cycles that ended in an error (not counted in the rate).
+    pub failed: u64,
+}
+
+/// Cycles per second of `tasks` tasks on keys of their own, for every side; sides take turns in
+/// slices and each rate is total cycles over total time. A failed cycle is counted, not fatal:
+/// an overloaded server answering with errors is a result too.
+pub async fn throughput(
+    sides: &[Side],
+    tasks: usize,
+    plan: Plan,
+) -> anyhow::Result<Vec<Throughput>> {
+    let slice = plan.window / plan.rounds as u32;
+    let mut totals = vec![(0u64, 0u64, Duration::ZERO); sides.len()];
+    for _ in 0..plan.rounds {
+        for (i, side) in sides.iter().enumerate() {
+            let prefix = format!("bench/{i}/tput{tasks}");
+            let (done, failed, took) = run_for(&side.locker, &prefix, tasks, slice).await?;
+            totals[i].0 += done;
+            totals[i].1 += failed;
+            totals[i].2 += took;
+        }
+    }
+    Ok(totals
+        .into_iter()
+        .map(|(done, failed, took)| Throughput {
+            per_s: done as f64 / took.as_secs_f64().max(f64::MIN_POSITIVE),
+            failed,
+        })
+        .collect())
+}
+
+async fn run_for(
+    locker: &Arc<dyn Locker>,
+    prefix: &str,
+    tasks: usize,
+    slice: Duration,
+) -> anyhow::Result<(u64, u64, Duration)> {
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let until = start + slice;
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (locker, done, failed) = (locker.clone(), done.clone(), failed.clone());
+            let key = format!("{prefix}/{task}");
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    match cycle(&locker, &key).await {
+                        Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await?;
+    }
+    Ok((
+        done.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        start.elapsed(),
+    ))
+}
+
+async fn cycle(locker: &Arc<dyn Locker>, key: &str) -> anyhow::Result<()> {
+    locker.acquire(key).await?.release().await
+}
+
+/// Hand-offs on one hot key between contenders with clients of their own.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HotKey {
+    pub handoffs_per_s: f64,
+    /// Acquires or releases that ended in an error.
+    pub failed: u64,
+    /// From the previous holder calling release to the next holder having the lock.
+    pub handoff: Latency,
+}
+
+pub async fn hot_key(side: &Side, index: usize, plan: Plan) -> anyhow::Result<Option<HotKey>> {
+    let Some(connect) = &side.connect else {
+        return Ok(None);
+    };
+    let mut contenders = Vec::with_capacity(plan.contenders);
+    for _ in 0..plan.contenders {
+        contenders.push(connect().await?);
+    }
+    let key = format!("bench/{index}/hot");
+    // (previous holder, when it called release)
+    let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
+    let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let failed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let until = start + plan.hot_for;
+    let handles: Vec<_> = contenders
+        .into_iter()
+        .enumerate()
+        .map(|(id, locker)| {
+            let (key, last, samples) = (key.clone(), last.clone(), samples.clone());
+            let failed = failed.clone();
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    let Ok(held) = locker.acquire(&key).await else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let now = Instant::now();
+                    {
+                        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some((previous, at)) = *last {
+                            if previous != id {
+                                samples
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push(now - at);
+                            }
+                        }
+                        *last = Some((id, Instant::now()));
+                    }
+                    if held.release().await.is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await?;
+    }
+    let took = start.elapsed();
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(Some(HotKey {
+        handoffs_per_s: samples.len() as f64 / took.as_secs_f64(),
+        failed: failed.load(Ordering::Relaxed),
+        handoff: Latency::of(samples),
+    }))
+}
+
+/// Acquires while one server or member is frozen (`docker pause`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Frozen {
+    pub frozen: String,
+    /// Successful acquires only.
+    pub acquire: Latency,
+    pub failures: usize,
+}
+
+pub async fn frozen(
+    locks: &Arc<dyn DistributedLock>,
+    member: &dlock_compliance::fixtures::Member,
+    what: String,
+    plan: Plan,
+) -> anyhow::Result<Frozen> {
+    let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(5));
+    member.pause().await?;
+    let mut times = Vec::with_capacity(plan.frozen_cycles);
+    let mut failures = 0;
+    for i in 0..plan.frozen_cycles {
+        let start = Instant::now();
+        match locks.acquire(&format!("bench/frozen/{i}"), &opts).await {
+            Ok(lease) => {
+                times.push(start.elapsed());
+                // A failed release is freed by the TTL; it does not change the acquire figure.
+                let _ = lease.release().await;
+            }
+            Err(_) => failures += 1,
+        }
+    }
+    member.unpause().await?;
+    Ok(Frozen {
+        frozen: what,
+        acquire: Latency::of(times),
+        failures,
+    })
+}
+
+/// Client memory and renewal traffic of many held leases in one way of renewing.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Renewing {
+    pub mode: &'static str,
+    /// Net bytes allocated per held lease (lease, renewal state, the client's share).
+    pub bytes_per_lease: f64,
+    pub renewals_per_s: f64,
+    pub requests_per_s: f64,
+    pub all_held: bool,
+}
+
+/// How the memory workload renews.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// A task per lease that sleeps and calls `Lease::extend`: one timer and one request per
+    /// lease and interval, as auto-renew did before it was batched.
+    PerLease,
+    /// dlock's auto-renew: one scheduler per client, one `extend_many` per tick.
+    Batched,
+    /// No renewal by dlock: the leases live in the client's session, which the client library
+    /// keeps alive with one keep-alive for all of them (ZooKeeper, etcd).
+    Session,
+}
+
+impl Renewal {
+    pub fn name(self) -> &'static str {
+        match self {
+            Renewal::PerLease => "per-lease",
+            Renewal::Batched => "batched",
+            Renewal::Session => "session",
+        }
+    }
+}
+
+pub async fn renewing(
+    client: Arc<dyn DistributedLock>,
+    wire_batch: Option<usize>,
+    mode: Renewal,
+    plan: Plan,
+) -> anyhow::Result<Renewing> {
+    let counting = Arc::new(Counting::new(client, wire_batch));
+    let locks: Arc<dyn DistributedLock> = counting.clone();
+    let ttl = match mode {
+        // The session holds these leases; a TTL longer than the run leaves it at that.
+        Renewal::Session => SESSION_LEASE_TTL,
+        Renewal::PerLease | Renewal::Batched => plan.renew_ttl,
+    };
+    let interval = plan.renew_ttl / 3;
+    let mut opts = LockOptions::new(ttl).with_wait(Duration::from_secs(30));
+    if mode == Renewal::Batched {
+        opts = opts.with_auto_renew();
+    }
+    let tag = mode.name();
+    let region = stats_alloc::Region::new(crate::GLOBAL);
+    let leases: Vec<_> = futures::stream::iter(0..plan.leases)
+        .map(|i| {
+            let (locks, opts) = (locks.clone(), opts.clone());
+            async move {
+                locks
+                    .acquire(&format!("bench/renew/{tag}/{i}"), &opts)
+                    .await
+            }
+        })
+        .buffer_unordered(TAKING_AT_ONCE)
+        .try_collect()
+        .await?;
+    let watches: Vec<_> = leases.iter().map(|l| l.watch()).collect();
+    let mut tasks = Vec::new();
+    let mut held = Vec::new();
+    match mode {
+        Renewal::Batched | Renewal::Session => {
+            // Held in a vector of exactly their number, as the per-lease tasks hold one each.
+            held = leases;
+            held.shrink_to_fit();
+        }
+        Renewal::PerLease => {
+            for mut lease in leases {
+                tasks.push(tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(interval).await;
+                        if lease.extend(ttl).await.is_err() && !lease.state().is_held() {
+                            return;
+                        }
+                    }
+                }));
+            }
+        }
+    }
+    // Steady state: every lease has been renewed at least once.
+    tokio::time::sleep(interval + interval / 2).await;
+    let change = region.change();
+    let net = change.bytes_allocated as f64 - change.bytes_deallocated as f64;
+    counting.take();
+    let start = Instant::now();
+    tokio::time::sleep(plan.observe).await;
+    let (renewals, requests) = counting.take();
+    let took = start.elapsed().as_secs_f64();
+    let all_held = watches.iter().all(|w| w.is_held());
+    drop(watches);
+    for task in tasks {
+        // Aborting drops the task's lease, which releases it in the background.
+        task.abort();
+    }
+    futures::stream::iter(held)
+        .map(|lease| async move { lease.release().await })
+        .buffer_unordered(TAKING_AT_ONCE)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(Renewing {
+        mode: mode.name(),
+        bytes_per_lease: net / plan.leases as f64,
+        renewals_per_s: renewals as f64 / took,
+        requests_per_s: requests as f64 / took,
+        all_held,
+    })
+}
