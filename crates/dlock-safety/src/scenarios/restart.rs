@@ -1,0 +1,53 @@
+//! Scenario 8: the server restarts without persistence while the lock is held.
+
+use dlock_core::LockOptions;
+
+use super::{ms, Outcome};
+use crate::run::Run;
+use crate::targets::Target;
+
+/// The holder takes a long lease (no renewal, so nothing tells it the server forgot); the server
+/// restarts empty; another client takes the lock at once and writes; the holder, whose lease is
+/// still valid on its clock, writes too.
+pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
+    let holder = target.client().await?;
+    let next = target.client().await?;
+    // Long enough to outlive the restart.
+    let long = run.ttls(10.0).max(std::time::Duration::from_secs(15));
+    let opts = LockOptions::new(long).with_wait(run.plan.slack);
+    let Some(lease) = run.acquire(0, &holder, &opts).await else {
+        anyhow::bail!("the holder could not take the free lock");
+    };
+    let token = lease.fencing_token();
+    let read = run.read();
+    let started = tokio::time::Instant::now();
+    target.restart_without_data().await?;
+    let restart = started.elapsed();
+    let wait = run.ttls(1.0) + run.plan.slack;
+    let successor = run
+        .acquire_retrying(1, &next, &LockOptions::new(long).with_wait(wait))
+        .await;
+    let handed_on = successor.is_some();
+    let successor_token = successor.as_ref().map(|l| l.fencing_token());
+    if let Some(lease) = &successor {
+        let read = run.read();
+        run.write(1, lease.fencing_token(), read);
+    }
+    if lease.is_held() {
+        run.write(0, token, read);
+    }
+    run.release(0, lease).await;
+    if let Some(lease) = successor {
+        run.release(1, lease).await;
+    }
+    Ok(Outcome {
+        handed_on,
+        note: format!(
+            "restart took {}; tokens {} then {}",
+            ms(restart),
+            token,
+            successor_token.map_or("none".to_owned(), |t| t.to_string())
+        ),
+        ..Outcome::default()
+    })
+}
