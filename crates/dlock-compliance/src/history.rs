@@ -438,7 +438,7 @@ mod tests {
         };
         let events = vec![
             acq(0, 1, 1, 100),
-            ev(80, 1, 1, extended),
+            ev(80, 1, 1, extended.clone()),
             acq(150, 2, 2, 1000),
         ];
         assert!(check_events(&events, true).is_err());

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_compliance::fixtures::{EtcdCluster, EtcdOptions, RedisServer, ZkEnsemble, ZkOptions};
+use dlock_compliance::fixtures::{
+    EtcdCluster, EtcdOptions, FixtureError, RedisReplicated, RedisServer, ZkEnsemble, ZkOptions,
+};
 use tokio::time::Instant;
 
 use crate::backend::Backend;
@@ -27,6 +29,7 @@ const CLUSTER_SIZE: usize = 3;
 #[derive(Default)]
 struct Servers {
     redis: Option<Arc<RedisServer>>,
+    replicated: Option<Result<Arc<RedisReplicated>, String>>,
 }
 
 impl Servers {
@@ -39,7 +42,29 @@ impl Servers {
         Ok(server)
     }
 
+    /// The primary/replica pair, or why it could not start (only scenario 10 needs it).
+    async fn replicated(&mut self) -> Result<Arc<RedisReplicated>, String> {
+        if let Some(pair) = &self.replicated {
+            return pair.clone();
+        }
+        let pair = RedisReplicated::start()
+            .await
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        self.replicated = Some(pair.clone());
+        pair
+    }
+
     async fn shutdown(self) {
+        if let Some(pair) = self
+            .replicated
+            .and_then(Result::ok)
+            .and_then(|p| Arc::try_unwrap(p).ok())
+        {
+            if let Err(e) = pair.shutdown().await {
+                eprintln!("removing the Redis primary and replica: {e}");
+            }
+        }
         if let Some(server) = self.redis.and_then(|s| Arc::try_unwrap(s).ok()) {
             if let Err(e) = server.shutdown().await {
                 eprintln!("removing the Redis server: {e}");
@@ -78,20 +103,16 @@ impl Started {
     }
 }
 
-async fn start(backend: Backend, servers: &mut Servers) -> anyhow::Result<Option<Started>> {
+async fn start(
+    backend: Backend,
+    servers: &mut Servers,
+    replica_needed: bool,
+) -> anyhow::Result<Option<Started>> {
     Ok(Some(match backend {
         Backend::Memory => Started::Memory(MemoryTarget::default()),
-        Backend::Redis => {
-            Started::Redis(RedisTarget::new(servers.redis().await?, RedisFlavor::Dlock))
-        }
-        Backend::LegacyGetSet => Started::Redis(RedisTarget::new(
-            servers.redis().await?,
-            RedisFlavor::LegacyGetSet,
-        )),
-        Backend::NaiveExpire => Started::Redis(RedisTarget::new(
-            servers.redis().await?,
-            RedisFlavor::NaiveExpire,
-        )),
+        Backend::Redis => redis(servers, RedisFlavor::Dlock, replica_needed).await?,
+        Backend::LegacyGetSet => redis(servers, RedisFlavor::LegacyGetSet, replica_needed).await?,
+        Backend::NaiveExpire => redis(servers, RedisFlavor::NaiveExpire, replica_needed).await?,
         Backend::ZooKeeper => {
             let options = ZkOptions::default().with_tick_time(Duration::from_millis(500));
             Started::Zk(ZkTarget::new(
@@ -103,6 +124,23 @@ async fn start(backend: Backend, servers: &mut Servers) -> anyhow::Result<Option
         )),
         Backend::Redlock => return Ok(None),
     }))
+}
+
+async fn redis(
+    servers: &mut Servers,
+    flavor: RedisFlavor,
+    replica_needed: bool,
+) -> anyhow::Result<Started> {
+    let pair = if replica_needed {
+        servers.replicated().await
+    } else {
+        Err("scenario 10 was not selected".to_owned())
+    };
+    Ok(Started::Redis(RedisTarget::new(
+        servers.redis().await?,
+        pair,
+        flavor,
+    )))
 }
 
 /// Runs every cell `filter` selects, printing progress, and returns them in matrix order.
@@ -138,7 +176,8 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
         });
         let started = if needs_servers {
             eprintln!("starting {} …", backend.title());
-            start(backend, &mut servers).await
+            let replica_needed = selected.contains(&Scenario::LaggingReplicaPromoted);
+            start(backend, &mut servers, replica_needed).await
         } else {
             Ok(None)
         };
@@ -148,6 +187,16 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
                     cell(scenario, backend, Some(started.target()), plan, &nonce).await
                 }
                 Ok(None) => cell(scenario, backend, None, plan, &nonce).await,
+                Err(e) if opted_out(e) => Cell::skipped(
+                    scenario,
+                    backend,
+                    Class::NotRun,
+                    {
+                        let d = declared(backend, scenario);
+                        (d.class, d.reason)
+                    },
+                    format!("{e:#}"),
+                ),
                 Err(e) => failed(scenario, backend, format!("servers did not start: {e:#}")),
             };
             progress(cells.len() + 1, total, &cell);
@@ -255,6 +304,15 @@ async fn cell(
         elapsed_ms,
         history,
     }
+}
+
+/// Whether `e` is the fixtures' refusal under `DLOCK_TEST_NO_DOCKER=1`: cells are then not run,
+/// and say so, rather than failing.
+fn opted_out(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<FixtureError>(),
+        Some(FixtureError::DockerOptedOut { .. })
+    )
 }
 
 /// A cell whose scenario could not be carried out: it fails the run.

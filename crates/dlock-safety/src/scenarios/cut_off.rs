@@ -50,8 +50,8 @@ async fn hold_through(
     let (worker, stop) = working_holder::start(run, 0, lease);
     // Let it work (and renew) for a while first.
     tokio::time::sleep(run.ttls(1.5)).await;
-    cut.await?;
     let cut_at = Instant::now();
+    cut.await?;
     let bound = target.abandon_bound(run.plan.ttl);
     let wait = bound + run.plan.ttl + run.plan.slack * 2;
     let successor = run

@@ -6,6 +6,7 @@ mod crash;
 mod cut_off;
 mod delayed_reply;
 mod delayed_write;
+mod failover;
 mod paused;
 mod release_after_expiry;
 mod restart;
@@ -42,7 +43,8 @@ pub async fn run(scenario: Scenario, target: &dyn Target, run: &Run) -> anyhow::
         Scenario::ServicePartitioned => cut_off::run_partition(target, run).await,
         Scenario::RestartWithoutData => restart::run(target, run).await,
         Scenario::ReleaseAfterExpiry => release_after_expiry::run(target, run).await,
-        Scenario::FastClock | Scenario::LaggingReplicaPromoted => Err(FaultUnavailable(format!(
+        Scenario::LaggingReplicaPromoted => failover::run(target, run).await,
+        Scenario::FastClock => Err(FaultUnavailable(format!(
             "scenario {} is not implemented yet",
             scenario.number()
         ))

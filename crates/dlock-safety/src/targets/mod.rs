@@ -8,6 +8,7 @@ mod etcd;
 mod freeze;
 mod memory;
 mod redis;
+mod replication;
 mod zookeeper;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use dlock_core::DistributedLock;
 pub use self::etcd::EtcdTarget;
 pub use self::memory::MemoryTarget;
 pub use self::redis::{RedisFlavor, RedisTarget};
+pub use self::replication::Replication;
 pub use self::zookeeper::ZkTarget;
 
 /// A client and the switch that freezes its link.
@@ -68,6 +70,11 @@ pub trait Target: Send + Sync {
     /// Reconnects the isolated member and waits until the service is whole again.
     async fn rejoin(&self) -> anyhow::Result<()> {
         Ok(())
+    }
+
+    /// A primary with an asynchronous replica to fail over to (scenario 10).
+    fn replication(&self) -> anyhow::Result<&dyn Replication> {
+        Err(FaultUnavailable("this target has no asynchronous replica".into()).into())
     }
 }
 

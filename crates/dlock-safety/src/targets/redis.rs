@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::RedisServer;
+use dlock_compliance::fixtures::{RedisReplicated, RedisServer};
 use dlock_core::DistributedLock;
 use dlock_redis::RedisLock;
 
@@ -23,20 +23,30 @@ pub enum RedisFlavor {
     NaiveExpire,
 }
 
-/// A Redis server (shared by the flavours, which use distinct keys) and the client flavour.
+/// A Redis server and a primary/replica pair (shared by the flavours, which use distinct keys),
+/// and the client flavour.
 #[derive(Debug)]
 pub struct RedisTarget {
     server: Arc<RedisServer>,
+    pub(super) replicated: Result<Arc<RedisReplicated>, String>,
     flavor: RedisFlavor,
 }
 
 impl RedisTarget {
-    /// Clients of `flavor` on `server`.
-    pub fn new(server: Arc<RedisServer>, flavor: RedisFlavor) -> Self {
-        RedisTarget { server, flavor }
+    /// Clients of `flavor` on `server`, and on `replicated` (or why it is missing).
+    pub fn new(
+        server: Arc<RedisServer>,
+        replicated: Result<Arc<RedisReplicated>, String>,
+        flavor: RedisFlavor,
+    ) -> Self {
+        RedisTarget {
+            server,
+            replicated,
+            flavor,
+        }
     }
 
-    async fn connect(&self, url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
+    pub(super) async fn connect(&self, url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
         Ok(match self.flavor {
             RedisFlavor::Dlock => Arc::new(
                 RedisLock::builder(url)
@@ -69,6 +79,13 @@ impl Target for RedisTarget {
 
     fn abandon_bound(&self, ttl: Duration) -> Duration {
         ttl
+    }
+
+    fn replication(&self) -> anyhow::Result<&dyn super::Replication> {
+        match &self.replicated {
+            Ok(_) => Ok(self),
+            Err(e) => Err(super::FaultUnavailable(format!("no primary/replica pair: {e}")).into()),
+        }
     }
 
     async fn restart_without_data(&self) -> anyhow::Result<()> {

@@ -1,0 +1,61 @@
+//! Scenario 10: the primary dies before replicating the holder's lock, and its asynchronous
+//! replica is promoted.
+
+use dlock_core::LockOptions;
+
+use super::Outcome;
+use crate::run::Run;
+use crate::targets::Target;
+
+/// An earlier holder takes and releases the lock, and the replica catches up (so the fencing
+/// counter exists on both). The replica is cut off; the holder takes the lock on the primary; the
+/// primary dies; the replica is promoted, and another client takes the lock there — the grant was
+/// never replicated — and writes; the holder, whose lease is still valid, writes too.
+pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
+    let pair = target.replication()?;
+    let outcome = fail_over(pair, run).await;
+    let reset = pair.reset().await;
+    let outcome = outcome?;
+    reset?;
+    Ok(outcome)
+}
+
+async fn fail_over(pair: &dyn crate::targets::Replication, run: &Run) -> anyhow::Result<Outcome> {
+    let primary = pair.primary_client().await?;
+    let long = LockOptions::new(run.ttls(10.0).max(std::time::Duration::from_secs(15)))
+        .with_wait(run.plan.slack);
+    let Some(earlier) = run.acquire_retrying(2, &primary, &long).await else {
+        anyhow::bail!("the earlier holder could not take the free lock");
+    };
+    run.work_and_release(2, earlier).await;
+    pair.stop_replicating().await?;
+    let Some(lease) = run.acquire(0, &primary, &long).await else {
+        anyhow::bail!("the holder could not take the free lock");
+    };
+    let token = lease.fencing_token();
+    let read = run.read();
+    let promoted = pair.promote_replica().await?;
+    let successor = run.acquire_retrying(1, &promoted, &long).await;
+    let handed_on = successor.is_some();
+    let successor_token = successor.as_ref().map(|l| l.fencing_token());
+    if let Some(lease) = &successor {
+        let read = run.read();
+        run.write(1, lease.fencing_token(), read);
+    }
+    if lease.is_held() {
+        run.write(0, token, read);
+    }
+    // The holder's primary is dead: its release cannot be answered.
+    run.release(0, lease).await;
+    if let Some(lease) = successor {
+        run.release(1, lease).await;
+    }
+    Ok(Outcome {
+        handed_on,
+        note: format!(
+            "tokens {token} on the primary, then {} on the promoted replica",
+            successor_token.map_or("none".to_owned(), |t| t.to_string())
+        ),
+        ..Outcome::default()
+    })
+}
