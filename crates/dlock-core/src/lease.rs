@@ -58,10 +58,7 @@ pub(crate) struct LeaseParts {
 impl Lease {
     pub(crate) fn new(parts: LeaseParts) -> Self {
         let deadline = parts.sent_at + parts.drift.validity(parts.ttl);
-        let status = StatusCell::new(Status {
-            deadline,
-            condition: Condition::Held,
-        });
+        let status = StatusCell::new(Status::held(deadline));
         Lease {
             backend: parts.backend,
             key: parts.key,
@@ -122,7 +119,7 @@ impl Lease {
 
     /// The current validity deadline: the lease must not be relied on at or after it.
     pub fn valid_until(&self) -> Instant {
-        self.status.current().deadline
+        self.status.current().until()
     }
 
     /// Time left before [`valid_until`](Lease::valid_until), zero once past.

@@ -52,7 +52,7 @@ impl Renewal {
                 tracing::debug!(key = %self.key, "maximum hold time reached: renewal stops, the lease runs out");
                 return;
             }
-            let deadline = self.status.borrow().deadline;
+            let deadline = self.status.borrow().until();
             if self.status.borrow().at(sent).is_lost() {
                 state::record_expiry(&self.status, sent);
                 return;

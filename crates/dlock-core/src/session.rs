@@ -6,8 +6,6 @@
 //! held while it is alive, uncertain while the connection is lost (the server may expire the
 //! session meanwhile), lost the moment the session is known to be gone.
 
-use std::time::Duration;
-
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -15,32 +13,35 @@ use tokio::time::Instant;
 use crate::state::{self, Condition, LostReason, StatusSender};
 
 /// What a backend knows about the session a lease lives in.
+///
+/// The session's bound is kept beside the lease's own TTL deadline, and the lease is valid until
+/// the earlier of the two: a backend reports only what it knows of the session and never needs to
+/// fold the lease's TTL (or the caller's drift allowance) into it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SessionState {
     /// The server confirmed the session. `until` bounds how long that confirmation is good for
-    /// (e.g. the last keep-alive's TTL); `None` means until the backend reports otherwise.
+    /// (e.g. the last keep-alive's TTL); `None` means until the backend reports otherwise, so
+    /// the lease's own TTL deadline alone applies.
     Alive {
         /// Conservative end of the confirmed session, if known.
         until: Option<Instant>,
     },
     /// The connection is lost; the server may keep the session until `until` at the latest, and
-    /// another client may hold the lock after that.
+    /// another client may hold the lock after that. The lease is uncertain meanwhile.
     Suspended {
         /// Conservative end of the session as far as the client can tell.
         until: Instant,
     },
     /// The session is gone, and every lease in it.
     Expired,
+    /// The session lives on, but the lock itself is gone from the server (deleted by another
+    /// client or an operator, or expired by the backend's own TTL keeper).
+    TakenOver,
 }
 
 /// The receiving side of a backend's session state, attached to grants.
 pub type SessionWatch = watch::Receiver<SessionState>;
-
-/// A deadline far enough away to mean "until told otherwise" (about 30 years).
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(30 * 365 * 24 * 3600)
-}
 
 /// Mirrors `session` onto a lease's status until the session ends or the task is aborted (on
 /// release or drop of the lease).
@@ -51,20 +52,23 @@ pub(crate) fn follow(status: StatusSender, mut session: SessionWatch) -> JoinHan
             let current = *session.borrow_and_update();
             match current {
                 SessionState::Alive { until } => {
-                    let deadline = until.unwrap_or_else(far_future);
                     state::update(&status, now, |s| {
                         s.condition = Condition::Held;
-                        s.deadline = deadline;
+                        s.session_until = until;
                     });
                 }
                 SessionState::Suspended { until } => {
                     state::update(&status, now, |s| {
                         s.condition = Condition::Uncertain;
-                        s.deadline = s.deadline.min(until);
+                        s.session_until = Some(until);
                     });
                 }
                 SessionState::Expired => {
-                    state::mark_lost(&status, LostReason::SessionEnded);
+                    end(&status, LostReason::SessionEnded);
+                    return;
+                }
+                SessionState::TakenOver => {
+                    end(&status, LostReason::TakenOver);
                     return;
                 }
             }
@@ -73,9 +77,20 @@ pub(crate) fn follow(status: StatusSender, mut session: SessionWatch) -> JoinHan
             }
             if session.changed().await.is_err() {
                 // The backend dropped the session without a word: nothing vouches for the lease.
-                state::mark_lost(&status, LostReason::SessionEnded);
+                end(&status, LostReason::SessionEnded);
                 return;
             }
         }
     })
+}
+
+/// Ends the lease for `reason`, unless its validity already ran out: then it expired, and a
+/// backend's later news (a keeper deleting the node at the TTL) does not rename that.
+fn end(status: &StatusSender, reason: LostReason) {
+    let now = Instant::now();
+    if status.borrow().at(now).is_lost() {
+        state::record_expiry(status, now);
+    } else {
+        state::mark_lost(status, reason);
+    }
 }

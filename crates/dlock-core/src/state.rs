@@ -92,24 +92,48 @@ pub(crate) enum Condition {
 }
 
 /// The value published on a lease's watch channel.
+///
+/// A lease has two independent bounds, and is valid until the earlier of them: its own TTL
+/// (moved by every extension or renewal, computed with the caller's drift allowance) and, for
+/// session-based backends, how long the session is vouched for. They are kept apart so that
+/// neither overwrites the other: a session confirmation never stretches a TTL that was not
+/// renewed, and an extension never outlives a session that is in doubt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Status {
+    /// The end of the lease's own validity: grant or last extension, plus TTL, minus drift.
     pub(crate) deadline: Instant,
+    /// The end of the session's confirmation; `None` when the lease lives in no session or
+    /// the session sets no bound.
+    pub(crate) session_until: Option<Instant>,
     pub(crate) condition: Condition,
 }
 
 impl Status {
+    /// A held lease valid until `deadline`, in no session yet.
+    pub(crate) fn held(deadline: Instant) -> Self {
+        Status {
+            deadline,
+            session_until: None,
+            condition: Condition::Held,
+        }
+    }
+
+    /// The instant the lease stops being valid: the earlier of its two bounds.
+    pub(crate) fn until(&self) -> Instant {
+        match self.session_until {
+            Some(session) => self.deadline.min(session),
+            None => self.deadline,
+        }
+    }
+
     /// The state at `now`: past its deadline a lease is lost whatever was last said.
     pub(crate) fn at(&self, now: Instant) -> LeaseState {
+        let until = self.until();
         match self.condition {
             Condition::Lost(reason) => LeaseState::Lost(reason),
-            _ if now >= self.deadline => LeaseState::Lost(LostReason::Expired),
-            Condition::Held => LeaseState::Held {
-                until: self.deadline,
-            },
-            Condition::Uncertain => LeaseState::Uncertain {
-                until: self.deadline,
-            },
+            _ if now >= until => LeaseState::Lost(LostReason::Expired),
+            Condition::Held => LeaseState::Held { until },
+            Condition::Uncertain => LeaseState::Uncertain { until },
         }
     }
 }
@@ -268,7 +292,7 @@ impl LeaseWatch {
                         };
                     }
                 }
-                _ = tokio::time::sleep_until(status.deadline) => {}
+                _ = tokio::time::sleep_until(status.until()) => {}
             }
         }
     }
@@ -280,10 +304,7 @@ mod tests {
     use std::time::Duration;
 
     fn status(deadline: Instant) -> Status {
-        Status {
-            deadline,
-            condition: Condition::Held,
-        }
+        Status::held(deadline)
     }
 
     #[tokio::test(start_paused = true)]

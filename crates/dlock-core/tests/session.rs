@@ -58,22 +58,58 @@ async fn settle() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_live_session_keeps_the_lease_beyond_its_ttl() {
-    let (locks, _session) = setup();
-    let lease = locks
-        .acquire("k", &LockOptions::new(Duration::from_secs(1)))
-        .await
-        .unwrap();
+async fn a_live_session_does_not_stretch_the_ttl() {
+    let (locks, session) = setup();
+    let opts = LockOptions::new(Duration::from_secs(2));
+    let lease = locks.acquire("k", &opts).await.unwrap();
+    let own_deadline = lease.valid_until();
     settle().await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    assert!(lease.is_held(), "{:?}", lease.state());
+    // The session is vouched for far longer than the lease's TTL: the TTL still ends the lease.
+    session.send_replace(SessionState::Alive {
+        until: Some(Instant::now() + Duration::from_secs(3600)),
+    });
+    settle().await;
+    assert_eq!(
+        lease.state(),
+        LeaseState::Held {
+            until: own_deadline
+        }
+    );
+    assert_eq!(lease.lost().await, LostReason::Expired);
+    assert_eq!(Instant::now(), own_deadline);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_earlier_bound_wins_and_each_moves_on_its_own() {
+    let (locks, session) = setup();
+    let opts = LockOptions::new(Duration::from_secs(10));
+    let mut lease = locks.acquire("k", &opts).await.unwrap();
+    let own_deadline = lease.valid_until();
+    settle().await;
+    let short = Instant::now() + Duration::from_secs(3);
+    session.send_replace(SessionState::Alive { until: Some(short) });
+    settle().await;
+    assert_eq!(lease.valid_until(), short, "the session bound is earlier");
+    // A later confirmation of the session moves its bound forward again, up to the TTL's.
+    session.send_replace(SessionState::Alive { until: None });
+    settle().await;
+    assert_eq!(lease.valid_until(), own_deadline);
+    // An extension moves the TTL deadline but not past a session bound in doubt.
+    let doubt = Instant::now() + Duration::from_secs(5);
+    session.send_replace(SessionState::Suspended { until: doubt });
+    settle().await;
+    lease.extend(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(lease.state(), LeaseState::Held { until: doubt });
+    session.send_replace(SessionState::Alive { until: None });
+    settle().await;
+    assert!(lease.valid_until() > own_deadline, "{:?}", lease.state());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_suspended_session_is_uncertain_then_lost_at_its_bound() {
     let (locks, session) = setup();
     let lease = locks
-        .acquire("k", &LockOptions::new(Duration::from_secs(1)))
+        .acquire("k", &LockOptions::new(Duration::from_secs(60)))
         .await
         .unwrap();
     settle().await;
@@ -88,6 +124,19 @@ async fn a_suspended_session_is_uncertain_then_lost_at_its_bound() {
     let start = Instant::now();
     assert_eq!(lease.lost().await, LostReason::Expired);
     assert_eq!(start.elapsed(), Duration::from_secs(4));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lock_taken_over_in_a_live_session_is_lost_as_taken_over() {
+    let (locks, session) = setup();
+    let lease = locks
+        .acquire("k", &LockOptions::new(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    settle().await;
+    session.send_replace(SessionState::TakenOver);
+    settle().await;
+    assert_eq!(lease.state(), LeaseState::Lost(LostReason::TakenOver));
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Drift, Error, Extension, FencingGuarantee,
+    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
     FencingToken, Grant, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
     SessionState,
 };
@@ -112,14 +112,13 @@ fn session_ended(key: &LockKey) -> Error {
 
 /// The lock's term for a TTL starting at `sent`.
 ///
-/// The key is deleted at `sent + ttl` by this client; the lease is valid until `sent + ttl`
-/// minus dlock's default drift allowance, so it never claims more than the core computed for
-/// default options. (The per-acquire TTL is enforced on this client's own clock, so no drift
-/// between clocks applies to it; the session's part is bounded separately.)
+/// The key is deleted at `sent + ttl` by this client; the lease is valid until `sent + ttl` minus
+/// the caller's drift allowance, which dlock-core keeps beside the session's bound. (The
+/// per-acquire TTL is enforced on this client's own clock, so no drift between clocks applies to
+/// it; the session's part is bounded separately.)
 fn term(sent: Instant, ttl: Duration) -> Term {
     Term {
         delete_at: sent + ttl,
-        valid_until: sent + Drift::default().validity(ttl),
     }
 }
 

@@ -67,8 +67,8 @@
 //!   its session lease expires on the server, after the session TTL
 //!   ([`EtcdLockBuilder::session_ttl`], default 10 s). So an abandoned lock is held for at most
 //!   the TTL while its client runs, and at most the session TTL once it does not.
-//! * The lease is valid until the earlier of the TTL's end (less dlock's default drift
-//!   allowance) and the session's confirmed end: the last answered keep-alive's send time plus
+//! * The lease is valid until the earlier of the TTL's end (less the caller's drift
+//!   allowance, see [`Drift`](dlock_core::Drift)) and the session's confirmed end: the last answered keep-alive's send time plus
 //!   the lease TTL, less a margin. It is **uncertain** while keep-alives go unanswered (the
 //!   server may still keep the lease) and **lost** the moment the server reports the lease gone
 //!   or the confirmed end passes.

@@ -19,14 +19,12 @@ use tokio::time::Instant;
 
 use crate::session::Session;
 
-/// The local time frame of a held lock: when this client deletes its key unless extended, and
-/// until when the lease may be relied on.
+/// The local time frame of a held lock: when this client deletes its key unless extended. (The
+/// lease itself is valid for less — its drift allowance — which dlock-core applies.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Term {
     /// The end of the per-acquire TTL: the watchdog deletes the key then.
     pub(crate) delete_at: Instant,
-    /// The end of the lease's validity as far as the TTL is concerned (before `delete_at`).
-    pub(crate) valid_until: Instant,
 }
 
 /// A lock this client holds.

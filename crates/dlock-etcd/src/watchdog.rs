@@ -2,13 +2,15 @@
 //!
 //! A lease follows a [`SessionState`] channel (see `dlock_core::SessionState`), and a held lock
 //! has two clocks: its session lease, which the server enforces, and the per-acquire TTL, which
-//! this client enforces by deleting its own key (see the crate docs). The watchdog merges both
-//! into the channel the lease follows:
+//! this client enforces by deleting its own key (see the crate docs). The watchdog publishes the
+//! session's part on the channel the lease follows; dlock-core keeps the TTL's validity beside it
+//! and holds the lease until the earlier of the two:
 //!
-//! * held until the earlier of the session's confirmed end and the TTL's validity;
+//! * held until the session's confirmed end;
 //! * uncertain while the session's keep-alives go unanswered;
-//! * lost at once when the session expires, or when the TTL ends without an extension — and then
-//!   it deletes the key (ownership-checked), which is what lets the next contender in.
+//! * lost at once when the session expires or the key is deleted behind the holder's back, and
+//!   at the end of the TTL without an extension — then it deletes the key (ownership-checked),
+//!   which is what lets the next contender in.
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -55,25 +57,22 @@ enum Verdict {
     Lost,
 }
 
-/// The lease's state given the session's and the lock's term.
+/// The lease's state given the session's and the lock's term: expired once the term ended,
+/// otherwise the session's.
 pub(crate) fn merge(session: SessionState, term: Term, now: Instant) -> SessionState {
     if now >= term.delete_at {
         return SessionState::Expired;
     }
     match session::current(&session, now) {
-        SessionState::Alive { until } => SessionState::Alive {
-            until: Some(until.map_or(term.valid_until, |u| u.min(term.valid_until))),
-        },
-        SessionState::Suspended { until } => SessionState::Suspended {
-            until: until.min(term.valid_until),
-        },
+        alive @ SessionState::Alive { .. } => alive,
+        suspended @ SessionState::Suspended { .. } => suspended,
         _ => SessionState::Expired,
     }
 }
 
 fn publish(view: &watch::Sender<SessionState>, state: SessionState) {
     view.send_if_modified(|current| {
-        if *current == state || matches!(current, SessionState::Expired) {
+        if *current == state || matches!(current, SessionState::Expired | SessionState::TakenOver) {
             return false;
         }
         *current = state;
@@ -123,7 +122,7 @@ impl Watchdog {
                 alarm = alarm => match alarm {
                     Some(alarm) => {
                         if let Verdict::Lost = self.on_alarm(alarm).await {
-                            publish(&self.view, SessionState::Expired);
+                            publish(&self.view, SessionState::TakenOver);
                             tracing::debug!(key = %self.key, outcome = "key_deleted", "etcd lock lost");
                             self.forget();
                             return;

@@ -9,6 +9,9 @@
 //!
 //! Query parameters are refused rather than silently ignored (the client's `protocol=resp3`
 //! would change how release notifications arrive).
+//!
+//! Public so that clients of several servers (the Redlock backend) parse and show each server's
+//! URL the same way.
 
 use std::fmt;
 
@@ -16,9 +19,10 @@ use dlock_core::{Error, Result};
 use redis::IntoConnectionInfo;
 use url::Url;
 
-/// A validated server address and its credentials.
+/// A validated Redis server address and its credentials; its `Debug` shows the URL without the
+/// password.
 #[derive(Clone)]
-pub(crate) struct Endpoint {
+pub struct Endpoint {
     info: redis::ConnectionInfo,
     redacted: String,
 }
@@ -26,7 +30,7 @@ pub(crate) struct Endpoint {
 impl Endpoint {
     /// Checks `raw` and builds the connection settings; every problem is an
     /// [`Error::InvalidInput`] for the field `url` whose message never repeats the password.
-    pub(crate) fn parse(raw: &str) -> Result<Self> {
+    pub fn parse(raw: &str) -> Result<Self> {
         let invalid = |message: String| Error::invalid("url", message);
         let url = Url::parse(raw.trim()).map_err(|e| invalid(format!("not a URL: {e}")))?;
         let redacted = redact(&url);
@@ -81,12 +85,18 @@ impl Endpoint {
     }
 
     /// The settings for the client library.
-    pub(crate) fn connection_info(&self) -> &redis::ConnectionInfo {
+    pub fn connection_info(&self) -> &redis::ConnectionInfo {
         &self.info
     }
 
+    /// A client library handle for this server with the settings every dlock connection uses
+    /// (`TCP_NODELAY`, so pipelined requests are not held back).
+    pub fn client(&self) -> Result<redis::Client> {
+        crate::connection::client(self)
+    }
+
     /// The URL with its password replaced by `***`, for errors, logs and `Debug`.
-    pub(crate) fn redacted(&self) -> &str {
+    pub fn redacted(&self) -> &str {
         &self.redacted
     }
 }

@@ -62,8 +62,10 @@ pub(crate) fn no_answer(op: &'static str, timeout: Duration) -> Error {
     }
 }
 
-/// Classifies a Redis error from operation `op`.
-pub(crate) fn from_redis(op: &'static str, source: RedisError) -> Error {
+/// Classifies a Redis error from operation `op`: no answer or a broken connection is
+/// [`Error::Unavailable`], a passing server condition a temporary [`Error::Backend`], anything
+/// else a permanent one.
+pub fn from_redis(op: &'static str, source: RedisError) -> Error {
     if unreachable(&source) {
         return Error::Unavailable {
             reached: 0,

@@ -10,6 +10,8 @@
 //!   after a lost reply) re-arms the TTL and is granted a new, larger token.
 //! * [`EXTEND`]: if the lock's value is the owner, `PEXPIRE` it; never re-creates it.
 //! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and `PUBLISH` on its release channel.
+//! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
+//!   owner, raise the fencing counter to at least a given token, never lowering it.
 //!
 //! Extend and release tell "expired" (no lock) from "taken over" (another owner's lock, left
 //! untouched).
@@ -56,7 +58,7 @@ impl LockScript {
         }
     }
 
-    /// A short name for errors and tracing: `acquire`, `extend` or `release`.
+    /// A short name for errors and tracing: `acquire`, `extend`, `release` or `raise_fence`.
     pub fn name(&self) -> &'static str {
         self.name
     }
@@ -188,6 +190,33 @@ return 0
     )
 });
 
+/// Raises a lock's fencing counter to at least a given token if the owner still holds the lock;
+/// never lowers it. Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
+///
+/// Redlock takes the largest token its majority of masters granted and writes it back to them with
+/// this script, so that every master of that majority counts from at least that token onwards.
+/// The comparison is done on Lua numbers (doubles), exact for tokens below 2^53 — the counters
+/// start at the server's clock in microseconds (about 2^51 today), so that holds for centuries.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` token.
+pub static RAISE_FENCE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        "raise_fence",
+        r#"
+local holder = redis.call('GET', KEYS[1])
+if holder ~= ARGV[1] then
+  if holder then return 2 end
+  return 0
+end
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if current < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+"#,
+    )
+});
+
 /// Extend/release answer: the caller held the lock (and the change was made).
 pub const HELD_BY_CALLER: i64 = 1;
 /// Extend/release answer: nobody holds the lock; nothing was changed.
@@ -215,6 +244,27 @@ pub fn decode_acquire(reply: i64) -> AcquireReply {
         negative => AcquireReply::Busy {
             pttl: Some(Duration::from_millis((-1 - negative).unsigned_abs())),
         },
+    }
+}
+
+/// The answer of [`RAISE_FENCE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceRaise {
+    /// The caller holds the lock; the counter is now at least the token.
+    Raised,
+    /// Nobody holds the lock; the counter was left alone.
+    NotHeld,
+    /// Another owner holds the lock; the counter was left alone.
+    HeldByOther,
+}
+
+/// Decodes the reply of [`RAISE_FENCE`].
+pub fn decode_raise_fence(code: i64) -> RedisResult<FenceRaise> {
+    match code {
+        HELD_BY_CALLER => Ok(FenceRaise::Raised),
+        NOT_HELD => Ok(FenceRaise::NotHeld),
+        HELD_BY_OTHER => Ok(FenceRaise::HeldByOther),
+        other => Err(unexpected(format!("raise_fence answered {other}"))),
     }
 }
 
@@ -323,13 +373,39 @@ where
     decode_release(code)
 }
 
+/// Runs [`RAISE_FENCE`] for `owner`: the counter `fence_key` becomes at least `token` if `owner`
+/// holds `lock_key`.
+///
+/// # Cancel safety
+/// If dropped, the counter may or may not have been raised; repeating it is harmless.
+pub async fn raise_fence<C>(
+    con: &mut C,
+    lock_key: &str,
+    fence_key: &str,
+    owner: &str,
+    token: FencingToken,
+) -> RedisResult<FenceRaise>
+where
+    C: ConnectionLike + Send,
+{
+    let token = token.0.to_string();
+    let code: i64 = RAISE_FENCE
+        .invoke(
+            con,
+            &[lock_key, fence_key],
+            &[owner.as_bytes(), token.as_bytes()],
+        )
+        .await?;
+    decode_raise_fence(code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn hashes_are_sha1_of_the_source() {
-        for script in [&*ACQUIRE, &*EXTEND, &*RELEASE] {
+        for script in [&*ACQUIRE, &*EXTEND, &*RELEASE, &*RAISE_FENCE] {
             assert_eq!(script.hash().len(), 40, "{}", script.name());
             assert_eq!(
                 script.hash(),
@@ -377,6 +453,10 @@ mod tests {
         assert_eq!(decode_release(0).unwrap(), Released::Expired);
         assert_eq!(decode_release(2).unwrap(), Released::TakenOver);
         assert!(decode_release(-1).is_err());
+        assert_eq!(decode_raise_fence(1).unwrap(), FenceRaise::Raised);
+        assert_eq!(decode_raise_fence(0).unwrap(), FenceRaise::NotHeld);
+        assert_eq!(decode_raise_fence(2).unwrap(), FenceRaise::HeldByOther);
+        assert!(decode_raise_fence(7).is_err());
     }
 
     #[test]

@@ -145,8 +145,21 @@ const ETCD: Table = [
     ),
 ];
 
-/// `dlock-redlock` has not landed yet: its row is stated, not run.
-const REDLOCK: Table = [(NotRun, "crates/dlock-redlock has not landed on main yet"); 11];
+/// `dlock-redlock`: five masters, tokens the maximum over a quorum written back, no delayed
+/// restart (the matrix's servers start fresh; see scenario 8's reason).
+const REDLOCK: Table = [
+    (Safe, "a quorum of SET NX PX grants within the validity"),
+    (CaughtByFencing, "keys expire after the TTL; the intersecting master gives the next holder a larger token"),
+    (CaughtByFencing, "the next holder's token is larger; the late write is refused"),
+    (Safe, "the client checks the validity left after the quorum, and so does dlock-core"),
+    (Safe, "abandoned keys expire after the TTL on every master"),
+    (Safe, "renewals need a quorum; the client-side validity ends before the masters' TTL"),
+    (Safe, "a holder left with a minority cannot renew and loses the lease before the majority's keys expire"),
+    (CaughtByFencing, "without delayed restart a master restarted empty breaks exclusion; its counter restarts from its clock in µs, above earlier tokens (crate docs)"),
+    (CaughtByFencing, "a master expiring early breaks exclusion (the clock assumption); the intersecting master still gives a larger token"),
+    (NotApplicable, "independent masters: no replica is promoted"),
+    (Safe, "release and extend are ownership-checked on every master"),
+];
 
 /// The legacy scheme: the value is an expiry timestamp, no owner, no token.
 const LEGACY_GETSET: Table = [

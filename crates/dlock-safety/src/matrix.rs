@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_compliance::fixtures::{
-    EtcdCluster, EtcdOptions, FixtureError, RedisReplicated, RedisServer, ZkEnsemble, ZkOptions,
+    EtcdCluster, EtcdOptions, FixtureError, RedisMasters, RedisReplicated, RedisServer, ZkEnsemble,
+    ZkOptions,
 };
 use tokio::time::Instant;
 
@@ -19,7 +20,8 @@ use crate::run::Run;
 use crate::scenario::Scenario;
 use crate::scenarios;
 use crate::targets::{
-    EtcdTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, Target, ZkTarget,
+    EtcdTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, RedlockTarget, Target,
+    ZkTarget,
 };
 
 /// Members of the ZooKeeper and etcd deployments: the smallest that survives losing one.
@@ -79,6 +81,7 @@ enum Started {
     Redis(RedisTarget),
     Zk(ZkTarget),
     Etcd(EtcdTarget),
+    Redlock(RedlockTarget),
 }
 
 impl Started {
@@ -88,6 +91,7 @@ impl Started {
             Started::Redis(t) => t,
             Started::Zk(t) => t,
             Started::Etcd(t) => t,
+            Started::Redlock(t) => t,
         }
     }
 
@@ -95,6 +99,7 @@ impl Started {
         let result = match self {
             Started::Zk(t) => t.shutdown().await,
             Started::Etcd(t) => t.shutdown().await,
+            Started::Redlock(t) => t.shutdown().await,
             Started::Memory(_) | Started::Redis(_) => Ok(()),
         };
         if let Err(e) = result {
@@ -122,7 +127,9 @@ async fn start(
         Backend::Etcd => Started::Etcd(EtcdTarget::new(
             EtcdCluster::start_with(CLUSTER_SIZE, EtcdOptions::default()).await?,
         )),
-        Backend::Redlock => return Ok(None),
+        Backend::Redlock => Started::Redlock(RedlockTarget::new(
+            RedisMasters::start(RedisMasters::DEFAULT_COUNT).await?,
+        )),
     }))
 }
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use dlock_core::{
-    Attempt, Drift, Error, FencingToken, Grant, LockRequest, OwnerToken, Result, SessionWatch,
+    Attempt, Error, FencingToken, Grant, LockRequest, OwnerToken, Result, SessionWatch,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -187,12 +187,11 @@ fn register(
     sent: Instant,
     req: &LockRequest<'_>,
 ) -> SessionWatch {
+    // The node lives until `delete_at` on this clock; the lease itself claims less (its drift
+    // allowance), which dlock-core applies.
     let delete_at = sent + req.ttl;
-    // The node lives until `delete_at` on this clock; the lease claims a little less, like every
-    // dlock lease with the default drift allowance.
-    let lease_until = sent + Drift::default().validity(req.ttl);
-    let state = lease_state(session.link(), session.vouched_until(), lease_until);
-    let (held, watch) = Held::new(path, session.generation, delete_at, lease_until, state);
+    let state = lease_state(session.link(), session.vouched_until());
+    let (held, watch) = Held::new(path, session.generation, delete_at, state);
     let owner = req.owner.as_u128();
     let wakes_keeper = {
         let mut registry = inner.registry();

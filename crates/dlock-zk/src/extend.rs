@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Drift, Error, Extension, LeaseRef, Result};
+use dlock_core::{Error, Extension, LeaseRef, Result};
 use tokio::time::Instant;
 
 use crate::client::Inner;
@@ -61,13 +61,7 @@ pub(crate) async fn extend(
         Some(stat) if stat.ephemeral_owner == session.id => {
             let re_armed = inner
                 .registry()
-                .re_arm(
-                    owner,
-                    &path,
-                    Instant::now(),
-                    sent + ttl,
-                    sent + Drift::default().validity(ttl),
-                )
+                .re_arm(owner, &path, Instant::now(), sent + ttl)
                 .map(|held| held.publish(session.link(), session.vouched_until()))
                 .is_some();
             // A shorter TTL may have moved the earliest deadline forward.

@@ -8,8 +8,9 @@
 //! * its session — kept by the server: a holder that dies or is cut off loses its node when the
 //!   session expires, and the lease learns of the danger from the session's link state.
 //!
-//! Each lease gets its own [`SessionWatch`] carrying `min(TTL bound, session bound)`, which
-//! dlock-core's lease follows (held, uncertain, lost).
+//! Each lease gets its own [`SessionWatch`] carrying the session bound; dlock-core's lease keeps
+//! its TTL deadline (with the caller's drift allowance) beside it and is valid until the earlier
+//! of the two. The keeper deletes the node at the full TTL, never before the lease's own deadline.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -28,18 +29,11 @@ pub(crate) struct Held {
     pub(crate) generation: u64,
     /// When the keeper deletes the node unless extended: the grant's send time plus the TTL.
     pub(crate) delete_at: Instant,
-    /// The TTL bound the lease may claim: `delete_at` minus dlock's default drift allowance.
-    pub(crate) lease_until: Instant,
     tx: watch::Sender<SessionState>,
 }
 
 /// The session state a lease should show.
-pub(crate) fn lease_state(
-    link: Link,
-    vouched_until: Instant,
-    lease_until: Instant,
-) -> SessionState {
-    let until = vouched_until.min(lease_until);
+pub(crate) fn lease_state(link: Link, until: Instant) -> SessionState {
     match link {
         Link::Connected => SessionState::Alive { until: Some(until) },
         Link::Disconnected => SessionState::Suspended { until },
@@ -53,7 +47,6 @@ impl Held {
         path: String,
         generation: u64,
         delete_at: Instant,
-        lease_until: Instant,
         state: SessionState,
     ) -> (Held, SessionWatch) {
         let (tx, rx) = watch::channel(state);
@@ -62,7 +55,6 @@ impl Held {
                 path,
                 generation,
                 delete_at,
-                lease_until,
                 tx,
             },
             rx,
@@ -71,7 +63,7 @@ impl Held {
 
     /// Tells the lease its current state (nothing if unchanged).
     pub(crate) fn publish(&self, link: Link, vouched_until: Instant) {
-        let state = lease_state(link, vouched_until, self.lease_until);
+        let state = lease_state(link, vouched_until);
         self.tx.send_if_modified(|current| {
             let changed = *current != state;
             *current = state;
@@ -133,7 +125,6 @@ impl Registry {
         path: &str,
         now: Instant,
         delete_at: Instant,
-        lease_until: Instant,
     ) -> Option<&Held> {
         let held = self.held.get_mut(&owner)?;
         if held.path != path || now >= held.delete_at {
@@ -141,7 +132,6 @@ impl Registry {
         }
         self.deadlines.remove(&(held.delete_at, owner));
         held.delete_at = delete_at;
-        held.lease_until = lease_until;
         self.deadlines.insert((delete_at, owner));
         Some(held)
     }
@@ -214,7 +204,6 @@ mod tests {
             path.to_owned(),
             generation,
             at,
-            at,
             SessionState::Alive { until: Some(at) },
         )
     }
@@ -242,26 +231,26 @@ mod tests {
         r.insert(1, a);
         let later = now + Duration::from_secs(5);
         assert!(r
-            .re_arm(1, "/a", now + Duration::from_secs(1), later, later)
+            .re_arm(1, "/a", now + Duration::from_secs(1), later)
             .is_none());
-        assert!(r.re_arm(1, "/other", now, later, later).is_none());
-        assert!(r.re_arm(1, "/a", now, later, later).is_some());
+        assert!(r.re_arm(1, "/other", now, later).is_none());
+        assert!(r.re_arm(1, "/a", now, later).is_some());
         assert_eq!(r.next_deadline(), Some(later));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn lease_state_takes_the_earlier_bound() {
+    async fn lease_state_follows_the_link() {
         let now = Instant::now();
-        let (a, b) = (now + Duration::from_secs(1), now + Duration::from_secs(2));
+        let a = now + Duration::from_secs(1);
         assert_eq!(
-            lease_state(Link::Connected, a, b),
+            lease_state(Link::Connected, a),
             SessionState::Alive { until: Some(a) }
         );
         assert_eq!(
-            lease_state(Link::Disconnected, b, a),
+            lease_state(Link::Disconnected, a),
             SessionState::Suspended { until: a }
         );
-        assert_eq!(lease_state(Link::Ended, a, b), SessionState::Expired);
+        assert_eq!(lease_state(Link::Ended, a), SessionState::Expired);
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,6 +7,7 @@ mod cut_off;
 mod delayed_reply;
 mod delayed_write;
 mod failover;
+mod fast_clock;
 mod paused;
 mod release_after_expiry;
 mod restart;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use crate::run::Run;
 use crate::scenario::Scenario;
-use crate::targets::{FaultUnavailable, Target};
+use crate::targets::Target;
 
 /// What a scenario reports besides the history.
 #[derive(Debug, Clone, Default)]
@@ -44,11 +45,7 @@ pub async fn run(scenario: Scenario, target: &dyn Target, run: &Run) -> anyhow::
         Scenario::RestartWithoutData => restart::run(target, run).await,
         Scenario::ReleaseAfterExpiry => release_after_expiry::run(target, run).await,
         Scenario::LaggingReplicaPromoted => failover::run(target, run).await,
-        Scenario::FastClock => Err(FaultUnavailable(format!(
-            "scenario {} is not implemented yet",
-            scenario.number()
-        ))
-        .into()),
+        Scenario::FastClock => fast_clock::run(target, run).await,
     }
 }
 

@@ -10,7 +10,7 @@ use crate::targets::Target;
 /// restarts empty; another client takes the lock at once and writes; the holder, whose lease is
 /// still valid on its clock, writes too.
 pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
-    let holder = target.client().await?;
+    let holder = target.holder_client().await?;
     let next = target.client().await?;
     // Long enough to outlive the restart.
     let long = run.ttls(10.0).max(std::time::Duration::from_secs(15));

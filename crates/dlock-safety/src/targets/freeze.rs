@@ -29,6 +29,16 @@ impl Proxies {
         Ok(Proxies { proxies, switches })
     }
 
+    /// Freezes only the links to the endpoints at `indices`: a client partitioned from some
+    /// servers only.
+    pub(crate) fn freeze_only(&self, indices: std::ops::Range<usize>) {
+        self.switches
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| indices.contains(i))
+            .for_each(|(_, s)| s.freeze());
+    }
+
     /// The `127.0.0.1:PORT` addresses clients should use instead, in the endpoints' order.
     pub(crate) fn addrs(&self) -> Vec<String> {
         self.proxies.iter().map(|p| p.addr().to_string()).collect()

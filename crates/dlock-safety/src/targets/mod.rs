@@ -8,6 +8,7 @@ mod etcd;
 mod freeze;
 mod memory;
 mod redis;
+mod redlock;
 mod replication;
 mod zookeeper;
 
@@ -21,6 +22,7 @@ use dlock_core::DistributedLock;
 pub use self::etcd::EtcdTarget;
 pub use self::memory::MemoryTarget;
 pub use self::redis::{RedisFlavor, RedisTarget};
+pub use self::redlock::RedlockTarget;
 pub use self::replication::Replication;
 pub use self::zookeeper::ZkTarget;
 
@@ -48,6 +50,19 @@ pub trait Target: Send + Sync {
     /// How long the service keeps the lock of a holder that stopped talking to it, for a lease of
     /// `ttl`: the TTL, or the session timeout for session-based backends.
     fn abandon_bound(&self, ttl: Duration) -> Duration;
+
+    /// The client of the holder in the server-fault scenarios (8, 9). Redlock's holder reaches
+    /// only a bare quorum of masters, so that one master's fault decides; elsewhere an ordinary
+    /// client.
+    async fn holder_client(&self) -> anyhow::Result<Arc<dyn DistributedLock>> {
+        self.client().await
+    }
+
+    /// Makes one server forget the lock `key` early, as a fast clock would expire it (scenario 9).
+    async fn expire_early(&self, key: &str) -> anyhow::Result<()> {
+        let _ = key;
+        Err(FaultUnavailable("this target has no per-node clocks".into()).into())
+    }
 
     /// Restarts the server so that it loses every key (scenario 8).
     async fn restart_without_data(&self) -> anyhow::Result<()> {

@@ -1,0 +1,37 @@
+//! Takes a lock on Redlock masters, shows its fencing token, and gives it back.
+//!
+//! ```sh
+//! cargo run -p dlock-redlock --example redlock -- redis://h1:6379 redis://h2:6379 redis://h3:6379
+//! ```
+//!
+//! Without arguments it reads the comma-separated URLs of `DLOCK_TEST_REDLOCK_URLS`.
+
+use std::time::Duration;
+
+use dlock_core::{DistributedLockExt, LockOptions};
+use dlock_redlock::RedlockBuilder;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut urls: Vec<String> = std::env::args().skip(1).collect();
+    if urls.is_empty() {
+        urls = std::env::var("DLOCK_TEST_REDLOCK_URLS")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+    }
+    let locks = std::sync::Arc::new(RedlockBuilder::from_urls(urls).connect().await?);
+    let opts = LockOptions::new(Duration::from_secs(10)).with_wait(Duration::from_secs(5));
+    let lease = locks.acquire("examples/redlock", &opts).await?;
+    println!(
+        "held examples/redlock with fencing token {} (quorum {} of {})",
+        lease.fencing_token(),
+        locks.quorum(),
+        locks.endpoints().len()
+    );
+    println!("released: {:?}", lease.release().await?);
+    Ok(())
+}

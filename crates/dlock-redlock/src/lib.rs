@@ -1,0 +1,149 @@
+//! dlock on N independent Redis masters with the Redlock algorithm — with fencing tokens,
+//! bounded latency, and the delayed-restart rule.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+//! use dlock_redlock::RedlockLock;
+//!
+//! let masters = ["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"];
+//! let locks: Arc<dyn DistributedLock> = Arc::new(RedlockLock::connect(&masters).await?);
+//! let opts = LockOptions::new(Duration::from_secs(10)).with_wait(Duration::from_secs(5));
+//! let lease = locks.acquire("invoices/42", &opts).await?;
+//! // … write to the resource, presenting lease.fencing_token() …
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Connecting
+//!
+//! [`RedlockLock::connect`] takes the masters' URLs, in any form
+//! [`dlock_redis::Endpoint`] accepts; [`RedlockBuilder::from_urls`] also sets the quorum, the
+//! per-node timeout, the drift allowance, the retry jitter, fencing and the delayed-restart
+//! rule. The masters are independent servers — no replication, no cluster — and their number
+//! must be odd and at least 3 (5 is usual). A bad URL or setting is an
+//! [`Error::InvalidInput`](dlock_core::Error::InvalidInput) naming the field, before anything is
+//! sent. `connect` needs a quorum of the masters to answer; the others are connected when a
+//! request needs them.
+//!
+//! The client keeps one multiplexed connection per master and replaces it when it breaks (see
+//! `node.rs`). Keys are those of [`dlock_redis`] ([`dlock_redis::keys`]), and each operation is
+//! one of its scripts ([`dlock_redis::scripts`]), run on every master.
+//!
+//! # The algorithm
+//!
+//! As its author specified it (<https://redis.io/docs/latest/develop/use/patterns/distributed-locks/>):
+//!
+//! * **Acquire**: note the time `sent`, then send the acquire script (`SET key owner NX PX ttl`,
+//!   and increment the key's fencing counter if granted) to **every master in parallel**, each
+//!   request bounded by the **per-node timeout** (configurable; by default `ttl / 200`, between
+//!   5 and 50 ms). A master that hangs costs at most that timeout, and the client stops waiting as
+//!   soon as a quorum (`N/2 + 1` by default) granted or can no longer grant. The lock is acquired
+//!   only if a quorum granted *and* the time since `sent` is still below the validity
+//!   `ttl − (ttl × drift.factor + drift.fixed)` — the same formula and the same `sent` stamp from
+//!   which dlock's core computes the lease's validity deadline, so the lease the caller gets ends
+//!   where the algorithm says it does. (The core applies [`LockOptions::drift`](dlock_core::LockOptions::drift); the client checks
+//!   its own [`RedlockBuilder::drift`], both [`Drift::default`](dlock_core::Drift) unless set:
+//!   whichever is larger decides.)
+//! * **On failure** (too few grants, or too late) the client releases on **every** master,
+//!   including those that did not answer — their answer may have been lost — and reports either
+//!   busy (a quorum answered, the lock is held elsewhere) or
+//!   [`Error::Unavailable`](dlock_core::Error::Unavailable) whose message says
+//!   "reached R of N nodes, needed Q".
+//! * **Retry**: a waiting acquire tries again after the caller's jittered backoff, bounded by the
+//!   holder's remaining TTL and by the caller's deadline, and wakes a random bit (up to
+//!   [`RedlockBuilder::retry_jitter`]) earlier, so that contenders that split the masters between
+//!   them do not keep doing so.
+//! * **Extend** re-arms the TTL on every master where the owner still holds the key, and succeeds
+//!   only if a quorum did so within the new validity. **Release** deletes the key on every master
+//!   where the owner holds it; it never touches another owner's key.
+//!
+//! # Fencing tokens
+//!
+//! No other Redlock implementation hands out fencing tokens; this one does (unless turned off
+//! with [`RedlockBuilder::fencing`]). Each master keeps a per-key counter, incremented by the
+//! acquire script atomically with the grant. The client takes the **maximum** `T` over the
+//! masters that granted, then **writes `T` back** — as a maximum, never lowering a counter (the
+//! [`RAISE_FENCE`](dlock_redis::scripts::RAISE_FENCE) script, which also checks that the owner
+//! still holds the key there) — to the granted masters whose counter is below `T`. The lock counts
+//! as acquired only when a quorum of masters both hold the key for the owner and have a counter of
+//! at least `T`, all within the validity. When the masters' counters already agree (the usual
+//! case once they have been written back once), no write-back is needed and an acquire costs one
+//! round, as without fencing.
+//!
+//! **Why tokens grow.** Let holder A get token `T` with quorum `M_A`: every master in `M_A` had a
+//! counter ≥ `T` while it held A's key. The next holder B gets a quorum `M_B`; any two quorums of
+//! N masters intersect, so some master `m` is in both. B's grant on `m` happened after A's key on
+//! `m` was gone (released or expired), hence after `m`'s counter was ≥ `T`; B's acquire script
+//! incremented it, so `m` granted B a token > `T`, and B's token — the maximum over `M_B` — is
+//! > `T`. By induction, tokens strictly increase from holder to holder of a key.
+//!
+//! **Assumptions** (where the comparative safety work shows it breaks):
+//!
+//! * *No loss of the intersecting master's counter.* If `m` loses its data (restart without
+//!   persistence, `appendfsync everysec` losing the last second, a restore from an older
+//!   snapshot), its counter may go back. The acquire script restarts a missing counter at the
+//!   master's clock in microseconds, so after a *total* loss tokens still stay above earlier ones
+//!   as long as that master's clock did not go back; a *stale* counter (older snapshot) can repeat
+//!   tokens. Hence [`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee).
+//! * *Bounded clock drift.* Mutual exclusion — that A's key on `m` is gone only after A's
+//!   lease ended — relies on the masters' clocks running at about the client's rate (within the
+//!   drift allowance) and on no process pause longer than the allowance between the grant and the
+//!   validity check. A paused holder can outlive its lease; that is what the fencing token is for:
+//!   the resource rejects its late writes, since B's token is larger.
+//! * A master that restarted empty and rejoins at once breaks the intersection argument for locks
+//!   held at the time; the delayed-restart rule below closes that gap.
+//!
+//! With fencing off, the token is still the maximum over the quorum, but it can repeat or go back
+//! ([`FencingGuarantee::None`](dlock_core::FencingGuarantee)).
+//!
+//! # Delayed restart and persistence
+//!
+//! A master that restarts **without its data** forgets the locks it granted. If it voted again at
+//! once, a second client could win a quorum with it while the first holder's lease is still valid —
+//! two holders (the test suite shows exactly that). Redlock's author gives two remedies:
+//!
+//! * **Persistence with `appendfsync always`**: every write is on disk before it is
+//!   acknowledged, so a restart keeps the locks (and the counters). Safe, at the cost of one
+//!   fsync per acquire, extend and release on every master.
+//! * **`appendfsync everysec`** (Redis's default with AOF) can lose the last second of writes on a
+//!   crash (not on a clean shutdown): a lock granted in that second, and its counter increment, can
+//!   be lost. **No persistence** (a cache-only Redis) loses everything on any restart. Both need:
+//! * **Delayed restart** ([`RedlockBuilder::delayed_restart`]): a restarted master must not take
+//!   part for the longest TTL in use, after which every lock it knew has expired anyway. The client
+//!   checks every connection it opens with `INFO server`: a master whose server process started
+//!   less than `max_ttl` (plus the drift allowance) ago does not count towards any quorum
+//!   until then. Requests still go to it (so it holds the keys once it counts again), but its
+//!   answers are not counted; with one of five masters excluded, three of the other four must
+//!   agree. The check is by the server's uptime, so it also covers restarts that happened
+//!   before this client first connected — which means that **right after the masters are
+//!   started** (a new deployment) the lock is unavailable for `max_ttl`. Requests with a TTL above
+//!   `max_ttl` are refused as invalid input, since the rule would not cover them.
+//!
+//! Delayed restart protects the locks, not the fencing counters: a counter lost on a master that
+//! was in the intersecting quorum restarts from that master's clock (see above).
+//!
+//! # Waiting
+//!
+//! Redlock has no release notifications: a waiting acquire polls, at the caller's backoff,
+//! bounded by the holder's remaining TTL (reported by the masters that refused).
+//!
+//! # Cancellation
+//!
+//! Dropping an acquire after requests went out is handled by dlock's core: it releases by owner
+//! token on every master in the background. Dropping a lease releases it the same way.
+#![deny(missing_docs)]
+
+mod builder;
+mod lock;
+mod node;
+mod quorum;
+mod restart;
+
+pub use builder::{
+    RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRY_JITTER, MAX_DERIVED_NODE_TIMEOUT,
+    MAX_NODES, MAX_TIMEOUT, MIN_DERIVED_NODE_TIMEOUT, MIN_NODES, MIN_TIMEOUT,
+};
+pub use lock::RedlockLock;

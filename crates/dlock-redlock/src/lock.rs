@@ -1,0 +1,464 @@
+//! The Redlock backend: dlock's implementor contract on N independent Redis masters.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Capabilities, DistributedLock, Drift, Error, Extension, FencingGuarantee,
+    FencingToken, Grant, LeaseRef, LockKey, LockRequest, OwnerToken, Released, Result,
+};
+use dlock_redis::keys::{self, KeyLayout};
+use dlock_redis::scripts::{self, AcquireReply, FenceRaise};
+use tokio::time::Instant;
+
+use crate::builder::{RedlockBuilder, MAX_DERIVED_NODE_TIMEOUT, MIN_DERIVED_NODE_TIMEOUT};
+use crate::node::Node;
+use crate::quorum::{gather, Progress, QuorumFailure, Reply};
+
+/// The backend's name in errors and tracing.
+pub(crate) const BACKEND: &str = "redlock";
+
+/// The Redis names and the owner of one request, shared by its per-master calls (which may
+/// outlive the request, see [`gather`]).
+#[derive(Clone)]
+struct Names {
+    lock: Arc<str>,
+    fence: Arc<str>,
+    owner: Arc<str>,
+}
+
+impl Names {
+    fn new(layout: &KeyLayout, key: &LockKey, owner: OwnerToken) -> Self {
+        let lock = layout.lock_key(key);
+        Names {
+            fence: keys::fence_key(&lock).into(),
+            lock: lock.into(),
+            owner: owner.to_hex().into(),
+        }
+    }
+}
+
+/// The checked settings a client runs with.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) layout: KeyLayout,
+    pub(crate) quorum: usize,
+    pub(crate) node_timeout: Option<Duration>,
+    pub(crate) drift: Drift,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) fencing: bool,
+    pub(crate) delayed_restart: Option<Duration>,
+}
+
+impl Settings {
+    /// How long after its start a master stays out of quorums: the longest TTL plus its drift
+    /// allowance, so that a slightly fast clock on the master cannot shorten it.
+    pub(crate) fn restart_window(&self) -> Option<Duration> {
+        self.delayed_restart
+            .map(|max_ttl| max_ttl + self.drift.allowance(max_ttl))
+    }
+
+    /// The per-node timeout for a request with `ttl`.
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        self.node_timeout.unwrap_or_else(|| {
+            (ttl / 200).clamp(MIN_DERIVED_NODE_TIMEOUT, MAX_DERIVED_NODE_TIMEOUT)
+        })
+    }
+
+    /// Checks a request's TTL against these settings; returns the per-node timeout and the
+    /// validity (`ttl − drift allowance`, counted from before the first request).
+    fn plan(&self, ttl: Duration) -> Result<(Duration, Duration)> {
+        if let Some(max_ttl) = self.delayed_restart {
+            if ttl > max_ttl {
+                return Err(Error::invalid(
+                    "ttl",
+                    format!(
+                        "{ttl:?} exceeds the delayed-restart maximum of {max_ttl:?} this client was built with"
+                    ),
+                ));
+            }
+        }
+        let allowance = self.drift.allowance(ttl);
+        if allowance >= ttl {
+            return Err(Error::invalid(
+                "drift",
+                format!(
+                    "the client's drift allowance {allowance:?} leaves nothing of the ttl {ttl:?}"
+                ),
+            ));
+        }
+        let validity = ttl - allowance;
+        let timeout = self.node_timeout(ttl);
+        // Acquire may take two rounds (the grant, then the fencing write-back).
+        if timeout * 2 >= validity {
+            return Err(Error::invalid(
+                "node_timeout",
+                format!(
+                    "{timeout:?} is too long for the ttl {ttl:?}: two rounds must fit in its validity {validity:?}"
+                ),
+            ));
+        }
+        Ok((timeout, validity))
+    }
+}
+
+/// Locks on N independent Redis masters with the Redlock algorithm, fencing tokens included.
+///
+/// Clones share the connections; make one per process and share it, usually as
+/// `Arc<dyn DistributedLock>`. See the [crate docs](crate) for the algorithm, the fencing argument
+/// and its assumptions, and the delayed-restart rule.
+#[derive(Clone)]
+pub struct RedlockLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Arc<Node>>,
+    settings: Arc<Settings>,
+}
+
+impl RedlockLock {
+    /// Connects to the masters at `urls` with the default settings (see [`RedlockBuilder`]).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is left behind but closed connections.
+    pub async fn connect<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
+        RedlockBuilder::from_urls(urls.iter().map(|u| u.as_ref().to_owned()))
+            .connect()
+            .await
+    }
+
+    /// Settings for the masters at `urls`, to adjust before [`connect`](RedlockBuilder::connect).
+    pub fn builder<I, S>(urls: I) -> RedlockBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedlockBuilder::from_urls(urls)
+    }
+
+    pub(crate) fn new(nodes: Vec<Arc<Node>>, settings: Arc<Settings>) -> Self {
+        RedlockLock {
+            inner: Arc::new(Inner { nodes, settings }),
+        }
+    }
+
+    /// The masters' URLs, passwords hidden, in the order given.
+    pub fn endpoints(&self) -> Vec<&str> {
+        self.inner.nodes.iter().map(|n| n.endpoint()).collect()
+    }
+
+    /// How many masters must agree.
+    pub fn quorum(&self) -> usize {
+        self.inner.settings.quorum
+    }
+
+    /// The masters (by position) left out of quorums right now by the delayed-restart rule.
+    pub fn excluded(&self) -> Vec<usize> {
+        (0..self.inner.nodes.len())
+            .filter(|&i| !self.inner.nodes[i].counts())
+            .collect()
+    }
+
+    /// The per-node timeout a request with `ttl` uses.
+    pub fn node_timeout(&self, ttl: Duration) -> Duration {
+        self.inner.settings.node_timeout(ttl)
+    }
+
+    fn all(&self) -> std::ops::Range<usize> {
+        0..self.inner.nodes.len()
+    }
+
+    /// Releases on every master, listening for answers until `done` says enough came back.
+    async fn release_everywhere(
+        &self,
+        names: &Names,
+        timeout: Duration,
+        done: impl FnMut(Progress<'_, Released>) -> bool,
+    ) -> Vec<Reply<Released>> {
+        let names = names.clone();
+        let call = move |mut con| {
+            let n = names.clone();
+            async move { scripts::release(&mut con, &n.lock, &n.owner, "").await }
+        };
+        gather(
+            &self.inner.nodes,
+            self.all(),
+            "release",
+            timeout,
+            call,
+            done,
+        )
+        .await
+    }
+
+    /// Gives back a failed attempt on every master — also those whose answer was lost — then
+    /// returns `outcome`. Waits only for as many answers as the attempt got, so a master that
+    /// did not answer it does not delay the outcome again.
+    async fn abandon<T, R>(
+        &self,
+        names: &Names,
+        timeout: Duration,
+        first: &[Reply<R>],
+        outcome: T,
+    ) -> T {
+        let responsive = first.iter().filter(|r| r.result.is_ok()).count();
+        self.release_everywhere(names, timeout, |p| {
+            p.replies.iter().filter(|r| r.result.is_ok()).count() >= responsive
+        })
+        .await;
+        outcome
+    }
+
+    /// The write-back: raises the counters of the granted masters whose token is below `token`.
+    /// Returns how many counting masters now hold the lock with a counter of at least `token`.
+    async fn raise_fences(
+        &self,
+        names: &Names,
+        token: FencingToken,
+        grants: &[(usize, bool, FencingToken)],
+        timeout: Duration,
+    ) -> (usize, Vec<Reply<FenceRaise>>) {
+        let quorum = self.inner.settings.quorum;
+        let at_max = grants
+            .iter()
+            .filter(|(_, counts, t)| *counts && *t == token)
+            .count();
+        let behind: Vec<usize> = grants
+            .iter()
+            .filter(|(_, _, t)| *t < token)
+            .map(|(i, _, _)| *i)
+            .collect();
+        if at_max >= quorum || behind.is_empty() {
+            return (at_max, Vec::new());
+        }
+        let names = names.clone();
+        let call = move |mut con| {
+            let n = names.clone();
+            async move { scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token).await }
+        };
+        let replies = gather(
+            &self.inner.nodes,
+            behind,
+            "raise_fence",
+            timeout,
+            call,
+            |p: Progress<'_, FenceRaise>| {
+                let raised = counted(p.replies, |r| *r == FenceRaise::Raised);
+                at_max + raised >= quorum || at_max + raised + p.pending < quorum
+            },
+        )
+        .await;
+        let raised = counted(&replies, |r| *r == FenceRaise::Raised);
+        (at_max + raised, replies)
+    }
+}
+
+/// How many counting masters answered with `pred` true.
+fn counted<T>(replies: &[Reply<T>], pred: impl Fn(&T) -> bool) -> usize {
+    replies
+        .iter()
+        .filter(|r| r.counts && r.result.as_ref().is_ok_and(&pred))
+        .count()
+}
+
+/// How many counting masters answered at all.
+fn answered<T>(replies: &[Reply<T>]) -> usize {
+    replies
+        .iter()
+        .filter(|r| r.counts && r.result.is_ok())
+        .count()
+}
+
+#[async_trait]
+impl DistributedLock for RedlockLock {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(if self.inner.settings.fencing {
+            FencingGuarantee::MonotonicWhileDataSurvives
+        } else {
+            FencingGuarantee::None
+        })
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let settings = &self.inner.settings;
+        let (timeout, validity) = settings.plan(req.ttl)?;
+        let names = Names::new(&settings.layout, req.key, req.owner);
+        let quorum = settings.quorum;
+        let ttl = req.ttl;
+        let call = {
+            let names = names.clone();
+            move |mut con| {
+                let n = names.clone();
+                async move { scripts::acquire(&mut con, &n.lock, &n.fence, &n.owner, ttl).await }
+            }
+        };
+        let sent = Instant::now();
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "acquire",
+            timeout,
+            call,
+            |p: Progress<'_, AcquireReply>| {
+                let granted = counted(p.replies, |r| matches!(r, AcquireReply::Granted(_)));
+                granted >= quorum || (granted + p.pending < quorum && answered(p.replies) >= quorum)
+            },
+        )
+        .await;
+        let grants: Vec<(usize, bool, FencingToken)> = replies
+            .iter()
+            .filter_map(|r| match r.result {
+                Ok(AcquireReply::Granted(token)) => Some((r.index, r.counts, token)),
+                _ => None,
+            })
+            .collect();
+        let granted = grants.iter().filter(|(_, counts, _)| *counts).count();
+        if granted < quorum {
+            if answered(&replies) < quorum {
+                let failure = QuorumFailure::of("acquire", &replies, &self.inner.nodes, quorum);
+                let error = failure.into_error();
+                return Err(self.abandon(&names, timeout, &replies, error).await);
+            }
+            // Busy: the holder's key runs out on the first master at the earliest.
+            let retry_after = replies
+                .iter()
+                .filter_map(|r| match r.result {
+                    Ok(AcquireReply::Busy { pttl }) => pttl,
+                    _ => None,
+                })
+                .min();
+            let busy = Attempt::Busy { retry_after };
+            return Ok(self.abandon(&names, timeout, &replies, busy).await);
+        }
+        let token = grants
+            .iter()
+            .map(|(_, _, t)| *t)
+            .max()
+            .unwrap_or(FencingToken(0));
+        if settings.fencing {
+            let (confirmed, raised) = self.raise_fences(&names, token, &grants, timeout).await;
+            if confirmed < quorum {
+                let failure = QuorumFailure {
+                    reached: confirmed,
+                    ..QuorumFailure::of("fencing write-back", &raised, &self.inner.nodes, quorum)
+                };
+                let error = failure.into_error();
+                return Err(self.abandon(&names, timeout, &replies, error).await);
+            }
+        }
+        let elapsed = sent.elapsed();
+        if elapsed >= validity {
+            let late = Error::Unavailable {
+                reached: granted,
+                needed: quorum,
+                source: Some(
+                    format!(
+                        "acquire: a quorum answered after {elapsed:?}, past the validity of {validity:?}"
+                    )
+                    .into(),
+                ),
+            };
+            return Err(self.abandon(&names, timeout, &replies, late).await);
+        }
+        Ok(Attempt::Acquired(Grant::new(token, sent)))
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let settings = &self.inner.settings;
+        let (timeout, validity) = settings.plan(ttl)?;
+        let names = Names::new(&settings.layout, lease.key, lease.owner);
+        let quorum = settings.quorum;
+        let call = move |mut con| {
+            let n = names.clone();
+            async move { scripts::extend(&mut con, &n.lock, &n.owner, ttl).await }
+        };
+        let sent = Instant::now();
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "extend",
+            timeout,
+            call,
+            |p: Progress<'_, Extension>| {
+                let extended = counted(p.replies, |r| *r == Extension::Extended);
+                extended >= quorum
+                    || (extended + p.pending < quorum && answered(p.replies) >= quorum)
+            },
+        )
+        .await;
+        let extended = counted(&replies, |r| *r == Extension::Extended);
+        if extended >= quorum {
+            // A quorum that answers too late extended a lease whose validity is gone.
+            return Ok(if sent.elapsed() < validity {
+                Extension::Extended
+            } else {
+                Extension::Expired
+            });
+        }
+        if answered(&replies) < quorum {
+            return Err(
+                QuorumFailure::of("extend", &replies, &self.inner.nodes, quorum).into_error(),
+            );
+        }
+        Ok(if counted(&replies, |r| *r == Extension::TakenOver) > 0 {
+            Extension::TakenOver
+        } else {
+            Extension::Expired
+        })
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let settings = &self.inner.settings;
+        let names = Names::new(&settings.layout, lease.key, lease.owner);
+        let quorum = settings.quorum;
+        // A release must go out even for a TTL the settings would refuse now.
+        let timeout = settings.node_timeout.unwrap_or(MAX_DERIVED_NODE_TIMEOUT);
+        let replies = self
+            .release_everywhere(&names, timeout, |p| {
+                counted(p.replies, |r| *r == Released::Released) >= quorum
+            })
+            .await;
+        if counted(&replies, |r| *r == Released::Released) >= quorum {
+            return Ok(Released::Released);
+        }
+        if counted(&replies, |r| *r == Released::TakenOver) > 0 {
+            return Ok(Released::TakenOver);
+        }
+        if answered(&replies) >= quorum {
+            return Ok(Released::Expired);
+        }
+        Err(QuorumFailure::of("release", &replies, &self.inner.nodes, quorum).into_error())
+    }
+
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        let _ = key;
+        // Wake up a random bit early, so that contenders refused together do not come back
+        // together and split the masters between them again.
+        let now = Instant::now();
+        let room = until.saturating_duration_since(now);
+        let jitter = self
+            .inner
+            .settings
+            .retry_jitter
+            .min(room)
+            .mul_f64(rand::random::<f64>());
+        tokio::time::sleep_until(until - jitter).await;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for RedlockLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockLock")
+            .field("endpoints", &self.endpoints())
+            .field("settings", &self.inner.settings)
+            .finish()
+    }
+}

@@ -1,0 +1,276 @@
+//! Masters that fail: some down, one frozen, one restarted without its data. Each trial starts
+//! masters of its own.
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use dlock_compliance::fixtures::RedisMasters;
+use dlock_core::{DistributedLockExt, Error, FencingToken, LockOptions};
+use dlock_redlock::RedlockLock;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use crate::support::{self, unique, NODE_TIMEOUT};
+
+/// How late past a promised bound an answer may come on this noisy machine.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// Acquires and releases `key` once, returning the token; fails on busy.
+async fn cycle(client: &Arc<RedlockLock>, key: &str) -> anyhow::Result<FencingToken> {
+    let opts = LockOptions::new(Duration::from_secs(10)).with_wait(Duration::from_secs(5));
+    let lease = client.acquire(key, &opts).await?;
+    let token = lease.fencing_token();
+    lease.release().await?;
+    Ok(token)
+}
+
+/// With one and then two of five masters stopped, locks are still taken and released (3 of 5 is
+/// a quorum), and tokens keep growing.
+pub async fn one_or_two_of_five_masters_down_still_lock() -> anyhow::Result<()> {
+    let masters = RedisMasters::start(5).await?;
+    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+    let key = unique("down");
+    let mut last = cycle(&client, &key).await?;
+    for down in [0, 1] {
+        masters.member(down)?.stop().await?;
+        for round in 0..3 {
+            let token = cycle(&client, &key)
+                .await
+                .with_context(|| format!("{} master(s) down, round {round}", down + 1))?;
+            ensure!(token > last, "token {token} after {last}");
+            last = token;
+        }
+        // A second client, connecting while masters are down, works too.
+        let late = Arc::new(support::builder(&masters.urls()).connect().await?);
+        let token = cycle(&late, &key).await?;
+        ensure!(token > last, "token {token} after {last}");
+        last = token;
+    }
+    masters.shutdown().await?;
+    Ok(())
+}
+
+/// With three of five masters stopped no quorum is possible: try_acquire and a waiting acquire
+/// both fail at once with `Unavailable` saying "reached 2 of 5 nodes, needed 3", and work again
+/// once the masters are back.
+pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed() -> anyhow::Result<()>
+{
+    let masters = RedisMasters::start(5).await?;
+    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+    let key = unique("three-down");
+    cycle(&client, &key).await?;
+    for i in 0..3 {
+        masters.member(i)?.stop().await?;
+    }
+    let opts = LockOptions::new(Duration::from_secs(10));
+    for wait in [None, Some(Duration::from_secs(30))] {
+        let opts = match wait {
+            Some(w) => opts.clone().with_wait(w),
+            None => opts.clone(),
+        };
+        let start = Instant::now();
+        let result = match wait {
+            Some(_) => client.acquire(&key, &opts).await.map(|_| ()),
+            None => client.try_acquire(&key, &opts).await.map(|_| ()),
+        };
+        let took = start.elapsed();
+        match result {
+            Err(
+                error @ Error::Unavailable {
+                    reached: 2,
+                    needed: 3,
+                    ..
+                },
+            ) => {
+                let text = format!(
+                    "{error}: {}",
+                    std::error::Error::source(&error)
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                );
+                ensure!(
+                    text.contains("reached 2 of 5 nodes, needed 3"),
+                    "the error does not say what was reached: {text}"
+                );
+            }
+            Err(other) => bail!("expected Unavailable (2 of 3), got {other}"),
+            Ok(()) => bail!("locked with three of five masters down"),
+        }
+        // Stopped masters refuse at once; even a timeout would cost one node timeout per round.
+        ensure!(
+            took <= NODE_TIMEOUT * 2 + SLACK,
+            "failing took {took:?} (wait {wait:?})"
+        );
+    }
+    for i in 0..3 {
+        masters.member(i)?.start().await?;
+    }
+    let back = Instant::now();
+    loop {
+        match cycle(&client, &key).await {
+            Ok(_) => break,
+            Err(e) if back.elapsed() > Duration::from_secs(20) => {
+                bail!("no recovery after the masters came back: {e:#}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    masters.shutdown().await?;
+    Ok(())
+}
+
+/// One master frozen (`docker pause`: a GC pause, a stalled VM, a silent partition): every
+/// acquire still succeeds, and none takes longer than the per-node timeout (plus slack) — the
+/// frozen master costs at most its timeout, never a TCP timeout.
+pub async fn a_frozen_master_costs_at_most_the_node_timeout() -> anyhow::Result<()> {
+    let masters = RedisMasters::start(5).await?;
+    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+    let key = unique("frozen");
+    cycle(&client, &key).await?;
+    let frozen = masters.member(2)?;
+    frozen.pause().await?;
+    let outcome = async {
+        let opts = LockOptions::new(Duration::from_secs(10));
+        let mut acquires = Vec::new();
+        let mut cycles = Vec::new();
+        for _ in 0..40 {
+            let start = Instant::now();
+            let lease = client
+                .try_acquire(&key, &opts)
+                .await?
+                .context("a free key was busy with one master frozen")?;
+            acquires.push(start.elapsed());
+            lease.release().await?;
+            cycles.push(start.elapsed());
+        }
+        let p50 = support::quantile(&mut acquires, 0.5);
+        let p99 = support::quantile(&mut acquires, 0.99);
+        let cycle_p99 = support::quantile(&mut cycles, 0.99);
+        eprintln!(
+            "[timing] one master frozen: acquire p50 {p50:?}, p99 {p99:?}; cycle p99 {cycle_p99:?}"
+        );
+        // Two rounds at most (grant, fencing write-back), each bounded by the node timeout.
+        ensure!(
+            p99 <= NODE_TIMEOUT * 2 + SLACK,
+            "acquire p99 {p99:?} with one master frozen, node timeout {NODE_TIMEOUT:?}"
+        );
+        ensure!(
+            cycle_p99 <= NODE_TIMEOUT * 3 + SLACK,
+            "acquire + release p99 {cycle_p99:?} with one master frozen"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    frozen.unpause().await?;
+    outcome?;
+    masters.shutdown().await?;
+    Ok(())
+}
+
+/// The double-holder scenario of the Redlock debate, on five masters without persistence:
+/// holder A gets masters 0, 1, 2 (3 and 4 are held by a short-lived foreign lock); the foreign
+/// lock expires; master 2 restarts and forgets A's key; B asks while A's lease is still valid.
+/// Returns A's and B's outcome, with A's lease still held.
+async fn double_holder_scenario(
+    delayed_restart: Option<Duration>,
+) -> anyhow::Result<(bool, Option<dlock_core::Lease>, dlock_core::Lease)> {
+    let ttl = Duration::from_secs(12);
+    let masters = RedisMasters::start(5).await?;
+    let urls = masters.urls();
+    let with_rule = |builder: dlock_redlock::RedlockBuilder| match delayed_restart {
+        Some(max_ttl) => builder.delayed_restart(max_ttl),
+        None => builder,
+    };
+    let a = Arc::new(with_rule(support::builder(&urls)).connect().await?);
+    // Freshly started masters are excluded under the rule until their uptime passes it.
+    let settled = Instant::now();
+    while !a.excluded().is_empty() {
+        ensure!(
+            settled.elapsed() < ttl * 2,
+            "masters {:?} still excluded",
+            a.excluded()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let key = unique("two-holders");
+    let foreign_ttl_ms = 1500u64;
+    for url in &urls[3..] {
+        let mut con = support::raw(url).await?;
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("foreign-owner")
+            .arg("PX")
+            .arg(foreign_ttl_ms)
+            .query_async(&mut con)
+            .await?;
+    }
+    let holder_a = a
+        .try_acquire(&key, &LockOptions::new(ttl))
+        .await?
+        .context("A could not take the lock on masters 0, 1, 2")?;
+    tokio::time::sleep(Duration::from_millis(foreign_ttl_ms + 200)).await;
+    let restarted = Instant::now();
+    masters.member(2)?.restart_keep_data().await?;
+    eprintln!(
+        "[timing] master 2 restarted without data in {:.2?}",
+        restarted.elapsed()
+    );
+    let b = Arc::new(with_rule(support::builder(&urls)).connect().await?);
+    let b_excluded_master_2 = b.excluded() == [2];
+    let opts = LockOptions::new(ttl).with_wait(Duration::from_secs(2));
+    let holder_b = match b.acquire(&key, &opts).await {
+        Ok(lease) => Some(lease),
+        Err(Error::Timeout { .. }) => None,
+        Err(other) => bail!("B failed oddly: {other}"),
+    };
+    ensure!(
+        holder_a.is_held(),
+        "A's lease ended before B's attempt was over: the scenario took too long ({:?})",
+        holder_a.state()
+    );
+    masters.shutdown().await?;
+    Ok((b_excluded_master_2, holder_b, holder_a))
+}
+
+/// With the delayed-restart rule, the restarted master does not count: B is refused while A holds
+/// the lock.
+pub async fn restart_without_persistence_with_delayed_restart_has_one_holder() -> anyhow::Result<()>
+{
+    let (excluded, holder_b, holder_a) =
+        double_holder_scenario(Some(Duration::from_secs(12))).await?;
+    ensure!(excluded, "B did not leave the restarted master out");
+    if let Some(b) = holder_b {
+        bail!(
+            "two holders despite the delayed restart: A ({}, {:?}) and B ({}, {:?})",
+            holder_a.fencing_token(),
+            holder_a.state(),
+            b.fencing_token(),
+            b.state()
+        );
+    }
+    Ok(())
+}
+
+/// Without the rule the algorithm's author predicts two holders, and here they are: B wins
+/// masters 2, 3, 4 while A's lease on 0, 1, 2 is still valid. (The fencing token still orders
+/// them: B's is larger, so a fenced resource rejects A's writes from now on.)
+pub async fn restart_without_persistence_without_delayed_restart_has_two_holders(
+) -> anyhow::Result<()> {
+    let (_, holder_b, holder_a) = double_holder_scenario(None).await?;
+    let Some(b) = holder_b else {
+        bail!("B was refused: the double holder the algorithm predicts did not happen");
+    };
+    ensure!(
+        holder_a.is_held() && b.is_held(),
+        "not both held: A {:?}, B {:?}",
+        holder_a.state(),
+        b.state()
+    );
+    ensure!(
+        b.fencing_token() > holder_a.fencing_token(),
+        "B's token {} is not above A's {}",
+        b.fencing_token(),
+        holder_a.fencing_token()
+    );
+    Ok(())
+}

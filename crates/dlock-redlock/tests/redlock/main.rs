@@ -1,0 +1,173 @@
+//! The Redlock backend against real Redis masters in containers: the whole compliance suite on
+//! five masters, then the faults the algorithm is about — masters down, a frozen master, a master
+//! restarted without its data (with and without the delayed-restart rule) — and fencing.
+//!
+//! ```sh
+//! eval "$(scripts/test-images)"
+//! cargo test -p dlock-redlock --test redlock
+//! ```
+//!
+//! The suite shares five masters (every case works in its own key namespace); its outage case
+//! gets three dedicated ones, all stopped at once. Trials that break masters start their own.
+//! `DLOCK_TEST_REDLOCK_URLS` (comma-separated) replaces the shared masters; the fault trials need
+//! containers. With `DLOCK_TEST_NO_DOCKER=1` every trial is reported as ignored; without Docker
+//! and without that opt-out the binary fails.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod faults;
+mod fencing;
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::{docker_opt_out, Member, RedisMasters};
+use dlock_compliance::{suite, Inspect, Outage, ServerControl, Subject, Timing};
+use dlock_core::{DistributedLock, FencingGuarantee};
+use libtest_mimic::{Arguments, Trial};
+use tokio::runtime::Handle;
+
+fn main() {
+    let args = Arguments::from_args();
+    if RedisMasters::needs_docker() && docker_opt_out() {
+        let mut trials = suite::trials(&placeholder_subject());
+        trials.extend(support::own_trials());
+        let trials = trials
+            .into_iter()
+            .map(|t| t.with_ignored_flag(true))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let started = Instant::now();
+    let (shared, outage) = runtime
+        .block_on(async { tokio::try_join!(RedisMasters::start(5), RedisMasters::start(3)) })
+        .unwrap_or_else(|e| panic!("cannot start the Redis masters: {e}"));
+    eprintln!(
+        "[timing] 5 + 3 Redis masters up in {:.2?}",
+        started.elapsed()
+    );
+
+    let subject = subject(&shared, &outage, runtime.handle().clone());
+    let mut trials: Vec<Trial> = suite::trials(&subject);
+    trials.extend(support::own_trials());
+    let conclusion = libtest_mimic::run(&args, trials);
+
+    runtime.block_on(async {
+        let (a, b) = tokio::join!(shared.shutdown(), outage.shutdown());
+        a.and(b)
+            .unwrap_or_else(|e| eprintln!("removing the masters failed: {e}"));
+    });
+    conclusion.exit();
+}
+
+fn connect_to(urls: Vec<String>) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {
+    move || {
+        let urls = urls.clone();
+        Box::pin(async move {
+            let client: Arc<dyn DistributedLock> =
+                Arc::new(support::builder(&urls).connect().await?);
+            Ok(client)
+        })
+    }
+}
+
+fn capabilities() -> dlock_core::Capabilities {
+    dlock_core::Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+}
+
+fn subject(shared: &RedisMasters, outage: &RedisMasters, main: Handle) -> Subject {
+    let members = outage
+        .members()
+        .expect("container-backed outage masters")
+        .to_vec();
+    let control = Arc::new(AllMasters {
+        handle: Some(main),
+        members,
+    });
+    Subject::new("redlock", capabilities(), connect_to(shared.urls()))
+        .with_timing(Timing {
+            ttl: Duration::from_millis(1_000),
+            slack: Duration::from_secs(3),
+        })
+        .with_inspect(Arc::new(KeyCount {
+            urls: shared.urls(),
+        }))
+        .with_outage(Outage::new(control, connect_to(outage.urls())))
+}
+
+/// The same trial names, for a run that opted out of Docker.
+fn placeholder_subject() -> Subject {
+    let outage = Outage::new(
+        Arc::new(AllMasters {
+            handle: None,
+            members: Vec::new(),
+        }),
+        connect_to(Vec::new()),
+    );
+    Subject::new("redlock", capabilities(), connect_to(Vec::new())).with_outage(outage)
+}
+
+/// Stops and starts every master of the outage set, on the runtime that created the fixture
+/// (none in a run without Docker).
+struct AllMasters {
+    handle: Option<Handle>,
+    members: Vec<Member>,
+}
+
+impl AllMasters {
+    async fn each(&self, start: bool) -> anyhow::Result<()> {
+        let Some(handle) = &self.handle else {
+            anyhow::bail!("no masters in a run without Docker");
+        };
+        let mut tasks = Vec::new();
+        for member in self.members.clone() {
+            tasks.push(handle.spawn(async move {
+                if start {
+                    member.start().await
+                } else {
+                    member.stop().await
+                }
+            }));
+        }
+        anyhow::ensure!(!tasks.is_empty(), "no masters to control");
+        for task in tasks {
+            task.await??;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ServerControl for AllMasters {
+    async fn stop(&self) -> anyhow::Result<()> {
+        self.each(false).await
+    }
+
+    async fn start(&self) -> anyhow::Result<()> {
+        self.each(true).await
+    }
+}
+
+/// Counts the keys of a namespace on every master: lock keys start with it, counters contain it.
+struct KeyCount {
+    urls: Vec<String>,
+}
+
+#[async_trait]
+impl Inspect for KeyCount {
+    async fn stored(&self, namespace: &str) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for url in &self.urls {
+            total += support::keys_containing(url, namespace).await?.len() as u64;
+        }
+        Ok(total)
+    }
+}
