@@ -17,6 +17,9 @@ pub enum Backend {
     Etcd,
     /// `dlock-redlock`, N independent Redis masters.
     Redlock,
+    /// `dlock-redlock` with the delayed-restart rule: a restarted master does not vote for the
+    /// longest TTL in use.
+    RedlockDelayedRestart,
     /// The legacy `SETNX`/`GETSET` timestamp scheme from Redis's old `SETNX` documentation.
     LegacyGetSet,
     /// `SETNX` followed by a separate `EXPIRE`, with a plain `DEL` to release.
@@ -25,12 +28,13 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the matrix's column order.
-    pub const ALL: [Backend; 7] = [
+    pub const ALL: [Backend; 8] = [
         Backend::Memory,
         Backend::Redis,
         Backend::ZooKeeper,
         Backend::Etcd,
         Backend::Redlock,
+        Backend::RedlockDelayedRestart,
         Backend::LegacyGetSet,
         Backend::NaiveExpire,
     ];
@@ -43,6 +47,7 @@ impl Backend {
             Backend::ZooKeeper => "zk",
             Backend::Etcd => "etcd",
             Backend::Redlock => "redlock",
+            Backend::RedlockDelayedRestart => "redlock-delayed",
             Backend::LegacyGetSet => "legacy-getset",
             Backend::NaiveExpire => "naive-expire",
         }
@@ -56,6 +61,7 @@ impl Backend {
             Backend::ZooKeeper => "ZooKeeper",
             Backend::Etcd => "etcd",
             Backend::Redlock => "Redlock",
+            Backend::RedlockDelayedRestart => "Redlock, delayed restart",
             Backend::LegacyGetSet => "baseline: SETNX/GETSET",
             Backend::NaiveExpire => "baseline: SETNX+EXPIRE",
         }

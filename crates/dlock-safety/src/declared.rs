@@ -161,6 +161,20 @@ const REDLOCK: Table = [
     (Safe, "release and extend are ownership-checked on every master"),
 ];
 
+/// `dlock-redlock` with delayed restart: the same client as [`REDLOCK`] but for restarts.
+const REDLOCK_DELAYED: Table = {
+    let same = (
+        NotApplicable,
+        "the same client as the Redlock row; only restarts differ",
+    );
+    let mut table = [same; 11];
+    table[7] = (
+        Unavailable,
+        "the restarted master does not vote for the longest TTL; the other masters cannot make a quorum without the holder's",
+    );
+    table
+};
+
 /// The legacy scheme: the value is an expiry timestamp, no owner, no token.
 const LEGACY_GETSET: Table = [
     (Safe, "SETNX excludes while nothing fails"),
@@ -250,6 +264,7 @@ pub fn declared(backend: Backend, scenario: Scenario) -> Declared {
         Backend::ZooKeeper => &ZOOKEEPER,
         Backend::Etcd => &ETCD,
         Backend::Redlock => &REDLOCK,
+        Backend::RedlockDelayedRestart => &REDLOCK_DELAYED,
         Backend::LegacyGetSet => &LEGACY_GETSET,
         Backend::NaiveExpire => &NAIVE_EXPIRE,
     };

@@ -32,6 +32,7 @@ const CLUSTER_SIZE: usize = 3;
 struct Servers {
     redis: Option<Arc<RedisServer>>,
     replicated: Option<Result<Arc<RedisReplicated>, String>>,
+    masters: Option<Arc<RedisMasters>>,
 }
 
 impl Servers {
@@ -42,6 +43,16 @@ impl Servers {
         let server = Arc::new(RedisServer::start().await?);
         self.redis = Some(server.clone());
         Ok(server)
+    }
+
+    /// The Redlock masters, shared by both Redlock rows.
+    async fn masters(&mut self) -> anyhow::Result<Arc<RedisMasters>> {
+        if let Some(masters) = &self.masters {
+            return Ok(masters.clone());
+        }
+        let masters = Arc::new(RedisMasters::start(RedisMasters::DEFAULT_COUNT).await?);
+        self.masters = Some(masters.clone());
+        Ok(masters)
     }
 
     /// The primary/replica pair, or why it could not start (only scenario 10 needs it).
@@ -58,6 +69,11 @@ impl Servers {
     }
 
     async fn shutdown(self) {
+        if let Some(masters) = self.masters.and_then(|m| Arc::try_unwrap(m).ok()) {
+            if let Err(e) = masters.shutdown().await {
+                eprintln!("removing the Redlock masters: {e}");
+            }
+        }
         if let Some(pair) = self
             .replicated
             .and_then(Result::ok)
@@ -99,8 +115,7 @@ impl Started {
         let result = match self {
             Started::Zk(t) => t.shutdown().await,
             Started::Etcd(t) => t.shutdown().await,
-            Started::Redlock(t) => t.shutdown().await,
-            Started::Memory(_) | Started::Redis(_) => Ok(()),
+            Started::Memory(_) | Started::Redis(_) | Started::Redlock(_) => Ok(()),
         };
         if let Err(e) = result {
             eprintln!("removing servers: {e:#}");
@@ -111,6 +126,7 @@ impl Started {
 async fn start(
     backend: Backend,
     servers: &mut Servers,
+    plan: Plan,
     replica_needed: bool,
 ) -> anyhow::Result<Option<Started>> {
     Ok(Some(match backend {
@@ -127,8 +143,10 @@ async fn start(
         Backend::Etcd => Started::Etcd(EtcdTarget::new(
             EtcdCluster::start_with(CLUSTER_SIZE, EtcdOptions::default()).await?,
         )),
-        Backend::Redlock => Started::Redlock(RedlockTarget::new(
-            RedisMasters::start(RedisMasters::DEFAULT_COUNT).await?,
+        Backend::Redlock => Started::Redlock(RedlockTarget::new(servers.masters().await?, None)),
+        Backend::RedlockDelayedRestart => Started::Redlock(RedlockTarget::new(
+            servers.masters().await?,
+            Some(plan.long_ttl()),
         )),
     }))
 }
@@ -184,7 +202,7 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
         let started = if needs_servers {
             eprintln!("starting {} …", backend.title());
             let replica_needed = selected.contains(&Scenario::LaggingReplicaPromoted);
-            start(backend, &mut servers, replica_needed).await
+            start(backend, &mut servers, plan, replica_needed).await
         } else {
             Ok(None)
         };

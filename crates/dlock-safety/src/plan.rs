@@ -42,6 +42,11 @@ impl Plan {
         }
     }
 
+    /// The lease of a holder that must outlive a server restart (scenarios 8 to 10).
+    pub fn long_ttl(&self) -> Duration {
+        self.ttl.mul_f64(10.0).max(Duration::from_secs(15))
+    }
+
     /// Options for a holder: the plan's TTL, waiting up to `wait`.
     pub fn opts(&self, wait: Duration) -> LockOptions {
         LockOptions::new(self.ttl).with_wait(wait)

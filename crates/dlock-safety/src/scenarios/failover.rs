@@ -22,8 +22,7 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
 
 async fn fail_over(pair: &dyn crate::targets::Replication, run: &Run) -> anyhow::Result<Outcome> {
     let primary = pair.primary_client().await?;
-    let long = LockOptions::new(run.ttls(10.0).max(std::time::Duration::from_secs(15)))
-        .with_wait(run.plan.slack);
+    let long = LockOptions::new(run.plan.long_ttl()).with_wait(run.plan.slack);
     let Some(earlier) = run.acquire_retrying(2, &primary, &long).await else {
         anyhow::bail!("the earlier holder could not take the free lock");
     };

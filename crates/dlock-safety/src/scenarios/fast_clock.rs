@@ -12,8 +12,7 @@ use crate::targets::Target;
 pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let holder = target.holder_client().await?;
     let next = target.client().await?;
-    let long = LockOptions::new(run.ttls(10.0).max(std::time::Duration::from_secs(15)))
-        .with_wait(run.plan.slack);
+    let long = LockOptions::new(run.plan.long_ttl()).with_wait(run.plan.slack);
     let Some(lease) = run.acquire(0, &holder, &long).await else {
         anyhow::bail!("the holder could not take the free lock");
     };

@@ -13,9 +13,10 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let holder = target.holder_client().await?;
     let next = target.client().await?;
     // Long enough to outlive the restart.
-    let long = run.ttls(10.0).max(std::time::Duration::from_secs(15));
-    let opts = LockOptions::new(long).with_wait(run.plan.slack);
-    let Some(lease) = run.acquire(0, &holder, &opts).await else {
+    let long = run.plan.long_ttl();
+    // A master restarted a moment ago may not vote yet (Redlock's delayed restart): wait it out.
+    let opts = LockOptions::new(long).with_wait(long + run.plan.slack);
+    let Some(lease) = run.acquire_retrying(0, &holder, &opts).await else {
         anyhow::bail!("the holder could not take the free lock");
     };
     let token = lease.fencing_token();

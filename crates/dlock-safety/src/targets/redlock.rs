@@ -17,7 +17,9 @@ const FAULTY: usize = 2;
 
 /// `dlock-redlock` clients of [`RedisMasters::DEFAULT_COUNT`] masters.
 pub struct RedlockTarget {
-    masters: RedisMasters,
+    masters: Arc<RedisMasters>,
+    /// The delayed-restart rule's longest TTL, if the rule is on.
+    delayed_restart: Option<Duration>,
     /// The holder's proxies while scenario 7 runs.
     partitioned: Mutex<Option<Arc<Proxies>>>,
     /// The proxies of bare-quorum holders, kept as long as the target.
@@ -33,28 +35,24 @@ impl std::fmt::Debug for RedlockTarget {
 }
 
 impl RedlockTarget {
-    /// Clients of `masters`.
-    pub fn new(masters: RedisMasters) -> Self {
+    /// Clients of `masters`, with the delayed-restart rule for leases up to `delayed_restart`.
+    pub fn new(masters: Arc<RedisMasters>, delayed_restart: Option<Duration>) -> Self {
         RedlockTarget {
             masters,
+            delayed_restart,
             partitioned: Mutex::new(None),
             held: Mutex::new(Vec::new()),
         }
     }
 
-    /// Removes the masters' containers.
-    pub async fn shutdown(self) -> anyhow::Result<()> {
-        Ok(self.masters.shutdown().await?)
-    }
-
-    async fn connect(urls: &[String]) -> anyhow::Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(
-            RedlockLock::builder(urls.iter().cloned())
-                // The default (TTL / 200) is too tight for a loaded test machine.
-                .node_timeout(Duration::from_millis(200))
-                .connect()
-                .await?,
-        ))
+    async fn connect(&self, urls: &[String]) -> anyhow::Result<Arc<dyn DistributedLock>> {
+        // The default node timeout (TTL / 200) is too tight for a loaded test machine.
+        let mut builder =
+            RedlockLock::builder(urls.iter().cloned()).node_timeout(Duration::from_millis(200));
+        if let Some(max_ttl) = self.delayed_restart {
+            builder = builder.delayed_restart(max_ttl);
+        }
+        Ok(Arc::new(builder.connect().await?))
     }
 
     /// A client through proxies to every master, and the proxies.
@@ -65,7 +63,7 @@ impl RedlockTarget {
             .iter()
             .map(|a| format!("redis://{a}"))
             .collect();
-        Ok((Self::connect(&urls).await?, proxies))
+        Ok((self.connect(&urls).await?, proxies))
     }
 
     fn quorum(&self) -> usize {
@@ -76,7 +74,7 @@ impl RedlockTarget {
 #[async_trait]
 impl Target for RedlockTarget {
     async fn client(&self) -> anyhow::Result<Arc<dyn DistributedLock>> {
-        Self::connect(&self.masters.urls()).await
+        self.connect(&self.masters.urls()).await
     }
 
     async fn freezable(&self) -> anyhow::Result<FreezableClient> {
