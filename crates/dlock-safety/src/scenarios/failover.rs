@@ -3,7 +3,7 @@
 
 use dlock_core::LockOptions;
 
-use super::Outcome;
+use super::{take_over, Outcome};
 use crate::run::Run;
 use crate::targets::Target;
 
@@ -31,30 +31,13 @@ async fn fail_over(pair: &dyn crate::targets::Replication, run: &Run) -> anyhow:
     let Some(lease) = run.acquire(0, &primary, &long).await else {
         anyhow::bail!("the holder could not take the free lock");
     };
-    let token = lease.fencing_token();
     let read = run.read();
     let promoted = pair.promote_replica().await?;
     let successor = run.acquire_retrying(1, &promoted, &long).await;
-    let handed_on = successor.is_some();
-    let successor_token = successor.as_ref().map(|l| l.fencing_token());
-    if let Some(lease) = &successor {
-        let read = run.read();
-        run.write(1, lease.fencing_token(), read);
-    }
-    if lease.is_held() {
-        run.write(0, token, read);
-    }
-    // The holder's primary is dead: its release cannot be answered.
-    run.release(0, lease).await;
-    if let Some(lease) = successor {
-        run.release(1, lease).await;
-    }
+    let (handed_on, note) = take_over::both_write(run, lease, read, successor).await;
     Ok(Outcome {
         handed_on,
-        note: format!(
-            "tokens {token} on the primary, then {} on the promoted replica",
-            successor_token.map_or("none".to_owned(), |t| t.to_string())
-        ),
+        note,
         ..Outcome::default()
     })
 }

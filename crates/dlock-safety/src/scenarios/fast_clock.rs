@@ -2,7 +2,7 @@
 
 use dlock_core::LockOptions;
 
-use super::Outcome;
+use super::{take_over, Outcome};
 use crate::run::Run;
 use crate::targets::Target;
 
@@ -16,29 +16,13 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let Some(lease) = run.acquire(0, &holder, &long).await else {
         anyhow::bail!("the holder could not take the free lock");
     };
-    let token = lease.fencing_token();
     let read = run.read();
     target.expire_early(&run.key).await?;
     let successor = run.acquire(1, &next, &long).await;
-    let handed_on = successor.is_some();
-    let successor_token = successor.as_ref().map(|l| l.fencing_token());
-    if let Some(lease) = &successor {
-        let read = run.read();
-        run.write(1, lease.fencing_token(), read);
-    }
-    if lease.is_held() {
-        run.write(0, token, read);
-    }
-    run.release(0, lease).await;
-    if let Some(lease) = successor {
-        run.release(1, lease).await;
-    }
+    let (handed_on, note) = take_over::both_write(run, lease, read, successor).await;
     Ok(Outcome {
         handed_on,
-        note: format!(
-            "tokens {token} then {}",
-            successor_token.map_or("none".to_owned(), |t| t.to_string())
-        ),
+        note,
         ..Outcome::default()
     })
 }

@@ -11,6 +11,7 @@ mod fast_clock;
 mod paused;
 mod release_after_expiry;
 mod restart;
+mod take_over;
 mod working_holder;
 
 use std::time::Duration;

@@ -2,7 +2,7 @@
 
 use dlock_core::LockOptions;
 
-use super::{ms, Outcome};
+use super::{ms, take_over, Outcome};
 use crate::run::Run;
 use crate::targets::Target;
 
@@ -19,7 +19,6 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let Some(lease) = run.acquire_retrying(0, &holder, &opts).await else {
         anyhow::bail!("the holder could not take the free lock");
     };
-    let token = lease.fencing_token();
     let read = run.read();
     let started = tokio::time::Instant::now();
     target.restart_without_data().await?;
@@ -28,27 +27,10 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let successor = run
         .acquire_retrying(1, &next, &LockOptions::new(long).with_wait(wait))
         .await;
-    let handed_on = successor.is_some();
-    let successor_token = successor.as_ref().map(|l| l.fencing_token());
-    if let Some(lease) = &successor {
-        let read = run.read();
-        run.write(1, lease.fencing_token(), read);
-    }
-    if lease.is_held() {
-        run.write(0, token, read);
-    }
-    run.release(0, lease).await;
-    if let Some(lease) = successor {
-        run.release(1, lease).await;
-    }
+    let (handed_on, tokens) = take_over::both_write(run, lease, read, successor).await;
     Ok(Outcome {
         handed_on,
-        note: format!(
-            "restart took {}; tokens {} then {}",
-            ms(restart),
-            token,
-            successor_token.map_or("none".to_owned(), |t| t.to_string())
-        ),
+        note: format!("restart took {}; {tokens}", ms(restart)),
         ..Outcome::default()
     })
 }
