@@ -7,7 +7,7 @@
 //!
 //! Each cell runs one [`Scenario`] against one [`Backend`] on real servers (containers started by
 //! `dlock-compliance`'s fixtures, or the servers named in `DLOCK_TEST_REDIS_URL`,
-//! `DLOCK_TEST_ZK_URL`, `DLOCK_TEST_ETCD_URL`), records what every client observed in a
+//! `DLOCK_TEST_REDLOCK_URLS`, `DLOCK_TEST_ZK_URL`, `DLOCK_TEST_ETCD_URL`), records what every client observed in a
 //! [`History`](dlock_compliance::History) — grants, losses, releases, writes to a counter guarded
 //! by a [`Fence`](dlock_core::Fence), operations with unknown outcomes — and classifies it
 //! ([`classify`]): safe, violation caught by fencing, violation not caught, or unavailable. Each
