@@ -10,7 +10,9 @@
 //!
 //! Both are judged on what clients saw: an acquire returns after the server granted, and a
 //! release is recorded before it is sent, so an overlap in the history is an overlap in fact.
-//! On failure the error shows the offending slice of history.
+//! On failure the error shows the offending slice of history. Fenced writes and operations with
+//! unknown outcomes are recorded too; [`History::analyze`] counts every anomaly instead of stopping
+//! at the first (see [`analysis`](crate::analysis)).
 
 use std::fmt;
 use std::sync::Mutex;
@@ -29,10 +31,26 @@ pub enum EventKind {
         /// The lease's validity deadline, as an offset from the history's start.
         valid_until: Duration,
     },
+    /// The holder's lease was renewed: its validity deadline moved.
+    Extended {
+        /// The new validity deadline, as an offset from the history's start.
+        valid_until: Duration,
+    },
     /// The holder is about to release (recorded before the request is sent).
     Releasing,
     /// The holder learned its lease was lost.
     Lost(LostReason),
+    /// The holder wrote to a fenced resource, presenting the event's token.
+    Write {
+        /// Whether the fence admitted the write.
+        accepted: bool,
+        /// Whether an admitted write overwrote a value it had not read (another holder's update
+        /// between this holder's read and its write is lost).
+        lost_update: bool,
+    },
+    /// An operation whose outcome the client could not learn (a timeout, a broken connection):
+    /// it may or may not have happened on the server. Counted, never dropped.
+    Indeterminate(String),
 }
 
 /// One recorded event.
@@ -68,8 +86,23 @@ impl fmt::Display for Event {
                     valid_until.as_secs_f64() * 1e3
                 )
             }
+            EventKind::Extended { valid_until } => write!(
+                f,
+                "extended (valid until {:.3} ms)",
+                valid_until.as_secs_f64() * 1e3
+            ),
             EventKind::Releasing => write!(f, "releasing"),
             EventKind::Lost(reason) => write!(f, "lost: {reason}"),
+            EventKind::Write {
+                accepted,
+                lost_update,
+            } => write!(
+                f,
+                "write {}{}",
+                if *accepted { "accepted" } else { "rejected" },
+                if *lost_update { " (lost update)" } else { "" }
+            ),
+            EventKind::Indeterminate(what) => write!(f, "indeterminate: {what}"),
         }
     }
 }
@@ -89,11 +122,11 @@ impl Default for History {
 
 /// A hold rebuilt from the history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Hold {
-    client: usize,
-    token: FencingToken,
-    from: Duration,
-    to: Duration,
+pub(crate) struct Hold {
+    pub(crate) client: usize,
+    pub(crate) token: FencingToken,
+    pub(crate) from: Duration,
+    pub(crate) to: Duration,
 }
 
 /// A safety property the history breaks, with the events around it.
@@ -153,6 +186,19 @@ impl History {
         });
     }
 
+    /// Records that `client` saw its lease `token` on `key` renewed, now valid until `valid_until`.
+    pub fn extended(&self, client: usize, key: &str, token: FencingToken, valid_until: Instant) {
+        self.push(Event {
+            at: self.since(Instant::now()),
+            client,
+            key: key.to_string(),
+            token,
+            kind: EventKind::Extended {
+                valid_until: self.since(valid_until),
+            },
+        });
+    }
+
     /// Records that `client` is about to release its lease `token` on `key`.
     pub fn releasing(&self, client: usize, key: &str, token: FencingToken) {
         self.push(Event {
@@ -180,6 +226,43 @@ impl History {
             token,
             kind: EventKind::Lost(reason),
         });
+    }
+
+    /// Records that `client`, holding lease `token` on `key`, wrote to a fenced resource.
+    pub fn write(
+        &self,
+        client: usize,
+        key: &str,
+        token: FencingToken,
+        accepted: bool,
+        lost_update: bool,
+    ) {
+        self.push(Event {
+            at: self.since(Instant::now()),
+            client,
+            key: key.to_string(),
+            token,
+            kind: EventKind::Write {
+                accepted,
+                lost_update,
+            },
+        });
+    }
+
+    /// Records an operation of `client` on `key` whose outcome is unknown, described by `what`.
+    pub fn indeterminate(&self, client: usize, key: &str, what: impl Into<String>) {
+        self.push(Event {
+            at: self.since(Instant::now()),
+            client,
+            key: key.to_string(),
+            token: FencingToken(0),
+            kind: EventKind::Indeterminate(what.into()),
+        });
+    }
+
+    /// Counts every anomaly of the history (see [`Analysis`](crate::analysis::Analysis)).
+    pub fn analyze(&self, fencing: bool) -> crate::analysis::Analysis {
+        crate::analysis::analyze(&self.events(), fencing)
     }
 
     /// A copy of the events, in time order.
@@ -232,21 +315,30 @@ pub fn check_events(events: &[Event], fencing: bool) -> Result<(), Violation> {
     Ok(())
 }
 
-fn holds_of(events: &[&Event]) -> Vec<Hold> {
+/// The holds of one key's events, in the order they began: each from its acquire's return to the
+/// earliest of its release, its loss and its validity deadline.
+pub(crate) fn holds_of(events: &[&Event]) -> Vec<Hold> {
     let mut holds: Vec<Hold> = Vec::new();
     for e in events {
         if let EventKind::Acquired { token, valid_until } = e.kind {
+            let own = |o: &&&Event| o.client == e.client && o.token == token && o.at >= e.at;
             let end = events
                 .iter()
-                .filter(|o| {
-                    o.client == e.client
-                        && o.token == token
-                        && o.at >= e.at
-                        && !matches!(o.kind, EventKind::Acquired { .. })
-                })
+                .filter(own)
+                .filter(|o| matches!(o.kind, EventKind::Releasing | EventKind::Lost(_)))
                 .map(|o| o.at)
                 .min()
-                .unwrap_or(valid_until);
+                .unwrap_or(Duration::MAX);
+            // Renewals seen before the end move the validity deadline.
+            let valid_until = events
+                .iter()
+                .filter(own)
+                .filter(|o| o.at <= end)
+                .filter_map(|o| match o.kind {
+                    EventKind::Extended { valid_until } => Some(valid_until),
+                    _ => None,
+                })
+                .fold(valid_until, Duration::max);
             holds.push(Hold {
                 client: e.client,
                 token,
@@ -335,6 +427,26 @@ mod tests {
             acq(0, 1, 1, 1000),
             ev(50, 1, 1, EventKind::Lost(LostReason::TakenOver)),
             acq(60, 2, 2, 1000),
+        ];
+        assert!(check_events(&events, true).is_ok());
+    }
+
+    #[test]
+    fn a_renewal_moves_the_end_of_a_hold() {
+        let extended = EventKind::Extended {
+            valid_until: Duration::from_millis(300),
+        };
+        let events = vec![
+            acq(0, 1, 1, 100),
+            ev(80, 1, 1, extended.clone()),
+            acq(150, 2, 2, 1000),
+        ];
+        assert!(check_events(&events, true).is_err());
+        assert!(check_events(&events[..1], true).is_ok());
+        let events = vec![
+            acq(0, 1, 1, 100),
+            ev(80, 1, 1, extended),
+            acq(350, 2, 2, 1000),
         ];
         assert!(check_events(&events, true).is_ok());
     }

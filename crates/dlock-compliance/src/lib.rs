@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+pub mod analysis;
 pub mod fixtures;
 pub mod freeze;
 pub mod history;
@@ -14,6 +15,7 @@ pub mod proxy;
 pub mod subject;
 pub mod suite;
 
+pub use analysis::Analysis;
 pub use freeze::Freezable;
 pub use history::{History, Violation};
 pub use proxy::FreezeProxy;

@@ -1,0 +1,144 @@
+//! The timestamp lock from Redis's old `SETNX` documentation.
+//!
+//! The value is the lock's expiry time in Unix milliseconds on the client's clock. A client takes
+//! a free lock with `SETNX key <now + ttl + 1>`; a lock whose timestamp has passed it takes over
+//! with `GETSET key <now + ttl + 1>`, and wins if the old value it got back was still expired.
+//! To release, it deletes the key if the timestamp it reads is still in the future, which is also
+//! true of a successor's timestamp. There is no owner in the value and no token.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken, Grant,
+    LeaseRef, LockRequest, Released, Result,
+};
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use super::connection::{connect, error};
+
+const NAME: &str = "legacy-setnx-getset";
+
+/// The legacy baseline (see the module docs).
+#[derive(Clone)]
+pub struct LegacyGetSetLock {
+    conn: ConnectionManager,
+}
+
+impl std::fmt::Debug for LegacyGetSetLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LegacyGetSetLock")
+    }
+}
+
+impl LegacyGetSetLock {
+    /// Connects to the Redis server at `url`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let conn = connect(url).await.map_err(|e| error(NAME, e))?;
+        Ok(LegacyGetSetLock { conn })
+    }
+}
+
+fn key(req_key: &dlock_core::LockKey) -> String {
+    format!("baseline:legacy:{req_key}")
+}
+
+fn now_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn expiry(ttl: Duration) -> u64 {
+    now_ms()
+        .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+        .saturating_add(1)
+}
+
+fn parse(value: Option<String>) -> Option<u64> {
+    value.and_then(|v| v.parse().ok())
+}
+
+#[async_trait]
+impl DistributedLock for LegacyGetSetLock {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::None)
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let sent = Instant::now();
+        let mut conn = self.conn.clone();
+        let key = key(req.key);
+        let set: bool = redis::cmd("SETNX")
+            .arg(&key)
+            .arg(expiry(req.ttl))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        if set {
+            return Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)));
+        }
+        let current: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        let now = now_ms();
+        match parse(current) {
+            Some(until) if until > now => Ok(Attempt::Busy {
+                retry_after: Some(Duration::from_millis(until - now)),
+            }),
+            _ => {
+                let old: Option<String> = redis::cmd("GETSET")
+                    .arg(&key)
+                    .arg(expiry(req.ttl))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| error(NAME, e))?;
+                if parse(old).is_none_or(|until| until <= now_ms()) {
+                    Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)))
+                } else {
+                    Ok(Attempt::Busy { retry_after: None })
+                }
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        // The scheme has no extend; deployments rewrote the timestamp, whoever held the key.
+        let mut conn = self.conn.clone();
+        let _: Option<String> = redis::cmd("GETSET")
+            .arg(key(lease.key))
+            .arg(expiry(ttl))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        Ok(Extension::Extended)
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let mut conn = self.conn.clone();
+        let key = key(lease.key);
+        let current: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        if parse(current).is_some_and(|until| until > now_ms()) {
+            let _: u64 = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| error(NAME, e))?;
+            Ok(Released::Released)
+        } else {
+            Ok(Released::Expired)
+        }
+    }
+}

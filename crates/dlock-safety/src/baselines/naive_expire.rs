@@ -1,0 +1,108 @@
+//! `SETNX key owner`, then `PEXPIRE key ttl` in a second round trip; `DEL key` to release.
+//!
+//! The classic first attempt: a client that dies between the two commands leaves a lock that never
+//! expires, extend re-arms whatever key is there, and release deletes whoever holds the lock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken, Grant,
+    LeaseRef, LockRequest, Released, Result,
+};
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use super::connection::{connect, error};
+
+const NAME: &str = "naive-setnx-expire";
+
+/// The naive baseline (see the module docs).
+#[derive(Clone)]
+pub struct NaiveExpireLock {
+    conn: ConnectionManager,
+}
+
+impl std::fmt::Debug for NaiveExpireLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NaiveExpireLock")
+    }
+}
+
+impl NaiveExpireLock {
+    /// Connects to the Redis server at `url`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let conn = connect(url).await.map_err(|e| error(NAME, e))?;
+        Ok(NaiveExpireLock { conn })
+    }
+}
+
+fn key(req_key: &dlock_core::LockKey) -> String {
+    format!("baseline:naive:{req_key}")
+}
+
+fn millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[async_trait]
+impl DistributedLock for NaiveExpireLock {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::None)
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let sent = Instant::now();
+        let mut conn = self.conn.clone();
+        let key = key(req.key);
+        let set: bool = redis::cmd("SETNX")
+            .arg(&key)
+            .arg(req.owner.to_hex())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        if !set {
+            return Ok(Attempt::Busy { retry_after: None });
+        }
+        let _: bool = redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(millis(req.ttl))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)))
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let mut conn = self.conn.clone();
+        let armed: bool = redis::cmd("PEXPIRE")
+            .arg(key(lease.key))
+            .arg(millis(ttl))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        Ok(if armed {
+            Extension::Extended
+        } else {
+            Extension::Expired
+        })
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let mut conn = self.conn.clone();
+        let deleted: u64 = redis::cmd("DEL")
+            .arg(key(lease.key))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| error(NAME, e))?;
+        Ok(if deleted > 0 {
+            Released::Released
+        } else {
+            Released::Expired
+        })
+    }
+}

@@ -1,0 +1,376 @@
+//! Running the matrix: every selected scenario on every selected backend, one after the other,
+//! with progress on stderr.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_compliance::fixtures::{
+    EtcdCluster, EtcdOptions, FixtureError, RedisMasters, RedisReplicated, RedisServer, ZkEnsemble,
+    ZkOptions,
+};
+use tokio::time::Instant;
+
+use crate::backend::Backend;
+use crate::cell::Cell;
+use crate::class::{classify, Class};
+use crate::declared::declared;
+use crate::filter::Filter;
+use crate::plan::Plan;
+use crate::run::Run;
+use crate::scenario::Scenario;
+use crate::scenarios;
+use crate::targets::{
+    EtcdTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, RedlockTarget, Target,
+    ZkTarget,
+};
+
+/// Members of the ZooKeeper and etcd deployments: the smallest that survives losing one.
+const CLUSTER_SIZE: usize = 3;
+
+/// The servers the run started, shared by the targets that need them.
+#[derive(Default)]
+struct Servers {
+    redis: Option<Arc<RedisServer>>,
+    replicated: Option<Result<Arc<RedisReplicated>, String>>,
+    masters: Option<Arc<RedisMasters>>,
+}
+
+impl Servers {
+    async fn redis(&mut self) -> anyhow::Result<Arc<RedisServer>> {
+        if let Some(server) = &self.redis {
+            return Ok(server.clone());
+        }
+        let server = Arc::new(RedisServer::start().await?);
+        self.redis = Some(server.clone());
+        Ok(server)
+    }
+
+    /// The Redlock masters, shared by both Redlock rows.
+    async fn masters(&mut self) -> anyhow::Result<Arc<RedisMasters>> {
+        if let Some(masters) = &self.masters {
+            return Ok(masters.clone());
+        }
+        let masters = Arc::new(RedisMasters::start(RedisMasters::DEFAULT_COUNT).await?);
+        self.masters = Some(masters.clone());
+        Ok(masters)
+    }
+
+    /// The primary/replica pair, or why it could not start (only scenario 10 needs it).
+    async fn replicated(&mut self) -> Result<Arc<RedisReplicated>, String> {
+        if let Some(pair) = &self.replicated {
+            return pair.clone();
+        }
+        let pair = RedisReplicated::start()
+            .await
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        self.replicated = Some(pair.clone());
+        pair
+    }
+
+    async fn shutdown(self) {
+        if let Some(masters) = self.masters.and_then(|m| Arc::try_unwrap(m).ok()) {
+            if let Err(e) = masters.shutdown().await {
+                eprintln!("removing the Redlock masters: {e}");
+            }
+        }
+        if let Some(pair) = self
+            .replicated
+            .and_then(Result::ok)
+            .and_then(|p| Arc::try_unwrap(p).ok())
+        {
+            if let Err(e) = pair.shutdown().await {
+                eprintln!("removing the Redis primary and replica: {e}");
+            }
+        }
+        if let Some(server) = self.redis.and_then(|s| Arc::try_unwrap(s).ok()) {
+            if let Err(e) = server.shutdown().await {
+                eprintln!("removing the Redis server: {e}");
+            }
+        }
+    }
+}
+
+/// A started target, and how to stop what it started itself.
+enum Started {
+    Memory(MemoryTarget),
+    Redis(RedisTarget),
+    Zk(ZkTarget),
+    Etcd(EtcdTarget),
+    Redlock(RedlockTarget),
+}
+
+impl Started {
+    fn target(&self) -> &dyn Target {
+        match self {
+            Started::Memory(t) => t,
+            Started::Redis(t) => t,
+            Started::Zk(t) => t,
+            Started::Etcd(t) => t,
+            Started::Redlock(t) => t,
+        }
+    }
+
+    async fn shutdown(self) {
+        let result = match self {
+            Started::Zk(t) => t.shutdown().await,
+            Started::Etcd(t) => t.shutdown().await,
+            Started::Memory(_) | Started::Redis(_) | Started::Redlock(_) => Ok(()),
+        };
+        if let Err(e) = result {
+            eprintln!("removing servers: {e:#}");
+        }
+    }
+}
+
+async fn start(
+    backend: Backend,
+    servers: &mut Servers,
+    plan: Plan,
+    replica_needed: bool,
+) -> anyhow::Result<Option<Started>> {
+    Ok(Some(match backend {
+        Backend::Memory => Started::Memory(MemoryTarget::default()),
+        Backend::Redis => redis(servers, RedisFlavor::Dlock, replica_needed).await?,
+        Backend::LegacyGetSet => redis(servers, RedisFlavor::LegacyGetSet, replica_needed).await?,
+        Backend::NaiveExpire => redis(servers, RedisFlavor::NaiveExpire, replica_needed).await?,
+        Backend::ZooKeeper => {
+            let options = ZkOptions::default().with_tick_time(Duration::from_millis(500));
+            Started::Zk(ZkTarget::new(
+                ZkEnsemble::start_with(CLUSTER_SIZE, options).await?,
+            ))
+        }
+        Backend::Etcd => Started::Etcd(EtcdTarget::new(
+            EtcdCluster::start_with(CLUSTER_SIZE, EtcdOptions::default()).await?,
+        )),
+        Backend::Redlock => Started::Redlock(RedlockTarget::new(servers.masters().await?, None)),
+        Backend::RedlockDelayedRestart => Started::Redlock(RedlockTarget::new(
+            servers.masters().await?,
+            Some(plan.long_ttl()),
+        )),
+    }))
+}
+
+async fn redis(
+    servers: &mut Servers,
+    flavor: RedisFlavor,
+    replica_needed: bool,
+) -> anyhow::Result<Started> {
+    let pair = if replica_needed {
+        servers.replicated().await
+    } else {
+        Err("scenario 10 was not selected".to_owned())
+    };
+    Ok(Started::Redis(RedisTarget::new(
+        servers.redis().await?,
+        pair,
+        flavor,
+    )))
+}
+
+/// Runs every cell `filter` selects, printing progress, and returns them in matrix order.
+pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
+    let total = Backend::ALL
+        .iter()
+        .flat_map(|b| Scenario::ALL.iter().map(move |s| (*s, *b)))
+        .filter(|(s, b)| filter.selects(*s, *b))
+        .count();
+    let nonce = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default()
+    );
+    let mut servers = Servers::default();
+    let mut cells = Vec::with_capacity(total);
+    for backend in Backend::ALL {
+        let selected: Vec<Scenario> = Scenario::ALL
+            .into_iter()
+            .filter(|s| filter.selects(*s, backend))
+            .collect();
+        if selected.is_empty() {
+            continue;
+        }
+        let needs_servers = selected.iter().any(|s| {
+            !matches!(
+                declared(backend, *s).class,
+                Class::NotApplicable | Class::NotRun
+            )
+        });
+        let started = if needs_servers {
+            eprintln!("starting {} …", backend.title());
+            let replica_needed = selected.contains(&Scenario::LaggingReplicaPromoted);
+            start(backend, &mut servers, plan, replica_needed).await
+        } else {
+            Ok(None)
+        };
+        for scenario in selected {
+            let cell = match &started {
+                Ok(Some(started)) => {
+                    cell(scenario, backend, Some(started.target()), plan, &nonce).await
+                }
+                Ok(None) => cell(scenario, backend, None, plan, &nonce).await,
+                Err(e) if opted_out(e) => Cell::skipped(
+                    scenario,
+                    backend,
+                    Class::NotRun,
+                    {
+                        let d = declared(backend, scenario);
+                        (d.class, d.reason)
+                    },
+                    format!("{e:#}"),
+                ),
+                Err(e) => failed(scenario, backend, format!("servers did not start: {e:#}")),
+            };
+            progress(cells.len() + 1, total, &cell);
+            cells.push(cell);
+        }
+        if let Ok(Some(started)) = started {
+            started.shutdown().await;
+        }
+    }
+    servers.shutdown().await;
+    cells
+}
+
+async fn cell(
+    scenario: Scenario,
+    backend: Backend,
+    target: Option<&dyn Target>,
+    plan: Plan,
+    nonce: &str,
+) -> Cell {
+    let declared = declared(backend, scenario);
+    let expected = (declared.class, declared.reason);
+    let target = match (declared.class, target) {
+        (Class::NotApplicable, _) => {
+            return Cell::skipped(
+                scenario,
+                backend,
+                Class::NotApplicable,
+                expected,
+                declared.reason.to_owned(),
+            )
+        }
+        (Class::NotRun, _) | (_, None) => {
+            return Cell::skipped(
+                scenario,
+                backend,
+                Class::NotRun,
+                expected,
+                declared.reason.to_owned(),
+            )
+        }
+        (_, Some(target)) => target,
+    };
+    let run = Run::new(
+        plan,
+        format!("safety/{nonce}/{}/{}", backend.slug(), scenario.number()),
+    );
+    let started = Instant::now();
+    let budget = if plan.quick {
+        Duration::from_secs(120)
+    } else {
+        Duration::from_secs(600)
+    };
+    let result = tokio::time::timeout(budget, scenarios::run(scenario, target, &run)).await;
+    // Let loss notifications that are already due reach the history.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let outcome = match result {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(e)) if e.downcast_ref::<FaultUnavailable>().is_some() => {
+            return Cell::skipped(scenario, backend, Class::NotRun, expected, format!("{e:#}"));
+        }
+        Ok(Err(e)) => {
+            return Cell {
+                elapsed_ms,
+                ..failed(scenario, backend, format!("failed: {e:#}"))
+            }
+        }
+        Err(_) => {
+            return Cell {
+                elapsed_ms,
+                ..failed(
+                    scenario,
+                    backend,
+                    format!("hung: not finished within {budget:?}"),
+                )
+            }
+        }
+    };
+    let analysis = run.history.analyze(target.fencing());
+    let observed = classify(&analysis, outcome.handed_on);
+    let matches = observed == declared.class;
+    let history = if matches {
+        Vec::new()
+    } else {
+        run.history
+            .events()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    Cell {
+        scenario: scenario.number(),
+        scenario_title: scenario.title(),
+        backend,
+        expected: declared.class,
+        reason: declared.reason,
+        observed,
+        matches,
+        counts: analysis.into(),
+        recovery_ms: outcome.recovery.map(millis),
+        bound_ms: outcome.bound.map(millis),
+        note: outcome.note,
+        elapsed_ms,
+        history,
+    }
+}
+
+/// Whether `e` is the fixtures' refusal under `DLOCK_TEST_NO_DOCKER=1`: cells are then not run,
+/// and say so, rather than failing.
+fn opted_out(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<FixtureError>(),
+        Some(FixtureError::DockerOptedOut { .. })
+    )
+}
+
+/// A cell whose scenario could not be carried out: it fails the run.
+fn failed(scenario: Scenario, backend: Backend, note: String) -> Cell {
+    let declared = declared(backend, scenario);
+    Cell {
+        matches: false,
+        ..Cell::skipped(
+            scenario,
+            backend,
+            Class::NotRun,
+            (declared.class, declared.reason),
+            note,
+        )
+    }
+}
+
+fn progress(n: usize, total: usize, cell: &Cell) {
+    let verdict = if !cell.matches {
+        "MISMATCH"
+    } else if cell.ran() {
+        "ok"
+    } else {
+        "skipped"
+    };
+    eprintln!(
+        "[{n:>2}/{total}] {:<24} {:>2} {:<36} {:<22} expected {:<22} {verdict:<8} {:>6.1} s  {}",
+        cell.backend.title(),
+        cell.scenario,
+        cell.scenario_title,
+        cell.observed.label(),
+        cell.expected.label(),
+        cell.elapsed_ms as f64 / 1e3,
+        cell.note
+    );
+}

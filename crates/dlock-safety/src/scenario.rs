@@ -1,0 +1,89 @@
+//! The fault scenarios of the matrix, numbered as in the issue that defines them.
+
+use serde::Serialize;
+
+/// One fault scenario. Scenario 12 of the issue is not a column here: its two baselines are rows
+/// ([`Backend::LegacyGetSet`](crate::Backend::LegacyGetSet),
+/// [`Backend::NaiveExpire`](crate::Backend::NaiveExpire)) run through every other scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Scenario {
+    /// 1. No faults, heavy contention.
+    Contention,
+    /// 2. The holder is paused past its TTL or session, then writes (the GC-pause case).
+    HolderPaused,
+    /// 3. The holder's write reaches the resource after its TTL, behind the next holder's write.
+    WriteDelayed,
+    /// 4. The acquire's reply arrives after the TTL.
+    ReplyDelayed,
+    /// 5. The holder crashes while others wait.
+    HolderCrashed,
+    /// 6. The holder is cut off from the lock service while it keeps working.
+    HolderCutOff,
+    /// 7. The lock service is partitioned while the lock is held.
+    ServicePartitioned,
+    /// 8. The server restarts without persistence.
+    RestartWithoutData,
+    /// 9. One Redlock node's clock runs fast.
+    FastClock,
+    /// 10. An asynchronous replica that missed the last writes is promoted.
+    LaggingReplicaPromoted,
+    /// 11. A release or extend after expiry must not touch the successor's lock.
+    ReleaseAfterExpiry,
+}
+
+impl Scenario {
+    /// Every scenario, in order.
+    pub const ALL: [Scenario; 11] = [
+        Scenario::Contention,
+        Scenario::HolderPaused,
+        Scenario::WriteDelayed,
+        Scenario::ReplyDelayed,
+        Scenario::HolderCrashed,
+        Scenario::HolderCutOff,
+        Scenario::ServicePartitioned,
+        Scenario::RestartWithoutData,
+        Scenario::FastClock,
+        Scenario::LaggingReplicaPromoted,
+        Scenario::ReleaseAfterExpiry,
+    ];
+
+    /// The scenario's number in the issue.
+    pub fn number(self) -> u8 {
+        match self {
+            Scenario::Contention => 1,
+            Scenario::HolderPaused => 2,
+            Scenario::WriteDelayed => 3,
+            Scenario::ReplyDelayed => 4,
+            Scenario::HolderCrashed => 5,
+            Scenario::HolderCutOff => 6,
+            Scenario::ServicePartitioned => 7,
+            Scenario::RestartWithoutData => 8,
+            Scenario::FastClock => 9,
+            Scenario::LaggingReplicaPromoted => 10,
+            Scenario::ReleaseAfterExpiry => 11,
+        }
+    }
+
+    /// A short title for tables.
+    pub fn title(self) -> &'static str {
+        match self {
+            Scenario::Contention => "contention, no faults",
+            Scenario::HolderPaused => "holder paused past its lease",
+            Scenario::WriteDelayed => "write delayed past the TTL",
+            Scenario::ReplyDelayed => "acquire reply delayed past the TTL",
+            Scenario::HolderCrashed => "holder crashes",
+            Scenario::HolderCutOff => "holder cut off from the service",
+            Scenario::ServicePartitioned => "service partitioned while held",
+            Scenario::RestartWithoutData => "server restart without persistence",
+            Scenario::FastClock => "one node's clock runs fast",
+            Scenario::LaggingReplicaPromoted => "lagging replica promoted",
+            Scenario::ReleaseAfterExpiry => "release/extend after expiry",
+        }
+    }
+
+    /// Parses a scenario number, as given to `--only`.
+    pub fn parse(s: &str) -> Option<Scenario> {
+        let n: u8 = s.parse().ok()?;
+        Scenario::ALL.into_iter().find(|sc| sc.number() == n)
+    }
+}

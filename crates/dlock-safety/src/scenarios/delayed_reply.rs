@@ -1,0 +1,110 @@
+//! Scenario 4: the reply to an acquire arrives after the lease it grants has run out.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, LeaseRef, LockKey,
+    LockOptions, LockRequest, Released, Result,
+};
+use tokio::time::Instant;
+
+use super::Outcome;
+use crate::run::Run;
+use crate::targets::Target;
+
+/// The holder's first grant is delivered `1.5 × TTL` late; meanwhile another client takes the
+/// expired lock and works. The holder's client must not use the late lease; it may acquire again
+/// later and work then.
+pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
+    let delay = run.ttls(1.5);
+    let holder: Arc<dyn DistributedLock> = Arc::new(SlowFirstGrant {
+        inner: target.client().await?,
+        delay,
+        armed: AtomicBool::new(true),
+    });
+    let next = target.client().await?;
+    let wait = delay + target.abandon_bound(run.plan.ttl) + run.plan.ttl * 2 + run.plan.slack;
+    let first = {
+        let run = run.clone();
+        let opts = LockOptions::new(run.plan.ttl).with_wait(wait);
+        tokio::spawn(async move {
+            if let Some(lease) = run.acquire(0, &holder, &opts).await {
+                run.work_and_release(0, lease).await;
+            }
+        })
+    };
+    // Start once the late grant's lease has run out on the server, before its reply arrives.
+    tokio::time::sleep(run.ttls(1.1)).await;
+    let successor = run
+        .acquire(1, &next, &LockOptions::new(run.plan.ttl).with_wait(wait))
+        .await;
+    let handed_on = successor.is_some();
+    if let Some(lease) = successor {
+        run.work_and_release(1, lease).await;
+    }
+    first.await?;
+    Ok(Outcome {
+        handed_on,
+        ..Outcome::default()
+    })
+}
+
+/// Delivers the first grant `delay` late: the reply was slow on the wire.
+#[derive(Debug)]
+struct SlowFirstGrant {
+    inner: Arc<dyn DistributedLock>,
+    delay: Duration,
+    armed: AtomicBool,
+}
+
+impl SlowFirstGrant {
+    async fn deliver<T>(&self, granted: bool, reply: T) -> T {
+        if granted && self.armed.swap(false, Ordering::SeqCst) {
+            tokio::time::sleep(self.delay).await;
+        }
+        reply
+    }
+}
+
+#[async_trait]
+impl DistributedLock for SlowFirstGrant {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let reply = self.inner.try_lock(req).await;
+        let granted = matches!(reply, Ok(Attempt::Acquired(_)));
+        self.deliver(granted, reply).await
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        self.inner.extend(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        self.inner.release(lease).await
+    }
+
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        self.inner.wait_for_release(key, until).await
+    }
+
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let reply = self.inner.lock(req, deadline, retry).await;
+        let granted = reply.is_ok();
+        self.deliver(granted, reply).await
+    }
+}

@@ -1,0 +1,97 @@
+//! One Redis server, spoken to by `dlock-redis` or by one of the baselines.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_compliance::fixtures::{RedisReplicated, RedisServer};
+use dlock_core::DistributedLock;
+use dlock_redis::RedisLock;
+
+use super::freeze::Proxies;
+use super::{fault_error, FreezableClient, Target};
+use crate::baselines::{LegacyGetSetLock, NaiveExpireLock};
+
+/// Which client speaks to the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisFlavor {
+    /// `dlock-redis`.
+    Dlock,
+    /// The SETNX/GETSET baseline.
+    LegacyGetSet,
+    /// The SETNX+EXPIRE baseline.
+    NaiveExpire,
+}
+
+/// A Redis server and a primary/replica pair (shared by the flavours, which use distinct keys),
+/// and the client flavour.
+#[derive(Debug)]
+pub struct RedisTarget {
+    server: Arc<RedisServer>,
+    pub(super) replicated: Result<Arc<RedisReplicated>, String>,
+    flavor: RedisFlavor,
+}
+
+impl RedisTarget {
+    /// Clients of `flavor` on `server`, and on `replicated` (or why it is missing).
+    pub fn new(
+        server: Arc<RedisServer>,
+        replicated: Result<Arc<RedisReplicated>, String>,
+        flavor: RedisFlavor,
+    ) -> Self {
+        RedisTarget {
+            server,
+            replicated,
+            flavor,
+        }
+    }
+
+    pub(super) async fn connect(&self, url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
+        Ok(match self.flavor {
+            RedisFlavor::Dlock => Arc::new(
+                RedisLock::builder(url)
+                    .request_timeout(Duration::from_secs(1))
+                    .connect()
+                    .await?,
+            ),
+            RedisFlavor::LegacyGetSet => Arc::new(LegacyGetSetLock::connect(url).await?),
+            RedisFlavor::NaiveExpire => Arc::new(NaiveExpireLock::connect(url).await?),
+        })
+    }
+}
+
+#[async_trait]
+impl Target for RedisTarget {
+    async fn client(&self) -> anyhow::Result<Arc<dyn DistributedLock>> {
+        self.connect(&self.server.url()).await
+    }
+
+    async fn freezable(&self) -> anyhow::Result<FreezableClient> {
+        let proxies = Proxies::start(&[self.server.url()]).await?;
+        let url = format!("redis://{}", proxies.addrs().concat());
+        let client = self.connect(&url).await?;
+        Ok((client, Arc::new(proxies)))
+    }
+
+    fn fencing(&self) -> bool {
+        self.flavor == RedisFlavor::Dlock
+    }
+
+    fn abandon_bound(&self, ttl: Duration) -> Duration {
+        ttl
+    }
+
+    fn replication(&self) -> anyhow::Result<&dyn super::Replication> {
+        match &self.replicated {
+            Ok(_) => Ok(self),
+            Err(e) => Err(super::FaultUnavailable(format!("no primary/replica pair: {e}")).into()),
+        }
+    }
+
+    async fn restart_without_data(&self) -> anyhow::Result<()> {
+        // The fixture runs Redis without persistence: a restart comes back empty.
+        let member = self.server.member().map_err(fault_error)?;
+        member.restart_keep_data().await?;
+        Ok(())
+    }
+}
