@@ -6,7 +6,7 @@
 //! ```sh
 //! docker run --rm -p 2379:2379 quay.io/coreos/etcd:v3.5.17 etcd \
 //!     --listen-client-urls http://0.0.0.0:2379 --advertise-client-urls http://127.0.0.1:2379
-//! ETCD_ENDPOINTS=127.0.0.1:2379 cargo run -p examples --example etcd
+//! ETCD_ENDPOINTS=127.0.0.1:2379 cargo run -p examples --features etcd --example etcd
 //! ```
 //!
 //! `ETCD_ENDPOINTS` takes a comma-separated list. `dlock::connect("etcd://127.0.0.1:2379/

@@ -3,9 +3,9 @@
 //! Run it with `cargo run -p examples --example quickstart`. It needs no server: by default it
 //! uses `memory://`, the in-process backend ([`InMemoryLock`](dlock::InMemoryLock)), which keeps
 //! real TTLs, owner checks and fencing tokens, so everything below behaves as it would against a
-//! lock server. Set `DLOCK_URL` to run the same program on a server, e.g.
-//! `DLOCK_URL=redis://localhost:6379 cargo run -p examples --example quickstart` (see
-//! `dlock::connect` for every URL form). It prints a timeline and exits with a non-zero status if
+//! lock server. Set `DLOCK_URL` to run the same program on a server, with that backend's feature,
+//! e.g. `DLOCK_URL=redis://localhost:6379 cargo run -p examples --features redis --example
+//! quickstart` (see `dlock::connect` for every URL form). It prints a timeline and exits with a non-zero status if
 //! anything it demonstrates does not hold.
 //!
 //! 1. **Taking turns.** Four workers contend for the key `"ledger"` with

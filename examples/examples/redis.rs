@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! docker run --rm -p 6379:6379 redis:7        # or any server you have
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p examples --example redis
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p examples --features redis --example redis
 //! ```
 //!
 //! `dlock::connect("redis://127.0.0.1:6379?prefix=billing:&request_timeout=500ms")` builds the

@@ -2,7 +2,7 @@
 //! its fencing token, and gives it back.
 //!
 //! ```sh
-//! cargo run -p examples --example redlock -- redis://h1:6379 redis://h2:6379 redis://h3:6379
+//! cargo run -p examples --features redlock --example redlock -- redis://h1:6379 redis://h2:6379 redis://h3:6379
 //! ```
 //!
 //! Without arguments it reads the comma-separated URLs of `DLOCK_TEST_REDLOCK_URLS`.

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! docker run --rm -p 2181:2181 zookeeper:3.9   # or any ensemble you have
-//! ZK_URL=zk://127.0.0.1:2181/examples cargo run -p examples --example zk
+//! ZK_URL=zk://127.0.0.1:2181/examples cargo run -p examples --features zk --example zk
 //! ```
 //!
 //! `dlock::connect("zk://127.0.0.1:2181/examples?session_timeout=15s")` builds the same client
