@@ -62,6 +62,13 @@
 //! * **Extend** re-arms the TTL on every master where the owner still holds the key, and succeeds
 //!   only if a quorum did so within the new validity. **Release** deletes the key on every master
 //!   where the owner holds it; it never touches another owner's key.
+//! * **Batched renewal**: auto-renew re-arms every due lease of a client with one
+//!   [`extend_many`](dlock_core::DistributedLock::extend_many) call. It sends one
+//!   [`EXTEND_MANY`](dlock_redis::scripts::EXTEND_MANY) script per
+//!   [`EXTEND_BATCH`](dlock_redis::EXTEND_BATCH) leases to every master in parallel — one round
+//!   for up to 500 leases instead of one round each — and decides each lease by exactly the
+//!   rules of a single extend (the same code). A batch's per-node timeout is that of its longest
+//!   TTL plus 20 µs per lease (10 ms for a full chunk), at most half the shortest validity in it.
 //!
 //! # Fencing tokens
 //!
@@ -140,6 +147,7 @@
 #![deny(missing_docs)]
 
 mod builder;
+mod extension;
 mod lock;
 mod node;
 mod quorum;

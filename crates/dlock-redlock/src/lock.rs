@@ -6,14 +6,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Drift, Error, Extension, FencingGuarantee,
-    FencingToken, Grant, LeaseRef, LockKey, LockRequest, OwnerToken, Released, Result,
+    Attempt, Capabilities, DistributedLock, Drift, Error, ExtendRequest, Extension,
+    FencingGuarantee, FencingToken, Grant, LeaseRef, LockKey, LockRequest, OwnerToken, Released,
+    Result,
 };
 use dlock_redis::keys::{self, KeyLayout};
 use dlock_redis::scripts::{self, AcquireReply, FenceRaise};
+use dlock_redis::EXTEND_BATCH;
 use tokio::time::Instant;
 
 use crate::builder::{RedlockBuilder, MAX_DERIVED_NODE_TIMEOUT, MIN_DERIVED_NODE_TIMEOUT};
+use crate::extension::{batch_timeout, Tally};
 use crate::node::Node;
 use crate::quorum::{gather, Progress, QuorumFailure, Reply};
 
@@ -256,6 +259,82 @@ impl RedlockLock {
     }
 }
 
+impl RedlockLock {
+    /// [`extend_many`](DistributedLock::extend_many) for at most [`EXTEND_BATCH`] leases: one
+    /// script to every master, then each lease decided as a single `extend` would be. A lease
+    /// whose TTL the settings refuse is answered at once and not sent.
+    async fn extend_chunk(&self, chunk: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        let settings = &self.inner.settings;
+        let quorum = settings.quorum;
+        let plans: Vec<Result<(Duration, Duration)>> =
+            chunk.iter().map(|r| settings.plan(r.ttl)).collect();
+        // The leases that go out: their position in `chunk`, their validity, their script input.
+        let mut sent_leases: Vec<(usize, Duration)> = Vec::with_capacity(chunk.len());
+        let mut locks: Vec<(String, String, Duration)> = Vec::with_capacity(chunk.len());
+        let mut base = Duration::ZERO;
+        let mut shortest = Duration::MAX;
+        for (position, (request, plan)) in chunk.iter().zip(&plans).enumerate() {
+            if let Ok((timeout, validity)) = plan {
+                base = base.max(*timeout);
+                shortest = shortest.min(*validity);
+                sent_leases.push((position, *validity));
+                locks.push((
+                    settings.layout.lock_key(request.lease.key),
+                    request.lease.owner.to_hex(),
+                    request.ttl,
+                ));
+            }
+        }
+        let mut answers: Vec<Result<Extension>> = plans
+            .into_iter()
+            .map(|plan| plan.map(|_| Extension::Expired))
+            .collect();
+        if locks.is_empty() {
+            return answers;
+        }
+        let timeout = batch_timeout(base, locks.len(), shortest);
+        let count = locks.len();
+        let locks: Arc<[(String, String, Duration)]> = locks.into();
+        let call = move |mut con| {
+            let locks = locks.clone();
+            async move {
+                let triples: Vec<(&str, &str, Duration)> = locks
+                    .iter()
+                    .map(|(lock, owner, ttl)| (lock.as_str(), owner.as_str(), *ttl))
+                    .collect();
+                scripts::extend_many(&mut con, &triples).await
+            }
+        };
+        let sent = Instant::now();
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "extend_many",
+            timeout,
+            call,
+            |p: Progress<'_, Vec<Extension>>| {
+                (0..count).all(|i| {
+                    Tally::of(p.replies, |codes| codes.get(i).copied()).settled(p.pending, quorum)
+                })
+            },
+        )
+        .await;
+        let elapsed = sent.elapsed();
+        for (i, (position, validity)) in sent_leases.into_iter().enumerate() {
+            let outcome = Tally::of(&replies, |codes| codes.get(i).copied())
+                .outcome(quorum, elapsed < validity)
+                .ok_or_else(|| {
+                    QuorumFailure::of("extend_many", &replies, &self.inner.nodes, quorum)
+                        .into_error()
+                });
+            if let Some(answer) = answers.get_mut(position) {
+                *answer = outcome;
+            }
+        }
+        answers
+    }
+}
+
 /// How many counting masters answered with `pred` true.
 fn counted<T>(replies: &[Reply<T>], pred: impl Fn(&T) -> bool) -> usize {
     replies
@@ -387,31 +466,30 @@ impl DistributedLock for RedlockLock {
             timeout,
             call,
             |p: Progress<'_, Extension>| {
-                let extended = counted(p.replies, |r| *r == Extension::Extended);
-                extended >= quorum
-                    || (extended + p.pending < quorum && answered(p.replies) >= quorum)
+                Tally::of(p.replies, |r| Some(*r)).settled(p.pending, quorum)
             },
         )
         .await;
-        let extended = counted(&replies, |r| *r == Extension::Extended);
-        if extended >= quorum {
-            // A quorum that answers too late extended a lease whose validity is gone.
-            return Ok(if sent.elapsed() < validity {
-                Extension::Extended
-            } else {
-                Extension::Expired
-            });
-        }
-        if answered(&replies) < quorum {
-            return Err(
-                QuorumFailure::of("extend", &replies, &self.inner.nodes, quorum).into_error(),
-            );
-        }
-        Ok(if counted(&replies, |r| *r == Extension::TakenOver) > 0 {
-            Extension::TakenOver
-        } else {
-            Extension::Expired
-        })
+        let in_time = sent.elapsed() < validity;
+        Tally::of(&replies, |r| Some(*r))
+            .outcome(quorum, in_time)
+            .ok_or_else(|| {
+                QuorumFailure::of("extend", &replies, &self.inner.nodes, quorum).into_error()
+            })
+    }
+
+    /// One [`EXTEND_MANY`](scripts::EXTEND_MANY) script per [`EXTEND_BATCH`] leases to every
+    /// master in parallel, instead of one round per lease; each lease is then decided by the
+    /// rules of [`extend`](Self::extend). The chunks go out together.
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        let chunks = requests
+            .chunks(EXTEND_BATCH)
+            .map(|chunk| self.extend_chunk(chunk));
+        futures::future::join_all(chunks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {

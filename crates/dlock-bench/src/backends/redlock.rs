@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_compliance::fixtures::RedisMasters;
 use dlock_core::DistributedLock;
+use dlock_redis::EXTEND_BATCH;
 use dlock_redlock::RedlockBuilder;
 use redis::aio::MultiplexedConnection;
 
@@ -81,8 +82,8 @@ pub async fn start() -> anyhow::Result<Setup> {
         sides,
         locks,
         client,
-        wire_batch: None,
-        renewal_note: "a TTL per key: one extend round to every master per lease",
+        wire_batch: Some(EXTEND_BATCH),
+        renewal_note: "a TTL per key; batched: one script to every master re-arms up to 500 leases (a request is one round to all masters)",
         freeze,
         fixture: Fixture::Redlock(masters),
     })

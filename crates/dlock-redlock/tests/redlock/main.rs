@@ -15,6 +15,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod batch;
 mod faults;
 mod fencing;
 mod support;

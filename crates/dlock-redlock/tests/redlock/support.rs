@@ -70,6 +70,14 @@ pub fn own_trials() -> Vec<Trial> {
         ("fencing::fencing_off_declares_no_guarantee", || {
             Box::pin(crate::fencing::fencing_off_declares_no_guarantee())
         }),
+        (
+            "batch::a_mixed_batch_with_one_master_down_answers_like_extend",
+            || Box::pin(crate::batch::a_mixed_batch_with_one_master_down_answers_like_extend()),
+        ),
+        (
+            "batch::three_of_five_masters_down_answer_unavailable_per_lease",
+            || Box::pin(crate::batch::three_of_five_masters_down_answer_unavailable_per_lease()),
+        ),
     ];
     bodies
         .into_iter()
