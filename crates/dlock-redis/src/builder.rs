@@ -115,7 +115,9 @@ impl RedisLockBuilder {
     }
 }
 
-fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
+/// Checks that a timeout setting named `field` lies within [`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`]:
+/// the bounds every client of Redis servers in dlock applies (the Redlock client too).
+pub fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
     if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
         return Err(Error::invalid(
             field,

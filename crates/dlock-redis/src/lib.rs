@@ -119,7 +119,8 @@ mod waiting;
 mod wakeups;
 
 pub use builder::{
-    RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_TIMEOUT, MIN_TIMEOUT,
+    check_timeout, RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_TIMEOUT,
+    MIN_TIMEOUT,
 };
 pub use endpoint::Endpoint;
 pub use error::from_redis as error_from_redis;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_core::{Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
 use dlock_redis::keys::KeyLayout;
-use dlock_redis::Endpoint;
+use dlock_redis::{check_timeout, Endpoint};
 use tracing::Instrument;
 
 use crate::lock::{RedlockLock, Settings};
@@ -273,16 +273,6 @@ pub(crate) fn parse_urls(urls: &[String]) -> Result<Vec<Endpoint>> {
         endpoints.push(endpoint);
     }
     Ok(endpoints)
-}
-
-fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
-    if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
-        return Err(Error::invalid(
-            field,
-            format!("{timeout:?} is outside {MIN_TIMEOUT:?}..={MAX_TIMEOUT:?}"),
-        ));
-    }
-    Ok(())
 }
 
 impl fmt::Debug for RedlockBuilder {
