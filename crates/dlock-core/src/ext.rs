@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -211,6 +212,11 @@ async fn take(
     };
     loop {
         let pending = PendingAcquire::arm(backend, key, owner);
+        // The caller's deadline is checked between attempts (by the backend's `lock`), never
+        // used to cut the first attempt short: a free key is taken even with a zero wait. The
+        // first answer is bounded by the lease's validity instead, since a later grant would be
+        // useless.
+        let first_answer_by = started + validity;
         let grant: Grant = match mode {
             Mode::Once => {
                 let sent = Instant::now();
@@ -222,24 +228,31 @@ async fn take(
                         pending.disarm();
                         return Ok(None);
                     }
-                    Ok(Err(error)) => return Err(error),
-                    Err(_) => return Err(timeout(started.elapsed())),
+                    Ok(Err(error)) => return Err(withdraw(backend, &request, pending, error).await),
+                    Err(_) => {
+                        let error = no_answer(validity);
+                        return Err(withdraw(backend, &request, pending, error).await);
+                    }
                 }
             }
             Mode::Wait => {
                 let attempt = backend.as_ref().lock(&request, deadline, &opts.retry);
                 let answer = match deadline {
-                    Some(d) => tokio::time::timeout_at(d, attempt).await,
+                    // Only a backend that overruns the deadline meets this bound.
+                    Some(d) => tokio::time::timeout_at(d.max(first_answer_by), attempt).await,
                     None => Ok(attempt.await),
                 };
                 match answer {
                     Ok(Ok(grant)) => grant,
-                    Ok(Err(error @ Error::Timeout { .. })) => {
-                        pending.disarm();
-                        return Err(error);
+                    Ok(Err(error)) => return Err(withdraw(backend, &request, pending, error).await),
+                    Err(_) => {
+                        let error = if deadline.is_some_and(|d| d >= first_answer_by) {
+                            timeout(started.elapsed())
+                        } else {
+                            no_answer(validity)
+                        };
+                        return Err(withdraw(backend, &request, pending, error).await);
                     }
-                    Ok(Err(error)) => return Err(error),
-                    Err(_) => return Err(timeout(started.elapsed())),
                 }
             }
         };
@@ -292,5 +305,49 @@ async fn take(
         if out_of_time {
             return Err(timeout(started.elapsed()));
         }
+    }
+}
+
+/// How long an acquire that ends without the lock waits for its withdrawal before it returns;
+/// past this the withdrawal goes on in the background.
+const WITHDRAW_BOUND: Duration = Duration::from_secs(1);
+
+/// Takes back whatever an acquire that ends without the lock may have left on the server — a
+/// queue entry (ZooKeeper, etcd), a grant whose reply was lost — before the acquire returns
+/// `error`. A waiter that gave up must not stand in the queue until its session ends, and a
+/// process that exits right after a failed acquire (the `dlock` command) has no background left
+/// to do it. The withdrawal is a release by owner token, which touches nothing of anyone else's;
+/// if it does not finish within [`WITHDRAW_BOUND`], the pending guard repeats it in the
+/// background.
+async fn withdraw(
+    backend: &Arc<dyn DistributedLock>,
+    request: &LockRequest<'_>,
+    pending: PendingAcquire,
+    error: Error,
+) -> Error {
+    let key = request.key;
+    let lease = LeaseRef {
+        key,
+        owner: request.owner,
+        fencing: None,
+    };
+    match tokio::time::timeout(WITHDRAW_BOUND, backend.as_ref().release(&lease)).await {
+        Ok(Ok(_)) => pending.disarm(),
+        Ok(Err(failure)) => {
+            tracing::debug!(key = %key, error = %failure, "withdrawing an unfinished acquire failed; retrying in the background");
+        }
+        Err(_) => {
+            tracing::debug!(key = %key, "withdrawing an unfinished acquire is slow; finishing in the background");
+        }
+    }
+    error
+}
+
+/// The error of a first attempt that got no answer within the lease's validity.
+fn no_answer(validity: Duration) -> Error {
+    Error::Unavailable {
+        reached: 0,
+        needed: 1,
+        source: Some(format!("no answer within the lease's validity ({validity:?})").into()),
     }
 }
