@@ -132,3 +132,23 @@ pub(crate) async fn validity_is_measured_from_before_the_request(cx: Ctx) -> any
     }
     Ok(())
 }
+
+/// A zero wait is one attempt, like `try_acquire`: a free key is taken every time, never answered
+/// with a timeout before the first attempt had its answer.
+pub(crate) async fn zero_wait_takes_a_free_key(cx: Ctx) -> anyhow::Result<()> {
+    const TRIES: usize = 50;
+    let client = cx.client().await?;
+    let opts = cx.opts(cx.long_ttl()).with_wait(Duration::ZERO);
+    for i in 0..TRIES {
+        // A fresh key now and then, so that backends which set up per-key state on first use
+        // (a parent node, a counter) are tried on that path too.
+        let key = cx.key(&format!("zero-wait/{}", i % 5));
+        match client.acquire(&key, &opts).await {
+            Ok(lease) => {
+                ensure!(lease.release().await? == Released::Released);
+            }
+            Err(e) => bail!("try {} of {TRIES}: a zero wait on a free key failed: {e}", i + 1),
+        }
+    }
+    Ok(())
+}

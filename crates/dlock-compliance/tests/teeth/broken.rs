@@ -1,6 +1,6 @@
 //! A small in-process lock with switchable defects, each a classic way to get a lock wrong.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,10 +31,16 @@ pub enum Defect {
     /// Extend reports success without checking or re-arming anything, so a renewing holder is
     /// never told that its lock is gone.
     LostSignalNeverFires,
+    /// A waiting acquire checks its deadline before its first attempt, so a zero wait times out
+    /// on a free key.
+    DeadlineCutsFirstAttempt,
+    /// A waiter that gives up (times out or is dropped) leaves its place in the queue until its
+    /// session ends, and the waiters behind it wait for that.
+    QueueEntryOutlivesWaiter,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 8] = [
+    pub const ALL: [Defect; 10] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -43,6 +49,8 @@ impl Defect {
         Defect::ValidityIgnoresElapsed,
         Defect::AcquireWhileHeld,
         Defect::LostSignalNeverFires,
+        Defect::DeadlineCutsFirstAttempt,
+        Defect::QueueEntryOutlivesWaiter,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +63,8 @@ impl Defect {
             Defect::ValidityIgnoresElapsed => "validity ignores elapsed time",
             Defect::AcquireWhileHeld => "acquire returns while someone holds it",
             Defect::LostSignalNeverFires => "lost signal never fires",
+            Defect::DeadlineCutsFirstAttempt => "deadline cuts the first attempt",
+            Defect::QueueEntryOutlivesWaiter => "queue entry outlives its waiter",
         }
     }
 }
@@ -242,5 +252,182 @@ impl DistributedLock for StampsOnArrival {
         let grant = self.0.lock(req, deadline, retry).await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
         Ok(Grant::new(grant.fencing, Instant::now()))
+    }
+}
+
+/// [`Defect::DeadlineCutsFirstAttempt`]: a waiting acquire that gives up at its deadline before
+/// trying even once.
+#[derive(Debug, Clone)]
+pub struct ChecksDeadlineFirst(pub Broken);
+
+#[async_trait]
+impl DistributedLock for ChecksDeadlineFirst {
+    fn backend_name(&self) -> &'static str {
+        "broken"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        self.0.try_lock(req).await
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        self.0.extend(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        self.0.release(lease).await
+    }
+
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(dlock_core::Error::Timeout {
+                key: req.key.to_string(),
+                waited: Duration::ZERO,
+            });
+        }
+        self.0.lock(req, deadline, retry).await
+    }
+}
+
+/// How long an abandoned place in a [`Queued`] line lasts when nobody removes it: the "session"
+/// of a waiter that is gone.
+const PLACE_LIFETIME: Duration = Duration::from_secs(5);
+
+/// One waiter's place in a [`Queued`] line.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    owner: OwnerToken,
+    until: Instant,
+}
+
+/// The lock with a waiting line in front of it, as ZooKeeper and etcd have: a waiter takes a
+/// place, and only the first place may take the free lock. Correct, a waiter that gives up (its
+/// deadline, its future dropped, a release by its owner token) leaves the line at once; with
+/// `orphans` ([`Defect::QueueEntryOutlivesWaiter`]) its place stays until it lapses.
+#[derive(Debug, Clone)]
+pub struct Queued {
+    inner: Broken,
+    orphans: bool,
+    lines: Arc<Mutex<HashMap<String, VecDeque<Place>>>>,
+}
+
+impl Queued {
+    pub fn new(inner: Broken, orphans: bool) -> Self {
+        Queued {
+            inner,
+            orphans,
+            lines: Arc::default(),
+        }
+    }
+
+    /// The key's line without lapsed places.
+    fn with_line<T>(&self, key: &str, f: impl FnOnce(&mut VecDeque<Place>) -> T) -> T {
+        let mut lines = self
+            .lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let line = lines.entry(key.to_owned()).or_default();
+        let now = Instant::now();
+        line.retain(|p| now < p.until);
+        f(line)
+    }
+
+    fn leave(&self, key: &str, owner: OwnerToken) {
+        self.with_line(key, |line| line.retain(|p| p.owner != owner));
+    }
+}
+
+/// Takes a waiter out of the line when its acquire ends, however it ends (unless orphaning).
+struct LeaveOnDrop<'a> {
+    queued: &'a Queued,
+    key: &'a str,
+    owner: OwnerToken,
+}
+
+impl Drop for LeaveOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.queued.orphans {
+            self.queued.leave(self.key, self.owner);
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Queued {
+    fn backend_name(&self) -> &'static str {
+        "broken"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let waiters = self.with_line(req.key.as_str(), |line| {
+            line.iter().any(|p| p.owner != req.owner)
+        });
+        if waiters {
+            return Ok(Attempt::Busy { retry_after: None });
+        }
+        self.inner.try_lock(req).await
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        self.inner.extend(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        if !self.orphans {
+            self.leave(lease.key.as_str(), lease.owner);
+        }
+        self.inner.release(lease).await
+    }
+
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        _retry: &Backoff,
+    ) -> Result<Grant> {
+        let key = req.key.as_str();
+        let started = Instant::now();
+        self.with_line(key, |line| {
+            line.push_back(Place {
+                owner: req.owner,
+                until: started + PLACE_LIFETIME,
+            })
+        });
+        let _place = LeaveOnDrop {
+            queued: self,
+            key,
+            owner: req.owner,
+        };
+        loop {
+            let first = self.with_line(key, |line| {
+                line.front().is_none_or(|p| p.owner == req.owner)
+            });
+            if first {
+                if let Attempt::Acquired(grant) = self.inner.try_lock(req).await? {
+                    self.leave(key, req.owner);
+                    return Ok(grant);
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(dlock_core::Error::Timeout {
+                    key: key.to_owned(),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }

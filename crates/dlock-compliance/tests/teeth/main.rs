@@ -7,22 +7,41 @@ mod broken;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use broken::{Broken, Defect, StampsOnArrival};
+use broken::{Broken, ChecksDeadlineFirst, Defect, Queued, StampsOnArrival};
 use dlock_compliance::suite::{self, Case};
 use dlock_compliance::Subject;
 use dlock_core::DistributedLock;
 use libtest_mimic::{Arguments, Failed, Trial};
 
-fn subject(defect: Option<Defect>) -> Subject {
+/// Which lock service a subject runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    /// The plain lock, with a defect or none.
+    Plain(Option<Defect>),
+    /// The lock with a correct waiting line in front of it.
+    CorrectQueue,
+}
+
+fn subject(service_kind: Service) -> Subject {
+    let defect = match service_kind {
+        Service::Plain(defect) => defect,
+        Service::CorrectQueue => None,
+    };
     let service = Broken::new(defect);
     let capabilities = service.capabilities();
-    let name = defect.map_or("correct", Defect::name);
+    let name = match service_kind {
+        Service::Plain(defect) => defect.map_or("correct", Defect::name),
+        Service::CorrectQueue => "correct queue",
+    };
+    let client: Arc<dyn DistributedLock> = match (service_kind, defect) {
+        (Service::CorrectQueue, _) => Arc::new(Queued::new(service, false)),
+        (_, Some(Defect::QueueEntryOutlivesWaiter)) => Arc::new(Queued::new(service, true)),
+        (_, Some(Defect::ValidityIgnoresElapsed)) => Arc::new(StampsOnArrival(service)),
+        (_, Some(Defect::DeadlineCutsFirstAttempt)) => Arc::new(ChecksDeadlineFirst(service)),
+        _ => Arc::new(service),
+    };
     Subject::new(name, capabilities, move || {
-        let client: Arc<dyn DistributedLock> = if defect == Some(Defect::ValidityIgnoresElapsed) {
-            Arc::new(StampsOnArrival(service.clone()))
-        } else {
-            Arc::new(service.clone())
-        };
+        let client = client.clone();
         async move { Ok(client) }
     })
 }
@@ -54,24 +73,30 @@ fn failing_cases(subject: &Subject) -> anyhow::Result<Vec<(&'static str, String)
 fn main() {
     let args = Arguments::from_args();
     let table: Arc<Mutex<BTreeMap<&'static str, Vec<&'static str>>>> = Arc::default();
-    let mut trials = vec![Trial::test(
-        "teeth::correct_service_passes_every_case",
-        || {
-            let failed = failing_cases(&subject(None)).map_err(|e| Failed::from(e.to_string()))?;
+    let mut trials: Vec<Trial> = [
+        ("teeth::correct_service_passes_every_case", Service::Plain(None)),
+        ("teeth::correct_queue_passes_every_case", Service::CorrectQueue),
+    ]
+    .into_iter()
+    .map(|(name, service)| {
+        Trial::test(name, move || {
+            let failed =
+                failing_cases(&subject(service)).map_err(|e| Failed::from(e.to_string()))?;
             if failed.is_empty() {
                 Ok(())
             } else {
                 let lines: Vec<String> = failed.iter().map(|(c, e)| format!("{c}: {e}")).collect();
                 Err(format!("the correct service failed:\n{}", lines.join("\n")).into())
             }
-        },
-    )];
+        })
+    })
+    .collect();
     for defect in Defect::ALL {
         let table = table.clone();
         let name = format!("teeth::{}", defect.name().replace([' ', '-'], "_"));
         trials.push(Trial::test(name, move || {
             let failed =
-                failing_cases(&subject(Some(defect))).map_err(|e| Failed::from(e.to_string()))?;
+                failing_cases(&subject(Service::Plain(Some(defect)))).map_err(|e| Failed::from(e.to_string()))?;
             let caught: Vec<&'static str> = failed.iter().map(|(case, _)| *case).collect();
             if let Ok(mut table) = table.lock() {
                 table.insert(defect.name(), caught.clone());

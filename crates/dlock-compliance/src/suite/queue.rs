@@ -1,0 +1,119 @@
+//! Waiters that give up: a timed-out or dropped acquire leaves nothing in the lock's queue, so the
+//! waiters behind it are not held up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use dlock_core::{Backoff, DistributedLock, DistributedLockExt, Error, LockOptions};
+use tokio::time::Instant;
+
+use super::Ctx;
+
+/// Rounds per case; the bound is checked on the 99th percentile (the slowest of 20).
+const ROUNDS: usize = 20;
+
+/// How soon after the holder's release the waiter behind a waiter that gave up must hold.
+const HAND_OFF: Duration = Duration::from_millis(50);
+
+/// How long the middle waiter waits before it gives up.
+const GIVE_UP_AFTER: Duration = Duration::from_millis(1_000);
+
+/// How the middle waiter gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GivesUp {
+    /// Its wait runs out.
+    TimesOut,
+    /// Its future is dropped while it waits.
+    IsDropped,
+}
+
+/// A holds, B waits 1 s and times out, C waits, A releases: C holds within 50 ms.
+pub(crate) async fn a_timed_out_waiter_leaves_nothing_in_the_queue(
+    cx: Ctx,
+) -> anyhow::Result<()> {
+    hand_off_past_a_waiter_that_gave_up(cx, GivesUp::TimesOut).await
+}
+
+/// The same with B's acquire future dropped after 1 s instead.
+pub(crate) async fn a_dropped_waiter_leaves_nothing_in_the_queue(
+    cx: Ctx,
+) -> anyhow::Result<()> {
+    hand_off_past_a_waiter_that_gave_up(cx, GivesUp::IsDropped).await
+}
+
+async fn hand_off_past_a_waiter_that_gave_up(cx: Ctx, how: GivesUp) -> anyhow::Result<()> {
+    let a = cx.client().await?;
+    let b = cx.client().await?;
+    let c = cx.client().await?;
+    let ttl = cx.long_ttl();
+    // C polls often where the backend has no wake-up, so that the hand-off time measures what
+    // stands in C's way, not the backoff.
+    let c_opts = cx.opts(ttl).with_retry(Backoff {
+        initial: Duration::from_millis(2),
+        max: Duration::from_millis(10),
+        ..Backoff::default()
+    });
+    let mut hand_offs = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let key = cx.key(&format!("gave-up/{round}"));
+        let holder = a.acquire(&key, &cx.opts(ttl)).await?;
+        let middle = give_up(&b, &key, cx.opts(ttl), how);
+        // C queues behind B: started once B is surely queued, before B gives up.
+        tokio::time::sleep(GIVE_UP_AFTER / 4).await;
+        let behind = {
+            let (c, key, opts) = (c.clone(), key.clone(), c_opts.clone());
+            tokio::spawn(async move {
+                let lease = c.acquire(&key, &opts).await?;
+                Ok::<_, Error>((Instant::now(), lease))
+            })
+        };
+        middle
+            .await
+            .with_context(|| format!("round {round}: the waiter that gives up"))??;
+        ensure!(!behind.is_finished(), "round {round}: C held while A held");
+        let released = Instant::now();
+        holder.release().await?;
+        let (held, lease) = behind.await??;
+        hand_offs.push(held.saturating_duration_since(released));
+        lease.release().await?;
+    }
+    hand_offs.sort();
+    let p99 = hand_offs[(hand_offs.len() * 99).div_ceil(100) - 1];
+    let median = hand_offs[hand_offs.len() / 2];
+    ensure!(
+        p99 <= HAND_OFF,
+        "after a waiter {} the next waiter held {p99:?} after the release (p99 of {ROUNDS}; median \
+         {median:?}); its entry stood in the way",
+        match how {
+            GivesUp::TimesOut => "timed out",
+            GivesUp::IsDropped => "was dropped",
+        }
+    );
+    Ok(())
+}
+
+/// B's acquire, which must end without the lock, as `how` says.
+fn give_up(
+    b: &Arc<dyn DistributedLock>,
+    key: &str,
+    opts: LockOptions,
+    how: GivesUp,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let (b, key) = (b.clone(), key.to_owned());
+    tokio::spawn(async move {
+        match how {
+            GivesUp::TimesOut => match b.acquire(&key, &opts.with_wait(GIVE_UP_AFTER)).await {
+                Err(Error::Timeout { .. }) => Ok(()),
+                Err(e) => bail!("expected a timeout, got {e}"),
+                Ok(_) => bail!("acquired a lock that was held"),
+            },
+            GivesUp::IsDropped => {
+                match tokio::time::timeout(GIVE_UP_AFTER, b.acquire(&key, &opts)).await {
+                    Err(_) => Ok(()),
+                    Ok(answer) => bail!("the acquire ended before it was dropped: {:?}", answer.err()),
+                }
+            }
+        }
+    })
+}
