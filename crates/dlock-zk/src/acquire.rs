@@ -72,25 +72,25 @@ pub(crate) async fn wait_in_queue(
     deadline: Option<Instant>,
 ) -> Result<Grant> {
     let started = Instant::now();
-    let open_until = {
-        let op = started + inner.config.operation_timeout;
-        deadline.map_or(op, |d| d.min(op))
-    };
-    let until = deadline.unwrap_or_else(far_future);
+    // The first pass (session, create, list) is bounded by the operation timeout, never by the
+    // caller's deadline: the deadline is checked between steps, so a free key is taken even with a
+    // zero wait. Later requests may run until the deadline, or the first pass's bound if later.
+    let first_pass_by = started + inner.config.operation_timeout;
+    let until = deadline.map_or_else(far_future, |d| d.max(first_pass_by));
     let timeout = || Error::Timeout {
         key: req.key.to_string(),
         waited: started.elapsed(),
     };
-    // A failure caused by the caller's deadline reads as a timeout, not as an outage.
+    // A request cut short by the caller's deadline reads as a timeout, not as an outage.
     let fail = |f: Failure, op: &'static str| {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if matches!(f, Failure::OutOfTime) && deadline.is_some_and(|d| Instant::now() >= d) {
             timeout()
         } else {
             f.into_error(op)
         }
     };
     let session = inner
-        .session(open_until)
+        .session(first_pass_by)
         .await
         .map_err(|f| fail(f, "open a ZooKeeper session"))?;
     let parent = inner.parent_path(req.key);
@@ -103,7 +103,7 @@ pub(crate) async fn wait_in_queue(
     // was granted by the create itself, so its validity starts before that request.
     let mut first_look = Some(started);
     loop {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if first_look.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(timeout());
         }
         let sent = first_look.take().unwrap_or_else(Instant::now);

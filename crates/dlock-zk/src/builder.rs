@@ -7,6 +7,7 @@ use std::time::Duration;
 use dlock_core::{Error, Result};
 
 use crate::connect_string::{check_path, ConnectString};
+use crate::naming::Naming;
 use crate::ZkLock;
 
 /// The environment variable [`ZkLockBuilder::from_env`] reads the connection string from.
@@ -41,6 +42,7 @@ pub(crate) struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) operation_timeout: Duration,
     pub(crate) identifier: Vec<u8>,
+    pub(crate) naming: Naming,
 }
 
 /// Builds a [`ZkLock`]; see [`ZkLock::builder`].
@@ -63,6 +65,7 @@ pub struct ZkLockBuilder {
     operation_timeout: Option<Duration>,
     root: String,
     identifier: String,
+    naming: Naming,
 }
 
 impl fmt::Debug for ZkLockBuilder {
@@ -77,6 +80,7 @@ impl fmt::Debug for ZkLockBuilder {
             .field("operation_timeout", &self.operation_timeout)
             .field("root", &self.root)
             .field("identifier", &self.identifier)
+            .field("naming", &self.naming)
             .finish()
     }
 }
@@ -92,6 +96,7 @@ impl ZkLockBuilder {
             operation_timeout: None,
             root: DEFAULT_ROOT.to_owned(),
             identifier: DEFAULT_IDENTIFIER.to_owned(),
+            naming: Naming::default(),
         }
     }
 
@@ -149,6 +154,14 @@ impl ZkLockBuilder {
         self
     }
 
+    /// How dlock names its own lock nodes (default [`Naming::Kazoo`]), which decides whether
+    /// kazoo's `Lock` or Curator's `InterProcessMutex` on the same path waits behind a dlock holder.
+    /// dlock waits behind both under either naming; see [`Naming`].
+    pub fn with_naming(mut self, naming: Naming) -> Self {
+        self.naming = naming;
+        self
+    }
+
     /// Checks every setting (an [`Error::InvalidInput`] names the first one at fault) without
     /// connecting.
     pub(crate) fn config(self) -> Result<Config> {
@@ -185,6 +198,7 @@ impl ZkLockBuilder {
             connect_timeout,
             operation_timeout,
             identifier: self.identifier.into_bytes(),
+            naming: self.naming,
         })
     }
 

@@ -97,7 +97,7 @@ async fn not_held_here(
         Err(f) if f.session_ended() => return Ok(Extension::Expired),
         Err(f) => return Err(f.into_error("list the lock's queue")),
     };
-    let prefix = owner_prefix(lease.owner);
+    let prefix = owner_prefix(inner.config.naming, lease.owner);
     if children.iter().any(|c| c.starts_with(&prefix)) {
         // The node exists, but its TTL is kept by the client that took it.
         return Err(Error::Unsupported {

@@ -94,7 +94,7 @@ pub(crate) fn delete_owned_in_background(
         let Some(session) = inner.current().filter(|s| s.generation == generation) else {
             return;
         };
-        let prefix = owner_prefix(owner);
+        let prefix = owner_prefix(inner.config.naming, owner);
         loop {
             let until = Instant::now() + session.timeout;
             match list_queue(&inner, &session, &parent, until).await {

@@ -25,9 +25,9 @@
 //!   default). Keys are encoded injectively into node names by [`encode_key`]: letters, digits,
 //!   `-`, `_` and `.` stay, every other byte becomes `%XX` (so `a/b` is `a%2Fb` and never
 //!   collides with the key `a%2Fb`, which is `a%252Fb`).
-//! * A contender creates an ephemeral sequential child `<owner>__lock__<sequence>`, where
-//!   `<owner>` is the lease's random owner token in hex. It lists the children; the lowest
-//!   sequence holds the lock.
+//! * A contender creates an ephemeral sequential child named after its random owner token, in
+//!   kazoo's or Curator's shape ([`Naming`]). It lists the children; the lowest sequence number
+//!   among all sequential children holds the lock.
 //! * A waiter watches **only its immediate predecessor** and lists again when that node goes, so
 //!   one release wakes exactly one waiter — no herd, however long the queue.
 //! * Release deletes the own node. [`try_acquire`](dlock_core::DistributedLockExt::try_acquire)
@@ -98,13 +98,13 @@
 //!
 //! # Interoperability
 //!
-//! Python's kazoo `Lock` recipe names its nodes `<uuid4 hex>__lock__<sequence>` and orders
-//! contenders by the sequence after `__lock__` — the same scheme. A kazoo `Lock` on the same
-//! path ([`ZkLock::lock_path`], e.g. `/dlock/invoices%2F42` for the key `invoices/42`) and dlock
-//! contenders exclude each other and queue together, in both directions; kazoo's `contenders()`
-//! shows dlock holders with their [identifier](ZkLockBuilder::with_identifier). This is tested
-//! against the kazoo shipped with Debian. Curator's `InterProcessMutex` uses another node name
-//! (`-lock-`) and does not see dlock's nodes, so it does not interoperate.
+//! dlock waits behind every sequential child of a lock's path, ordered by its sequence number
+//! whatever its prefix, so kazoo's `Lock` and Curator's `InterProcessMutex` holders on the same
+//! path ([`ZkLock::lock_path`], e.g. `/dlock/invoices%2F42` for the key `invoices/42`) make dlock
+//! wait. Which of them waits behind a dlock holder is chosen by [`Naming`]: kazoo's naming (the
+//! default; kazoo's `contenders()` then shows dlock holders with their
+//! [identifier](ZkLockBuilder::with_identifier)) or Curator's. Both directions are tested, kazoo
+//! against the kazoo shipped with Debian.
 //!
 //! # Connection strings
 //!
@@ -143,5 +143,5 @@ pub use builder::{
 };
 pub use client::ZkLock;
 pub use connect_string::{ConnectString, Server, DEFAULT_PORT};
-pub use naming::{decode_key, encode_key};
+pub use naming::{decode_key, encode_key, Naming};
 pub use stats::ZkStats;

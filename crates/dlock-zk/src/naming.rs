@@ -1,19 +1,92 @@
 //! Node names: lock keys as single ZooKeeper path segments, and the contenders' nodes inside them.
 //!
 //! Every lock key gets one parent node directly under the backend's base path, named by
-//! [`encode_key`]. Inside it each contender creates an ephemeral sequential node named
-//! `<owner>__lock__<sequence>`: the owner token as 32 hex digits, the marker, and the 10-digit
-//! sequence number the server appends. That is exactly the shape of Python kazoo's `Lock` recipe
-//! (`uuid4().hex + "__lock__"`), so kazoo and dlock contenders on the same path queue together.
+//! [`encode_key`]. Inside it each contender creates an ephemeral sequential node; the server
+//! appends a 10-digit sequence number to the name. Two peer recipes name and order those nodes,
+//! and no single name satisfies both (see [`Naming`]):
+//!
+//! * Python kazoo's `Lock` names its node `<uuid4 hex>__lock__<sequence>` and waits only behind
+//!   children matching `(__lock__|__rlock__)(-?\d{10})$`;
+//! * Apache Curator's `InterProcessMutex` names its node `_c_<uuid>-lock-<sequence>` (protected
+//!   mode) and orders *every* child by the text after its last `lock-`.
+//!
+//! dlock itself waits behind every child whose name ends in a sequence number, whatever its prefix,
+//! so it queues behind kazoo's and Curator's contenders (and their read-write locks' nodes) alike.
 //!
 //! The owner prefix is what makes a lost create reply recoverable: after reconnecting, the
 //! contender lists the parent and finds its own node by the prefix, instead of creating a second
 //! one and leaving the first as an orphan that blocks everyone until the session ends.
 
-use dlock_core::OwnerToken;
+use std::fmt;
+use std::str::FromStr;
+
+use dlock_core::{Error, OwnerToken};
+
+/// How dlock names its own contender nodes, so that a peer recipe on the same lock path sees
+/// dlock's holder and waits behind it.
+///
+/// dlock waits behind every peer under either naming; the setting decides which peer waits
+/// behind dlock:
+///
+/// | naming | node name | kazoo `Lock` waits behind dlock | Curator `InterProcessMutex` waits behind dlock |
+/// |---|---|---|---|
+/// | [`Kazoo`](Naming::Kazoo) (default) | `<owner hex>__lock__<sequence>` | yes | no: it orders the name wrongly |
+/// | [`Curator`](Naming::Curator) | `_c_<owner as uuid>-lock-<sequence>` | no: it ignores the name | yes |
+///
+/// The default stays kazoo's, the naming of earlier dlock releases, so that a fleet upgraded one
+/// process at a time never has old and new dlock clients ignore each other's nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Naming {
+    /// `<32 hex digits>__lock__<sequence>`, as kazoo's `Lock` names its nodes.
+    #[default]
+    Kazoo,
+    /// `_c_<8-4-4-4-12 hex>-lock-<sequence>`, as Curator's `InterProcessMutex` names its nodes in
+    /// protected mode.
+    Curator,
+}
+
+impl Naming {
+    /// The name of the setting in URLs (`naming=kazoo|curator`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Naming::Kazoo => "kazoo",
+            Naming::Curator => "curator",
+        }
+    }
+}
+
+impl fmt::Display for Naming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Naming {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self, Error> {
+        match text {
+            "kazoo" => Ok(Naming::Kazoo),
+            "curator" => Ok(Naming::Curator),
+            other => Err(Error::invalid(
+                "naming",
+                format!("{other:?} is not a naming; use kazoo or curator"),
+            )),
+        }
+    }
+}
 
 /// The marker between the owner prefix and the sequence number (kazoo's `Lock._NODE_NAME`).
-pub(crate) const LOCK_MARKER: &str = "__lock__";
+const KAZOO_MARKER: &str = "__lock__";
+
+/// The start of a Curator protected-mode name (`ProtectedUtils.PROTECTED_PREFIX`).
+const CURATOR_PROTECTED: &str = "_c_";
+
+/// The node name Curator's `InterProcessMutex` gives its contenders, after the protected prefix.
+const CURATOR_LOCK_NAME: &str = "-lock-";
+
+/// The digits the server appends to a sequential node's name.
+const SEQUENCE_DIGITS: usize = 10;
 
 /// Bytes kept as they are in an encoded key: ASCII letters, digits, `-`, `_` and `.`.
 fn is_kept(byte: u8) -> bool {
@@ -73,11 +146,20 @@ pub fn decode_key(name: &str) -> Option<String> {
     (encode_key(&key) == name).then_some(key)
 }
 
-/// The name prefix of `owner`'s node: `<32 hex digits>__lock__`.
-pub(crate) fn owner_prefix(owner: OwnerToken) -> String {
-    let mut prefix = owner.to_hex();
-    prefix.push_str(LOCK_MARKER);
-    prefix
+/// The name prefix of `owner`'s node under `naming`; the server appends the sequence.
+pub(crate) fn owner_prefix(naming: Naming, owner: OwnerToken) -> String {
+    let hex = owner.to_hex();
+    match naming {
+        Naming::Kazoo => format!("{hex}{KAZOO_MARKER}"),
+        Naming::Curator => format!(
+            "{CURATOR_PROTECTED}{}-{}-{}-{}-{}{CURATOR_LOCK_NAME}",
+            &hex[0..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..32]
+        ),
+    }
 }
 
 /// One contender's node in a lock's parent.
@@ -89,19 +171,20 @@ pub(crate) struct Contender<'a> {
     pub(crate) sequence: i64,
 }
 
-/// The sequence number of a contender node: the digits after the last `__lock__`, as kazoo
-/// matches them (`__lock__(-?\d{10})$`). `None` for any other child.
+/// The sequence number of a contender node: the 10 digits the server appended to its name,
+/// whatever the name before them. `None` for a child that is not sequential, which is no
+/// contender. (A parent's counter would overflow into negative numbers only after 2³¹ contenders;
+/// lock parents are containers, deleted and restarted at zero whenever their queue empties.)
 pub(crate) fn sequence_of(name: &str) -> Option<i64> {
-    let (_, digits) = name.rsplit_once(LOCK_MARKER)?;
-    let unsigned = digits.strip_prefix('-').unwrap_or(digits);
-    if unsigned.len() != 10 || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+    let digits = name.get(name.len().checked_sub(SEQUENCE_DIGITS)?..)?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     digits.parse().ok()
 }
 
-/// The contenders among `children`, in queue order (by sequence number; other children, such as
-/// a foreign recipe's nodes, are ignored).
+/// The contenders among `children`, in queue order: every sequential child, by sequence number,
+/// whichever recipe created it.
 pub(crate) fn queue(children: &[String]) -> Vec<Contender<'_>> {
     let mut contenders: Vec<Contender<'_>> = children
         .iter()
@@ -165,20 +248,28 @@ mod tests {
     }
 
     #[test]
-    fn sequence_follows_kazoo() {
+    fn every_sequential_child_is_a_contender() {
         let owner = "0123456789abcdef0123456789abcdef";
         assert_eq!(sequence_of(&format!("{owner}__lock__0000000042")), Some(42));
-        assert_eq!(sequence_of("x__lock__-2147483648"), Some(-2147483648));
+        assert_eq!(
+            sequence_of("_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-lock-0000000007"),
+            Some(7)
+        );
+        assert_eq!(sequence_of("x__rlock__0000000003"), Some(3));
+        assert_eq!(sequence_of("_c_u-__WRIT__0000000011"), Some(11));
         assert_eq!(sequence_of("x__lock__42"), None);
-        assert_eq!(sequence_of("_c_1234-lock-0000000001"), None);
         assert_eq!(sequence_of("x__lock__00000000x1"), None);
+        assert_eq!(sequence_of("lease_holder"), None);
+        assert_eq!(sequence_of("ß0000000001"), Some(1));
+        assert_eq!(sequence_of("000000001"), None);
     }
 
     #[test]
-    fn queue_orders_by_sequence_and_skips_strangers() {
+    fn queue_orders_every_recipe_by_sequence() {
         let children: Vec<String> = [
             "b__lock__0000000003",
             "other",
+            "_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-lock-0000000000",
             "a__lock__0000000001",
             "c__lock__0000000002",
         ]
@@ -189,6 +280,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                "_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-lock-0000000000",
                 "a__lock__0000000001",
                 "c__lock__0000000002",
                 "b__lock__0000000003"
@@ -197,10 +289,27 @@ mod tests {
     }
 
     #[test]
-    fn owner_prefix_has_kazoo_shape() {
-        let owner = OwnerToken::from_u128(0xabc);
-        let prefix = owner_prefix(owner);
-        assert_eq!(prefix.len(), 32 + LOCK_MARKER.len());
-        assert!(prefix.ends_with("__lock__"));
+    fn owner_prefixes_have_each_recipes_shape() {
+        let owner = OwnerToken::from_u128(0x1b4e28ba_2fa1_11d2_883f_0016d3cca427);
+        assert_eq!(
+            owner_prefix(Naming::Kazoo, owner),
+            "1b4e28ba2fa111d2883f0016d3cca427__lock__"
+        );
+        assert_eq!(
+            owner_prefix(Naming::Curator, owner),
+            "_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-lock-"
+        );
+    }
+
+    #[test]
+    fn naming_parses_its_names_only() {
+        for naming in [Naming::Kazoo, Naming::Curator] {
+            assert_eq!(naming.as_str().parse::<Naming>().ok(), Some(naming));
+        }
+        assert!(matches!(
+            "Curator".parse::<Naming>(),
+            Err(Error::InvalidInput { field: "naming", .. })
+        ));
+        assert_eq!(Naming::default(), Naming::Kazoo);
     }
 }

@@ -46,7 +46,7 @@ pub(crate) async fn create_own(
     owner: OwnerToken,
     until: Instant,
 ) -> Result<OwnNode, Failure> {
-    let prefix = owner_prefix(owner);
+    let prefix = owner_prefix(inner.config.naming, owner);
     let create_path = format!("{parent}/{prefix}");
     let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
     let data = inner.config.identifier.as_slice();

@@ -52,7 +52,7 @@ pub(crate) async fn release(inner: &Arc<Inner>, lease: &LeaseRef<'_>) -> Result<
         Err(f) if f.session_ended() => return Ok(Released::Expired),
         Err(f) => return Err(f.into_error("list the lock's queue")),
     };
-    let prefix = owner_prefix(lease.owner);
+    let prefix = owner_prefix(inner.config.naming, lease.owner);
     if let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) {
         let path = format!("{parent}/{name}");
         // A lease whose TTL ran out a moment ago: its node is on its way out, and the lease

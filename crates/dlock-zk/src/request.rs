@@ -16,7 +16,9 @@ use crate::errors::{is_server_answer, Failure};
 use crate::session::Session;
 
 /// Sends one request made by `send` on `session` and waits for its answer, both no later than
-/// `until`.
+/// `until`. A disconnected session is waited for at most the connect timeout: with the servers
+/// down, a call fails with [`Failure::NotConnected`] (read as unavailable) as soon as a new
+/// connection could have come up, not when the caller's time runs out.
 pub(crate) async fn call<'a, T, F, Fut>(
     inner: &Inner,
     session: &'a Session,
@@ -30,7 +32,9 @@ where
     if Instant::now() >= until {
         return Err(Failure::OutOfTime);
     }
-    session.connected(until).await?;
+    session
+        .connected(until.min(Instant::now() + inner.config.connect_timeout))
+        .await?;
     let sent = Instant::now();
     // The library sends the request here, when the future is made, not when it is polled.
     let answer = send(&session.client);

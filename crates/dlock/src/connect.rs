@@ -23,7 +23,7 @@ type Opened = (Arc<dyn DistributedLock>, LockOptions);
 /// | `redis://[user[:password]@]host[:port][/db]`, `redis+unix:///path` | one Redis server | `redis` | `prefix`, `request_timeout`, `connect_timeout` |
 /// | `rediss://…` (TLS; `#insecure` skips certificate checks) | one Redis server | `redis-tls` | as `redis://` |
 /// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `node_timeout`, `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use) |
-/// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `connect_timeout`, `operation_timeout`, `identifier` |
+/// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `connect_timeout`, `operation_timeout`, `identifier`, `naming` (`kazoo` or `curator`) |
 /// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_ttl`, `request_timeout`, `connect_timeout` |
 ///
 /// Every scheme also takes the per-acquire defaults `ttl`, `wait`, `drift` (the fixed part of
@@ -190,6 +190,7 @@ const ZK_PARAMS: &[&str] = &[
     "connect_timeout",
     "operation_timeout",
     "identifier",
+    "naming",
 ];
 
 #[cfg(feature = "zk")]
@@ -211,6 +212,9 @@ async fn zk(address: &Address<'_>) -> Result<Opened> {
     }
     if let Some(identifier) = params.text("identifier") {
         builder = builder.with_identifier(identifier);
+    }
+    if let Some(naming) = params.text("naming") {
+        builder = builder.with_naming(naming.parse()?);
     }
     let lock = builder
         .build()

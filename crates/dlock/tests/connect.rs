@@ -187,7 +187,7 @@ async fn zk_without_its_feature_names_it() {
 #[tokio::test]
 async fn zk_urls() {
     unreachable(&format!(
-        "zk://u:hunter2@{NOBODY},127.0.0.1:2/app?prefix=/locks&session_timeout=1s&connect_timeout=300ms&operation_timeout=300ms&identifier=me%40host&ttl=5s"
+        "zk://u:hunter2@{NOBODY},127.0.0.1:2/app?prefix=/locks&session_timeout=1s&connect_timeout=300ms&operation_timeout=300ms&identifier=me%40host&naming=curator&ttl=5s"
     ))
     .await;
     for (url, says) in [
@@ -201,6 +201,7 @@ async fn zk_urls() {
         ("zk://u:hunter2@h1,,h2", "url"),
         ("zk://u:hunter2@h:0", "url"),
         ("zk://u:p%zz@h", "percent-encoded"),
+        ("zk://u:hunter2@h?naming=zookeeper", "naming"),
     ] {
         let m = invalid(url).await;
         assert!(m.contains(says), "{url}: {m}");

@@ -15,7 +15,7 @@ use crate::support::{url, SESSION};
 use crate::Env;
 
 /// Takes the lock at argv[1], prints `held`, holds it for argv[2] seconds, releases it.
-const HOLD: &str = r#"
+pub const HOLD: &str = r#"
 import sys, time
 from kazoo.client import KazooClient
 zk = KazooClient(hosts="127.0.0.1:2181")
@@ -52,7 +52,7 @@ lock.release()
 zk.stop()
 "#;
 
-fn python(script: &str, args: &[&str]) -> Vec<String> {
+pub fn python(script: &str, args: &[&str]) -> Vec<String> {
     let mut cmd = vec!["python3".to_owned(), "-c".to_owned(), script.to_owned()];
     cmd.extend(args.iter().map(|a| a.to_string()));
     cmd

@@ -15,6 +15,7 @@
 mod support;
 
 mod kazoo;
+mod peers;
 mod zk_cases;
 
 use std::net::SocketAddr;
@@ -25,11 +26,14 @@ use async_trait::async_trait;
 use dlock_compliance::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
 use dlock_compliance::{suite, Freeze, FreezeProxy, Inspect, Outage, Subject, Timing};
 use dlock_core::{Capabilities, DistributedLock, FencingGuarantee};
-use dlock_zk::{decode_key, DEFAULT_ROOT};
+use dlock_zk::{decode_key, ZkLock, DEFAULT_ROOT};
 use libtest_mimic::{Arguments, Trial};
 
 use support::proxied::Proxied;
 use support::{fixture_runtime, raw, shared, url, SESSION, SHORT_SESSION, TICK};
+
+/// The connect timeout of the outage case's client.
+const OUTAGE_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// What the ZooKeeper-specific cases need to know about the shared server.
 #[derive(Debug, Clone)]
@@ -168,7 +172,18 @@ fn build_trials(
     let outage_url = url(&outage_hosts);
     let outage = Outage::new(Arc::new(outage_zk.member(0)?.clone()), move || {
         let url = outage_url.clone();
-        async move { shared(&url, SESSION).await }
+        async move {
+            // A connect timeout below the case's wait (1 s): with the server down, calls fail as
+            // unavailable after the connect timeout, before the wait runs out.
+            let client: Arc<dyn DistributedLock> = Arc::new(
+                ZkLock::builder(&url)
+                    .with_session_timeout(SESSION)
+                    .with_connect_timeout(OUTAGE_CONNECT_TIMEOUT)
+                    .build()
+                    .await?,
+            );
+            Ok(client)
+        }
     });
     let hosts = main_zk.connect_string();
     eprintln!("[zookeeper] shared server {hosts}; the outage case stops {outage_hosts}");

@@ -33,6 +33,9 @@ macro_rules! case {
 fn cases() -> Vec<(&'static str, Case)> {
     vec![
         case!(kazoo::kazoo_and_dlock_exclude_each_other_on_one_path),
+        case!(peers::dlock_waits_behind_a_curator_holder),
+        case!(peers::curator_waits_behind_dlock_only_under_curator_naming),
+        case!(peers::kazoo_under_curator_naming),
         case!(lost_create_reply_is_recovered_by_owner_prefix),
         case!(fencing_token_grows_across_parent_recreation),
         case!(lock_nodes_are_session_ephemerals_named_like_kazoos),
@@ -44,7 +47,7 @@ fn cases() -> Vec<(&'static str, Case)> {
     ]
 }
 
-use crate::kazoo;
+use crate::{kazoo, peers};
 
 /// The trial names, for a run that opted out of Docker.
 pub fn names() -> Vec<String> {
