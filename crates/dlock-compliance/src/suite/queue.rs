@@ -10,11 +10,16 @@ use tokio::time::Instant;
 
 use super::Ctx;
 
-/// Rounds per case; the bound is checked on the 99th percentile (the slowest of 20).
+/// Rounds per case.
 const ROUNDS: usize = 20;
 
-/// How soon after the holder's release the waiter behind a waiter that gave up must hold.
+/// How soon after the holder's release the waiter behind a waiter that gave up holds, as a rule
+/// (the median of the rounds).
 const HAND_OFF: Duration = Duration::from_millis(50);
+
+/// The bound on the slowest round: [`HAND_OFF`] plus room for a scheduling hiccup on a loaded
+/// machine. A place left in the queue costs far more — the session timeout, seconds.
+const SLOWEST_HAND_OFF: Duration = Duration::from_millis(250);
 
 /// How long the middle waiter waits before it gives up.
 const GIVE_UP_AFTER: Duration = Duration::from_millis(1_000);
@@ -81,14 +86,14 @@ async fn hand_off_past_a_waiter_that_gave_up(cx: Ctx, how: GivesUp) -> anyhow::R
     hand_offs.sort();
     let p99 = hand_offs[(hand_offs.len() * 99).div_ceil(100) - 1];
     let median = hand_offs[hand_offs.len() / 2];
+    let gave_up = match how {
+        GivesUp::TimesOut => "timed out",
+        GivesUp::IsDropped => "was dropped",
+    };
     ensure!(
-        p99 <= HAND_OFF,
-        "after a waiter {} the next waiter held {p99:?} after the release (p99 of {ROUNDS}; median \
-         {median:?}); its entry stood in the way",
-        match how {
-            GivesUp::TimesOut => "timed out",
-            GivesUp::IsDropped => "was dropped",
-        }
+        median <= HAND_OFF && p99 <= SLOWEST_HAND_OFF,
+        "after a waiter {gave_up}, the next waiter held {median:?} (median of {ROUNDS} rounds; \
+         p99 {p99:?}) after the release: something stood in its way"
     );
     Ok(())
 }
