@@ -42,7 +42,7 @@ fn main() {
         Trial::test("missing_command_is_127", missing_command_is_127),
         Trial::test("unreachable_server_is_69", unreachable_server_is_69),
     ];
-    let server_trials: [(&str, ServerTrial); 8] = [
+    let server_trials: [(&str, ServerTrial); 9] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -68,6 +68,10 @@ fn main() {
         (
             "etcd_an_interrupted_wait_leaves_nothing_queued",
             interrupted_wait_leaves_nothing,
+        ),
+        (
+            "etcd_a_wait_that_runs_out_leaves_nothing_queued",
+            timed_out_wait_leaves_nothing,
         ),
     ];
 
@@ -712,5 +716,55 @@ fn interrupted_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
         "after the holder's release: {:?}",
         text(&output.stdout)
     );
+    Ok(())
+}
+
+/// `dlock run --wait` that runs out behind a holder exits 75 only after withdrawing its place in
+/// etcd's queue: a waiter queued behind it holds as soon as the holder releases, not when the
+/// exited process's session expires (10 s).
+fn timed_out_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("timed-out");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-etcd-timed-out-{}", std::process::id());
+    let url = servers.etcd_url.clone();
+    let (holder, behind) = servers.handle.block_on(async {
+        Ok::<_, dlock::Error>((dlock::connect(&url).await?, dlock::connect(&url).await?))
+    })?;
+    let lease = servers.handle.block_on(
+        holder.acquire(&key, &LockOptions::new(Duration::from_secs(60))),
+    )?;
+    let waiter = spawn(&mut dlock_run(
+        &servers.etcd_url,
+        &key,
+        &["--wait", "4s"],
+        &["touch", &marker],
+    ))?;
+    // Time for the command to connect and queue up (generous on a loaded machine); the next
+    // waiter queues behind it.
+    std::thread::sleep(Duration::from_secs(2));
+    let next = {
+        let key = key.clone();
+        servers.handle.spawn(async move {
+            let lease = behind
+                .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+                .await?;
+            Ok::<_, dlock::Error>((Instant::now(), lease))
+        })
+    };
+    let output = finish(waiter)?;
+    exits(&output, 75)?;
+    ensure!(
+        !Path::new(&marker).exists(),
+        "the command ran without the lock"
+    );
+    let released = Instant::now();
+    servers.handle.block_on(lease.release())?;
+    let (held, next) = servers.handle.block_on(next)??;
+    let gap = held.saturating_duration_since(released);
+    ensure!(
+        gap <= Duration::from_secs(1),
+        "the waiter behind the exited command held {gap:?} after the release"
+    );
+    servers.handle.block_on(next.release())?;
     Ok(())
 }
