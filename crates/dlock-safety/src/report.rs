@@ -59,7 +59,8 @@ impl<'a> Report<'a> {
         let _ = writeln!(
             out,
             "`safety-report` ({} run: lease TTL {} ms, contention {} clients × {} rounds). \
-             ✓ matches the backend's declaration, ✗ contradicts it.\n",
+             ✓: the backend declared this outcome beforehand (it says the outcome was predicted, \
+             not that it is safe); ✗: the outcome contradicts the declaration.\n",
             self.run, self.ttl_ms, self.contention.0, self.contention.1
         );
         let _ = write!(out, "| scenario |");
@@ -95,8 +96,8 @@ impl<'a> Report<'a> {
         }
         out.push_str(
             "\n*safe*: no violation and the lock was handed on; *caught by fencing*: holds overlapped or \
-             a stale holder wrote, and the fenced resource refused every stale write; *violation not \
-             caught*: a stale write was admitted or an update lost; *unavailable*: no violation, but \
+             a stale holder wrote, and the fenced resource refused every stale write; *unsafe: violation \
+             not caught*: a stale write was admitted or an update lost, so the guarded data is wrong; *unavailable*: no violation, but \
              no hand-over within the bound; *n/a*: the scenario does not apply (reason in the details).\n",
         );
         out
@@ -174,7 +175,7 @@ fn short(c: &Cell) -> String {
         Class::NotRun => "error ✗".to_owned(),
         observed => {
             let label = if observed == Class::NotCaught {
-                format!("**{observed}**")
+                format!("**unsafe: {observed}**")
             } else {
                 observed.to_string()
             };
