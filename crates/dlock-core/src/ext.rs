@@ -228,31 +228,35 @@ async fn take(
                         pending.disarm();
                         return Ok(None);
                     }
-                    Ok(Err(error)) => return Err(withdraw(backend, &request, pending, error).await),
-                    Err(_) => {
-                        let error = no_answer(validity);
-                        return Err(withdraw(backend, &request, pending, error).await);
-                    }
+                    // The pending guard withdraws in the background: a server that did not
+                    // answer the attempt is unlikely to answer the withdrawal any sooner.
+                    Ok(Err(error)) => return Err(error),
+                    Err(_) => return Err(no_answer(validity)),
                 }
             }
             Mode::Wait => {
                 let attempt = backend.as_ref().lock(&request, deadline, &opts.retry);
                 let answer = match deadline {
-                    // Only a backend that overruns the deadline meets this bound.
-                    Some(d) => tokio::time::timeout_at(d.max(first_answer_by), attempt).await,
+                    // Only a backend that overruns the deadline meets this bound; one that gives
+                    // up at the deadline with an error of its own (the server is unavailable)
+                    // has the grace to say so.
+                    Some(d) => {
+                        let bound = d.max(first_answer_by) + OVERRUN_GRACE;
+                        tokio::time::timeout_at(bound, attempt).await
+                    }
                     None => Ok(attempt.await),
                 };
                 match answer {
                     Ok(Ok(grant)) => grant,
-                    Ok(Err(error)) => return Err(withdraw(backend, &request, pending, error).await),
-                    Err(_) => {
-                        let error = if deadline.is_some_and(|d| d >= first_answer_by) {
-                            timeout(started.elapsed())
-                        } else {
-                            no_answer(validity)
-                        };
+                    Ok(Err(error @ Error::Timeout { .. })) => {
+                        return Err(withdraw(backend, &request, pending, error).await)
+                    }
+                    Ok(Err(error)) => return Err(error),
+                    Err(_) if deadline.is_some_and(|d| d >= first_answer_by) => {
+                        let error = timeout(started.elapsed());
                         return Err(withdraw(backend, &request, pending, error).await);
                     }
+                    Err(_) => return Err(no_answer(validity)),
                 }
             }
         };
@@ -308,17 +312,22 @@ async fn take(
     }
 }
 
-/// How long an acquire that ends without the lock waits for its withdrawal before it returns;
+/// How long past the caller's deadline a backend's waiting loop may take to give its own answer
+/// before the acquire ends it.
+const OVERRUN_GRACE: Duration = Duration::from_millis(500);
+
+/// How long an acquire whose wait ran out waits for its withdrawal before it returns;
 /// past this the withdrawal goes on in the background.
 const WITHDRAW_BOUND: Duration = Duration::from_secs(1);
 
-/// Takes back whatever an acquire that ends without the lock may have left on the server — a
-/// queue entry (ZooKeeper, etcd), a grant whose reply was lost — before the acquire returns
+/// Takes back whatever a waiting acquire whose wait ran out may have left on the server — its
+/// queue entry (ZooKeeper, etcd), a grant whose reply came too late — before the acquire returns
 /// `error`. A waiter that gave up must not stand in the queue until its session ends, and a
-/// process that exits right after a failed acquire (the `dlock` command) has no background left
-/// to do it. The withdrawal is a release by owner token, which touches nothing of anyone else's;
-/// if it does not finish within [`WITHDRAW_BOUND`], the pending guard repeats it in the
-/// background.
+/// process that exits right after a wait ran out (the `dlock` command) has no background left to
+/// do it. The withdrawal is a release by owner token, which touches nothing of anyone else's; if
+/// it does not finish within [`WITHDRAW_BOUND`], the pending guard repeats it in the background.
+/// (An acquire that fails because the server does not answer returns at once and leaves the
+/// withdrawal to the guard.)
 async fn withdraw(
     backend: &Arc<dyn DistributedLock>,
     request: &LockRequest<'_>,

@@ -19,7 +19,7 @@ const HAND_OFF: Duration = Duration::from_millis(50);
 
 /// The bound on the slowest round: [`HAND_OFF`] plus room for a scheduling hiccup on a loaded
 /// machine. A place left in the queue costs far more — the session timeout, seconds.
-const SLOWEST_HAND_OFF: Duration = Duration::from_millis(250);
+const SLOWEST_HAND_OFF: Duration = Duration::from_millis(500);
 
 /// How long the middle waiter waits before it gives up.
 const GIVE_UP_AFTER: Duration = Duration::from_millis(1_000);
