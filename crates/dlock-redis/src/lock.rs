@@ -40,6 +40,7 @@ struct Inner {
     layout: KeyLayout,
     wakeups: Wakeups,
     endpoint: Endpoint,
+    fence_ttl: Option<Duration>,
 }
 
 impl RedisLock {
@@ -61,6 +62,7 @@ impl RedisLock {
         layout: KeyLayout,
         wakeups: Wakeups,
         endpoint: Endpoint,
+        fence_ttl: Option<Duration>,
     ) -> Self {
         RedisLock {
             inner: Arc::new(Inner {
@@ -68,6 +70,7 @@ impl RedisLock {
                 layout,
                 wakeups,
                 endpoint,
+                fence_ttl,
             }),
         }
     }
@@ -99,6 +102,12 @@ impl RedisLock {
         self.inner.connection.request_timeout()
     }
 
+    /// The expiry each grant gives the key's fencing counter; `None`: counters never expire
+    /// (see [`RedisLockBuilder::fence_ttl`]).
+    pub fn fence_ttl(&self) -> Option<Duration> {
+        self.inner.fence_ttl
+    }
+
     pub(crate) fn wakeups(&self) -> &Wakeups {
         &self.inner.wakeups
     }
@@ -111,10 +120,11 @@ impl RedisLock {
         owner: &str,
         ttl: Duration,
     ) -> Result<AcquireReply> {
+        let fence_ttl = self.inner.fence_ttl;
         self.inner
             .connection
             .run("acquire", |mut con| async move {
-                scripts::acquire(&mut con, lock, fence, owner, ttl).await
+                scripts::acquire(&mut con, lock, fence, owner, ttl, fence_ttl).await
             })
             .await
     }
@@ -263,6 +273,7 @@ impl fmt::Debug for RedisLock {
             .field("endpoint", &self.inner.endpoint)
             .field("prefix", &self.inner.layout.prefix())
             .field("request_timeout", &self.request_timeout())
+            .field("fence_ttl", &self.inner.fence_ttl)
             .finish()
     }
 }

@@ -135,6 +135,16 @@
 //! Delayed restart protects the locks, not the fencing counters: a counter lost on a master that
 //! was in the intersecting quorum restarts from that master's clock (see above).
 //!
+//! # Storage
+//!
+//! As with [`dlock_redis`], each master keeps one counter per lock name ever granted, unless
+//! [`RedlockBuilder::fence_ttl`] (the `fence_ttl` URL parameter) lets counters expire once their
+//! name has been idle that long: the acquire script and the write-back re-arm the expiry on every
+//! master they touch. Tokens stay strictly increasing while no name is idle longer than that;
+//! after a longer pause the counters restart from the masters' clocks, above the earlier tokens as
+//! long as no master's clock went back or lags another master's by more than the pause (see
+//! [`dlock_redis::scripts`]).
+//!
 //! # Waiting
 //!
 //! Redlock has no release notifications: a waiting acquire polls, at the caller's backoff,

@@ -53,6 +53,7 @@ pub(crate) struct Settings {
     pub(crate) retry_jitter: Duration,
     pub(crate) fencing: bool,
     pub(crate) delayed_restart: Option<Duration>,
+    pub(crate) fence_ttl: Option<Duration>,
 }
 
 impl Settings {
@@ -238,9 +239,12 @@ impl RedlockLock {
             return (at_max, Vec::new());
         }
         let names = names.clone();
+        let fence_ttl = self.inner.settings.fence_ttl;
         let call = move |mut con| {
             let n = names.clone();
-            async move { scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token).await }
+            async move {
+                scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl).await
+            }
         };
         let replies = gather(
             &self.inner.nodes,
@@ -370,12 +374,14 @@ impl DistributedLock for RedlockLock {
         let (timeout, validity) = settings.plan(req.ttl)?;
         let names = Names::new(&settings.layout, req.key, req.owner);
         let quorum = settings.quorum;
-        let ttl = req.ttl;
+        let (ttl, fence_ttl) = (req.ttl, settings.fence_ttl);
         let call = {
             let names = names.clone();
             move |mut con| {
                 let n = names.clone();
-                async move { scripts::acquire(&mut con, &n.lock, &n.fence, &n.owner, ttl).await }
+                async move {
+                    scripts::acquire(&mut con, &n.lock, &n.fence, &n.owner, ttl, fence_ttl).await
+                }
             }
         };
         let sent = Instant::now();
