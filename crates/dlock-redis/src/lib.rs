@@ -117,7 +117,7 @@
 //!
 //! Redis 5 or later (the acquire script may write after reading `TIME`, which needs script
 //! effects replication, the default since Redis 5); the user must be allowed `EVALSHA`, `EVAL`,
-//! `PING`, and — for release notifications — `PUBLISH` and `SUBSCRIBE` on the `dlock:released:*`
+//! `PING`, `MULTI`, `EXEC`, `GET` and `PTTL` (the last four to look at a lock), and — for release notifications — `PUBLISH` and `SUBSCRIBE` on the `dlock:released:*`
 //! channels. Without the channel permission (Redis 7's default for new ACL users) locks work the
 //! same, and waiters learn of releases by polling.
 #![deny(missing_docs)]

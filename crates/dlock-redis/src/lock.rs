@@ -216,30 +216,26 @@ impl DistributedLock for RedisLock {
             .await
     }
 
-    /// Reads the lock key and its remaining TTL in one `MULTI`. The holder's fencing token is
-    /// reported as unknown: the counter holds the token of the last grant by a dlock client, but
-    /// the lock may since have been taken by another client with a plain `SET NX` (which does
-    /// not count), and its value cannot tell: redis-py's tokens, for one, look like ours.
+    /// Reads the lock key and its remaining TTL with [`scripts::peek`]. The holder's fencing
+    /// token is reported as unknown: the counter holds the token of the last grant by a dlock
+    /// client, but the lock may since have been taken by another client with a plain `SET NX`
+    /// (which does not count), and its value cannot tell: redis-py's tokens, for one, look like
+    /// ours.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let keys = self.keys(key);
-        let (exists, pttl): (bool, i64) = self
+        let seen = self
             .inner
             .connection
             .run("inspect", |mut con| async move {
-                redis::pipe()
-                    .atomic()
-                    .exists(&keys.lock)
-                    .pttl(&keys.lock)
-                    .query_async(&mut con)
-                    .await
+                scripts::peek(&mut con, &keys.lock, &keys.fence).await
             })
             .await?;
-        if !exists {
+        if seen.holder.is_none() {
             return Ok(Holding::Free);
         }
         Ok(Holding::Held {
             fencing: None,
-            expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
+            expires_in: seen.pttl,
         })
     }
 

@@ -15,6 +15,9 @@
 //! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
 //!   owner, raise the fencing counter to at least a given token, never lowering it.
 //!
+//! * [`peek`] (a `MULTI`, not a script): the lock's value and remaining TTL and the counter,
+//!   read together without changing anything, for `inspect`.
+//!
 //! Extend and release tell "expired" (no lock) from "taken over" (another owner's lock, left
 //! untouched).
 //!
@@ -482,6 +485,42 @@ where
         .invoke(con, &[lock_key, fence_key], &args)
         .await?;
     decode_raise_fence(code)
+}
+
+/// What one server holds for a lock, read by [`peek`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peek {
+    /// The lock key's value (an owner token, for a dlock holder), or `None` if there is no key.
+    pub holder: Option<Vec<u8>>,
+    /// The lock key's remaining TTL, if it exists and has one.
+    pub pttl: Option<Duration>,
+    /// The fencing counter, if it exists and holds a number.
+    pub counter: Option<u64>,
+}
+
+/// Reads `lock_key`'s value and remaining TTL and its counter `fence_key` in one `MULTI`, so the
+/// three belong together; changes nothing.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
+pub async fn peek<C>(con: &mut C, lock_key: &str, fence_key: &str) -> RedisResult<Peek>
+where
+    C: ConnectionLike + Send,
+{
+    let (holder, pttl, counter): (Option<Vec<u8>>, i64, Option<Vec<u8>>) = redis::pipe()
+        .atomic()
+        .get(lock_key)
+        .pttl(lock_key)
+        .get(fence_key)
+        .query_async(con)
+        .await?;
+    Ok(Peek {
+        holder,
+        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        counter: counter
+            .and_then(|c| String::from_utf8(c).ok())
+            .and_then(|c| c.parse().ok()),
+    })
 }
 
 #[cfg(test)]

@@ -78,6 +78,13 @@ pub fn own_trials() -> Vec<Trial> {
                 )
             },
         ),
+        ("inspect::a_quorum_decides_held_or_free", || {
+            Box::pin(crate::inspect::a_quorum_decides_held_or_free())
+        }),
+        (
+            "inspect::a_minority_down_still_answers_and_no_quorum_is_an_error",
+            || Box::pin(crate::inspect::a_minority_down_still_answers_and_no_quorum_is_an_error()),
+        ),
         (
             "batch::a_mixed_batch_with_one_master_down_answers_like_extend",
             || Box::pin(crate::batch::a_mixed_batch_with_one_master_down_answers_like_extend()),
