@@ -36,7 +36,8 @@ pub enum Command {
     /// Show whether the lock is held, and by which fencing token where the backend can tell.
     ///
     /// Prints one line and exits with 0 when the lock is free, 75 when it is held, and 3 when
-    /// the backend cannot tell without taking the lock (which status never does).
+    /// the backend cannot tell without taking the lock (which status never does) or its servers
+    /// disagree (Redlock masters of which no quorum shows one holder or none).
     #[command(after_help = exit::TABLE)]
     Status(Target),
 }

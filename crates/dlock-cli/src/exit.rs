@@ -12,7 +12,8 @@ pub const TABLE: &str = "\
 Exit codes:
   (child's)  run: the command's own exit status; 128+N if it died of signal N
   0          status: the lock is free
-  3          status: the backend cannot tell without taking the lock
+  3          status: the backend cannot tell without taking the lock, or its
+             servers disagree
   64         usage: bad arguments, URL, parameter or duration (EX_USAGE)
   69         the lock service is unavailable or failed (EX_UNAVAILABLE)
   75         run: the lock is busy and the wait ended, the command did not run;
@@ -24,7 +25,7 @@ Exit codes:
 
 /// `status`: the lock is free.
 pub const FREE: u8 = 0;
-/// `status`: the backend cannot look at a lock without taking it.
+/// `status`: the backend cannot look at a lock without taking it, or its servers disagree.
 pub const UNKNOWN: u8 = 3;
 /// Bad arguments, URL, query parameter or duration (EX_USAGE).
 pub const USAGE: u8 = 64;

@@ -14,6 +14,10 @@ pub async fn status(target: Target) -> Result<u8, Failure> {
             println!("{key}: free");
             Ok(exit::FREE)
         }
+        Ok(Holding::Unknown) => {
+            println!("{key}: unknown (the servers that answered disagree on who holds it)");
+            Ok(exit::UNKNOWN)
+        }
         Ok(held) => {
             println!("{key}: {held}");
             Ok(exit::BUSY)

@@ -1,6 +1,7 @@
 //! The `dlock` binary end to end: its arguments and errors without a server, `run` and `status`
 //! against a real Redis server in a container (one server for all trials, each trial on keys of
-//! its own), and `status` against etcd, whose holders' tokens it can tell.
+//! its own), and `status` against etcd and three Redlock masters, whose holders' tokens it can
+//! tell.
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock::{DistributedLockExt, LockOptions};
-use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster, RedisServer};
+use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster, RedisMasters, RedisServer};
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Handle;
 
@@ -42,7 +43,7 @@ fn main() {
         Trial::test("missing_command_is_127", missing_command_is_127),
         Trial::test("unreachable_server_is_69", unreachable_server_is_69),
     ];
-    let server_trials: [(&str, ServerTrial); 9] = [
+    let server_trials: [(&str, ServerTrial); 11] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -73,9 +74,19 @@ fn main() {
             "etcd_a_wait_that_runs_out_leaves_nothing_queued",
             timed_out_wait_leaves_nothing,
         ),
+        (
+            "redlock_status_names_the_holders_token",
+            redlock_status_names_the_holders_token,
+        ),
+        (
+            "redis_fence_ttl_from_the_url_reaches_the_counter",
+            fence_ttl_from_the_url_reaches_the_counter,
+        ),
     ];
 
-    if (RedisServer::needs_docker() || EtcdCluster::needs_docker()) && docker_opt_out() {
+    if (RedisServer::needs_docker() || RedisMasters::needs_docker() || EtcdCluster::needs_docker())
+        && docker_opt_out()
+    {
         for (name, _) in server_trials {
             trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
         }
@@ -88,10 +99,24 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     let started = Instant::now();
-    let (server, etcd) = runtime
-        .block_on(async { tokio::try_join!(RedisServer::start(), EtcdCluster::start(1)) })
+    let (server, masters, etcd) = runtime
+        .block_on(async {
+            tokio::try_join!(
+                RedisServer::start(),
+                RedisMasters::start(3),
+                EtcdCluster::start(1)
+            )
+        })
         .unwrap_or_else(|e| panic!("cannot start the servers: {e}"));
-    eprintln!("[timing] Redis and etcd up in {:.2?}", started.elapsed());
+    eprintln!(
+        "[timing] Redis, 3 Redlock masters and etcd up in {:.2?}",
+        started.elapsed()
+    );
+    let master_hosts: Vec<String> = masters
+        .urls()
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").to_owned())
+        .collect();
     let etcd_hosts: Vec<String> = etcd
         .endpoints()
         .iter()
@@ -100,6 +125,9 @@ fn main() {
     let redis = Arc::new(Servers {
         url: server.url(),
         etcd_url: format!("etcd://{}", etcd_hosts.join(",")),
+        // The per-node timeout of the Redlock trials: far above a round trip through Docker's
+        // port mapping on a loaded machine.
+        redlock_url: format!("redlock://{}?node_timeout=200ms", master_hosts.join(",")),
         handle: runtime.handle().clone(),
     });
     for (name, test) in server_trials {
@@ -109,8 +137,9 @@ fn main() {
     let conclusion = libtest_mimic::run(&args, trials);
     remove_scratch();
     runtime.block_on(async {
-        let (a, b) = tokio::join!(server.shutdown(), etcd.shutdown());
+        let (a, b, c) = tokio::join!(server.shutdown(), masters.shutdown(), etcd.shutdown());
         a.and(b)
+            .and(c)
             .unwrap_or_else(|e| eprintln!("removing the servers failed: {e}"));
     });
     conclusion.exit();
@@ -125,6 +154,8 @@ struct Servers {
     url: String,
     /// A one-member etcd cluster, for a backend whose holders' tokens `status` can tell.
     etcd_url: String,
+    /// Three Redlock masters, whose holders' tokens `status` can tell too.
+    redlock_url: String,
     handle: Handle,
 }
 
@@ -730,9 +761,9 @@ fn timed_out_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     let (holder, behind) = servers.handle.block_on(async {
         Ok::<_, dlock::Error>((dlock::connect(&url).await?, dlock::connect(&url).await?))
     })?;
-    let lease = servers.handle.block_on(
-        holder.acquire(&key, &LockOptions::new(Duration::from_secs(60))),
-    )?;
+    let lease = servers
+        .handle
+        .block_on(holder.acquire(&key, &LockOptions::new(Duration::from_secs(60))))?;
     let waiter = spawn(&mut dlock_run(
         &servers.etcd_url,
         &key,
@@ -766,5 +797,71 @@ fn timed_out_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
         "the waiter behind the exited command held {gap:?} after the release"
     );
     servers.handle.block_on(next.release())?;
+    Ok(())
+}
+
+/// `status` on Redlock reads every master: held with the lease's token and its remaining TTL
+/// (exit 75), then free (exit 0) after the release; the holder keeps the lock meanwhile.
+fn redlock_status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
+    let key = format!("cli-redlock-status-{}", std::process::id());
+    let url = servers.redlock_url.clone();
+    let (locks, lease) = servers.handle.block_on(async {
+        let locks = dlock::connect(&url).await?;
+        let lease = locks
+            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+            .await?;
+        Ok::<_, dlock::Error>((locks, lease))
+    })?;
+    let output = dlock_status(&servers.redlock_url, &key);
+    exits(&output, 75)?;
+    let expected = format!(
+        "{key}: held (fencing token {}), expires in ",
+        lease.fencing_token()
+    );
+    ensure!(
+        text(&output.stdout).starts_with(&expected),
+        "status printed {:?}, expected {expected:?}…",
+        text(&output.stdout)
+    );
+    ensure!(
+        lease.is_held(),
+        "looking took the lock from its holder: {:?}",
+        lease.state()
+    );
+    servers.handle.block_on(lease.release())?;
+    drop(locks);
+    let output = dlock_status(&servers.redlock_url, &key);
+    exits(&output, 0)?;
+    ensure!(
+        text(&output.stdout) == format!("{key}: free\n"),
+        "status after release: {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
+}
+
+/// `fence_ttl` in the URL reaches the server: after a `dlock run`, the key's counter expires in
+/// the fence TTL (a day here) rather than never.
+fn fence_ttl_from_the_url_reaches_the_counter(redis: &Servers) -> Result<(), Failed> {
+    let key = format!("cli-fence-ttl-{}", std::process::id());
+    let url = format!("{}?fence_ttl=1d", redis.url);
+    let output = run_to_end(&mut dlock_run(&url, &key, &[], &["true"]));
+    exits(&output, 0)?;
+    let fence = format!("{{{key}}}:dlock:fence");
+    let server = redis.url.clone();
+    let pttl: i64 = redis
+        .handle
+        .block_on(async move {
+            let client = redis::Client::open(server)?;
+            let mut con = client.get_multiplexed_async_connection().await?;
+            redis::cmd("PTTL").arg(&fence).query_async(&mut con).await
+        })
+        .map_err(|e| Failed::from(format!("PTTL failed: {e}")))?;
+    let day: i64 = 24 * 3600 * 1000;
+    // Generous: the grant was moments ago on a possibly loaded machine.
+    ensure!(
+        pttl <= day && pttl > day - 60_000,
+        "the counter's PTTL is {pttl} ms, expected about a day"
+    );
     Ok(())
 }

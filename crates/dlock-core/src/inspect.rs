@@ -3,6 +3,8 @@
 //! Operators and scripts (`dlock status`) want to know whether a lock is held without taking it:
 //! taking it would change the lock, and on most backends also use up a fencing token. Not every
 //! backend can answer; those that cannot say so with [`Error::Unsupported`](crate::Error).
+//! A backend made of independent servers (Redlock) can also reach them and still not know: when
+//! the servers that answered disagree, it says [`Holding::Unknown`] rather than pick a side.
 
 use std::fmt;
 use std::time::Duration;
@@ -22,6 +24,9 @@ pub enum Holding {
         /// How long the server keeps the lock without a renewal, if it has a per-key TTL.
         expires_in: Option<Duration>,
     },
+    /// The servers answered but do not agree: no quorum shows one holder, and none shows the key
+    /// absent (a lock being taken or given back at that moment, or held on a minority only).
+    Unknown,
 }
 
 impl Holding {
@@ -35,6 +40,7 @@ impl fmt::Display for Holding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Holding::Free => f.write_str("free"),
+            Holding::Unknown => f.write_str("unknown (the servers disagree)"),
             Holding::Held {
                 fencing,
                 expires_in,
@@ -74,5 +80,10 @@ mod tests {
             expires_in: None,
         };
         assert_eq!(unknown.to_string(), "held (fencing token unknown)");
+        assert!(!Holding::Unknown.is_held());
+        assert_eq!(
+            Holding::Unknown.to_string(),
+            "unknown (the servers disagree)"
+        );
     }
 }

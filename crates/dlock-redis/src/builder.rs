@@ -26,6 +26,14 @@ pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// The longest request or connect timeout accepted: beyond it a stalled server looks like a hang.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The shortest fence TTL accepted. Shorter, and the counters of keys used less often than that
+/// would restart from the server's clock at nearly every grant, so their tokens would rest on the
+/// clock rather than on the counter.
+pub const MIN_FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest fence TTL accepted (about ten years).
+pub const MAX_FENCE_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
+
 /// Builds a [`RedisLock`]: the server URL, the key prefix and the timeouts.
 ///
 /// ```no_run
@@ -46,6 +54,7 @@ pub struct RedisLockBuilder {
     prefix: String,
     request_timeout: Duration,
     connect_timeout: Duration,
+    fence_ttl: Option<Duration>,
 }
 
 impl RedisLockBuilder {
@@ -57,6 +66,7 @@ impl RedisLockBuilder {
             prefix: String::new(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            fence_ttl: None,
         }
     }
 
@@ -82,10 +92,21 @@ impl RedisLockBuilder {
         self
     }
 
+    /// Lets each key's fencing counter expire once the key has gone unused (no grant) for `ttl`,
+    /// between [`MIN_FENCE_TTL`] and [`MAX_FENCE_TTL`]; by default counters never expire, and
+    /// one stays behind for every lock name ever granted. Every grant re-arms the expiry in the
+    /// acquire script. Tokens stay strictly increasing while no key is idle longer than `ttl`;
+    /// after that the counter restarts from the server's clock, above the earlier tokens unless
+    /// the clock went back (see [`scripts`](crate::scripts#the-fencing-counters-expiry)).
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.fence_ttl = Some(ttl);
+        self
+    }
+
     /// Checks every setting, connects and returns the client.
     ///
     /// Fails with [`Error::InvalidInput`] naming the field (`url`, `prefix`, `request_timeout`,
-    /// `connect_timeout`) before any connection is attempted, and with
+    /// `connect_timeout`, `fence_ttl`) before any connection is attempted, and with
     /// [`Error::Unavailable`] (or a permanent [`Error::Backend`], e.g. for a wrong password) if
     /// the server cannot be reached or refuses within the connect timeout.
     ///
@@ -98,6 +119,9 @@ impl RedisLockBuilder {
         let layout = KeyLayout::new(self.prefix)?;
         check_timeout("request_timeout", self.request_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
+        if let Some(ttl) = self.fence_ttl {
+            check_fence_ttl(ttl)?;
+        }
         install_crypto_provider();
         let client = connection::client(&endpoint)?;
         let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
@@ -111,8 +135,27 @@ impl RedisLockBuilder {
             self.request_timeout,
             endpoint.redacted().to_owned(),
         );
-        Ok(RedisLock::new(connection, layout, wakeups, endpoint))
+        Ok(RedisLock::new(
+            connection,
+            layout,
+            wakeups,
+            endpoint,
+            self.fence_ttl,
+        ))
     }
+}
+
+/// Checks a fence TTL against [`MIN_FENCE_TTL`]..=[`MAX_FENCE_TTL`] (the Redlock client too).
+pub fn check_fence_ttl(ttl: Duration) -> Result<()> {
+    if !(MIN_FENCE_TTL..=MAX_FENCE_TTL).contains(&ttl) {
+        return Err(Error::invalid(
+            "fence_ttl",
+            format!(
+                "{ttl:?} is outside {MIN_FENCE_TTL:?}..={MAX_FENCE_TTL:?} (one day to ten years)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that a timeout setting named `field` lies within [`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`]:
@@ -147,6 +190,7 @@ impl fmt::Debug for RedisLockBuilder {
             .field("prefix", &self.prefix)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("fence_ttl", &self.fence_ttl)
             .finish()
     }
 }
@@ -204,6 +248,15 @@ mod tests {
                     .await
             ),
             "connect_timeout"
+        );
+        assert_eq!(
+            field(
+                RedisLockBuilder::new(url)
+                    .fence_ttl(Duration::from_secs(3600))
+                    .connect()
+                    .await
+            ),
+            "fence_ttl"
         );
     }
 }

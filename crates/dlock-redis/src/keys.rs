@@ -3,7 +3,7 @@
 //! | what | name | value | expiry |
 //! |---|---|---|---|
 //! | lock | `PREFIX` + name, verbatim | the owner token (32 hex digits) | the lease's TTL (`PX`) |
-//! | fencing counter | see [`fence_key`] | an integer, incremented per grant | never |
+//! | fencing counter | see [`fence_key`] | an integer, incremented per grant | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:` + lock key | (pub/sub channel, not a key) | — |
 //!
 //! The lock key is the plain name so that the common single-instance convention interoperates:
@@ -55,7 +55,8 @@ pub struct KeyLayout {
 pub struct LockKeys {
     /// The lock key: prefix + name. Its value is the owner token while the lock is held.
     pub lock: String,
-    /// The never-expiring fencing counter, in the lock key's cluster slot.
+    /// The fencing counter, in the lock key's cluster slot; it never expires unless the client
+    /// has a fence TTL.
     pub fence: String,
     /// The pub/sub channel a release is announced on.
     pub channel: String,

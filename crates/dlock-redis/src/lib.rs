@@ -43,7 +43,7 @@
 //! | what | Redis name | value | expiry |
 //! |---|---|---|---|
 //! | lock | prefix + name, verbatim (prefix empty by default) | owner token, 32 hex digits | the lease's TTL |
-//! | fencing counter | `{<lock key>}:dlock:fence` (same cluster slot, see [`keys`]) | integer | never |
+//! | fencing counter | `{<lock key>}:dlock:fence` (same cluster slot, see [`keys`]) | integer | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:<lock key>` (pub/sub) | — | — |
 //!
 //! The lock key is the plain name, so the common single-instance convention interoperates: a
@@ -72,7 +72,7 @@
 //!
 //! # Fencing guarantee
 //!
-//! Tokens come from a per-key counter that never expires, incremented atomically with each grant,
+//! Tokens come from a per-key counter, incremented atomically with each grant,
 //! so they are **strictly increasing while the server keeps its data**
 //! ([`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee)). Redis
 //! replication is asynchronous: if the primary crashes and a replica that had not yet received the
@@ -83,6 +83,20 @@
 //! loss stay above earlier ones as long as the server's clock did not go back (see [`scripts`]).
 //! A lease held without auto-renew cannot notice that the server lost its lock: it stays valid on
 //! the client until its TTL runs out; renew (or extend) to find out.
+//!
+//! # Storage
+//!
+//! A lock key exists only while the lock is held, but its counter stays: by default one small key
+//! per lock name ever granted, which adds up for names made per job or per request. On Redis 7.0,
+//! `MEMORY USAGE` reports 72 bytes for the counter of a name of up to about 15 bytes (104 for a
+//! 44-byte name), and 100,000 counters named like `jobs/item-N` raise `used_memory` by about 90
+//! bytes each — some 90 MB per million names; an expiry adds about 42 bytes per counter while it
+//! is set. [`RedisLockBuilder::fence_ttl`] (the `fence_ttl` URL
+//! parameter of `dlock::connect`) bounds that: each grant gives the counter an expiry, so it goes
+//! away once its name has been idle that long. Tokens then stay strictly increasing while no name
+//! is idle for longer than the fence TTL; after such a pause the counter restarts from the
+//! server's clock, which keeps tokens above the earlier ones unless the clock went back — the
+//! same condition as after a data loss (see [`scripts`](scripts#the-fencing-counters-expiry)).
 //!
 //! # Waiting
 //!
@@ -103,7 +117,7 @@
 //!
 //! Redis 5 or later (the acquire script may write after reading `TIME`, which needs script
 //! effects replication, the default since Redis 5); the user must be allowed `EVALSHA`, `EVAL`,
-//! `PING`, and — for release notifications — `PUBLISH` and `SUBSCRIBE` on the `dlock:released:*`
+//! `PING`, `MULTI`, `EXEC`, `GET` and `PTTL` (the last four to look at a lock), and — for release notifications — `PUBLISH` and `SUBSCRIBE` on the `dlock:released:*`
 //! channels. Without the channel permission (Redis 7's default for new ACL users) locks work the
 //! same, and waiters learn of releases by polling.
 #![deny(missing_docs)]
@@ -119,8 +133,8 @@ mod waiting;
 mod wakeups;
 
 pub use builder::{
-    check_timeout, RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_TIMEOUT,
-    MIN_TIMEOUT,
+    check_fence_ttl, check_timeout, RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT, MAX_FENCE_TTL, MAX_TIMEOUT, MIN_FENCE_TTL, MIN_TIMEOUT,
 };
 pub use endpoint::Endpoint;
 pub use error::from_redis as error_from_redis;

@@ -40,6 +40,7 @@ struct Inner {
     layout: KeyLayout,
     wakeups: Wakeups,
     endpoint: Endpoint,
+    fence_ttl: Option<Duration>,
 }
 
 impl RedisLock {
@@ -61,6 +62,7 @@ impl RedisLock {
         layout: KeyLayout,
         wakeups: Wakeups,
         endpoint: Endpoint,
+        fence_ttl: Option<Duration>,
     ) -> Self {
         RedisLock {
             inner: Arc::new(Inner {
@@ -68,6 +70,7 @@ impl RedisLock {
                 layout,
                 wakeups,
                 endpoint,
+                fence_ttl,
             }),
         }
     }
@@ -99,6 +102,12 @@ impl RedisLock {
         self.inner.connection.request_timeout()
     }
 
+    /// The expiry each grant gives the key's fencing counter; `None`: counters never expire
+    /// (see [`RedisLockBuilder::fence_ttl`]).
+    pub fn fence_ttl(&self) -> Option<Duration> {
+        self.inner.fence_ttl
+    }
+
     pub(crate) fn wakeups(&self) -> &Wakeups {
         &self.inner.wakeups
     }
@@ -111,10 +120,11 @@ impl RedisLock {
         owner: &str,
         ttl: Duration,
     ) -> Result<AcquireReply> {
+        let fence_ttl = self.inner.fence_ttl;
         self.inner
             .connection
             .run("acquire", |mut con| async move {
-                scripts::acquire(&mut con, lock, fence, owner, ttl).await
+                scripts::acquire(&mut con, lock, fence, owner, ttl, fence_ttl).await
             })
             .await
     }
@@ -206,30 +216,26 @@ impl DistributedLock for RedisLock {
             .await
     }
 
-    /// Reads the lock key and its remaining TTL in one `MULTI`. The holder's fencing token is
-    /// reported as unknown: the counter holds the token of the last grant by a dlock client, but
-    /// the lock may since have been taken by another client with a plain `SET NX` (which does
-    /// not count), and its value cannot tell: redis-py's tokens, for one, look like ours.
+    /// Reads the lock key and its remaining TTL with [`scripts::peek`]. The holder's fencing
+    /// token is reported as unknown: the counter holds the token of the last grant by a dlock
+    /// client, but the lock may since have been taken by another client with a plain `SET NX`
+    /// (which does not count), and its value cannot tell: redis-py's tokens, for one, look like
+    /// ours.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let keys = self.keys(key);
-        let (exists, pttl): (bool, i64) = self
+        let seen = self
             .inner
             .connection
             .run("inspect", |mut con| async move {
-                redis::pipe()
-                    .atomic()
-                    .exists(&keys.lock)
-                    .pttl(&keys.lock)
-                    .query_async(&mut con)
-                    .await
+                scripts::peek(&mut con, &keys.lock, &keys.fence).await
             })
             .await?;
-        if !exists {
+        if seen.holder.is_none() {
             return Ok(Holding::Free);
         }
         Ok(Holding::Held {
             fencing: None,
-            expires_in: u64::try_from(pttl).ok().map(Duration::from_millis),
+            expires_in: seen.pttl,
         })
     }
 
@@ -263,6 +269,7 @@ impl fmt::Debug for RedisLock {
             .field("endpoint", &self.inner.endpoint)
             .field("prefix", &self.inner.layout.prefix())
             .field("request_timeout", &self.request_timeout())
+            .field("fence_ttl", &self.inner.fence_ttl)
             .finish()
     }
 }

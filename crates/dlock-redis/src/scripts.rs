@@ -4,8 +4,8 @@
 //! run between the ownership check and the change. They are shared with the Redlock backend, which
 //! runs the same scripts on every master.
 //!
-//! * [`ACQUIRE`]: `SET lock owner NX PX ttl`; only if that succeeded, `INCR` the never-expiring
-//!   fencing counter and return the new token. Otherwise return the holder's remaining `PTTL`, so a
+//! * [`ACQUIRE`]: `SET lock owner NX PX ttl`; only if that succeeded, `INCR` the fencing
+//!   counter (and re-arm its expiry, if it has one) and return the new token. Otherwise return the holder's remaining `PTTL`, so a
 //!   waiter knows when an abandoned lock runs out. A repeated request by the same owner (a retry
 //!   after a lost reply) re-arms the TTL and is granted a new, larger token.
 //! * [`EXTEND`]: if the lock's value is the owner, `PEXPIRE` it; never re-creates it.
@@ -14,6 +14,9 @@
 //! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and `PUBLISH` on its release channel.
 //! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
 //!   owner, raise the fencing counter to at least a given token, never lowering it.
+//!
+//! * [`peek`] (a `MULTI`, not a script): the lock's value and remaining TTL and the counter,
+//!   read together without changing anything, for `inspect`.
 //!
 //! Extend and release tell "expired" (no lock) from "taken over" (another owner's lock, left
 //! untouched).
@@ -28,6 +31,28 @@
 //! replica promoted after a crash, a restore from an older snapshot) can still repeat tokens: that
 //! is why the backend declares
 //! [`MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee::MonotonicWhileDataSurvives).
+//!
+//! # The fencing counter's expiry
+//!
+//! By default a counter never expires: one small key stays behind for every lock name ever
+//! granted. With a fence TTL (`RedisLockBuilder::fence_ttl`, the `fence_ttl` URL parameter) the
+//! acquire script gives the counter that expiry with every grant, in the same script, so a
+//! counter disappears once its key has gone unused (no grant) for the fence TTL.
+//!
+//! What that keeps, exactly:
+//!
+//! * While no grant of a key is more than the fence TTL after the one before, its counter never
+//!   goes away, and tokens grow strictly by `INCR` alone, whatever the clocks do.
+//! * After a longer pause the counter is gone, and the next grant restarts it at the server's
+//!   clock in microseconds, as after a data loss (above). That value is above every earlier token
+//!   of the key as long as the server's clock did not go back (for Redlock: no master's clock is
+//!   behind another's by more than the pause) and the key averaged fewer than a million grants per
+//!   second since its counter was started. Tokens therefore still grow across the restart under
+//!   the same conditions under which they survive a total data loss; the option only makes such
+//!   restarts routine for keys used less often than the fence TTL.
+//!
+//! A client without the option leaves an existing expiry alone (`INCR` keeps it), so clients of
+//! one key should agree on the setting; `PERSIST` a counter to make it permanent again.
 //!
 //! # Script cache
 //!
@@ -126,7 +151,8 @@ fn is_noscript(error: &RedisError) -> bool {
 /// holds the lock, `-1 - PTTL` (negative) or 0 if the holder's key has no TTL. See
 /// [`decode_acquire`].
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms,
+/// optional `ARGV[3]` the counter's expiry in ms (see [the module docs](self#the-fencing-counters-expiry)).
 /// Needs Redis 5 or later (effects replication, for `TIME` followed by a write).
 pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
@@ -145,6 +171,7 @@ if token == 1 then
   redis.call('SET', KEYS[2], seed)
   token = tonumber(seed)
 end
+if ARGV[3] then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return token
 "#,
     )
@@ -224,7 +251,11 @@ return 0
 /// The comparison is done on Lua numbers (doubles), exact for tokens below 2^53 — the counters
 /// start at the server's clock in microseconds (about 2^51 today), so that holds for centuries.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` token.
+/// `SET` drops a key's expiry, so a raised counter gets the expiry of `ARGV[3]` again (an unraised
+/// one keeps the expiry the acquire script just gave it).
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` token,
+/// optional `ARGV[3]` the counter's expiry in ms.
 pub static RAISE_FENCE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "raise_fence",
@@ -237,6 +268,7 @@ end
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 if current < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2])
+  if ARGV[3] then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 end
 return 1
 "#,
@@ -335,7 +367,7 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
 }
 
 /// Runs [`ACQUIRE`] for `owner` (the owner token's hex form) on `lock_key` and its `fence_key`
-/// (see [`crate::keys`]).
+/// (see [`crate::keys`]); `fence_ttl`, if any, becomes the counter's expiry.
 ///
 /// # Cancel safety
 /// If dropped, the lock may or may not have been taken; release by owner token to be sure.
@@ -345,18 +377,16 @@ pub async fn acquire<C>(
     fence_key: &str,
     owner: &str,
     ttl: Duration,
+    fence_ttl: Option<Duration>,
 ) -> RedisResult<AcquireReply>
 where
     C: ConnectionLike + Send,
 {
     let ttl = ttl_millis(ttl).to_string();
-    let reply: i64 = ACQUIRE
-        .invoke(
-            con,
-            &[lock_key, fence_key],
-            &[owner.as_bytes(), ttl.as_bytes()],
-        )
-        .await?;
+    let fence_ttl = fence_ttl.map(|t| ttl_millis(t).to_string());
+    let mut args = vec![owner.as_bytes(), ttl.as_bytes()];
+    args.extend(fence_ttl.as_deref().map(str::as_bytes));
+    let reply: i64 = ACQUIRE.invoke(con, &[lock_key, fence_key], &args).await?;
     Ok(decode_acquire(reply))
 }
 
@@ -442,19 +472,55 @@ pub async fn raise_fence<C>(
     fence_key: &str,
     owner: &str,
     token: FencingToken,
+    fence_ttl: Option<Duration>,
 ) -> RedisResult<FenceRaise>
 where
     C: ConnectionLike + Send,
 {
     let token = token.0.to_string();
+    let fence_ttl = fence_ttl.map(|t| ttl_millis(t).to_string());
+    let mut args = vec![owner.as_bytes(), token.as_bytes()];
+    args.extend(fence_ttl.as_deref().map(str::as_bytes));
     let code: i64 = RAISE_FENCE
-        .invoke(
-            con,
-            &[lock_key, fence_key],
-            &[owner.as_bytes(), token.as_bytes()],
-        )
+        .invoke(con, &[lock_key, fence_key], &args)
         .await?;
     decode_raise_fence(code)
+}
+
+/// What one server holds for a lock, read by [`peek`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peek {
+    /// The lock key's value (an owner token, for a dlock holder), or `None` if there is no key.
+    pub holder: Option<Vec<u8>>,
+    /// The lock key's remaining TTL, if it exists and has one.
+    pub pttl: Option<Duration>,
+    /// The fencing counter, if it exists and holds a number.
+    pub counter: Option<u64>,
+}
+
+/// Reads `lock_key`'s value and remaining TTL and its counter `fence_key` in one `MULTI`, so the
+/// three belong together; changes nothing.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
+pub async fn peek<C>(con: &mut C, lock_key: &str, fence_key: &str) -> RedisResult<Peek>
+where
+    C: ConnectionLike + Send,
+{
+    let (holder, pttl, counter): (Option<Vec<u8>>, i64, Option<Vec<u8>>) = redis::pipe()
+        .atomic()
+        .get(lock_key)
+        .pttl(lock_key)
+        .get(fence_key)
+        .query_async(con)
+        .await?;
+    Ok(Peek {
+        holder,
+        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        counter: counter
+            .and_then(|c| String::from_utf8(c).ok())
+            .and_then(|c| c.parse().ok()),
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_core::{Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
 use dlock_redis::keys::KeyLayout;
-use dlock_redis::{check_timeout, Endpoint};
+use dlock_redis::{check_fence_ttl, check_timeout, Endpoint};
 use tracing::Instrument;
 
 use crate::lock::{RedlockLock, Settings};
@@ -64,6 +64,7 @@ pub struct RedlockBuilder {
     retry_jitter: Duration,
     fencing: bool,
     delayed_restart: Option<Duration>,
+    fence_ttl: Option<Duration>,
 }
 
 impl RedlockBuilder {
@@ -85,6 +86,7 @@ impl RedlockBuilder {
             retry_jitter: DEFAULT_RETRY_JITTER,
             fencing: true,
             delayed_restart: None,
+            fence_ttl: None,
         }
     }
 
@@ -151,13 +153,23 @@ impl RedlockBuilder {
         self
     }
 
+    /// Lets each key's fencing counter expire on every master once the key has gone unused (no
+    /// grant) for `ttl`, as [`RedisLockBuilder::fence_ttl`](dlock_redis::RedisLockBuilder::fence_ttl)
+    /// does on one server: the acquire script and the fencing write-back re-arm the expiry. By
+    /// default counters never expire. See the crate docs for what it keeps of the fencing
+    /// guarantee.
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.fence_ttl = Some(ttl);
+        self
+    }
+
     /// Checks every setting, connects to every master in parallel and returns the client.
     ///
     /// Fails with [`Error::InvalidInput`] naming the field (`urls`, `quorum`, `node_timeout`,
-    /// `connect_timeout`, `drift.factor`, `retry_jitter`, `delayed_restart`, `prefix`) before any
-    /// connection is attempted, and with [`Error::Unavailable`] ("reached R of N nodes, needed
-    /// Q") if fewer masters than the quorum answer within the connect timeout. Masters that did
-    /// not answer are connected later, when a request needs them.
+    /// `connect_timeout`, `drift.factor`, `retry_jitter`, `delayed_restart`, `fence_ttl`, `prefix`)
+    /// before any connection is attempted, and with [`Error::Unavailable`] ("reached R of N
+    /// nodes, needed Q") if fewer masters than the quorum answer within the connect timeout.
+    /// Masters that did not answer are connected later, when a request needs them.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is left behind but closed connections.
@@ -235,6 +247,9 @@ impl RedlockBuilder {
                 ));
             }
         }
+        if let Some(ttl) = self.fence_ttl {
+            check_fence_ttl(ttl)?;
+        }
         let layout = KeyLayout::new(self.prefix.clone())?;
         let settings = Settings {
             layout,
@@ -244,6 +259,7 @@ impl RedlockBuilder {
             retry_jitter: self.retry_jitter,
             fencing: self.fencing,
             delayed_restart: self.delayed_restart,
+            fence_ttl: self.fence_ttl,
         };
         Ok((Arc::new(settings), endpoints))
     }
@@ -295,6 +311,7 @@ impl fmt::Debug for RedlockBuilder {
             .field("retry_jitter", &self.retry_jitter)
             .field("fencing", &self.fencing)
             .field("delayed_restart", &self.delayed_restart)
+            .field("fence_ttl", &self.fence_ttl)
             .finish()
     }
 }
@@ -355,6 +372,10 @@ mod tests {
             "delayed_restart"
         );
         assert_eq!(field(five().prefix("p".repeat(5000))), "prefix");
+        assert_eq!(
+            field(five().fence_ttl(Duration::from_secs(60))),
+            "fence_ttl"
+        );
         assert!(five().quorum(5).check().is_ok());
     }
 

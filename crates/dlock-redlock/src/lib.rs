@@ -135,6 +135,36 @@
 //! Delayed restart protects the locks, not the fencing counters: a counter lost on a master that
 //! was in the intersecting quorum restarts from that master's clock (see above).
 //!
+//! # Looking at a lock
+//!
+//! [`inspect`](dlock_core::DistributedLock::inspect) (and `dlock status`) reads the lock key, its
+//! remaining TTL and its counter on every master without changing anything, and reports:
+//!
+//! * **held** if a quorum of the masters show the same owner on the key, expiring after the
+//!   smallest remaining TTL among them;
+//! * **free** if a quorum show no key;
+//! * [`Holding::Unknown`](dlock_core::Holding::Unknown) if a quorum answered but neither is true (a
+//!   lock changing hands at that moment, or a key on a minority of masters only — which nobody can
+//!   hold the lock with);
+//! * [`Error::Unavailable`](dlock_core::Error::Unavailable) if fewer than a quorum answered.
+//!
+//! The holder's fencing token is reported only when the key's value has the form of a dlock owner
+//! token (32 lowercase hex digits), this client has fencing on, and a quorum of the masters
+//! holding that value agree on their counter — which the fencing write-back above guarantees for a
+//! dlock holder; otherwise it is "unknown". Another library's Redlock client that took the same
+//! name on a quorum with a value of that form (node-redlock's are) would be shown with the last
+//! dlock holder's token, since it leaves the counters alone: keep other clients off dlock's names.
+//!
+//! # Storage
+//!
+//! As with [`dlock_redis`], each master keeps one counter per lock name ever granted, unless
+//! [`RedlockBuilder::fence_ttl`] (the `fence_ttl` URL parameter) lets counters expire once their
+//! name has been idle that long: the acquire script and the write-back re-arm the expiry on every
+//! master they touch. Tokens stay strictly increasing while no name is idle longer than that;
+//! after a longer pause the counters restart from the masters' clocks, above the earlier tokens as
+//! long as no master's clock went back or lags another master's by more than the pause (see
+//! [`dlock_redis::scripts`]).
+//!
 //! # Waiting
 //!
 //! Redlock has no release notifications: a waiting acquire polls, at the caller's backoff,
@@ -148,6 +178,7 @@
 
 mod builder;
 mod extension;
+mod inspect;
 mod lock;
 mod node;
 mod quorum;

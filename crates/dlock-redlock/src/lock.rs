@@ -7,16 +7,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::{
     Attempt, Capabilities, DistributedLock, Drift, Error, ExtendRequest, Extension,
-    FencingGuarantee, FencingToken, Grant, LeaseRef, LockKey, LockRequest, OwnerToken, Released,
-    Result,
+    FencingGuarantee, FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, OwnerToken,
+    Released, Result,
 };
 use dlock_redis::keys::{self, KeyLayout};
-use dlock_redis::scripts::{self, AcquireReply, FenceRaise};
+use dlock_redis::scripts::{self, AcquireReply, FenceRaise, Peek};
 use dlock_redis::EXTEND_BATCH;
 use tokio::time::Instant;
 
 use crate::builder::{RedlockBuilder, MAX_DERIVED_NODE_TIMEOUT, MIN_DERIVED_NODE_TIMEOUT};
 use crate::extension::{batch_timeout, Tally};
+use crate::inspect;
 use crate::node::Node;
 use crate::quorum::{gather, Progress, QuorumFailure, Reply};
 
@@ -53,6 +54,7 @@ pub(crate) struct Settings {
     pub(crate) retry_jitter: Duration,
     pub(crate) fencing: bool,
     pub(crate) delayed_restart: Option<Duration>,
+    pub(crate) fence_ttl: Option<Duration>,
 }
 
 impl Settings {
@@ -61,6 +63,12 @@ impl Settings {
     pub(crate) fn restart_window(&self) -> Option<Duration> {
         self.delayed_restart
             .map(|max_ttl| max_ttl + self.drift.allowance(max_ttl))
+    }
+
+    /// The per-node timeout of a request that has no TTL of its own (release, inspect): the
+    /// configured one, or the longest derived one.
+    fn untimed_node_timeout(&self) -> Duration {
+        self.node_timeout.unwrap_or(MAX_DERIVED_NODE_TIMEOUT)
     }
 
     /// The per-node timeout for a request with `ttl`.
@@ -238,9 +246,12 @@ impl RedlockLock {
             return (at_max, Vec::new());
         }
         let names = names.clone();
+        let fence_ttl = self.inner.settings.fence_ttl;
         let call = move |mut con| {
             let n = names.clone();
-            async move { scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token).await }
+            async move {
+                scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl).await
+            }
         };
         let replies = gather(
             &self.inner.nodes,
@@ -370,12 +381,14 @@ impl DistributedLock for RedlockLock {
         let (timeout, validity) = settings.plan(req.ttl)?;
         let names = Names::new(&settings.layout, req.key, req.owner);
         let quorum = settings.quorum;
-        let ttl = req.ttl;
+        let (ttl, fence_ttl) = (req.ttl, settings.fence_ttl);
         let call = {
             let names = names.clone();
             move |mut con| {
                 let n = names.clone();
-                async move { scripts::acquire(&mut con, &n.lock, &n.fence, &n.owner, ttl).await }
+                async move {
+                    scripts::acquire(&mut con, &n.lock, &n.fence, &n.owner, ttl, fence_ttl).await
+                }
             }
         };
         let sent = Instant::now();
@@ -497,7 +510,7 @@ impl DistributedLock for RedlockLock {
         let names = Names::new(&settings.layout, lease.key, lease.owner);
         let quorum = settings.quorum;
         // A release must go out even for a TTL the settings would refuse now.
-        let timeout = settings.node_timeout.unwrap_or(MAX_DERIVED_NODE_TIMEOUT);
+        let timeout = settings.untimed_node_timeout();
         let replies = self
             .release_everywhere(&names, timeout, |p| {
                 counted(p.replies, |r| *r == Released::Released) >= quorum
@@ -513,6 +526,32 @@ impl DistributedLock for RedlockLock {
             return Ok(Released::Expired);
         }
         Err(QuorumFailure::of("release", &replies, &self.inner.nodes, quorum).into_error())
+    }
+
+    /// Reads the key and its counter on every master and reports what a quorum shows; see
+    /// [the crate docs](crate#looking-at-a-lock) for when it is "unknown" and when the holder's
+    /// fencing token is reported.
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        let settings = &self.inner.settings;
+        let (quorum, fenced) = (settings.quorum, settings.fencing);
+        let lock: Arc<str> = settings.layout.lock_key(key).into();
+        let fence: Arc<str> = keys::fence_key(&lock).into();
+        let call = move |mut con| {
+            let (lock, fence) = (lock.clone(), fence.clone());
+            async move { scripts::peek(&mut con, &lock, &fence).await }
+        };
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "inspect",
+            settings.untimed_node_timeout(),
+            call,
+            |p: Progress<'_, Peek>| inspect::decide(p.replies, p.pending, quorum, fenced).is_some(),
+        )
+        .await;
+        inspect::decide(&replies, 0, quorum, fenced).ok_or_else(|| {
+            QuorumFailure::of("inspect", &replies, &self.inner.nodes, quorum).into_error()
+        })
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

@@ -308,7 +308,10 @@ mod tests {
         }
         assert!(matches!(
             "Curator".parse::<Naming>(),
-            Err(Error::InvalidInput { field: "naming", .. })
+            Err(Error::InvalidInput {
+                field: "naming",
+                ..
+            })
         ));
         assert_eq!(Naming::default(), Naming::Kazoo);
     }

@@ -20,9 +20,9 @@ type Opened = (Arc<dyn DistributedLock>, LockOptions);
 /// | URL | backend | Cargo feature | scheme parameters |
 /// |---|---|---|---|
 /// | `memory://` | [`InMemoryLock`], new for each call | — | — |
-/// | `redis://[user[:password]@]host[:port][/db]`, `redis+unix:///path` | one Redis server | `redis` | `prefix`, `request_timeout`, `connect_timeout` |
+/// | `redis://[user[:password]@]host[:port][/db]`, `redis+unix:///path` | one Redis server | `redis` | `prefix`, `request_timeout`, `connect_timeout`, `fence_ttl` (let idle keys' counters expire, e.g. `30d`) |
 /// | `rediss://…` (TLS; `#insecure` skips certificate checks) | one Redis server | `redis-tls` | as `redis://` |
-/// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `node_timeout`, `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use) |
+/// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `node_timeout`, `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use), `fence_ttl` |
 /// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `connect_timeout`, `operation_timeout`, `identifier`, `naming` (`kazoo` or `curator`) |
 /// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_ttl`, `request_timeout`, `connect_timeout` |
 ///
@@ -97,6 +97,7 @@ const REDLOCK_PARAMS: &[&str] = &[
     "retry_jitter",
     "fencing",
     "delayed_restart",
+    "fence_ttl",
 ];
 
 /// `redlock://h1,h2,h3[/db]`: one `redis://` URL per master, sharing credentials and database.
@@ -138,6 +139,9 @@ async fn redlock(address: &Address<'_>) -> Result<Opened> {
     if let Some(max_ttl) = params.duration("delayed_restart")? {
         builder = builder.delayed_restart(max_ttl);
     }
+    if let Some(ttl) = params.duration("fence_ttl")? {
+        builder = builder.fence_ttl(ttl);
+    }
     Ok((Arc::new(builder.connect().await?), options))
 }
 
@@ -150,7 +154,7 @@ async fn redlock(address: &Address<'_>) -> Result<Opened> {
 
 /// The parameters `redis://` takes besides the common ones.
 #[cfg(feature = "redis")]
-const REDIS_PARAMS: &[&str] = &["prefix", "request_timeout", "connect_timeout"];
+const REDIS_PARAMS: &[&str] = &["prefix", "request_timeout", "connect_timeout", "fence_ttl"];
 
 #[cfg(feature = "redis")]
 async fn redis(address: &Address<'_>) -> Result<Opened> {
@@ -168,6 +172,9 @@ async fn redis(address: &Address<'_>) -> Result<Opened> {
     }
     if let Some(timeout) = params.duration("connect_timeout")? {
         builder = builder.connect_timeout(timeout);
+    }
+    if let Some(ttl) = params.duration("fence_ttl")? {
+        builder = builder.fence_ttl(ttl);
     }
     Ok((Arc::new(builder.connect().await?), options))
 }

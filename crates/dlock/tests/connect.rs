@@ -121,6 +121,13 @@ async fn redlock_urls_are_checked_before_anything_is_sent() {
     assert!(m.contains("fencing"), "{m}");
     let m = invalid("redlock://h1:6379,h2:6379,h3:6379?node_timeout=fast").await;
     assert!(m.contains("node_timeout"), "{m}");
+    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?fence_ttl=30").await;
+    assert!(
+        m.contains("parameter `fence_ttl`: \"30\" is not a duration"),
+        "{m}"
+    );
+    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?fence_ttl=1h").await;
+    assert!(m.starts_with("fence_ttl: 3600s is outside"), "{m}");
     // An even number of masters is refused by the Redlock builder itself.
     let m = invalid("redlock://:hunter2@h1:6379,h2:6379").await;
     assert!(!m.is_empty());
@@ -129,7 +136,8 @@ async fn redlock_urls_are_checked_before_anything_is_sent() {
 #[cfg(feature = "redlock")]
 #[tokio::test]
 async fn redlock_to_masters_nobody_runs_is_unavailable() {
-    let url = format!("redlock://{NOBODY},127.0.0.1:2,127.0.0.1:3?connect_timeout=200ms");
+    let url =
+        format!("redlock://{NOBODY},127.0.0.1:2,127.0.0.1:3?connect_timeout=200ms&fence_ttl=30d");
     match dlock::connect(&url).await {
         Err(e @ Error::Unavailable { .. }) => assert!(e.to_string().contains("of 3"), "{e}"),
         other => panic!("expected unavailable, got {other:?}"),
@@ -160,6 +168,10 @@ async fn redis_urls() {
     ))
     .await;
     unreachable("redis+unix:///nonexistent/redis.sock?connect_timeout=200ms").await;
+    unreachable(&format!(
+        "redis://{NOBODY}?connect_timeout=200ms&fence_ttl=30d"
+    ))
+    .await;
     for (url, says) in [
         (
             "redis://u:hunter2@h?session_ttl=1s",
@@ -170,6 +182,14 @@ async fn redis_urls() {
         ("redis://u:hunter2@h/notadb", "database"),
         ("redis://u:hunter2@h:99999", "url"),
         ("redis://u:hunter2@h?prefix=p&prefix=q", "given twice"),
+        (
+            "redis://u:hunter2@h?fence_ttl=forever",
+            "parameter `fence_ttl`: \"forever\" is not a duration",
+        ),
+        (
+            "redis://u:hunter2@127.0.0.1:1?fence_ttl=1m",
+            "fence_ttl: 60s is outside 86400s..=",
+        ),
     ] {
         let m = invalid(url).await;
         assert!(m.contains(says), "{url}: {m}");

@@ -147,7 +147,10 @@ pub(crate) async fn zero_wait_takes_a_free_key(cx: Ctx) -> anyhow::Result<()> {
             Ok(lease) => {
                 ensure!(lease.release().await? == Released::Released);
             }
-            Err(e) => bail!("try {} of {TRIES}: a zero wait on a free key failed: {e}", i + 1),
+            Err(e) => bail!(
+                "try {} of {TRIES}: a zero wait on a free key failed: {e}",
+                i + 1
+            ),
         }
     }
     Ok(())

@@ -82,7 +82,10 @@ pub fn cases() -> Vec<Case> {
         case!(acquiring::acquire_respects_its_deadline, Nothing),
         case!(acquiring::release_frees_promptly_for_a_waiter, Nothing),
         case!(acquiring::zero_wait_takes_a_free_key, Nothing),
-        case!(queue::a_timed_out_waiter_leaves_nothing_in_the_queue, Nothing),
+        case!(
+            queue::a_timed_out_waiter_leaves_nothing_in_the_queue,
+            Nothing
+        ),
         case!(queue::a_dropped_waiter_leaves_nothing_in_the_queue, Nothing),
         case!(
             acquiring::validity_is_measured_from_before_the_request,

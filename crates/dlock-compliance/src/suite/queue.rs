@@ -34,16 +34,12 @@ enum GivesUp {
 }
 
 /// A holds, B waits 1 s and times out, C waits, A releases: C holds within 50 ms.
-pub(crate) async fn a_timed_out_waiter_leaves_nothing_in_the_queue(
-    cx: Ctx,
-) -> anyhow::Result<()> {
+pub(crate) async fn a_timed_out_waiter_leaves_nothing_in_the_queue(cx: Ctx) -> anyhow::Result<()> {
     hand_off_past_a_waiter_that_gave_up(cx, GivesUp::TimesOut).await
 }
 
 /// The same with B's acquire future dropped after 1 s instead.
-pub(crate) async fn a_dropped_waiter_leaves_nothing_in_the_queue(
-    cx: Ctx,
-) -> anyhow::Result<()> {
+pub(crate) async fn a_dropped_waiter_leaves_nothing_in_the_queue(cx: Ctx) -> anyhow::Result<()> {
     hand_off_past_a_waiter_that_gave_up(cx, GivesUp::IsDropped).await
 }
 
@@ -116,7 +112,10 @@ fn give_up(
             GivesUp::IsDropped => {
                 match tokio::time::timeout(GIVE_UP_AFTER, b.acquire(&key, &opts)).await {
                     Err(_) => Ok(()),
-                    Ok(answer) => bail!("the acquire ended before it was dropped: {:?}", answer.err()),
+                    Ok(answer) => bail!(
+                        "the acquire ended before it was dropped: {:?}",
+                        answer.err()
+                    ),
                 }
             }
         }

@@ -74,8 +74,14 @@ fn main() {
     let args = Arguments::from_args();
     let table: Arc<Mutex<BTreeMap<&'static str, Vec<&'static str>>>> = Arc::default();
     let mut trials: Vec<Trial> = [
-        ("teeth::correct_service_passes_every_case", Service::Plain(None)),
-        ("teeth::correct_queue_passes_every_case", Service::CorrectQueue),
+        (
+            "teeth::correct_service_passes_every_case",
+            Service::Plain(None),
+        ),
+        (
+            "teeth::correct_queue_passes_every_case",
+            Service::CorrectQueue,
+        ),
     ]
     .into_iter()
     .map(|(name, service)| {
@@ -95,8 +101,8 @@ fn main() {
         let table = table.clone();
         let name = format!("teeth::{}", defect.name().replace([' ', '-'], "_"));
         trials.push(Trial::test(name, move || {
-            let failed =
-                failing_cases(&subject(Service::Plain(Some(defect)))).map_err(|e| Failed::from(e.to_string()))?;
+            let failed = failing_cases(&subject(Service::Plain(Some(defect))))
+                .map_err(|e| Failed::from(e.to_string()))?;
             let caught: Vec<&'static str> = failed.iter().map(|(case, _)| *case).collect();
             if let Ok(mut table) = table.lock() {
                 table.insert(defect.name(), caught.clone());

@@ -17,6 +17,7 @@ mod connecting;
 mod faults;
 mod interop;
 mod renewing;
+mod storage;
 mod support;
 mod waiting;
 

@@ -41,6 +41,9 @@ pub fn own_trials(url: String) -> Vec<Trial> {
         ("interop::the_key_layout_is_as_documented", |u| {
             Box::pin(crate::interop::the_key_layout_is_as_documented(u))
         }),
+        ("storage::fence_ttl_is_rearmed_by_each_grant", |u| {
+            Box::pin(crate::storage::fence_ttl_is_rearmed_by_each_grant(u))
+        }),
         ("interop::holding_tells_held_or_free_and_the_ttl", |u| {
             Box::pin(crate::interop::holding_tells_held_or_free_and_the_ttl(u))
         }),

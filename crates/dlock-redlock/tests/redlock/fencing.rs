@@ -139,3 +139,81 @@ pub async fn fencing_off_declares_no_guarantee() -> anyhow::Result<()> {
     masters.shutdown().await?;
     Ok(())
 }
+
+/// With a fence TTL every master's counter gets that expiry with the grant — also those the
+/// write-back raised, since raising rewrites the counter — and the next grant re-arms it; tokens
+/// still grow. Without it, counters never expire.
+pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant() -> anyhow::Result<()> {
+    let fence_ttl = Duration::from_secs(2 * 24 * 3600);
+    // Generous: the grant happened moments before the check on a possibly loaded machine.
+    let fresh = |pttl: i64| {
+        u64::try_from(pttl).is_ok_and(|ms| {
+            let left = Duration::from_millis(ms);
+            left <= fence_ttl && left > fence_ttl - Duration::from_secs(60)
+        })
+    };
+    let masters = RedisMasters::start(5).await?;
+    let urls = masters.urls();
+    let mut cons = Vec::new();
+    for url in &urls {
+        cons.push(support::raw(url).await?);
+    }
+    let opts = LockOptions::new(Duration::from_secs(10));
+
+    let forever = Arc::new(support::builder(&urls).connect().await?);
+    let key = unique("fence-forever");
+    let lease = forever.try_acquire(&key, &opts).await?.context("busy")?;
+    lease.release().await?;
+    for (i, con) in cons.iter_mut().enumerate() {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(fence_key(&key))
+            .query_async(con)
+            .await?;
+        ensure!(
+            pttl == -1,
+            "master {i}: a default counter has a TTL ({pttl} ms)"
+        );
+    }
+
+    let client = Arc::new(
+        support::builder(&urls)
+            .fence_ttl(fence_ttl)
+            .connect()
+            .await?,
+    );
+    let key = unique("fence-ttl");
+    let fence = fence_key(&key);
+    // Masters start a new counter at their own clock, so they disagree and the write-back runs.
+    let first = client.try_acquire(&key, &opts).await?.context("busy")?;
+    let token = first.fencing_token();
+    first.release().await?;
+    for (i, con) in cons.iter_mut().enumerate() {
+        let pttl: i64 = redis::cmd("PTTL").arg(&fence).query_async(con).await?;
+        ensure!(
+            fresh(pttl),
+            "master {i}: after the first grant the counter's PTTL is {pttl} ms"
+        );
+        // As if most of the fence TTL had passed without a grant.
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(&fence)
+            .arg(100_000)
+            .query_async(con)
+            .await?;
+    }
+    let second = client.try_acquire(&key, &opts).await?.context("busy")?;
+    ensure!(
+        second.fencing_token() > token,
+        "token {} after {token}",
+        second.fencing_token()
+    );
+    second.release().await?;
+    for (i, con) in cons.iter_mut().enumerate() {
+        let pttl: i64 = redis::cmd("PTTL").arg(&fence).query_async(con).await?;
+        ensure!(
+            fresh(pttl),
+            "master {i}: after the next grant the counter's PTTL is {pttl} ms"
+        );
+    }
+    masters.shutdown().await?;
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! The Redlock backend against real Redis masters in containers: the whole compliance suite on
 //! five masters, then the faults the algorithm is about — masters down, a frozen master, a master
-//! restarted without its data (with and without the delayed-restart rule) — and fencing.
+//! restarted without its data (with and without the delayed-restart rule) — fencing, and looking at
+//! a lock without taking it.
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
@@ -18,6 +19,7 @@
 mod batch;
 mod faults;
 mod fencing;
+mod inspect;
 mod support;
 
 use std::sync::Arc;

@@ -71,6 +71,21 @@ pub fn own_trials() -> Vec<Trial> {
             Box::pin(crate::fencing::fencing_off_declares_no_guarantee())
         }),
         (
+            "fencing::fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant",
+            || {
+                Box::pin(
+                    crate::fencing::fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(),
+                )
+            },
+        ),
+        ("inspect::a_quorum_decides_held_or_free", || {
+            Box::pin(crate::inspect::a_quorum_decides_held_or_free())
+        }),
+        (
+            "inspect::a_minority_down_still_answers_and_no_quorum_is_an_error",
+            || Box::pin(crate::inspect::a_minority_down_still_answers_and_no_quorum_is_an_error()),
+        ),
+        (
             "batch::a_mixed_batch_with_one_master_down_answers_like_extend",
             || Box::pin(crate::batch::a_mixed_batch_with_one_master_down_answers_like_extend()),
         ),

@@ -71,7 +71,8 @@ async fn ensure_path(client: &zk::Client, path: &str) -> anyhow::Result<()> {
 
 /// `StandardLockInternalsDriver.fixForSorting(name, "lock-")`.
 fn curator_sort_key(name: &str) -> &str {
-    name.rfind("lock-").map_or(name, |i| &name[i + "lock-".len()..])
+    name.rfind("lock-")
+        .map_or(name, |i| &name[i + "lock-".len()..])
 }
 
 /// A Curator `InterProcessMutex` contender: its node, and what Curator decides about it.
@@ -154,7 +155,10 @@ pub async fn dlock_waits_behind_a_curator_holder(env: Env) -> anyhow::Result<()>
         let released = Instant::now();
         curator.release().await?;
         let (acquired, lease) = waiting.await??;
-        ensure!(acquired >= released, "{naming}: dlock held before Curator released");
+        ensure!(
+            acquired >= released,
+            "{naming}: dlock held before Curator released"
+        );
         ensure!(
             acquired - released <= Duration::from_secs(3),
             "{naming}: dlock took {:?} to follow Curator",

@@ -1,0 +1,104 @@
+//! What the fencing counters cost in storage: without a fence TTL they never expire; with one,
+//! each grant re-arms the counter's expiry, and a counter that did expire restarts from the
+//! server's clock, above the tokens before it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use dlock_core::{DistributedLockExt, FencingToken, LockOptions};
+use dlock_redis::keys::fence_key;
+use dlock_redis::RedisLock;
+use redis::aio::MultiplexedConnection;
+
+use crate::support::{self, unique};
+
+/// One grant of `name` on `locks`, released at once; its token.
+async fn grant(locks: &Arc<RedisLock>, name: &str) -> anyhow::Result<FencingToken> {
+    let lease = locks
+        .try_acquire(name, &LockOptions::new(Duration::from_secs(10)))
+        .await?
+        .context("a free key was busy")?;
+    let token = lease.fencing_token();
+    lease.release().await?;
+    Ok(token)
+}
+
+async fn pttl(con: &mut MultiplexedConnection, key: &str) -> anyhow::Result<i64> {
+    Ok(redis::cmd("PTTL").arg(key).query_async(con).await?)
+}
+
+/// Without the option the counter never expires; with it the counter's TTL is the fence TTL
+/// after a grant, the next grant re-arms it, and tokens keep growing — also after the counter
+/// expired, since it restarts at the server's clock in microseconds.
+pub async fn fence_ttl_is_rearmed_by_each_grant(url: String) -> anyhow::Result<()> {
+    let fence_ttl = Duration::from_secs(2 * 24 * 3600);
+    // Generous: the grant happened moments before the check on a possibly loaded machine.
+    let fresh = |pttl: i64| {
+        u64::try_from(pttl).is_ok_and(|ms| {
+            let left = Duration::from_millis(ms);
+            left <= fence_ttl && left > fence_ttl - Duration::from_secs(60)
+        })
+    };
+    let mut con = support::raw(&url).await?;
+
+    let forever = Arc::new(RedisLock::connect(&url).await?);
+    let name = unique("fence-forever");
+    grant(&forever, &name).await?;
+    let left = pttl(&mut con, &fence_key(&name)).await?;
+    ensure!(left == -1, "a default counter has a TTL of {left} ms");
+
+    let locks = Arc::new(
+        RedisLock::builder(&url)
+            .fence_ttl(fence_ttl)
+            .connect()
+            .await?,
+    );
+    ensure!(locks.fence_ttl() == Some(fence_ttl), "{locks:?}");
+    let name = unique("fence-ttl");
+    let fence = fence_key(&name);
+    let first = grant(&locks, &name).await?;
+    let left = pttl(&mut con, &fence).await?;
+    ensure!(
+        fresh(left),
+        "after the first grant the counter's PTTL is {left} ms"
+    );
+
+    // As if most of the fence TTL had passed without a grant.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&fence)
+        .arg(100_000)
+        .query_async(&mut con)
+        .await?;
+    let second = grant(&locks, &name).await?;
+    ensure!(second > first, "token {second} after {first}");
+    let left = pttl(&mut con, &fence).await?;
+    ensure!(
+        fresh(left),
+        "after the next grant the counter's PTTL is {left} ms"
+    );
+
+    // The counter runs out: the next grant starts it again at the server's clock, above before.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&fence)
+        .arg(1)
+        .query_async(&mut con)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&fence)
+        .query_async(&mut con)
+        .await?;
+    ensure!(!exists, "the counter did not expire");
+    let third = grant(&locks, &name).await?;
+    ensure!(
+        third > second,
+        "token {third} after {second}, across the restart"
+    );
+    let left = pttl(&mut con, &fence).await?;
+    ensure!(
+        fresh(left),
+        "after the restart the counter's PTTL is {left} ms"
+    );
+    Ok(())
+}
