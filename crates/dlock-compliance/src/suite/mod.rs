@@ -28,6 +28,9 @@ mod keys;
 mod lost;
 mod outage;
 mod ownership;
+mod silent;
+
+pub use silent::RECOVERY;
 
 /// What a case needs from the subject beyond the lock API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +41,9 @@ pub enum Needs {
     Fencing,
     /// A dedicated server the case may stop and start.
     Outage,
+    /// Clients whose links go through proxies the case can silence
+    /// ([`Subject::with_proxied`]).
+    Proxy,
 }
 
 type CaseFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -117,6 +123,10 @@ pub fn cases() -> Vec<Case> {
             outage::server_outage_gives_errors_not_hangs_then_recovers,
             Outage
         ),
+        case!(
+            silent::silent_link_fails_in_bounded_time_then_recovers,
+            Proxy
+        ),
     ]
 }
 
@@ -128,6 +138,7 @@ pub fn applicable(subject: &Subject) -> Vec<Case> {
             Needs::Nothing => true,
             Needs::Fencing => subject.capabilities.fencing != FencingGuarantee::None,
             Needs::Outage => subject.outage.is_some(),
+            Needs::Proxy => subject.proxied.is_some(),
         })
         .collect()
 }
