@@ -31,10 +31,13 @@ pub enum Defect {
     /// Extend reports success without checking or re-arming anything, so a renewing holder is
     /// never told that its lock is gone.
     LostSignalNeverFires,
+    /// A client keeps a connection on which a request timed out, and so fails every later call
+    /// (see `link.rs`; the service itself is correct).
+    SilentConnectionKept,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 8] = [
+    pub const ALL: [Defect; 9] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -43,6 +46,7 @@ impl Defect {
         Defect::ValidityIgnoresElapsed,
         Defect::AcquireWhileHeld,
         Defect::LostSignalNeverFires,
+        Defect::SilentConnectionKept,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +59,7 @@ impl Defect {
             Defect::ValidityIgnoresElapsed => "validity ignores elapsed time",
             Defect::AcquireWhileHeld => "acquire returns while someone holds it",
             Defect::LostSignalNeverFires => "lost signal never fires",
+            Defect::SilentConnectionKept => "a connection that stopped answering is kept",
         }
     }
 }

@@ -3,10 +3,12 @@
 //! passes every case.
 
 mod broken;
+mod link;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use anyhow::Context;
 use broken::{Broken, Defect, StampsOnArrival};
 use dlock_compliance::suite::{self, Case};
 use dlock_compliance::Subject;
@@ -17,6 +19,8 @@ fn subject(defect: Option<Defect>) -> Subject {
     let service = Broken::new(defect);
     let capabilities = service.capabilities();
     let name = defect.map_or("correct", Defect::name);
+    let linked = service.clone();
+    let replaces_silent = defect != Some(Defect::SilentConnectionKept);
     Subject::new(name, capabilities, move || {
         let client: Arc<dyn DistributedLock> = if defect == Some(Defect::ValidityIgnoresElapsed) {
             Arc::new(StampsOnArrival(service.clone()))
@@ -24,6 +28,15 @@ fn subject(defect: Option<Defect>) -> Subject {
             Arc::new(service.clone())
         };
         async move { Ok(client) }
+    })
+    .with_proxied(vec![link::echo_server()], move |addrs| {
+        let inner: Arc<dyn DistributedLock> = Arc::new(linked.clone());
+        async move {
+            let addr = *addrs.first().context("no address to connect to")?;
+            let client: Arc<dyn DistributedLock> =
+                Arc::new(link::Linked::new(inner, addr, replaces_silent));
+            Ok(client)
+        }
     })
 }
 
