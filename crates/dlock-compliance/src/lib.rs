@@ -18,5 +18,5 @@ pub mod suite;
 pub use analysis::Analysis;
 pub use freeze::Freezable;
 pub use history::{History, Violation};
-pub use proxy::FreezeProxy;
+pub use proxy::{url_target, url_via, FreezeProxy};
 pub use subject::{Freeze, Inspect, Outage, ServerControl, Subject, Timing};

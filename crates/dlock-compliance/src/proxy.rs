@@ -5,6 +5,11 @@
 //! client's connection does, exactly as a long process pause or a partition between that client
 //! and the servers would: bytes stop flowing both ways, the server expires the session, the client
 //! sees its connection stall. Thawing lets the held-up bytes through.
+//!
+//! A proxy started with [`FreezeProxy::start_dropping`] discards the bytes instead of holding
+//! them, as a route that drops packets or a peer that forgot the connection would: the
+//! connection stays open, nothing sent in the silence ever arrives, and a client that keeps
+//! waiting for those answers on the same connection waits forever.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +21,15 @@ use tokio::task::JoinHandle;
 
 use crate::subject::Freeze;
 
+/// What a frozen link does with the bytes sent over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frozen {
+    /// Holds them until the thaw, like packets in a queue.
+    Hold,
+    /// Discards them.
+    Drop,
+}
+
 /// Forwards every connection made to [`addr`](FreezeProxy::addr) to a target address.
 #[derive(Debug)]
 pub struct FreezeProxy {
@@ -25,8 +39,18 @@ pub struct FreezeProxy {
 }
 
 impl FreezeProxy {
-    /// Listens on a free loopback port and forwards to `target`.
+    /// Listens on a free loopback port and forwards to `target`; a frozen link holds its bytes.
     pub async fn start(target: SocketAddr) -> std::io::Result<Self> {
+        Self::start_with(target, Frozen::Hold).await
+    }
+
+    /// Like [`start`](Self::start), but a frozen link discards its bytes, both ways, and stays
+    /// open: the thaw lets only bytes sent after it through.
+    pub async fn start_dropping(target: SocketAddr) -> std::io::Result<Self> {
+        Self::start_with(target, Frozen::Drop).await
+    }
+
+    async fn start_with(target: SocketAddr, mode: Frozen) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let frozen = Arc::new(watch::channel(false).0);
@@ -41,8 +65,8 @@ impl FreezeProxy {
                         let _ = server.set_nodelay(true);
                         let (cr, cw) = client.into_split();
                         let (sr, sw) = server.into_split();
-                        let up = tokio::spawn(pump(cr, sw, gate.subscribe()));
-                        let down = tokio::spawn(pump(sr, cw, gate.subscribe()));
+                        let up = tokio::spawn(pump(cr, sw, gate.subscribe(), mode));
+                        let down = tokio::spawn(pump(sr, cw, gate.subscribe(), mode));
                         let _ = tokio::join!(up, down);
                     }
                 }));
@@ -76,6 +100,61 @@ impl Drop for FreezeProxy {
     }
 }
 
+/// The address of the server at `url` (`scheme://[user[:password]@]host[:port][/path]`), for
+/// a proxy in front of it; `default_port` where the URL has none.
+pub fn url_target(url: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
+    let parsed = url::Url::parse(url).map_err(|e| anyhow::anyhow!("not a URL: {e}"))?;
+    parsed
+        .socket_addrs(|| Some(default_port))?
+        .first()
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("the URL's host has no address"))
+}
+
+/// `url` with its host and port replaced by `addr`: the same server, reached through a proxy.
+pub fn url_via(url: &str, addr: SocketAddr) -> anyhow::Result<String> {
+    let mut parsed = url::Url::parse(url).map_err(|e| anyhow::anyhow!("not a URL: {e}"))?;
+    parsed
+        .set_ip_host(addr.ip())
+        .and_then(|()| parsed.set_port(Some(addr.port())))
+        .map_err(|()| anyhow::anyhow!("the URL cannot have a host and port"))?;
+    Ok(parsed.into())
+}
+
+/// Dropping proxies in front of every address of a service, frozen and thawed together; they
+/// stop when this is dropped.
+pub(crate) struct DroppingProxies(Vec<FreezeProxy>);
+
+impl DroppingProxies {
+    /// One [`FreezeProxy::start_dropping`] per target, in order.
+    pub(crate) async fn start(targets: &[SocketAddr]) -> std::io::Result<Self> {
+        let mut proxies = Vec::with_capacity(targets.len());
+        for target in targets {
+            proxies.push(FreezeProxy::start_dropping(*target).await?);
+        }
+        Ok(DroppingProxies(proxies))
+    }
+
+    /// The addresses to connect to instead of the targets, in the same order.
+    pub(crate) fn addrs(&self) -> Vec<SocketAddr> {
+        self.0.iter().map(FreezeProxy::addr).collect()
+    }
+}
+
+impl Freeze for DroppingProxies {
+    fn freeze(&self) {
+        self.0.iter().for_each(|p| {
+            p.frozen.send_replace(true);
+        });
+    }
+
+    fn thaw(&self) {
+        self.0.iter().for_each(|p| {
+            p.frozen.send_replace(false);
+        });
+    }
+}
+
 struct Switch(Arc<watch::Sender<bool>>);
 
 impl Freeze for Switch {
@@ -88,24 +167,34 @@ impl Freeze for Switch {
     }
 }
 
-/// Copies bytes from `from` to `to`, holding them while frozen.
+/// Copies bytes from `from` to `to`, holding or discarding them while frozen.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
+    mode: Frozen,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if frozen.wait_for(|f| !*f).await.is_err() {
+        if mode == Frozen::Hold && frozen.wait_for(|f| !*f).await.is_err() {
             return;
         }
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        // Bytes read just before a freeze are held until the thaw, like packets in a queue.
-        if frozen.wait_for(|f| !*f).await.is_err() {
-            return;
+        match mode {
+            // Bytes read just before a freeze are held until the thaw, like packets in a queue.
+            Frozen::Hold => {
+                if frozen.wait_for(|f| !*f).await.is_err() {
+                    return;
+                }
+            }
+            Frozen::Drop => {
+                if *frozen.borrow() {
+                    continue;
+                }
+            }
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

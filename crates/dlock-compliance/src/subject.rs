@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,17 @@ pub trait Freeze: Send + Sync {
 pub type FreezableFuture = Pin<
     Box<dyn Future<Output = anyhow::Result<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)>> + Send>,
 >;
+
+/// Makes a new client of the service that reaches it at the given addresses (proxies) instead of
+/// its own, in the order of the targets given to [`Subject::with_proxied`].
+pub type ConnectVia = Arc<dyn Fn(Vec<SocketAddr>) -> ClientFuture + Send + Sync>;
+
+/// The addresses of a service and how to make clients that reach them through proxies.
+#[derive(Clone)]
+pub(crate) struct Proxied {
+    targets: Vec<SocketAddr>,
+    connect: ConnectVia,
+}
 
 /// Stops and starts the server behind a subject, for the outage case.
 #[async_trait]
@@ -103,6 +115,7 @@ pub struct Subject {
     pub(crate) outage: Option<Outage>,
     pub(crate) inspect: Option<Arc<dyn Inspect>>,
     pub(crate) freezable: Option<Arc<dyn Fn() -> FreezableFuture + Send + Sync>>,
+    pub(crate) proxied: Option<Proxied>,
 }
 
 impl fmt::Debug for Subject {
@@ -113,6 +126,7 @@ impl fmt::Debug for Subject {
             .field("timing", &self.timing)
             .field("outage", &self.outage.is_some())
             .field("inspect", &self.inspect.is_some())
+            .field("proxied", &self.proxied.is_some())
             .finish()
     }
 }
@@ -133,6 +147,7 @@ impl Subject {
             outage: None,
             inspect: None,
             freezable: None,
+            proxied: None,
         }
     }
 
@@ -181,6 +196,38 @@ impl Subject {
                 Ok((client, Arc::new(freezable)))
             }
         }
+    }
+
+    /// Enables the silent-link case. `targets` are the addresses of every server a client talks
+    /// to (every member, every master); `connect` makes a client that reaches them at the
+    /// addresses it is given instead, in the same order.
+    pub fn with_proxied<F, Fut>(mut self, targets: Vec<SocketAddr>, connect: F) -> Self
+    where
+        F: Fn(Vec<SocketAddr>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = anyhow::Result<Arc<dyn DistributedLock>>> + Send + 'static,
+    {
+        self.proxied = Some(Proxied {
+            targets,
+            connect: Arc::new(move |addrs| Box::pin(connect(addrs))),
+        });
+        self
+    }
+
+    /// A new client whose every link to the service goes through a proxy that, frozen, discards
+    /// the bytes both ways and keeps the connections open ([`FreezeProxy::start_dropping`]).
+    /// The proxies stop when the switch is dropped. `None` if the subject has no
+    /// [`with_proxied`](Self::with_proxied) hook.
+    ///
+    /// [`FreezeProxy::start_dropping`]: crate::FreezeProxy::start_dropping
+    pub async fn proxied_client(
+        &self,
+    ) -> anyhow::Result<Option<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)>> {
+        let Some(proxied) = &self.proxied else {
+            return Ok(None);
+        };
+        let proxies = crate::proxy::DroppingProxies::start(&proxied.targets).await?;
+        let client = (proxied.connect)(proxies.addrs()).await?;
+        Ok(Some((client, Arc::new(proxies))))
     }
 
     /// The subject's name.

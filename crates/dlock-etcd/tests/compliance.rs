@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use async_trait::async_trait;
 use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster};
-use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
+use dlock_compliance::{suite, url_target, Inspect, Outage, Subject, Timing};
 use dlock_core::{
     DistributedLock, DistributedLockExt, Error, FencingToken, Holding, LeaseState, LockOptions,
     LostReason, Released,
@@ -80,6 +80,10 @@ fn subject(
         .first()
         .cloned()
         .context("the cluster has no endpoint")?;
+    let targets = endpoints
+        .iter()
+        .map(|endpoint| url_target(endpoint, 2379))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Subject::new("etcd", capabilities, connect)
         .with_timing(Timing {
             ttl: Duration::from_secs(1),
@@ -92,6 +96,11 @@ fn subject(
         .with_freezable(move || {
             let endpoint = frozen_endpoint.clone();
             async move { support::freezable_client(&endpoint, SESSION_TTL).await }
+        })
+        .with_proxied(targets, |addrs| async move {
+            let endpoints: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+            let locks: Arc<dyn DistributedLock> = Arc::new(client(&endpoints, SESSION_TTL).await?);
+            Ok(locks)
         }))
 }
 

@@ -9,11 +9,22 @@
 //! Every request is bounded by the request timeout, which covers waiting for a reconnection too, so
 //! a frozen or unreachable server yields [`Error::Unavailable`](dlock_core::Error::Unavailable) in
 //! bounded time instead of a hang.
+//!
+//! A request that timed out also retires its connection: the client moves to a new one (opened
+//! by the next request) and the old one closes once the requests still on it have ended. The
+//! manager alone would keep it, since redis-rs reconnects on errors but not on timeouts, and a
+//! connection whose peer stopped answering without closing it (a dropped route, a server or
+//! middlebox that forgot the connection) then fails every later request: replies are matched to
+//! requests in order, so one reply that never comes leaves every later request waiting for the
+//! one before it. The cost of a request that was only slow is one reconnection. However many
+//! requests time out together on one connection, it is replaced once.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use dlock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
@@ -44,10 +55,56 @@ pub(crate) fn client(endpoint: &Endpoint) -> Result<redis::Client> {
 /// The shared, reconnecting command connection.
 #[derive(Clone)]
 pub(crate) struct Connection {
-    manager: ConnectionManager,
+    shared: Arc<Shared>,
     request_timeout: Duration,
     /// Keeps the [`TimerKeeper`] running while the connection lives.
     _alive: Arc<()>,
+}
+
+/// What the clones of a [`Connection`] share: the current link and how to open the next one.
+struct Shared {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// Swapped for a new link when a request on it times out; loading it takes no lock.
+    current: ArcSwap<Link>,
+}
+
+/// One connection manager, until a request on it times out.
+struct Link {
+    manager: ConnectionManager,
+    /// Set by the first timed-out request, which replaces the link; later ones leave it.
+    retired: AtomicBool,
+}
+
+impl Link {
+    fn new(manager: ConnectionManager) -> Arc<Self> {
+        Arc::new(Link {
+            manager,
+            retired: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Shared {
+    /// Replaces `link`, on which a request got no answer, with a connection that is opened by the
+    /// next request (bounded by its request timeout, like any wait for a reconnection). Requests
+    /// still running on `link` finish there; its socket closes when the last one ends.
+    fn retire(&self, link: &Arc<Link>) {
+        if link.retired.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Fails only for a configuration the first connection was already opened with.
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(manager) => {
+                self.current.compare_and_swap(link, Link::new(manager));
+                tracing::debug!("redis: a request timed out; its connection is replaced");
+            }
+            Err(error) => {
+                link.retired.store(false, Ordering::Release);
+                tracing::warn!(%error, "redis: cannot replace a connection that stopped answering");
+            }
+        }
+    }
 }
 
 /// Keeps one timer of the runtime always due within half a request timeout.
@@ -91,7 +148,9 @@ impl Connection {
         // A PING proves that the server accepts this client (password, ACL) before the first
         // lock operation has to find out.
         let connected = async {
-            let mut manager = client.get_connection_manager_with_config(config).await?;
+            let mut manager = client
+                .get_connection_manager_with_config(config.clone())
+                .await?;
             redis::cmd("PING").query_async::<()>(&mut manager).await?;
             Ok::<_, redis::RedisError>(manager)
         };
@@ -108,13 +167,18 @@ impl Connection {
             tokio::spawn(keeper.run());
         }
         Ok(Connection {
-            manager,
+            shared: Arc::new(Shared {
+                client,
+                config,
+                current: ArcSwap::new(Link::new(manager)),
+            }),
             request_timeout,
             _alive: alive,
         })
     }
 
-    /// Runs `call` on the connection, bounded by the request timeout; errors name `op`.
+    /// Runs `call` on the connection, bounded by the request timeout; errors name `op`. A
+    /// timeout retires the connection (see the module docs).
     ///
     /// # Cancel safety
     /// Dropping it drops the request: it may or may not have reached the server.
@@ -123,16 +187,21 @@ impl Connection {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        match tokio::time::timeout(self.request_timeout, call(self.manager.clone())).await {
+        let link = self.shared.current.load_full();
+        match tokio::time::timeout(self.request_timeout, call(link.manager.clone())).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(error::from_redis(op, e)),
-            Err(_) => Err(error::no_answer(op, self.request_timeout)),
+            Err(_) => {
+                self.shared.retire(&link);
+                Err(error::no_answer(op, self.request_timeout))
+            }
         }
     }
 
-    /// A handle on the same multiplexed connection.
+    /// A handle on the current multiplexed connection; it stays on that connection when a
+    /// timed-out request makes the client move to a new one.
     pub(crate) fn manager(&self) -> ConnectionManager {
-        self.manager.clone()
+        self.shared.current.load().manager.clone()
     }
 
     /// The bound on every request.

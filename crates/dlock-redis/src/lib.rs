@@ -34,6 +34,14 @@
 //! that timed out may still have been executed; dlock's core handles that (a cancelled acquire is
 //! released by owner token, a failed renewal makes the lease uncertain).
 //!
+//! A request that timed out also **replaces the connection** it was sent on (once, however many
+//! requests time out on it together): a server that stops answering on an open connection — a
+//! dropped route, a half-open TCP connection, a middlebox that forgot it — would otherwise leave
+//! the client failing every later request, since replies are matched to requests in order. Once
+//! the server answers again, the next request after the timeout opens a new connection and
+//! succeeds, so a client works again within about one request timeout plus a reconnection. A
+//! request that was only slow costs one reconnection.
+//!
 //! The `tls` feature is **off by default**: it compiles rustls with the `ring` provider (a C build
 //! step) into every build, and most deployments reach Redis over a private network; with it off, a
 //! `rediss://` URL is an `InvalidInput` error that names the feature.
@@ -102,7 +110,8 @@
 //!
 //! A waiting acquire makes one attempt first, so an uncontended acquire costs one round trip.
 //! If the lock is busy, it registers for the lock's release channel on the client's subscriber
-//! connection (opened on first need, shared by all waiting tasks, reconnected when it breaks) and
+//! connection (opened on first need, shared by all waiting tasks, reconnected when it breaks or
+//! when a `PING` every few seconds gets no answer) and
 //! waits until the subscription is confirmed; from then on every attempt is made with the wake-up
 //! already armed, so a release between a "busy" answer and the wait is never missed. Between
 //! attempts it sleeps until the release is announced, the caller's jittered backoff passes, or

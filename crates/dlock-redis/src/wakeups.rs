@@ -15,6 +15,11 @@
 //!   bounded by the holder's remaining TTL, so a release during a reconnection, a release by a
 //!   foreign client (which does not publish), or an expiry (which nobody publishes) is found by
 //!   the next poll.
+//! * **A silent connection is replaced**: while subscribed, the listener sends `PING` every
+//!   [`HEALTH_CHECK_EVERY`]; no answer within the request timeout (like a `SUBSCRIBE` or
+//!   `UNSUBSCRIBE` without one) ends the connection and the listener opens a new one, waiters
+//!   polling meanwhile. Without it, a connection whose peer stopped answering without closing it
+//!   (a dropped route, a server that forgot it) would keep the subscriptions and deliver nothing.
 //! * **Subscriptions outlive their waiters a little**: a channel nobody waits on is unsubscribed by
 //!   a periodic sweep, not at once, so a hot key is not resubscribed between every two waits.
 
@@ -28,6 +33,8 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
+/// How often the subscriber connection is checked with a `PING`.
+const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// How often channels without waiters are unsubscribed.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// The first pause after a failed connection attempt; doubled up to [`MAX_RETRY_PAUSE`].
@@ -314,6 +321,8 @@ impl Listener {
     /// Delivers messages and handles requests until the connection breaks or the client is gone.
     async fn serve(&mut self, mut sink: PubSubSink, mut stream: PubSubStream) -> Ended {
         let mut sweep = tokio::time::interval_at(Instant::now() + SWEEP_EVERY, SWEEP_EVERY);
+        let mut health =
+            tokio::time::interval_at(Instant::now() + HEALTH_CHECK_EVERY, HEALTH_CHECK_EVERY);
         loop {
             tokio::select! {
                 message = stream.next() => match message {
@@ -333,6 +342,13 @@ impl Listener {
                 }
                 _ = sweep.tick() => {
                     if !self.sweep(&mut sink).await {
+                        return Ended::Broken;
+                    }
+                }
+                _ = health.tick() => {
+                    let answer = tokio::time::timeout(self.request_timeout, sink.ping::<redis::Value>());
+                    if !matches!(answer.await, Ok(Ok(_))) {
+                        tracing::debug!(endpoint = %self.endpoint, "release notifications: PING got no answer");
                         return Ended::Broken;
                     }
                 }

@@ -5,7 +5,12 @@
 //! breaks, the next request fails for this master at once and starts one reconnection in a
 //! background task; requests made once it is up use the new connection. A request never waits
 //! for a connection, so requests reach a master in the order they were made, and a master that is
-//! down costs nothing; one that hangs costs a request its per-node timeout, never a TCP timeout. The connection is replaced here rather than
+//! down costs nothing; one that hangs costs a request its per-node timeout, never a TCP timeout.
+//! A request that gets no answer in time retires its connection too, once however many requests
+//! time out on it: replies are matched to requests in order, so on a connection whose peer lost a
+//! request or a reply (a dropped route, a peer that forgot the connection) every later request
+//! would wait for the reply before its own, or take it for its own. A paused master is reached
+//! again through a new connection once it runs. The connection is replaced here rather than
 //! inside redis-rs's `ConnectionManager` because every new connection must be checked with
 //! `INFO server` before it is used (see [`crate::restart`]): a restarted master is only ever
 //! reached through a new connection.
@@ -55,11 +60,7 @@ pub(crate) struct Link {
 }
 
 enum LinkState {
-    Up {
-        link: Link,
-        /// When a request on this connection last got an answer.
-        answered: Instant,
-    },
+    Up(Link),
     Connecting(Reconnecting),
     Down,
 }
@@ -110,6 +111,15 @@ impl Node {
         lock(&self.restarts).excluded_until(Instant::now())
     }
 
+    /// The number of the connection a request made now is sent on, if there is one: what the
+    /// caller of [`run`](Self::run) passes to [`timed_out`](Self::timed_out).
+    pub(crate) fn generation(&self) -> Option<u64> {
+        match &*lock(&self.state) {
+            LinkState::Up(link) => Some(link.generation),
+            LinkState::Connecting(_) | LinkState::Down => None,
+        }
+    }
+
     /// Runs `call` on the master's connection; fails at once without one. `op` names the
     /// operation in errors. The caller bounds it in time and reports a timeout with
     /// [`timed_out`](Self::timed_out).
@@ -127,10 +137,7 @@ impl Node {
     {
         let link = self.ready_link().map_err(|e| self.failure(e))?;
         match call(link.connection.clone()).await {
-            Ok(value) => {
-                self.answered(link.generation);
-                Ok(value)
-            }
+            Ok(value) => Ok(value),
             Err(e) => {
                 if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
                     self.broken(link.generation);
@@ -140,9 +147,18 @@ impl Node {
         }
     }
 
-    /// The failure of a request of `op` that got no answer within `timeout`.
-    pub(crate) fn timed_out(&self, op: &'static str, timeout: Duration) -> NodeFailure {
-        self.silent();
+    /// The failure of a request of `op` that got no answer within `timeout`; the connection it
+    /// was sent on (`generation`, as [`generation`](Self::generation) told before the request)
+    /// is replaced.
+    pub(crate) fn timed_out(
+        &self,
+        op: &'static str,
+        timeout: Duration,
+        generation: Option<u64>,
+    ) -> NodeFailure {
+        if let Some(generation) = generation {
+            self.broken(generation);
+        }
         self.failure(Arc::new(no_answer(op, timeout)))
     }
 
@@ -167,7 +183,7 @@ impl Node {
     /// if none is under way) rather than waiting, so that requests are sent in the order they
     /// were made — never a request made later on a connection that was ready earlier.
     fn ready_link(self: &Arc<Self>) -> Result<Link, Arc<Error>> {
-        if let LinkState::Up { link, .. } = &*lock(&self.state) {
+        if let LinkState::Up(link) = &*lock(&self.state) {
             return Ok(link.clone());
         }
         // Start a reconnection if there is none; this request does not wait for it.
@@ -184,7 +200,7 @@ impl Node {
         let pending = {
             let mut state = lock(&self.state);
             match &*state {
-                LinkState::Up { link, .. } => {
+                LinkState::Up(link) => {
                     let link = link.clone();
                     return futures::future::ready(Ok(link)).boxed().shared();
                 }
@@ -210,31 +226,11 @@ impl Node {
         pending
     }
 
-    fn answered(&self, generation: u64) {
-        if let LinkState::Up { link, answered } = &mut *lock(&self.state) {
-            if link.generation == generation {
-                *answered = Instant::now();
-            }
-        }
-    }
-
-    /// The connection broke: the next request reconnects.
+    /// The connection broke or stopped answering: the next request reconnects.
     fn broken(&self, generation: u64) {
         let mut state = lock(&self.state);
-        if matches!(&*state, LinkState::Up { link, .. } if link.generation == generation) {
+        if matches!(&*state, LinkState::Up(link) if link.generation == generation) {
             *state = LinkState::Down;
-        }
-    }
-
-    /// A request got no answer. A paused master answers on the same connection once it runs
-    /// again, so the connection is kept; but one that has not answered for longer than a
-    /// connection takes to open is replaced, in case its peer is gone without a reset.
-    fn silent(&self) {
-        let mut state = lock(&self.state);
-        if let LinkState::Up { answered, .. } = &*state {
-            if answered.elapsed() > self.connect_timeout {
-                *state = LinkState::Down;
-            }
         }
     }
 }
@@ -255,12 +251,7 @@ async fn reconnect(node: Weak<Node>) -> Result<Link, Arc<Error>> {
     };
     let mut state = lock(&node.state);
     match &result {
-        Ok(link) => {
-            *state = LinkState::Up {
-                link: link.clone(),
-                answered: Instant::now(),
-            }
-        }
+        Ok(link) => *state = LinkState::Up(link.clone()),
         Err(_) => *state = LinkState::Down,
     }
     result

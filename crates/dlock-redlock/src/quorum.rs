@@ -65,6 +65,9 @@ where
     // Who counts is fixed for the round: a master's exclusion only ever ends, and a restart is
     // only seen on a new connection, which requests of this round do not use.
     let counting: Vec<bool> = nodes.iter().map(|n| n.counts()).collect();
+    // The connection each request goes out on, so that a timeout retires that one and not a
+    // newer one.
+    let generations: Vec<Option<u64>> = nodes.iter().map(|n| n.generation()).collect();
     let mut outstanding: Vec<usize> = targets
         .into_iter()
         .filter(|index| *index < nodes.len())
@@ -96,7 +99,7 @@ where
                     replies.push(Reply {
                         index,
                         counts: counting[index],
-                        result: Err(nodes[index].timed_out(op, timeout)),
+                        result: Err(nodes[index].timed_out(op, timeout, generations[index])),
                     });
                 }
                 return replies;

@@ -29,6 +29,9 @@ mod lost;
 mod outage;
 mod ownership;
 mod queue;
+mod silent;
+
+pub use silent::RECOVERY;
 
 /// What a case needs from the subject beyond the lock API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +42,9 @@ pub enum Needs {
     Fencing,
     /// A dedicated server the case may stop and start.
     Outage,
+    /// Clients whose links go through proxies the case can silence
+    /// ([`Subject::with_proxied`]).
+    Proxy,
 }
 
 type CaseFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -124,6 +130,10 @@ pub fn cases() -> Vec<Case> {
             outage::server_outage_gives_errors_not_hangs_then_recovers,
             Outage
         ),
+        case!(
+            silent::silent_link_fails_in_bounded_time_then_recovers,
+            Proxy
+        ),
     ]
 }
 
@@ -135,6 +145,7 @@ pub fn applicable(subject: &Subject) -> Vec<Case> {
             Needs::Nothing => true,
             Needs::Fencing => subject.capabilities.fencing != FencingGuarantee::None,
             Needs::Outage => subject.outage.is_some(),
+            Needs::Proxy => subject.proxied.is_some(),
         })
         .collect()
 }

@@ -37,10 +37,13 @@ pub enum Defect {
     /// A waiter that gives up (times out or is dropped) leaves its place in the queue until its
     /// session ends, and the waiters behind it wait for that.
     QueueEntryOutlivesWaiter,
+    /// A client keeps a connection on which a request timed out, and so fails every later call
+    /// (see `link.rs`; the service itself is correct).
+    SilentConnectionKept,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 10] = [
+    pub const ALL: [Defect; 11] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -51,6 +54,7 @@ impl Defect {
         Defect::LostSignalNeverFires,
         Defect::DeadlineCutsFirstAttempt,
         Defect::QueueEntryOutlivesWaiter,
+        Defect::SilentConnectionKept,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +69,7 @@ impl Defect {
             Defect::LostSignalNeverFires => "lost signal never fires",
             Defect::DeadlineCutsFirstAttempt => "deadline cuts the first attempt",
             Defect::QueueEntryOutlivesWaiter => "queue entry outlives its waiter",
+            Defect::SilentConnectionKept => "a connection that stopped answering is kept",
         }
     }
 }

@@ -3,10 +3,12 @@
 //! passes every case.
 
 mod broken;
+mod link;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use anyhow::Context;
 use broken::{Broken, ChecksDeadlineFirst, Defect, Queued, StampsOnArrival};
 use dlock_compliance::suite::{self, Case};
 use dlock_compliance::Subject;
@@ -29,6 +31,8 @@ fn subject(service_kind: Service) -> Subject {
     };
     let service = Broken::new(defect);
     let capabilities = service.capabilities();
+    let linked = service.clone();
+    let replaces_silent = defect != Some(Defect::SilentConnectionKept);
     let name = match service_kind {
         Service::Plain(defect) => defect.map_or("correct", Defect::name),
         Service::CorrectQueue => "correct queue",
@@ -43,6 +47,15 @@ fn subject(service_kind: Service) -> Subject {
     Subject::new(name, capabilities, move || {
         let client = client.clone();
         async move { Ok(client) }
+    })
+    .with_proxied(vec![link::echo_server()], move |addrs| {
+        let inner: Arc<dyn DistributedLock> = Arc::new(linked.clone());
+        async move {
+            let addr = *addrs.first().context("no address to connect to")?;
+            let client: Arc<dyn DistributedLock> =
+                Arc::new(link::Linked::new(inner, addr, replaces_silent));
+            Ok(client)
+        }
     })
 }
 

@@ -21,12 +21,16 @@ mod storage;
 mod support;
 mod waiting;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use async_trait::async_trait;
 use dlock_compliance::fixtures::{docker_opt_out, Member, RedisServer};
-use dlock_compliance::{suite, Inspect, Outage, ServerControl, Subject, Timing};
+use dlock_compliance::{
+    suite, url_target, url_via, Inspect, Outage, ServerControl, Subject, Timing,
+};
 use dlock_core::{DistributedLock, FencingGuarantee};
 use dlock_redis::RedisLock;
 use libtest_mimic::{Arguments, Trial};
@@ -96,6 +100,23 @@ fn subject(shared: &RedisServer, outage: &RedisServer, main: Handle) -> Subject 
         })
         .with_inspect(Arc::new(KeyCount { url: shared.url() }))
         .with_outage(Outage::new(control, connect_to(outage.url())))
+        .with_proxied(
+            vec![url_target(&shared.url(), 6379).expect("the server's address")],
+            via(shared.url()),
+        )
+}
+
+/// Makes clients of the server at `url` that connect to the address they are given instead.
+fn via(url: String) -> impl Fn(Vec<SocketAddr>) -> support::ClientFuture + Send + Sync + 'static {
+    move |addrs| {
+        let url = url.clone();
+        Box::pin(async move {
+            let addr = addrs.first().context("no address to connect to")?;
+            let url = url_via(&url, *addr)?;
+            let client: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&url).await?);
+            Ok(client)
+        })
+    }
 }
 
 /// The same trial names, for a run that opted out of Docker.
@@ -103,7 +124,9 @@ fn placeholder_subject() -> Subject {
     let capabilities = dlock_core::Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
         .with_notifications();
     let outage = Outage::new(Arc::new(NoServer), connect_to(String::new()));
-    Subject::new("redis", capabilities, connect_to(String::new())).with_outage(outage)
+    Subject::new("redis", capabilities, connect_to(String::new()))
+        .with_outage(outage)
+        .with_proxied(Vec::new(), via(String::new()))
 }
 
 /// Runs the fixture's Docker calls on the runtime that created it, whichever runtime the

@@ -61,6 +61,11 @@ pub fn own_trials(url: String) -> Vec<Trial> {
             "waiting::a_lost_subscriber_connection_costs_only_latency",
             |u| Box::pin(crate::waiting::a_lost_subscriber_connection_costs_only_latency(u)),
         ),
+        ("waiting::a_silent_subscriber_connection_is_replaced", |u| {
+            Box::pin(crate::waiting::a_silent_subscriber_connection_is_replaced(
+                u,
+            ))
+        }),
         (
             "renewing::extend_many_answers_each_lease_in_one_script",
             |u| Box::pin(crate::renewing::extend_many_answers_each_lease_in_one_script(u)),

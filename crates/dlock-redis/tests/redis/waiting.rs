@@ -1,5 +1,6 @@
 //! Waiting: releases wake waiters through pub/sub (not a timer), one per release and client; an
-//! expiring holder is followed at its TTL; losing the subscriber connection costs only latency.
+//! expiring holder is followed at its TTL; losing the subscriber connection costs only latency, and
+//! one that goes silent is replaced.
 //!
 //! The waiters here poll so slowly (a fixed 30 s backoff) that only a notification or the holder's
 //! TTL can explain a prompt hand-over.
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use dlock_compliance::fixtures::RedisServer;
+use dlock_compliance::{url_target, url_via, FreezeProxy};
 use dlock_core::{Backoff, DistributedLockExt, LockOptions, Released};
 use dlock_redis::RedisLock;
 
@@ -213,4 +215,84 @@ pub async fn a_lost_subscriber_connection_costs_only_latency(_: String) -> anyho
     );
     server.shutdown().await?;
     Ok(())
+}
+
+/// The subscriber connection goes silent (a dropping proxy: bytes lost both ways, the connection
+/// left open) while a task waits without polling: the client notices by its health check,
+/// replaces the connection once the link carries bytes again, and the release then wakes the
+/// waiter promptly.
+pub async fn a_silent_subscriber_connection_is_replaced(_: String) -> anyhow::Result<()> {
+    let server = RedisServer::start().await?;
+    let url = server.url();
+    let proxy = FreezeProxy::start_dropping(url_target(&url, 6379)?).await?;
+    let switch = proxy.switch();
+    let holder_client = Arc::new(RedisLock::connect(&url).await?);
+    let waiter = Arc::new(RedisLock::connect(&url_via(&url, proxy.addr())?).await?);
+    let mut raw = support::raw(&url).await?;
+    let key = unique("silent-subscriber");
+    let opts = LockOptions::new(Duration::from_secs(60))
+        .with_retry(no_polling())
+        .with_wait(Duration::from_secs(40));
+    let held = holder_client.acquire(&key, &opts).await?;
+    let waiting = {
+        let (waiter, key, opts) = (waiter.clone(), key.clone(), opts.clone());
+        tokio::spawn(async move { waiter.acquire(&key, &opts).await })
+    };
+    let subscriber = pubsub_ids_when(&mut raw, Duration::from_secs(5), |_| true)
+        .await?
+        .context("the waiter never subscribed")?;
+
+    // Longer than a health check and its timeout.
+    switch.freeze();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    switch.thaw();
+    pubsub_ids_when(&mut raw, Duration::from_secs(10), |ids| {
+        ids != subscriber.as_slice()
+    })
+    .await?
+    .with_context(|| format!("the silent subscriber connection {subscriber:?} was not replaced"))?;
+
+    let released_at = Instant::now();
+    held.release().await?;
+    let lease = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .context("the waiter was not woken after the subscriber was replaced")???;
+    let took = released_at.elapsed();
+    ensure!(
+        took <= PROMPT,
+        "the waiter got the lock {took:?} after the release, not woken by a notification"
+    );
+    lease.release().await?;
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// The ids of the server's subscriber connections once there are some for which `wanted` holds,
+/// checked every 100 ms; `None` if that does not happen `within`.
+async fn pubsub_ids_when(
+    raw: &mut redis::aio::MultiplexedConnection,
+    within: Duration,
+    wanted: impl Fn(&[String]) -> bool,
+) -> anyhow::Result<Option<Vec<String>>> {
+    let start = Instant::now();
+    loop {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(raw)
+            .await?;
+        let ids: Vec<String> = list
+            .lines()
+            .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
+            .map(str::to_owned)
+            .collect();
+        if !ids.is_empty() && wanted(&ids) {
+            return Ok(Some(ids));
+        }
+        if start.elapsed() > within {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

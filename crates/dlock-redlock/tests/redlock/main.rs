@@ -22,12 +22,15 @@ mod fencing;
 mod inspect;
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_compliance::fixtures::{docker_opt_out, Member, RedisMasters};
-use dlock_compliance::{suite, Inspect, Outage, ServerControl, Subject, Timing};
+use dlock_compliance::{
+    suite, url_target, url_via, Inspect, Outage, ServerControl, Subject, Timing,
+};
 use dlock_core::{DistributedLock, FencingGuarantee};
 use libtest_mimic::{Arguments, Trial};
 use tokio::runtime::Handle;
@@ -104,6 +107,35 @@ fn subject(shared: &RedisMasters, outage: &RedisMasters, main: Handle) -> Subjec
             urls: shared.urls(),
         }))
         .with_outage(Outage::new(control, connect_to(outage.urls())))
+        .with_proxied(
+            shared
+                .urls()
+                .iter()
+                .map(|url| url_target(url, 6379).expect("a master's address"))
+                .collect(),
+            via(shared.urls()),
+        )
+}
+
+/// Makes clients of the masters at `urls` that connect to the addresses they are given instead,
+/// one per master in the same order.
+fn via(
+    urls: Vec<String>,
+) -> impl Fn(Vec<SocketAddr>) -> support::ClientFuture + Send + Sync + 'static {
+    move |addrs| {
+        let urls = urls.clone();
+        Box::pin(async move {
+            anyhow::ensure!(addrs.len() == urls.len(), "one address per master");
+            let urls = urls
+                .iter()
+                .zip(addrs)
+                .map(|(url, addr)| url_via(url, addr))
+                .collect::<anyhow::Result<Vec<String>>>()?;
+            let client: Arc<dyn DistributedLock> =
+                Arc::new(support::builder(&urls).connect().await?);
+            Ok(client)
+        })
+    }
 }
 
 /// The same trial names, for a run that opted out of Docker.
@@ -115,7 +147,9 @@ fn placeholder_subject() -> Subject {
         }),
         connect_to(Vec::new()),
     );
-    Subject::new("redlock", capabilities(), connect_to(Vec::new())).with_outage(outage)
+    Subject::new("redlock", capabilities(), connect_to(Vec::new()))
+        .with_outage(outage)
+        .with_proxied(Vec::new(), via(Vec::new()))
 }
 
 /// Stops and starts every master of the outage set, on the runtime that created the fixture

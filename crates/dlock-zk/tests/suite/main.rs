@@ -99,6 +99,10 @@ fn subject(
         let client: Arc<dyn DistributedLock> = Arc::new(Proxied::new(lock, proxy));
         Ok((client, switch))
     })
+    .with_proxied(vec![target], |addrs| async move {
+        let hosts: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+        shared(&url(&hosts.join(",")), SESSION).await
+    })
     .with_outage(outage))
 }
 
