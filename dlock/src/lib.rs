@@ -75,5 +75,5 @@ pub use dlock_etcd as etcd;
 /// The README's examples, compiled as doctests so they cannot rot. They live here, in the crate
 /// that sees every part of the API the README shows.
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
