@@ -122,7 +122,7 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
         if !args.only.is_empty() && !args.only.iter().any(|n| n == entry.name) {
             continue;
         }
-        if (entry.needs_docker)() && dlock_compliance::fixtures::docker_opt_out() {
+        if (entry.needs_docker)() && dlock_testkit::fixtures::docker_opt_out() {
             progress.say(
                 entry.name,
                 "skipped: DLOCK_TEST_NO_DOCKER=1 and no server given",

@@ -198,7 +198,7 @@ pub struct Frozen {
 
 pub async fn frozen(
     locks: &Arc<dyn DistributedLock>,
-    member: &dlock_compliance::fixtures::Member,
+    member: &dlock_testkit::fixtures::Member,
     what: String,
     plan: Plan,
 ) -> anyhow::Result<Frozen> {

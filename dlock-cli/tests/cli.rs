@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock::{DistributedLockExt, LockOptions};
-use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster, RedisMasters, RedisServer};
+use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster, RedisMasters, RedisServer};
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Handle;
 

@@ -1,22 +1,12 @@
-//! Shared test infrastructure for dlock's backends: server fixtures with fault injection.
+//! dlock's compliance suite: the same safety and liveness cases for every lock backend.
 //!
-//! The compliance suite runs the same lock scenarios against every backend, and the interesting
-//! scenarios are the broken ones — a frozen server, a crashed one, a lost disk, a partition. This
-//! crate starts the servers in Docker containers it can break on purpose, and removes them again
-//! however the test ends. See [`fixtures`] for what is available and how to run without Docker.
+//! A harness describes its backend as a [`Subject`] — how to make independent clients, what the
+//! backend declares, which faults it can be put through — and [`suite::trials`] turns every case
+//! that applies into a named test. The servers and fault switches come from `dlock-testkit`.
 
 #![deny(missing_docs)]
 
-pub mod analysis;
-pub mod fixtures;
-pub mod freeze;
-pub mod history;
-pub mod proxy;
 pub mod subject;
 pub mod suite;
 
-pub use analysis::Analysis;
-pub use freeze::Freezable;
-pub use history::{History, Violation};
-pub use proxy::{url_target, url_via, FreezeProxy};
-pub use subject::{Freeze, Inspect, Outage, ServerControl, Subject, Timing};
+pub use subject::{Inspect, Outage, Subject, Timing};

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{Capabilities, DistributedLock};
+use dlock_testkit::{Freeze, ServerControl};
 
 /// A boxed future returning a new client.
 pub type ClientFuture =
@@ -17,14 +18,6 @@ pub type ClientFuture =
 
 /// Makes a new, independent client of the service under test (its own connection or session).
 pub type Connect = Arc<dyn Fn() -> ClientFuture + Send + Sync>;
-
-/// Freezes one client's link to the service, as a long process pause or a partition would.
-pub trait Freeze: Send + Sync {
-    /// Stops the client's traffic (its renewals or keep-alives) from reaching the service.
-    fn freeze(&self);
-    /// Lets it through again.
-    fn thaw(&self);
-}
 
 /// A boxed future returning a new client and the switch that freezes it.
 pub type FreezableFuture = Pin<
@@ -40,15 +33,6 @@ pub type ConnectVia = Arc<dyn Fn(Vec<SocketAddr>) -> ClientFuture + Send + Sync>
 pub(crate) struct Proxied {
     targets: Vec<SocketAddr>,
     connect: ConnectVia,
-}
-
-/// Stops and starts the server behind a subject, for the outage case.
-#[async_trait]
-pub trait ServerControl: Send + Sync {
-    /// Makes the service unreachable (stop the server or all of its members).
-    async fn stop(&self) -> anyhow::Result<()>;
-    /// Brings it back.
-    async fn start(&self) -> anyhow::Result<()>;
 }
 
 /// Counts what the service stores, to check that rejected input left nothing behind.
@@ -170,9 +154,9 @@ impl Subject {
     }
 
     /// Makes freezable clients with `connect` instead of the default, which holds back the
-    /// client's extend calls ([`Freezable`](crate::Freezable)). Session-based backends, whose
+    /// client's extend calls ([`Freezable`](dlock_testkit::Freezable)). Session-based backends, whose
     /// client library keeps the session alive by itself, freeze the connection instead (see
-    /// [`FreezeProxy`](crate::FreezeProxy)).
+    /// [`FreezeProxy`](dlock_testkit::FreezeProxy)).
     pub fn with_freezable<F, Fut>(mut self, connect: F) -> Self
     where
         F: Fn() -> Fut + Send + Sync + 'static,
@@ -191,7 +175,7 @@ impl Subject {
         match &self.freezable {
             Some(connect) => connect().await,
             None => {
-                let freezable = crate::Freezable::new(self.client().await?);
+                let freezable = dlock_testkit::Freezable::new(self.client().await?);
                 let client: Arc<dyn DistributedLock> = Arc::new(freezable.clone());
                 Ok((client, Arc::new(freezable)))
             }
@@ -218,14 +202,14 @@ impl Subject {
     /// The proxies stop when the switch is dropped. `None` if the subject has no
     /// [`with_proxied`](Self::with_proxied) hook.
     ///
-    /// [`FreezeProxy::start_dropping`]: crate::FreezeProxy::start_dropping
+    /// [`FreezeProxy::start_dropping`]: dlock_testkit::FreezeProxy::start_dropping
     pub async fn proxied_client(
         &self,
     ) -> anyhow::Result<Option<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)>> {
         let Some(proxied) = &self.proxied else {
             return Ok(None);
         };
-        let proxies = crate::proxy::DroppingProxies::start(&proxied.targets).await?;
+        let proxies = dlock_testkit::DroppingProxies::start(&proxied.targets).await?;
         let client = (proxied.connect)(proxies.addrs()).await?;
         Ok(Some((client, Arc::new(proxies))))
     }

@@ -11,7 +11,7 @@
 //! cargo test -p dlock-etcd --test compliance
 //! ```
 //!
-//! [`FreezeProxy`]: dlock_compliance::FreezeProxy
+//! [`FreezeProxy`]: dlock_testkit::FreezeProxy
 
 #![allow(clippy::unwrap_used)]
 
@@ -22,13 +22,14 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use async_trait::async_trait;
-use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster};
-use dlock_compliance::{suite, url_target, Inspect, Outage, Subject, Timing};
+use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::{
     DistributedLock, DistributedLockExt, Error, FencingToken, Holding, LeaseState, LockOptions,
     LostReason, Released,
 };
 use dlock_etcd::EtcdLock;
+use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster};
+use dlock_testkit::url_target;
 use libtest_mimic::{Arguments, Trial};
 use tokio::time::Instant;
 

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_compliance::fixtures::{docker_opt_out, EtcdCluster};
 use dlock_core::{DistributedLockExt, Fenced, Lease, LeaseState, LockOptions, Released};
 use dlock_etcd::EtcdLock;
+use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster};
 use libtest_mimic::{Arguments, Trial};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use dlock_compliance::Analysis;
+use dlock_testkit::Analysis;
 use serde::Serialize;
 
 /// What happened in a cell (observed) or what a backend promises for it (declared).
@@ -75,9 +75,9 @@ pub fn classify(analysis: &Analysis, handed_on: bool) -> Class {
 mod tests {
     use std::time::Duration;
 
-    use dlock_compliance::analysis::analyze;
-    use dlock_compliance::history::{Event, EventKind};
     use dlock_core::FencingToken;
+    use dlock_testkit::analysis::analyze;
+    use dlock_testkit::history::{Event, EventKind};
 
     use super::*;
 

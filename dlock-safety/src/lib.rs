@@ -6,9 +6,9 @@
 //! ```
 //!
 //! Each cell runs one [`Scenario`] against one [`Backend`] on real servers (containers started by
-//! `dlock-compliance`'s fixtures, or the servers named in `DLOCK_TEST_REDIS_URL`,
+//! `dlock-testkit`'s fixtures, or the servers named in `DLOCK_TEST_REDIS_URL`,
 //! `DLOCK_TEST_REDLOCK_URLS`, `DLOCK_TEST_ZK_URL`, `DLOCK_TEST_ETCD_URL`), records what every client observed in a
-//! [`History`](dlock_compliance::History) — grants, losses, releases, writes to a counter guarded
+//! [`History`](dlock_testkit::History) — grants, losses, releases, writes to a counter guarded
 //! by a [`Fence`](dlock_core::Fence), operations with unknown outcomes — and classifies it
 //! ([`classify`]): safe, violation caught by fencing, violation not caught, or unavailable. Each
 //! backend declares, before anything runs, the class it expects per scenario, with a reason drawn
@@ -19,8 +19,8 @@
 //! the legacy `SETNX`/`GETSET` timestamp lock and a naive `SETNX`-then-`EXPIRE` lock, so the
 //! checker is seen catching what it should.
 //!
-//! The crate sits beside `dlock-compliance` rather than inside it: the backends dev-depend on the
-//! compliance crate, and the report depends on the backends.
+//! The report depends on the backends and on `dlock-testkit` (servers, faults, histories), not on
+//! the compliance suite.
 #![deny(missing_docs)]
 
 pub mod backend;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_compliance::fixtures::{
+use dlock_testkit::fixtures::{
     EtcdCluster, EtcdOptions, FixtureError, RedisMasters, RedisReplicated, RedisServer, ZkEnsemble,
     ZkOptions,
 };

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_compliance::History;
 use dlock_core::{
     DistributedLock, DistributedLockExt, Error, Fenced, FencingToken, Lease, LockOptions,
 };
+use dlock_testkit::History;
 use tokio::time::Instant;
 
 use crate::plan::Plan;

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::EtcdCluster;
 use dlock_core::DistributedLock;
 use dlock_etcd::EtcdLock;
+use dlock_testkit::fixtures::EtcdCluster;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::{freeze_target, Fixture, Setup};

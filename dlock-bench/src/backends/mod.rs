@@ -9,8 +9,8 @@ mod zk;
 
 use std::sync::Arc;
 
-use dlock_compliance::fixtures::{EtcdCluster, Member, RedisMasters, RedisServer, ZkEnsemble};
 use dlock_core::DistributedLock;
+use dlock_testkit::fixtures::{EtcdCluster, Member, RedisMasters, RedisServer, ZkEnsemble};
 use futures::future::BoxFuture;
 
 use crate::locker::{Client, Side};
@@ -97,8 +97,8 @@ pub const ENTRIES: &[Entry] = &[
 /// The member to freeze in a cluster with this leader and these members (see
 /// [`follower_to_freeze`]), or why there is none.
 fn freeze_target(
-    leader: dlock_compliance::fixtures::Result<usize>,
-    members: dlock_compliance::fixtures::Result<&[Member]>,
+    leader: dlock_testkit::fixtures::Result<usize>,
+    members: dlock_testkit::fixtures::Result<&[Member]>,
 ) -> Result<(Member, String), String> {
     let (Ok(leader), Ok(members)) = (leader, members) else {
         return Err("external servers".into());

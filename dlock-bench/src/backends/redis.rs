@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::RedisServer;
 use dlock_core::DistributedLock;
 use dlock_redis::{RedisLock, EXTEND_BATCH};
+use dlock_testkit::fixtures::RedisServer;
 use redis::aio::ConnectionManager;
 
 use super::{Fixture, Setup};

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::RedisMasters;
 use dlock_core::DistributedLock;
 use dlock_redis::EXTEND_BATCH;
 use dlock_redlock::RedlockBuilder;
+use dlock_testkit::fixtures::RedisMasters;
 use redis::aio::MultiplexedConnection;
 
 use super::{Fixture, Setup};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::{ZkEnsemble, ZkOptions};
 use dlock_core::DistributedLock;
+use dlock_testkit::fixtures::{ZkEnsemble, ZkOptions};
 use dlock_zk::ZkLock;
 use zookeeper_client as zk;
 

@@ -8,7 +8,7 @@ use anyhow::{ensure, Context};
 use dlock_core::DistributedLockExt;
 
 use super::Ctx;
-use crate::history::History;
+use dlock_testkit::History;
 
 const CLIENTS: usize = 4;
 const TASKS_PER_CLIENT: usize = 2;

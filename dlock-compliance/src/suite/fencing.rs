@@ -6,7 +6,7 @@ use anyhow::{bail, ensure};
 use dlock_core::{DistributedLockExt, Fenced, FencingToken};
 
 use super::Ctx;
-use crate::history::History;
+use dlock_testkit::History;
 
 const HOLDERS: usize = 9;
 

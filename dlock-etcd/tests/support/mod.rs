@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bollard::exec::{CreateExecOptions, StartExecResults};
-use dlock_compliance::{Freeze, FreezeProxy};
 use dlock_core::{DistributedLock, LockKey};
 use dlock_etcd::EtcdLock;
+use dlock_testkit::{Freeze, FreezeProxy};
 use futures::StreamExt;
 use libtest_mimic::{Failed, Trial};
 use tokio::task::JoinHandle;
@@ -139,7 +139,7 @@ pub struct Exec {
 impl Exec {
     /// Starts `cmd` in `container`.
     pub async fn start(container: &str, cmd: Vec<String>) -> anyhow::Result<Exec> {
-        let docker = dlock_compliance::fixtures::connect_docker().await?;
+        let docker = dlock_testkit::fixtures::connect_docker().await?;
         let exec = docker
             .create_exec(
                 container,

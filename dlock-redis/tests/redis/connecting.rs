@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use dlock_compliance::fixtures::RedisServer;
 use dlock_core::{DistributedLockExt, Error, LockOptions};
 use dlock_redis::RedisLock;
+use dlock_testkit::fixtures::RedisServer;
 use tokio::net::TcpListener;
 
 use crate::support::{self, unique};

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::{bail, ensure, Context};
-use dlock_compliance::fixtures::RedisServer;
 use dlock_core::{AutoRenew, DistributedLockExt, Error, LockOptions, Released};
 use dlock_redis::{scripts, RedisLock};
+use dlock_testkit::fixtures::RedisServer;
 
 use crate::support::{self, unique};
 

@@ -27,12 +27,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_trait::async_trait;
-use dlock_compliance::fixtures::{docker_opt_out, Member, RedisServer};
-use dlock_compliance::{
-    suite, url_target, url_via, Inspect, Outage, ServerControl, Subject, Timing,
-};
+use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::{DistributedLock, FencingGuarantee};
 use dlock_redis::RedisLock;
+use dlock_testkit::fixtures::{docker_opt_out, Member, RedisServer};
+use dlock_testkit::{url_target, url_via, ServerControl};
 use libtest_mimic::{Arguments, Trial};
 use tokio::runtime::Handle;
 

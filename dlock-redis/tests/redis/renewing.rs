@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::ensure;
-use dlock_compliance::fixtures::RedisServer;
 use dlock_core::{
     DistributedLock, DistributedLockExt, ExtendRequest, Extension, LeaseRef, LockKey, LockOptions,
     OwnerToken,
 };
 use dlock_redis::{RedisLock, EXTEND_BATCH};
+use dlock_testkit::fixtures::RedisServer;
 use redis::aio::MultiplexedConnection;
 
 use crate::support::{self, unique};

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_compliance::fixtures::RedisServer;
-use dlock_compliance::{url_target, url_via, FreezeProxy};
 use dlock_core::{Backoff, DistributedLockExt, LockOptions, Released};
 use dlock_redis::RedisLock;
+use dlock_testkit::fixtures::RedisServer;
+use dlock_testkit::{url_target, url_via, FreezeProxy};
 
 use crate::support::{self, unique};
 

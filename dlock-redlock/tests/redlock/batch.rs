@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use dlock_compliance::fixtures::RedisMasters;
 use dlock_core::{
     Attempt, DistributedLock, Error, ExtendRequest, Extension, LeaseRef, LockKey, LockRequest,
     OwnerToken, Result,
 };
 use dlock_redlock::RedlockLock;
+use dlock_testkit::fixtures::RedisMasters;
 use tokio::time::Instant;
 
 use crate::support::{self, unique, NODE_TIMEOUT};

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_compliance::fixtures::RedisMasters;
 use dlock_core::{DistributedLockExt, Error, FencingToken, LockOptions};
 use dlock_redlock::RedlockLock;
+use dlock_testkit::fixtures::RedisMasters;
 use std::sync::Arc;
 use tokio::time::Instant;
 

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_compliance::fixtures::RedisMasters;
 use dlock_core::{
     DistributedLock, DistributedLockExt, FencingGuarantee, FencingToken, LockOptions,
 };
 use dlock_redis::keys::fence_key;
+use dlock_testkit::fixtures::RedisMasters;
 
 use crate::support::{self, unique};
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_compliance::fixtures::RedisMasters;
 use dlock_core::{DistributedLock, DistributedLockExt, Error, Holding, LockKey, LockOptions};
 use dlock_redis::keys::fence_key;
+use dlock_testkit::fixtures::RedisMasters;
 use redis::aio::MultiplexedConnection;
 
 use crate::support::{self, unique};

@@ -27,11 +27,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::{docker_opt_out, Member, RedisMasters};
-use dlock_compliance::{
-    suite, url_target, url_via, Inspect, Outage, ServerControl, Subject, Timing,
-};
+use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::{DistributedLock, FencingGuarantee};
+use dlock_testkit::fixtures::{docker_opt_out, Member, RedisMasters};
+use dlock_testkit::{url_target, url_via, ServerControl};
 use libtest_mimic::{Arguments, Trial};
 use tokio::runtime::Handle;
 

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::EtcdCluster;
 use dlock_core::DistributedLock;
 use dlock_etcd::EtcdLock;
+use dlock_testkit::fixtures::EtcdCluster;
 
 use super::freeze::Proxies;
 use super::{fault_error, FreezableClient, Target};

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use dlock_compliance::{Freeze, FreezeProxy};
+use dlock_testkit::{Freeze, FreezeProxy};
 
 /// The proxies of one client; freezing freezes all of them.
 pub(crate) struct Proxies {

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::Freezable;
 use dlock_core::{DistributedLock, InMemoryLock};
+use dlock_testkit::Freezable;
 
 use super::{FreezableClient, Target};
 

@@ -1,6 +1,6 @@
 //! What a scenario runs against: clients of one backend, and the faults its deployment allows.
 //!
-//! Each target owns (or shares) a server fixture from `dlock-compliance`, so the servers are real:
+//! Each target owns (or shares) a server fixture from `dlock-testkit`, so the servers are real:
 //! containers the run may break, or servers named in the `DLOCK_TEST_*_URL` variables, on which
 //! the client-side faults still work and the server-side ones are reported as not run.
 
@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::Freeze;
 use dlock_core::DistributedLock;
+use dlock_testkit::Freeze;
 
 pub use self::etcd::EtcdTarget;
 pub use self::memory::MemoryTarget;
@@ -94,9 +94,9 @@ pub trait Target: Send + Sync {
 }
 
 /// Maps a fixture's "faults need containers" error to [`FaultUnavailable`].
-pub(crate) fn fault_error(e: dlock_compliance::fixtures::FixtureError) -> anyhow::Error {
+pub(crate) fn fault_error(e: dlock_testkit::fixtures::FixtureError) -> anyhow::Error {
     match e {
-        dlock_compliance::fixtures::FixtureError::FaultInjectionUnavailable { .. } => {
+        dlock_testkit::fixtures::FixtureError::FaultInjectionUnavailable { .. } => {
             FaultUnavailable(e.to_string()).into()
         }
         other => other.into(),

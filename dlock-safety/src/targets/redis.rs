@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::{RedisReplicated, RedisServer};
 use dlock_core::DistributedLock;
 use dlock_redis::RedisLock;
+use dlock_testkit::fixtures::{RedisReplicated, RedisServer};
 
 use super::freeze::Proxies;
 use super::{fault_error, FreezableClient, Target};

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
-use dlock_compliance::fixtures::RedisMasters;
 use dlock_core::DistributedLock;
 use dlock_redlock::RedlockLock;
+use dlock_testkit::fixtures::RedisMasters;
 
 use super::freeze::Proxies;
 use super::{fault_error, FreezableClient, Target};
@@ -154,7 +154,7 @@ impl Target for RedlockTarget {
             .unwrap_or_else(PoisonError::into_inner)
             .take()
         {
-            dlock_compliance::Freeze::thaw(&*proxies);
+            dlock_testkit::Freeze::thaw(&*proxies);
         }
         Ok(())
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use async_trait::async_trait;
-use dlock_compliance::fixtures::RedisReplicated;
 use dlock_core::DistributedLock;
+use dlock_testkit::fixtures::RedisReplicated;
 use tokio::time::Instant;
 
 use super::fault_error;

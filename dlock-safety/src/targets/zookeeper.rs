@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::ZkEnsemble;
 use dlock_core::DistributedLock;
+use dlock_testkit::fixtures::ZkEnsemble;
 use dlock_zk::ZkLock;
 
 use super::freeze::Proxies;

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_compliance::fixtures::{four_letter_word, Member, ZkEnsemble};
 use dlock_core::{
     DistributedLockExt, Fenced, Lease, LeaseState, LockOptions, LostReason, Released,
 };
+use dlock_testkit::fixtures::{four_letter_word, Member, ZkEnsemble};
 use dlock_zk::ZkLock;
 use libtest_mimic::Trial;
 use tokio::sync::mpsc;
@@ -111,7 +111,7 @@ impl Ctx {
     async fn fault<F, Fut>(&self, member: usize, what: &'static str, f: F) -> anyhow::Result<()>
     where
         F: FnOnce(Member) -> Fut,
-        Fut: Future<Output = dlock_compliance::fixtures::Result<()>> + Send + 'static,
+        Fut: Future<Output = dlock_testkit::fixtures::Result<()>> + Send + 'static,
     {
         let member = self.ensemble.member(member)?.clone();
         let task = self.fixtures.spawn(f(member));

@@ -17,7 +17,7 @@ mod cases;
 
 use std::sync::Arc;
 
-use dlock_compliance::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
+use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
 use libtest_mimic::{Arguments, Trial};
 
 use support::{fixture_runtime, TICK};

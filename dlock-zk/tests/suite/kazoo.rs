@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::ensure;
-use dlock_compliance::fixtures::connect_docker;
 use dlock_core::{DistributedLockExt, LockOptions, Released};
+use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::ZkLock;
 use tokio::time::Instant;
 

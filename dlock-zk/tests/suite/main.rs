@@ -23,9 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_compliance::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
-use dlock_compliance::{suite, Freeze, FreezeProxy, Inspect, Outage, Subject, Timing};
+use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::{Capabilities, DistributedLock, FencingGuarantee};
+use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
+use dlock_testkit::{Freeze, FreezeProxy};
 use dlock_zk::{decode_key, ZkLock, DEFAULT_ROOT};
 use libtest_mimic::{Arguments, Trial};
 

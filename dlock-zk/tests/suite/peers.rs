@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_compliance::fixtures::connect_docker;
 use dlock_core::{DistributedLockExt, LockOptions};
+use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::{Naming, ZkLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_compliance::FreezeProxy;
 use dlock_core::{DistributedLockExt, Error, Holding, LockOptions, Released};
+use dlock_testkit::FreezeProxy;
 use dlock_zk::ZkLock;
 use libtest_mimic::Trial;
 use tokio::time::Instant;

@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::subject::Freeze;
+use crate::control::Freeze;
 
 /// What a frozen link does with the bytes sent over it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,11 +123,12 @@ pub fn url_via(url: &str, addr: SocketAddr) -> anyhow::Result<String> {
 
 /// Dropping proxies in front of every address of a service, frozen and thawed together; they
 /// stop when this is dropped.
-pub(crate) struct DroppingProxies(Vec<FreezeProxy>);
+#[derive(Debug)]
+pub struct DroppingProxies(Vec<FreezeProxy>);
 
 impl DroppingProxies {
     /// One [`FreezeProxy::start_dropping`] per target, in order.
-    pub(crate) async fn start(targets: &[SocketAddr]) -> std::io::Result<Self> {
+    pub async fn start(targets: &[SocketAddr]) -> std::io::Result<Self> {
         let mut proxies = Vec::with_capacity(targets.len());
         for target in targets {
             proxies.push(FreezeProxy::start_dropping(*target).await?);
@@ -136,7 +137,7 @@ impl DroppingProxies {
     }
 
     /// The addresses to connect to instead of the targets, in the same order.
-    pub(crate) fn addrs(&self) -> Vec<SocketAddr> {
+    pub fn addrs(&self) -> Vec<SocketAddr> {
         self.0.iter().map(FreezeProxy::addr).collect()
     }
 }

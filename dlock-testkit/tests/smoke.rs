@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
-//! cargo test -p dlock-compliance --test smoke
+//! cargo test -p dlock-testkit --test smoke
 //! ```
 //!
 //! With `DLOCK_TEST_NO_DOCKER=1` the container-backed trials are reported as ignored; without
@@ -17,7 +17,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use dlock_compliance::fixtures::{
+use dlock_testkit::fixtures::{
     docker_opt_out, four_letter_word, EtcdCluster, RedisMasters, RedisOptions, RedisServer,
     ZkEnsemble, ZkOptions,
 };

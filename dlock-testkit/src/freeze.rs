@@ -50,7 +50,7 @@ impl Freezable {
     }
 }
 
-impl crate::subject::Freeze for Freezable {
+impl crate::control::Freeze for Freezable {
     fn freeze(&self) {
         Freezable::freeze(self);
     }

@@ -1,0 +1,23 @@
+//! What every dlock test harness needs to run lock servers and break them on purpose.
+//!
+//! The compliance suite, the safety report and the benchmark all run real servers and inject
+//! faults — a frozen server, a crashed one, a lost disk, a partition, a silent link. This crate
+//! owns that: [`fixtures`] start Redis, etcd and ZooKeeper in Docker containers (or use servers
+//! named in `DLOCK_TEST_*` variables) and remove them however the run ends; [`FreezeProxy`] and
+//! [`Freezable`] freeze one client's link; [`History`] records what every client observed and
+//! [`Analysis`] counts what went wrong.
+
+#![deny(missing_docs)]
+
+pub mod analysis;
+pub mod control;
+pub mod fixtures;
+pub mod freeze;
+pub mod history;
+pub mod proxy;
+
+pub use analysis::Analysis;
+pub use control::{Freeze, ServerControl};
+pub use freeze::Freezable;
+pub use history::{History, Violation};
+pub use proxy::{url_target, url_via, DroppingProxies, FreezeProxy};
