@@ -5,11 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, ExtendRequest, Extension, Grant, LeaseRef,
-    LockKey, LockRequest, Released, Result,
-};
-use tokio::time::Instant;
+use dlock_core::{DistributedLock, ExtendRequest, Extension, Layer, LeaseRef, Result};
 
 /// Counts what passes through `extend` and `extend_many`.
 #[derive(Debug)]
@@ -42,17 +38,9 @@ impl Counting {
 }
 
 #[async_trait]
-impl DistributedLock for Counting {
-    fn backend_name(&self) -> &'static str {
-        self.inner.backend_name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        self.inner.try_lock(req).await
+impl Layer for Counting {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.inner.as_ref()
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
@@ -71,26 +59,13 @@ impl DistributedLock for Counting {
                 self.inner.extend_many(requests).await
             }
             None => {
-                futures::future::join_all(requests.iter().map(|r| self.extend(&r.lease, r.ttl)))
-                    .await
+                futures::future::join_all(
+                    requests
+                        .iter()
+                        .map(|r| Layer::extend(self, &r.lease, r.ttl)),
+                )
+                .await
             }
         }
-    }
-
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        self.inner.release(lease).await
-    }
-
-    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        self.inner.wait_for_release(key, until).await
-    }
-
-    async fn lock(
-        &self,
-        req: &LockRequest<'_>,
-        deadline: Option<Instant>,
-        retry: &Backoff,
-    ) -> Result<Grant> {
-        self.inner.lock(req, deadline, retry).await
     }
 }

@@ -341,4 +341,19 @@ macro_rules! forward_distributed_lock {
     )*};
 }
 
-forward_distributed_lock!(Arc, Box);
+forward_distributed_lock!(Arc);
+
+/// A boxed service is a [`Layer`](crate::Layer) that changes nothing. (Not a forwarding impl
+/// like `Arc`'s: every layer is a lock service, and a box of a local type counts as local
+/// elsewhere, so the two impls could meet.)
+impl crate::layer::Layer for Box<dyn DistributedLock> {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.as_ref()
+    }
+}
+
+impl<T: DistributedLock> crate::layer::Layer for Box<T> {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.as_ref()
+    }
+}

@@ -10,12 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, LeaseRef, LockKey,
-    LockRequest, Released, Result,
-};
+use dlock_core::{DistributedLock, ExtendRequest, Extension, Layer, LeaseRef, Result};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// A client whose renewals can be frozen and thawed.
 #[derive(Debug, Clone)]
@@ -61,17 +57,9 @@ impl crate::control::Freeze for Freezable {
 }
 
 #[async_trait]
-impl DistributedLock for Freezable {
-    fn backend_name(&self) -> &'static str {
-        self.inner.backend_name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        self.inner.try_lock(req).await
+impl Layer for Freezable {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.inner.as_ref()
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
@@ -79,20 +67,8 @@ impl DistributedLock for Freezable {
         self.inner.extend(lease, ttl).await
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        self.inner.release(lease).await
-    }
-
-    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        self.inner.wait_for_release(key, until).await
-    }
-
-    async fn lock(
-        &self,
-        req: &LockRequest<'_>,
-        deadline: Option<Instant>,
-        retry: &Backoff,
-    ) -> Result<Grant> {
-        self.inner.lock(req, deadline, retry).await
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        self.wait_thawed().await;
+        self.inner.extend_many(requests).await
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken,
-    Grant, LeaseRef, LockKey, LockRequest, OwnerToken, Released, Result,
+    Grant, Layer, LeaseRef, LockRequest, OwnerToken, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -223,29 +223,9 @@ impl DistributedLock for Broken {
 pub struct StampsOnArrival(pub Broken);
 
 #[async_trait]
-impl DistributedLock for StampsOnArrival {
-    fn backend_name(&self) -> &'static str {
-        "broken"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        self.0.try_lock(req).await
-    }
-
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        self.0.extend(lease, ttl).await
-    }
-
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        self.0.release(lease).await
-    }
-
-    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        self.0.wait_for_release(key, until).await
+impl Layer for StampsOnArrival {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.0
     }
 
     async fn lock(
@@ -266,25 +246,9 @@ impl DistributedLock for StampsOnArrival {
 pub struct ChecksDeadlineFirst(pub Broken);
 
 #[async_trait]
-impl DistributedLock for ChecksDeadlineFirst {
-    fn backend_name(&self) -> &'static str {
-        "broken"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        self.0.try_lock(req).await
-    }
-
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        self.0.extend(lease, ttl).await
-    }
-
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        self.0.release(lease).await
+impl Layer for ChecksDeadlineFirst {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.0
     }
 
     async fn lock(
@@ -367,13 +331,9 @@ impl Drop for LeaveOnDrop<'_> {
 }
 
 #[async_trait]
-impl DistributedLock for Queued {
-    fn backend_name(&self) -> &'static str {
-        "broken"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl Layer for Queued {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.inner
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
@@ -384,10 +344,6 @@ impl DistributedLock for Queued {
             return Ok(Attempt::Busy { retry_after: None });
         }
         self.inner.try_lock(req).await
-    }
-
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        self.inner.extend(lease, ttl).await
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, LeaseRef, LockKey,
-    LockOptions, LockRequest, Released, Result,
+    Attempt, Backoff, DistributedLock, Grant, Layer, LockOptions, LockRequest, Result,
 };
 use tokio::time::Instant;
 
@@ -70,31 +69,15 @@ impl SlowFirstGrant {
 }
 
 #[async_trait]
-impl DistributedLock for SlowFirstGrant {
-    fn backend_name(&self) -> &'static str {
-        self.inner.backend_name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl Layer for SlowFirstGrant {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.inner.as_ref()
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let reply = self.inner.try_lock(req).await;
         let granted = matches!(reply, Ok(Attempt::Acquired(_)));
         self.deliver(granted, reply).await
-    }
-
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        self.inner.extend(lease, ttl).await
-    }
-
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        self.inner.release(lease).await
-    }
-
-    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        self.inner.wait_for_release(key, until).await
     }
 
     async fn lock(
