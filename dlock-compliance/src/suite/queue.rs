@@ -86,6 +86,10 @@ async fn hand_off_past_a_waiter_that_gave_up(cx: Ctx, how: GivesUp) -> anyhow::R
         GivesUp::TimesOut => "timed out",
         GivesUp::IsDropped => "was dropped",
     };
+    eprintln!(
+        "[hand-off] {}: after a waiter {gave_up}: median {median:?}, p99 {p99:?} over {ROUNDS} rounds",
+        cx.subject().name()
+    );
     ensure!(
         median <= HAND_OFF && p99 <= SLOWEST_HAND_OFF,
         "after a waiter {gave_up}, the next waiter held {median:?} (median of {ROUNDS} rounds; \
