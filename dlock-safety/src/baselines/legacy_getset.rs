@@ -13,35 +13,23 @@ use dlock_core::{
     Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken, Grant,
     LeaseRef, LockRequest, Released, Result,
 };
-use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
-use super::connection::{connect, error};
+use super::connection::Baseline;
 
 const NAME: &str = "legacy-setnx-getset";
 
 /// The legacy baseline (see the module docs).
-#[derive(Clone)]
-pub struct LegacyGetSetLock {
-    conn: ConnectionManager,
-}
-
-impl std::fmt::Debug for LegacyGetSetLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LegacyGetSetLock")
-    }
-}
+#[derive(Clone, Debug)]
+pub struct LegacyGetSetLock(Baseline);
 
 impl LegacyGetSetLock {
     /// Connects to the Redis server at `url`.
     pub async fn connect(url: &str) -> Result<Self> {
-        let conn = connect(url).await.map_err(|e| error(NAME, e))?;
-        Ok(LegacyGetSetLock { conn })
+        Ok(LegacyGetSetLock(
+            Baseline::connect(NAME, "baseline:legacy:", url).await?,
+        ))
     }
-}
-
-fn key(req_key: &dlock_core::LockKey) -> String {
-    format!("baseline:legacy:{req_key}")
 }
 
 fn now_ms() -> u64 {
@@ -73,14 +61,14 @@ impl DistributedLock for LegacyGetSetLock {
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let mut conn = self.conn.clone();
-        let key = key(req.key);
+        let mut conn = self.0.conn();
+        let key = self.0.key(req.key);
         let set: bool = redis::cmd("SETNX")
             .arg(&key)
             .arg(expiry(req.ttl))
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         if set {
             return Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)));
         }
@@ -88,7 +76,7 @@ impl DistributedLock for LegacyGetSetLock {
             .arg(&key)
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         let now = now_ms();
         match parse(current) {
             Some(until) if until > now => Ok(Attempt::Busy {
@@ -100,7 +88,7 @@ impl DistributedLock for LegacyGetSetLock {
                     .arg(expiry(req.ttl))
                     .query_async(&mut conn)
                     .await
-                    .map_err(|e| error(NAME, e))?;
+                    .map_err(|e| self.0.error(e))?;
                 if parse(old).is_none_or(|until| until <= now_ms()) {
                     Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)))
                 } else {
@@ -112,30 +100,30 @@ impl DistributedLock for LegacyGetSetLock {
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         // The scheme has no extend; deployments rewrote the timestamp, whoever held the key.
-        let mut conn = self.conn.clone();
+        let mut conn = self.0.conn();
         let _: Option<String> = redis::cmd("GETSET")
-            .arg(key(lease.key))
+            .arg(self.0.key(lease.key))
             .arg(expiry(ttl))
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         Ok(Extension::Extended)
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let mut conn = self.conn.clone();
-        let key = key(lease.key);
+        let mut conn = self.0.conn();
+        let key = self.0.key(lease.key);
         let current: Option<String> = redis::cmd("GET")
             .arg(&key)
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         if parse(current).is_some_and(|until| until > now_ms()) {
             let _: u64 = redis::cmd("DEL")
                 .arg(&key)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| error(NAME, e))?;
+                .map_err(|e| self.0.error(e))?;
             Ok(Released::Released)
         } else {
             Ok(Released::Expired)

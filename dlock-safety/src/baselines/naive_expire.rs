@@ -10,35 +10,23 @@ use dlock_core::{
     Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken, Grant,
     LeaseRef, LockRequest, Released, Result,
 };
-use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
-use super::connection::{connect, error};
+use super::connection::Baseline;
 
 const NAME: &str = "naive-setnx-expire";
 
 /// The naive baseline (see the module docs).
-#[derive(Clone)]
-pub struct NaiveExpireLock {
-    conn: ConnectionManager,
-}
-
-impl std::fmt::Debug for NaiveExpireLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("NaiveExpireLock")
-    }
-}
+#[derive(Clone, Debug)]
+pub struct NaiveExpireLock(Baseline);
 
 impl NaiveExpireLock {
     /// Connects to the Redis server at `url`.
     pub async fn connect(url: &str) -> Result<Self> {
-        let conn = connect(url).await.map_err(|e| error(NAME, e))?;
-        Ok(NaiveExpireLock { conn })
+        Ok(NaiveExpireLock(
+            Baseline::connect(NAME, "baseline:naive:", url).await?,
+        ))
     }
-}
-
-fn key(req_key: &dlock_core::LockKey) -> String {
-    format!("baseline:naive:{req_key}")
 }
 
 fn millis(ttl: Duration) -> u64 {
@@ -57,14 +45,14 @@ impl DistributedLock for NaiveExpireLock {
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let mut conn = self.conn.clone();
-        let key = key(req.key);
+        let mut conn = self.0.conn();
+        let key = self.0.key(req.key);
         let set: bool = redis::cmd("SETNX")
             .arg(&key)
             .arg(req.owner.to_hex())
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         if !set {
             return Ok(Attempt::Busy { retry_after: None });
         }
@@ -73,18 +61,18 @@ impl DistributedLock for NaiveExpireLock {
             .arg(millis(req.ttl))
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)))
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.0.conn();
         let armed: bool = redis::cmd("PEXPIRE")
-            .arg(key(lease.key))
+            .arg(self.0.key(lease.key))
             .arg(millis(ttl))
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         Ok(if armed {
             Extension::Extended
         } else {
@@ -93,12 +81,12 @@ impl DistributedLock for NaiveExpireLock {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.0.conn();
         let deleted: u64 = redis::cmd("DEL")
-            .arg(key(lease.key))
+            .arg(self.0.key(lease.key))
             .query_async(&mut conn)
             .await
-            .map_err(|e| error(NAME, e))?;
+            .map_err(|e| self.0.error(e))?;
         Ok(if deleted > 0 {
             Released::Released
         } else {

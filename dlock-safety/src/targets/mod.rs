@@ -4,13 +4,12 @@
 //! containers the run may break, or servers named in the `DLOCK_TEST_*_URL` variables, on which
 //! the client-side faults still work and the server-side ones are reported as not run.
 
-mod etcd;
+mod consensus;
 mod freeze;
 mod memory;
 mod redis;
 mod redlock;
 mod replication;
-mod zookeeper;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,12 +18,11 @@ use async_trait::async_trait;
 use dlock_core::DistributedLock;
 use dlock_testkit::Freeze;
 
-pub use self::etcd::EtcdTarget;
+pub use self::consensus::{ConsensusTarget, EtcdTarget, ZkTarget};
 pub use self::memory::MemoryTarget;
 pub use self::redis::{RedisFlavor, RedisTarget};
 pub use self::redlock::RedlockTarget;
 pub use self::replication::Replication;
-pub use self::zookeeper::ZkTarget;
 
 /// A client and the switch that freezes its link.
 pub type FreezableClient = (Arc<dyn DistributedLock>, Arc<dyn Freeze>);
