@@ -674,21 +674,39 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
 /// `status` on etcd, which can tell the holder's token: held with the token the lease has
 /// (exit 75), then free (exit 0) after the release. Looking takes nothing: the holder keeps it.
 fn status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
-    let key = format!("cli-etcd-status-{}", std::process::id());
-    let url = servers.etcd_url.clone();
-    let (locks, lease) = servers.handle.block_on(async {
-        let locks = dlock::connect(&url).await?;
+    status_shows_holder_then_free(servers, &servers.etcd_url, "etcd", "")
+}
+
+/// Holds `key` through the library on `url`: the handle and the lease.
+fn hold(servers: &Servers, url: &str, key: &str) -> Result<(dlock::Locks, dlock::Lease), Failed> {
+    Ok(servers.handle.block_on(async {
+        let locks = dlock::connect(url).await?;
         let lease = locks
-            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+            .acquire(key, &LockOptions::new(Duration::from_secs(60)))
             .await?;
         Ok::<_, dlock::Error>((locks, lease))
-    })?;
-    let output = dlock_status(&servers.etcd_url, &key);
+    })?)
+}
+
+/// `status` on `url` while a lease holds the key: exit 75 and `KEY: held (fencing token N)` then
+/// `after_token`; the holder keeps its lease; after the release, exit 0 and `KEY: free`.
+fn status_shows_holder_then_free(
+    servers: &Servers,
+    url: &str,
+    backend: &str,
+    after_token: &str,
+) -> Result<(), Failed> {
+    let key = format!("cli-{backend}-status-{}", std::process::id());
+    let (locks, lease) = hold(servers, url, &key)?;
+    let output = dlock_status(url, &key);
     exits(&output, 75)?;
-    let expected = format!("{key}: held (fencing token {})\n", lease.fencing_token());
+    let expected = format!(
+        "{key}: held (fencing token {}){after_token}",
+        lease.fencing_token()
+    );
     ensure!(
-        text(&output.stdout) == expected,
-        "status printed {:?}, expected {expected:?}",
+        text(&output.stdout).starts_with(&expected),
+        "status printed {:?}, expected {expected:?}…",
         text(&output.stdout)
     );
     ensure!(
@@ -698,7 +716,7 @@ fn status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
     );
     servers.handle.block_on(lease.release())?;
     drop(locks);
-    let output = dlock_status(&servers.etcd_url, &key);
+    let output = dlock_status(url, &key);
     exits(&output, 0)?;
     ensure!(
         text(&output.stdout) == format!("{key}: free\n"),
@@ -715,14 +733,7 @@ fn interrupted_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     let dir = scratch("interrupted");
     let marker = dir.join("ran").display().to_string();
     let key = format!("cli-etcd-interrupted-{}", std::process::id());
-    let url = servers.etcd_url.clone();
-    let (locks, lease) = servers.handle.block_on(async {
-        let locks = dlock::connect(&url).await?;
-        let lease = locks
-            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
-            .await?;
-        Ok::<_, dlock::Error>((locks, lease))
-    })?;
+    let (locks, lease) = hold(servers, &servers.etcd_url, &key)?;
     let waiter = spawn(&mut dlock_run(
         &servers.etcd_url,
         &key,
@@ -803,41 +814,7 @@ fn timed_out_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
 /// `status` on Redlock reads every master: held with the lease's token and its remaining TTL
 /// (exit 75), then free (exit 0) after the release; the holder keeps the lock meanwhile.
 fn redlock_status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
-    let key = format!("cli-redlock-status-{}", std::process::id());
-    let url = servers.redlock_url.clone();
-    let (locks, lease) = servers.handle.block_on(async {
-        let locks = dlock::connect(&url).await?;
-        let lease = locks
-            .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
-            .await?;
-        Ok::<_, dlock::Error>((locks, lease))
-    })?;
-    let output = dlock_status(&servers.redlock_url, &key);
-    exits(&output, 75)?;
-    let expected = format!(
-        "{key}: held (fencing token {}), expires in ",
-        lease.fencing_token()
-    );
-    ensure!(
-        text(&output.stdout).starts_with(&expected),
-        "status printed {:?}, expected {expected:?}…",
-        text(&output.stdout)
-    );
-    ensure!(
-        lease.is_held(),
-        "looking took the lock from its holder: {:?}",
-        lease.state()
-    );
-    servers.handle.block_on(lease.release())?;
-    drop(locks);
-    let output = dlock_status(&servers.redlock_url, &key);
-    exits(&output, 0)?;
-    ensure!(
-        text(&output.stdout) == format!("{key}: free\n"),
-        "status after release: {:?}",
-        text(&output.stdout)
-    );
-    Ok(())
+    status_shows_holder_then_free(servers, &servers.redlock_url, "redlock", ", expires in ")
 }
 
 /// `fence_ttl` in the URL reaches the server: after a `dlock run`, the key's counter expires in
