@@ -126,7 +126,9 @@ impl ZkLockBuilder {
         self
     }
 
-    /// How long opening a session may take before the call fails (default: the session timeout).
+    /// How long opening a session, or waiting for a lost connection to come back, may take before
+    /// the call fails with [`Error::Unavailable`] (default: the session timeout). A waiting
+    /// acquire whose connection stays down this long fails too, rather than waiting on.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
         self
