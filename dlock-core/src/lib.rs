@@ -56,6 +56,7 @@ mod session;
 mod state;
 mod token;
 pub mod url;
+mod waiting;
 
 pub use backend::{
     Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
@@ -74,3 +75,4 @@ pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
+pub use waiting::{check_within, Waiting};

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use dlock_core::url::redact_password;
-use dlock_core::{Error, Result};
+use dlock_core::{check_within, Error, Result};
 
 use crate::client::EtcdLock;
 use crate::layout::{KeyLayout, DEFAULT_NAMESPACE};
@@ -184,26 +184,15 @@ impl EtcdLockBuilder {
             .map(|e| normalize_endpoint(e))
             .collect::<Result<Vec<_>>>()?;
         let layout = KeyLayout::new(self.namespace.clone())?;
-        if !(MIN_SESSION_TTL..=MAX_SESSION_TTL).contains(&self.session_ttl) {
-            return Err(Error::invalid(
-                "session_ttl",
-                format!(
-                    "{:?} is outside {MIN_SESSION_TTL:?}..={MAX_SESSION_TTL:?}",
-                    self.session_ttl
-                ),
-            ));
-        }
-        for (field, timeout) in [
-            ("request_timeout", self.request_timeout),
-            ("connect_timeout", self.connect_timeout),
-        ] {
-            if timeout.is_zero() || timeout > MAX_TIMEOUT {
-                return Err(Error::invalid(
-                    field,
-                    format!("{timeout:?} must be greater than zero and at most {MAX_TIMEOUT:?}"),
-                ));
-            }
-        }
+        check_within(
+            "session_ttl",
+            self.session_ttl,
+            MIN_SESSION_TTL..=MAX_SESSION_TTL,
+        )?;
+        // Any time above zero, up to the maximum.
+        let timeouts = Duration::from_nanos(1)..=MAX_TIMEOUT;
+        check_within("request_timeout", self.request_timeout, timeouts.clone())?;
+        check_within("connect_timeout", self.connect_timeout, timeouts)?;
         if let Some((user, _)) = &self.credentials {
             if user.is_empty() {
                 return Err(Error::invalid("credentials", "the user name is empty"));

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
     FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
-    SessionState,
+    SessionState, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
@@ -369,18 +369,13 @@ impl Shared {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let started = Instant::now();
-        let timeout = || Error::Timeout {
-            key: req.key.to_string(),
-            waited: started.elapsed(),
-        };
+        let mut waiting = Waiting::new(req.key, deadline, retry);
         let Some(guard) = self.table.turn(req.key, deadline).await else {
-            return Err(timeout());
+            return Err(waiting.timeout());
         };
         let mut turn = Turn::new(self.table.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
         let owner = req.owner.to_hex();
-        let mut failures = 0u32;
         let mut agains = 0u32;
         loop {
             let error = match self
@@ -389,7 +384,7 @@ impl Shared {
             {
                 Ok(won) => return self.hold(turn, req, won, prefix),
                 Err(Step::Done(error)) => return Err(error),
-                Err(Step::Deadline) => return Err(timeout()),
+                Err(Step::Deadline) => return Err(waiting.timeout()),
                 Err(Step::Again) if agains < LEFTOVER_ATTEMPTS => {
                     agains += 1;
                     continue;
@@ -404,15 +399,11 @@ impl Shared {
             // A temporary failure: try again while a live session bounds the wait. If the
             // cluster stays unreachable the session expires and the error is returned.
             let now = Instant::now();
-            if self.sessions.usable().is_none() || deadline.is_some_and(|d| now >= d) {
+            if self.sessions.usable().is_none() || waiting.is_over(now) {
                 return Err(error);
             }
-            let mut until = now + retry.delay(failures);
-            if let Some(d) = deadline {
-                until = until.min(d);
-            }
+            let until = waiting.next_attempt(now, None);
             tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
-            failures = failures.saturating_add(1);
             agains = 0;
             tokio::time::sleep_until(until).await;
         }

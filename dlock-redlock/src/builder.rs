@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
+use dlock_core::{check_within, Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
 use dlock_redis::keys::KeyLayout;
 use dlock_redis::{check_fence_ttl, check_timeout, Endpoint};
 use tracing::Instrument;
@@ -230,22 +230,13 @@ impl RedlockBuilder {
         check_timeout("connect_timeout", self.connect_timeout)?;
         // Against the longest TTL; each request checks it against its own.
         self.drift.validate(MAX_TTL)?;
-        if self.retry_jitter > MAX_BACKOFF {
-            return Err(Error::invalid(
-                "retry_jitter",
-                format!(
-                    "{:?} exceeds the maximum of {MAX_BACKOFF:?}",
-                    self.retry_jitter
-                ),
-            ));
-        }
+        check_within(
+            "retry_jitter",
+            self.retry_jitter,
+            Duration::ZERO..=MAX_BACKOFF,
+        )?;
         if let Some(max_ttl) = self.delayed_restart {
-            if !(MIN_TTL..=MAX_TTL).contains(&max_ttl) {
-                return Err(Error::invalid(
-                    "delayed_restart",
-                    format!("{max_ttl:?} is outside {MIN_TTL:?}..={MAX_TTL:?}"),
-                ));
-            }
+            check_within("delayed_restart", max_ttl, MIN_TTL..=MAX_TTL)?;
         }
         if let Some(ttl) = self.fence_ttl {
             check_fence_ttl(ttl)?;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{Error, Result};
+use dlock_core::{check_within, Error, Result};
 
 use crate::connect_string::{check_path, ConnectString};
 use crate::naming::Naming;
@@ -216,13 +216,7 @@ impl ZkLockBuilder {
 }
 
 fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
-    if timeout < MIN_TIMEOUT || timeout > MAX_TIMEOUT {
-        return Err(Error::invalid(
-            field,
-            format!("{timeout:?} is outside {MIN_TIMEOUT:?} to {MAX_TIMEOUT:?}"),
-        ));
-    }
-    Ok(())
+    check_within(field, timeout, MIN_TIMEOUT..=MAX_TIMEOUT)
 }
 
 #[cfg(test)]
