@@ -9,7 +9,7 @@ use tracing::Instrument;
 use crate::connection::{self, Connection};
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
-use crate::keys::KeyLayout;
+use crate::protocol::keys::KeyLayout;
 use crate::wakeups::Wakeups;
 
 /// The default bound on one request: far above a healthy round trip (well under a millisecond on

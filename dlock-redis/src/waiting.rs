@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::lock::RedisLock;
-use crate::keys;
-use crate::scripts::AcquireReply;
+use crate::protocol::keys;
+use crate::protocol::scripts::AcquireReply;
 
 /// How long after the holder's TTL ends a waiter comes back: 1 ms plus up to 2 ms of jitter.
 fn past_expiry() -> Duration {

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{check_within, Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
-use dlock_redis::keys::KeyLayout;
-use dlock_redis::{check_fence_ttl, check_timeout, Endpoint};
+use dlock_redis::protocol::keys::KeyLayout;
+use dlock_redis::protocol::{check_fence_ttl, check_timeout};
+use dlock_redis::Endpoint;
 use tracing::Instrument;
 
 use crate::lock::{RedlockLock, Settings};

@@ -30,8 +30,8 @@
 //!
 //! The client keeps one multiplexed connection per master and replaces it in the background
 //! when it breaks; every new connection is checked with `INFO server` (see the delayed restart
-//! below). Keys are those of [`dlock_redis`] ([`dlock_redis::keys`]), and each operation is
-//! one of its scripts ([`dlock_redis::scripts`]), run on every master.
+//! below). Keys are those of [`dlock_redis`] (`dlock_redis::protocol::keys`), and each operation is
+//! one of its scripts (`dlock_redis::protocol::scripts`), run on every master.
 //!
 //! # The algorithm
 //!
@@ -64,7 +64,7 @@
 //!   where the owner holds it; it never touches another owner's key.
 //! * **Batched renewal**: auto-renew re-arms every due lease of a client with one
 //!   [`extend_many`](dlock_core::DistributedLock::extend_many) call. It sends one
-//!   [`EXTEND_MANY`](dlock_redis::scripts::EXTEND_MANY) script per
+//!   `EXTEND_MANY` script per
 //!   [`EXTEND_BATCH`](dlock_redis::EXTEND_BATCH) leases to every master in parallel — one round
 //!   for up to 500 leases instead of one round each — and decides each lease by exactly the
 //!   rules of a single extend (the same code). A batch's per-node timeout is that of its longest
@@ -76,7 +76,7 @@
 //! with [`RedlockBuilder::fencing`]). Each master keeps a per-key counter, incremented by the
 //! acquire script atomically with the grant. The client takes the **maximum** `T` over the
 //! masters that granted, then **writes `T` back** — as a maximum, never lowering a counter (the
-//! [`RAISE_FENCE`](dlock_redis::scripts::RAISE_FENCE) script, which also checks that the owner
+//! `RAISE_FENCE` script, which also checks that the owner
 //! still holds the key there) — to the granted masters whose counter is below `T`. The lock counts
 //! as acquired only when a quorum of masters both hold the key for the owner and have a counter of
 //! at least `T`, all within the validity. When the masters' counters already agree (the usual
@@ -163,7 +163,7 @@
 //! master they touch. Tokens stay strictly increasing while no name is idle longer than that;
 //! after a longer pause the counters restart from the masters' clocks, above the earlier tokens as
 //! long as no master's clock went back or lags another master's by more than the pause (see
-//! [`dlock_redis::scripts`]).
+//! `dlock_redis::protocol::scripts`).
 //!
 //! # Waiting
 //!

@@ -142,7 +142,7 @@ impl Node {
                 if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
                     self.broken(link.generation);
                 }
-                Err(self.failure(Arc::new(dlock_redis::error_from_redis(op, e))))
+                Err(self.failure(Arc::new(dlock_redis::protocol::error_from_redis(op, e))))
             }
         }
     }
@@ -264,7 +264,7 @@ async fn open(node: &Node) -> Result<Link, Arc<Error>> {
         .set_connection_timeout(Some(node.connect_timeout))
         // Every request is bounded by its caller's per-node timeout instead.
         .set_response_timeout(None);
-    let fail = |op, e| Arc::new(dlock_redis::error_from_redis(op, e));
+    let fail = |op, e| Arc::new(dlock_redis::protocol::error_from_redis(op, e));
     let mut connection = node
         .client
         .get_multiplexed_async_connection_with_config(&config)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use dlock_core::{DistributedLockExt, FencingToken, LockOptions};
-use dlock_redis::keys::fence_key;
+use dlock_redis::protocol::keys::fence_key;
 use dlock_redis::RedisLock;
 use redis::aio::MultiplexedConnection;
 

@@ -8,7 +8,7 @@ use anyhow::{ensure, Context};
 use dlock_core::{
     DistributedLock, DistributedLockExt, FencingGuarantee, FencingToken, LockOptions,
 };
-use dlock_redis::keys::fence_key;
+use dlock_redis::protocol::keys::fence_key;
 use dlock_testkit::fixtures::RedisMasters;
 
 use crate::support::{self, unique};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use dlock_core::{DistributedLock, DistributedLockExt, Error, Holding, LockKey, LockOptions};
-use dlock_redis::keys::fence_key;
+use dlock_redis::protocol::keys::fence_key;
 use dlock_testkit::fixtures::RedisMasters;
 use redis::aio::MultiplexedConnection;
 

@@ -367,7 +367,7 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
 }
 
 /// Runs [`ACQUIRE`] for `owner` (the owner token's hex form) on `lock_key` and its `fence_key`
-/// (see [`crate::keys`]); `fence_ttl`, if any, becomes the counter's expiry.
+/// (see [`crate::protocol::keys`]); `fence_ttl`, if any, becomes the counter's expiry.
 ///
 /// # Cancel safety
 /// If dropped, the lock may or may not have been taken; release by owner token to be sure.
