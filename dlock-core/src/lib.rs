@@ -64,7 +64,7 @@ pub use backend::{
 };
 pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};
-pub use ext::{DistributedLockExt, SharedLock};
+pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
 pub use inspect::Holding;
 pub use key::{LockKey, MAX_KEY_LEN};

@@ -42,8 +42,8 @@ pub const MAX_FENCE_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// use dlock_redis::RedisLock;
 ///
 /// let locks = RedisLock::builder("redis://:secret@10.0.0.5:6379/2")
-///     .prefix("billing:")
-///     .request_timeout(Duration::from_millis(500))
+///     .with_prefix("billing:")
+///     .with_request_timeout(Duration::from_millis(500))
 ///     .connect()
 ///     .await?;
 /// # Ok(()) }
@@ -73,7 +73,7 @@ impl RedisLockBuilder {
     /// Puts `prefix` before every lock name to form its key. Empty by default, so that a lock
     /// named `n` is the key `n` that other single-instance clients (redis-py's `Lock`, redsync)
     /// use too.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
@@ -81,13 +81,13 @@ impl RedisLockBuilder {
     /// Bounds every request, including waiting for a reconnection
     /// ([`DEFAULT_REQUEST_TIMEOUT`]). A request that gets no answer in time fails with
     /// [`Error::Unavailable`](dlock_core::Error::Unavailable); its effect on the server is then unknown.
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
 
     /// Bounds establishing a connection ([`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
@@ -98,7 +98,7 @@ impl RedisLockBuilder {
     /// acquire script. Tokens stay strictly increasing while no key is idle longer than `ttl`;
     /// after that the counter restarts from the server's clock, above the earlier tokens unless
     /// the clock went back (see [`scripts`](crate::protocol::scripts#the-fencing-counters-expiry)).
-    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_fence_ttl(mut self, ttl: Duration) -> Self {
         self.fence_ttl = Some(ttl);
         self
     }
@@ -212,7 +212,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .prefix("p".repeat(2000))
+                    .with_prefix("p".repeat(2000))
                     .connect()
                     .await
             ),
@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .request_timeout(Duration::ZERO)
+                    .with_request_timeout(Duration::ZERO)
                     .connect()
                     .await
             ),
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .connect_timeout(Duration::from_secs(3600))
+                    .with_connect_timeout(Duration::from_secs(3600))
                     .connect()
                     .await
             ),
@@ -239,7 +239,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .fence_ttl(Duration::from_secs(3600))
+                    .with_fence_ttl(Duration::from_secs(3600))
                     .connect()
                     .await
             ),

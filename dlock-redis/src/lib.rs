@@ -99,7 +99,7 @@
 //! `MEMORY USAGE` reports 72 bytes for the counter of a name of up to about 15 bytes (104 for a
 //! 44-byte name), and 100,000 counters named like `jobs/item-N` raise `used_memory` by about 90
 //! bytes each — some 90 MB per million names; an expiry adds about 42 bytes per counter while it
-//! is set. [`RedisLockBuilder::fence_ttl`] (the `fence_ttl` URL
+//! is set. [`RedisLockBuilder::with_fence_ttl`] (the `fence_ttl` URL
 //! parameter of `dlock::connect`) bounds that: each grant gives the counter an expiry, so it goes
 //! away once its name has been idle that long. Tokens then stay strictly increasing while no name
 //! is idle for longer than the fence TTL; after such a pause the counter restarts from the

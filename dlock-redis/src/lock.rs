@@ -103,7 +103,7 @@ impl RedisLock {
     }
 
     /// The expiry each grant gives the key's fencing counter; `None`: counters never expire
-    /// (see [`RedisLockBuilder::fence_ttl`]).
+    /// (see [`RedisLockBuilder::with_fence_ttl`]).
     pub fn fence_ttl(&self) -> Option<Duration> {
         self.inner.fence_ttl
     }

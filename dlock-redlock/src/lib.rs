@@ -48,7 +48,7 @@
 //!   `ttl − (ttl × drift.factor + drift.fixed)` — the same formula and the same `sent` stamp from
 //!   which dlock's core computes the lease's validity deadline, so the lease the caller gets ends
 //!   where the algorithm says it does. (The core applies [`LockOptions::drift`](dlock_core::LockOptions::drift); the client checks
-//!   its own [`RedlockBuilder::drift`], both [`Drift::default`](dlock_core::Drift) unless set:
+//!   its own [`RedlockBuilder::with_drift`], both [`Drift::default`](dlock_core::Drift) unless set:
 //!   whichever is larger decides.)
 //! * **On failure** (too few grants, or too late) the client releases on **every** master,
 //!   including those that did not answer — their answer may have been lost — and reports either
@@ -57,7 +57,7 @@
 //!   "reached R of N nodes, needed Q".
 //! * **Retry**: a waiting acquire tries again after the caller's jittered backoff, bounded by the
 //!   holder's remaining TTL and by the caller's deadline, and wakes a random bit (up to
-//!   [`RedlockBuilder::retry_jitter`]) earlier, so that contenders that split the masters between
+//!   [`RedlockBuilder::with_retry_jitter`]) earlier, so that contenders that split the masters between
 //!   them do not keep doing so.
 //! * **Extend** re-arms the TTL on every master where the owner still holds the key, and succeeds
 //!   only if a quorum did so within the new validity. **Release** deletes the key on every master
@@ -73,7 +73,7 @@
 //! # Fencing tokens
 //!
 //! No other Redlock implementation hands out fencing tokens; this one does (unless turned off
-//! with [`RedlockBuilder::fencing`]). Each master keeps a per-key counter, incremented by the
+//! with [`RedlockBuilder::with_fencing`]). Each master keeps a per-key counter, incremented by the
 //! acquire script atomically with the grant. The client takes the **maximum** `T` over the
 //! masters that granted, then **writes `T` back** — as a maximum, never lowering a counter (the
 //! `RAISE_FENCE` script, which also checks that the owner
@@ -121,7 +121,7 @@
 //! * **`appendfsync everysec`** (Redis's default with AOF) can lose the last second of writes on a
 //!   crash (not on a clean shutdown): a lock granted in that second, and its counter increment, can
 //!   be lost. **No persistence** (a cache-only Redis) loses everything on any restart. Both need:
-//! * **Delayed restart** ([`RedlockBuilder::delayed_restart`]): a restarted master must not take
+//! * **Delayed restart** ([`RedlockBuilder::with_delayed_restart`]): a restarted master must not take
 //!   part for the longest TTL in use, after which every lock it knew has expired anyway. The client
 //!   checks every connection it opens with `INFO server`: a master whose server process started
 //!   less than `max_ttl` (plus the drift allowance) ago does not count towards any quorum
@@ -158,7 +158,7 @@
 //! # Storage
 //!
 //! As with [`dlock_redis`], each master keeps one counter per lock name ever granted, unless
-//! [`RedlockBuilder::fence_ttl`] (the `fence_ttl` URL parameter) lets counters expire once their
+//! [`RedlockBuilder::with_fence_ttl`] (the `fence_ttl` URL parameter) lets counters expire once their
 //! name has been idle that long: the acquire script and the write-back re-arm the expiry on every
 //! master they touch. Tokens stay strictly increasing while no name is idle longer than that;
 //! after a longer pause the counters restart from the masters' clocks, above the earlier tokens as

@@ -35,7 +35,7 @@
 //! # The fencing counter's expiry
 //!
 //! By default a counter never expires: one small key stays behind for every lock name ever
-//! granted. With a fence TTL (`RedisLockBuilder::fence_ttl`, the `fence_ttl` URL parameter) the
+//! granted. With a fence TTL (`RedisLockBuilder::with_fence_ttl`, the `fence_ttl` URL parameter) the
 //! acquire script gives the counter that expiry with every grant, in the same script, so a
 //! counter disappears once its key has gone unused (no grant) for the fence TTL.
 //!

@@ -27,7 +27,7 @@ pub async fn a_quorum_decides_held_or_free() -> anyhow::Result<()> {
     let urls = masters.urls();
     let client = Arc::new(
         support::builder(&urls)
-            .node_timeout(PATIENT)
+            .with_node_timeout(PATIENT)
             .connect()
             .await?,
     );
@@ -99,7 +99,7 @@ pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error() -> anyhow
     let masters = RedisMasters::start(5).await?;
     let client = Arc::new(
         support::builder(&masters.urls())
-            .node_timeout(PATIENT)
+            .with_node_timeout(PATIENT)
             .connect()
             .await?,
     );

@@ -34,11 +34,11 @@ impl EtcdTarget {
     async fn connect(endpoints: &[String]) -> anyhow::Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(
             EtcdLock::builder()
-                .endpoints(endpoints.iter().cloned())
-                .namespace("dlock-safety/")
-                .session_ttl(SESSION)
-                .request_timeout(Duration::from_secs(2))
-                .connect_timeout(Duration::from_secs(10))
+                .with_endpoints(endpoints.iter().cloned())
+                .with_namespace("dlock-safety/")
+                .with_session_ttl(SESSION)
+                .with_request_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(10))
                 .connect()
                 .await?,
         ))

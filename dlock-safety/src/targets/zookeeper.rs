@@ -37,7 +37,7 @@ impl ZkTarget {
             ZkLock::builder(&url)
                 .with_session_timeout(SESSION)
                 .with_root("/dlock-safety")
-                .build()
+                .connect()
                 .await?,
         ))
     }
