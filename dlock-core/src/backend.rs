@@ -21,6 +21,7 @@ use crate::key::LockKey;
 use crate::retry::Backoff;
 use crate::session::SessionWatch;
 use crate::token::{FencingToken, OwnerToken};
+use crate::waiting::Waiting;
 
 /// How strongly a backend orders the fencing tokens of successive holders of one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -271,31 +272,16 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let started = Instant::now();
-        let mut attempt = 0u32;
+        let mut waiting = Waiting::new(req.key, deadline, retry);
         loop {
             let sent = Instant::now();
             let retry_after = match self.try_lock(req).await? {
                 Attempt::Acquired(grant) => return Ok(grant.sent_no_later_than(sent)),
                 Attempt::Busy { retry_after } => retry_after,
             };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(Error::Timeout {
-                    key: req.key.to_string(),
-                    waited: now - started,
-                });
-            }
-            let mut delay = retry.delay(attempt);
-            attempt = attempt.saturating_add(1);
-            if let Some(left) = retry_after {
-                // Wake when the holder's TTL ends, not a whole backoff later.
-                delay = delay.min(left + Duration::from_millis(1));
-            }
-            let mut until = now + delay;
-            if let Some(d) = deadline {
-                until = until.min(d);
-            }
+            let now = waiting.check()?;
+            let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
+            let until = waiting.next_attempt(now, holder_left);
             self.wait_for_release(req.key, until).await?;
         }
     }

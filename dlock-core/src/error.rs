@@ -5,6 +5,7 @@
 //! trait object. "Busy" is deliberately not here: a lock held by someone else is the normal answer of
 //! [`try_acquire`](crate::DistributedLockExt::try_acquire), not a failure.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::state::LostReason;
@@ -117,6 +118,16 @@ impl Error {
         Error::InvalidInput {
             field,
             message: message.into(),
+        }
+    }
+
+    /// Builds the [`Error::Unavailable`] of a request `what` that got no answer within `after`:
+    /// the one way every backend reports a request timeout.
+    pub fn no_answer(what: impl fmt::Display, after: Duration) -> Self {
+        Error::Unavailable {
+            reached: 0,
+            needed: 1,
+            source: Some(format!("{what}: no answer within {after:?}").into()),
         }
     }
 

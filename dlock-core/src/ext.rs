@@ -21,24 +21,24 @@ use crate::token::OwnerToken;
 
 /// A handle that can be shared with the leases it grants: `Arc<dyn DistributedLock>` or
 /// `Arc<B>` for a concrete backend `B`.
-pub trait SharedLock: Send + Sync {
+pub trait LockHandle: Send + Sync {
     /// The handle as the trait object that leases keep (a reference-count increment).
     fn shared(&self) -> Arc<dyn DistributedLock>;
 }
 
-impl<T: DistributedLock> SharedLock for Arc<T> {
+impl<T: DistributedLock> LockHandle for Arc<T> {
     fn shared(&self) -> Arc<dyn DistributedLock> {
         self.clone()
     }
 }
 
-impl SharedLock for Arc<dyn DistributedLock> {
+impl LockHandle for Arc<dyn DistributedLock> {
     fn shared(&self) -> Arc<dyn DistributedLock> {
         self.clone()
     }
 }
 
-/// The user-facing lock operations, for every [`SharedLock`] handle. Do not implement it: the
+/// The user-facing lock operations, for every [`LockHandle`] handle. Do not implement it: the
 /// blanket implementation covers every backend.
 ///
 /// ```
@@ -57,7 +57,7 @@ impl SharedLock for Arc<dyn DistributedLock> {
 /// lease.release().await?;
 /// # Ok(()) }
 /// ```
-pub trait DistributedLockExt: SharedLock {
+pub trait DistributedLockExt: LockHandle {
     /// One attempt: `Some(lease)` if the lock was free, `None` if it is busy.
     ///
     /// Answers after one round trip. `opts.wait` is ignored; the attempt gives up (with
@@ -137,7 +137,7 @@ pub trait DistributedLockExt: SharedLock {
     }
 }
 
-impl<S: SharedLock + ?Sized> DistributedLockExt for S {}
+impl<S: LockHandle + ?Sized> DistributedLockExt for S {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {

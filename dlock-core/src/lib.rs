@@ -57,6 +57,7 @@ mod session;
 mod state;
 mod token;
 pub mod url;
+mod waiting;
 
 pub use backend::{
     Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
@@ -64,7 +65,7 @@ pub use backend::{
 };
 pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};
-pub use ext::{DistributedLockExt, SharedLock};
+pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
 pub use inspect::Holding;
 pub use key::{LockKey, MAX_KEY_LEN};
@@ -76,3 +77,4 @@ pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
+pub use waiting::{check_within, Waiting};

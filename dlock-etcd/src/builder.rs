@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use dlock_core::url::redact_password;
-use dlock_core::{Error, Result};
+use dlock_core::{check_within, Error, Result};
 
 use crate::client::EtcdLock;
 use crate::layout::{KeyLayout, DEFAULT_NAMESPACE};
@@ -49,9 +49,9 @@ impl fmt::Debug for Secret {
 /// use dlock_etcd::EtcdLock;
 ///
 /// let locks = EtcdLock::builder()
-///     .endpoints(["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])
-///     .namespace("billing/locks/")
-///     .session_ttl(Duration::from_secs(15))
+///     .with_endpoints(["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])
+///     .with_namespace("billing/locks/")
+///     .with_session_ttl(Duration::from_secs(15))
 ///     .connect()
 ///     .await?;
 /// # drop(locks); Ok(()) }
@@ -123,13 +123,13 @@ impl EtcdLockBuilder {
 
     /// Adds an endpoint: `host:port` or `http://host:port`. The client spreads requests over all
     /// endpoints and moves to another when one fails.
-    pub fn endpoint(mut self, endpoint: impl Into<String>) -> Self {
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoints.push(endpoint.into());
         self
     }
 
     /// Adds endpoints.
-    pub fn endpoints<I, S>(mut self, endpoints: I) -> Self
+    pub fn with_endpoints<I, S>(mut self, endpoints: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -140,32 +140,36 @@ impl EtcdLockBuilder {
 
     /// Sets the namespace every lock name starts with (default `dlock/`); see
     /// [`KeyLayout`](crate::KeyLayout).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
     }
 
     /// Sets the TTL of the client's session lease (whole seconds, rounded up). It bounds how long
     /// a client that dies or is cut off keeps its locks; a live client keeps the lease alive.
-    pub fn session_ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_session_ttl(mut self, ttl: Duration) -> Self {
         self.session_ttl = ttl;
         self
     }
 
     /// Sets how long one request may wait for an answer before it fails as unavailable.
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
 
     /// Sets how long [`connect`](Self::connect) may take in total.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// Authenticates as `user` (etcd's user/password authentication).
-    pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
         self.credentials = Some((user.into(), Secret(password.into())));
         self
     }
@@ -184,26 +188,15 @@ impl EtcdLockBuilder {
             .map(|e| normalize_endpoint(e))
             .collect::<Result<Vec<_>>>()?;
         let layout = KeyLayout::new(self.namespace.clone())?;
-        if !(MIN_SESSION_TTL..=MAX_SESSION_TTL).contains(&self.session_ttl) {
-            return Err(Error::invalid(
-                "session_ttl",
-                format!(
-                    "{:?} is outside {MIN_SESSION_TTL:?}..={MAX_SESSION_TTL:?}",
-                    self.session_ttl
-                ),
-            ));
-        }
-        for (field, timeout) in [
-            ("request_timeout", self.request_timeout),
-            ("connect_timeout", self.connect_timeout),
-        ] {
-            if timeout.is_zero() || timeout > MAX_TIMEOUT {
-                return Err(Error::invalid(
-                    field,
-                    format!("{timeout:?} must be greater than zero and at most {MAX_TIMEOUT:?}"),
-                ));
-            }
-        }
+        check_within(
+            "session_ttl",
+            self.session_ttl,
+            MIN_SESSION_TTL..=MAX_SESSION_TTL,
+        )?;
+        // Any time above zero, up to the maximum.
+        let timeouts = Duration::from_nanos(1)..=MAX_TIMEOUT;
+        check_within("request_timeout", self.request_timeout, timeouts.clone())?;
+        check_within("connect_timeout", self.connect_timeout, timeouts)?;
         if let Some((user, _)) = &self.credentials {
             if user.is_empty() {
                 return Err(Error::invalid("credentials", "the user name is empty"));
@@ -286,7 +279,7 @@ mod tests {
     #[test]
     fn endpoints_are_normalized() {
         let s = EtcdLockBuilder::new()
-            .endpoints(["127.0.0.1:2379", "http://etcd-1:2379", "[::1]:2379"])
+            .with_endpoints(["127.0.0.1:2379", "http://etcd-1:2379", "[::1]:2379"])
             .validate()
             .unwrap();
         assert_eq!(
@@ -301,7 +294,7 @@ mod tests {
 
     #[test]
     fn every_bad_setting_names_its_field() {
-        let ok = EtcdLockBuilder::new().endpoint("localhost:2379");
+        let ok = EtcdLockBuilder::new().with_endpoint("localhost:2379");
         assert_eq!(field_of(EtcdLockBuilder::new()), "endpoints");
         for endpoint in [
             "localhost",
@@ -314,47 +307,50 @@ mod tests {
             "[::1:2379",
         ] {
             assert_eq!(
-                field_of(ok.clone().endpoint(endpoint)),
+                field_of(ok.clone().with_endpoint(endpoint)),
                 "endpoints",
                 "{endpoint}"
             );
         }
         assert_eq!(
-            field_of(ok.clone().session_ttl(Duration::ZERO)),
+            field_of(ok.clone().with_session_ttl(Duration::ZERO)),
             "session_ttl"
         );
         assert_eq!(
-            field_of(ok.clone().session_ttl(MAX_SESSION_TTL * 2)),
+            field_of(ok.clone().with_session_ttl(MAX_SESSION_TTL * 2)),
             "session_ttl"
         );
         assert_eq!(
-            field_of(ok.clone().request_timeout(Duration::ZERO)),
+            field_of(ok.clone().with_request_timeout(Duration::ZERO)),
             "request_timeout"
         );
         assert_eq!(
-            field_of(ok.clone().connect_timeout(Duration::from_secs(3600))),
+            field_of(ok.clone().with_connect_timeout(Duration::from_secs(3600))),
             "connect_timeout"
         );
         assert_eq!(
-            field_of(ok.clone().namespace("n".repeat(4096))),
+            field_of(ok.clone().with_namespace("n".repeat(4096))),
             "namespace"
         );
-        assert_eq!(field_of(ok.clone().credentials("", "pw")), "credentials");
+        assert_eq!(
+            field_of(ok.clone().with_credentials("", "pw")),
+            "credentials"
+        );
         assert!(ok.validate().is_ok());
     }
 
     #[test]
     fn debug_and_errors_hide_the_password() {
         let b = EtcdLockBuilder::new()
-            .endpoint("h:2379")
-            .credentials("app", "hunter2");
+            .with_endpoint("h:2379")
+            .with_credentials("app", "hunter2");
         let shown = format!("{b:?}");
         assert!(
             !shown.contains("hunter2") && shown.contains("app"),
             "{shown}"
         );
         let err = EtcdLockBuilder::new()
-            .endpoint("app:hunter2@h:2379")
+            .with_endpoint("app:hunter2@h:2379")
             .validate()
             .unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");

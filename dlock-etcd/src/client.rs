@@ -9,13 +9,14 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
     FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
-    SessionState,
+    SessionState, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::acquire_guard::AcquireGuard;
 use crate::builder::{EtcdLockBuilder, Settings};
 use crate::contention::{
     ahead, anyone, confirm_own, delete_by_owner, delete_own, holder, join, occupied,
@@ -25,10 +26,9 @@ use crate::endpoints::Endpoints;
 use crate::error::{closed, BACKEND};
 use crate::keywatch::KeyWatch;
 use crate::layout::{contender_key, lease_hex, KeyLayout};
+use crate::local_queue::{Held, LocalExpiry, LocalQueue};
 use crate::requests::{RequestError, Requests};
 use crate::session::{Session, SessionSlot};
-use crate::table::{Held, Table, Term};
-use crate::turn::Turn;
 use crate::waiting::{arm, WaitError, Woken};
 use crate::watchdog::{merge, Watchdog, WATCH_AFTER};
 
@@ -46,21 +46,23 @@ const LEFTOVER_ATTEMPTS: u32 = 3;
 /// documentation for the protocol and what each guarantee rests on.
 #[derive(Clone)]
 pub struct EtcdLock {
-    shared: Arc<Shared>,
+    state: Arc<ClientState>,
 }
 
-struct Shared {
+/// What every clone of one [`EtcdLock`] shares: its connections, settings, session and the
+/// locks it holds or waits for.
+struct ClientState {
     requests: Requests,
     settings: Settings,
     sessions: SessionSlot,
-    table: Arc<Table>,
+    local_queue: Arc<LocalQueue>,
     keys: Arc<KeyWatch>,
     closed: AtomicBool,
 }
 
 impl fmt::Debug for EtcdLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.shared;
+        let s = &self.state;
         f.debug_struct("EtcdLock")
             .field("endpoints", &s.settings.endpoints)
             .field("namespace", &s.settings.layout.namespace())
@@ -69,26 +71,26 @@ impl fmt::Debug for EtcdLock {
                 &s.settings.credentials.as_ref().map(|(user, _)| user),
             )
             .field("session", &s.sessions.current_id().map(lease_hex))
-            .field("keys", &s.table.len())
+            .field("keys", &s.local_queue.len())
             .field("closed", &s.closed.load(Ordering::Relaxed))
             .finish()
     }
 }
 
 /// Why one pass of a waiting acquire did not end with the lock.
-enum Step {
+enum ContendError {
     /// Give up with this error.
-    Done(Error),
+    Fatal(Error),
     /// The caller's deadline passed.
     Deadline,
     /// A temporary failure: try again after a pause, while a session still bounds the wait.
-    Retry(Error),
+    Temporary(Error),
     /// Try again at once (the session was replaced, or our own leftover key was removed).
-    Again,
+    Restart,
 }
 
 /// Where a waiting acquire stands once the lock is its own.
-struct Won {
+struct Granted {
     session: Arc<Session>,
     contender: Vec<u8>,
     revision: i64,
@@ -110,14 +112,14 @@ fn session_ended(key: &LockKey) -> Error {
     }
 }
 
-/// The lock's term for a TTL starting at `sent`.
+/// The lock's expiry for a TTL starting at `sent`.
 ///
 /// The key is deleted at `sent + ttl` by this client; the lease is valid until `sent + ttl` minus
 /// the caller's drift allowance, which dlock-core keeps beside the session's bound. (The
 /// per-acquire TTL is enforced on this client's own clock, so no drift between clocks applies to
 /// it; the session's part is bounded separately.)
-fn term(sent: Instant, ttl: Duration) -> Term {
-    Term {
+fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
+    LocalExpiry {
         delete_at: sent + ttl,
     }
 }
@@ -158,31 +160,31 @@ impl EtcdLock {
                 tokio::time::timeout(settings.connect_timeout, requests.endpoints().pin_leader())
                     .await;
         }
-        let shared = Shared {
+        let state = ClientState {
             keys: Arc::new(KeyWatch::start(requests.clone())),
             requests,
             sessions: SessionSlot::default(),
-            table: Arc::new(Table::default()),
+            local_queue: Arc::new(LocalQueue::default()),
             closed: AtomicBool::new(false),
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
-        shared
+        state
             .sessions
             .get_or_grant(
-                &shared.requests,
-                shared.settings.session_ttl,
-                shared.settings.connect_timeout,
+                &state.requests,
+                state.settings.session_ttl,
+                state.settings.connect_timeout,
             )
             .await?;
         Ok(EtcdLock {
-            shared: Arc::new(shared),
+            state: Arc::new(state),
         })
     }
 
     /// The key layout: where each lock lives in etcd.
     pub fn layout(&self) -> &KeyLayout {
-        &self.shared.settings.layout
+        &self.state.settings.layout
     }
 
     /// The lock name of `key` for etcd's Go `concurrency.NewMutex` and `etcdctl lock`: a Go
@@ -195,17 +197,17 @@ impl EtcdLock {
     /// session's keep-alives, watches — goes to one member at a time, and moves to the next
     /// endpoint when that member fails.
     pub fn endpoint_in_use(&self) -> &str {
-        self.shared.requests.endpoints().pinned_endpoint()
+        self.state.requests.endpoints().pinned_endpoint()
     }
 
     /// The id of the client's current session lease, if it has one.
     pub fn session_lease(&self) -> Option<i64> {
-        self.shared.sessions.current_id()
+        self.state.sessions.current_id()
     }
 
     /// What the client knows about its current session lease (`Expired` if it has none).
     pub fn session_state(&self) -> SessionState {
-        self.shared
+        self.state
             .sessions
             .usable()
             .map_or(SessionState::Expired, |s| s.state())
@@ -213,7 +215,7 @@ impl EtcdLock {
 
     /// The TTL the server granted the current session lease.
     pub fn session_ttl(&self) -> Option<Duration> {
-        self.shared.sessions.usable().map(|s| s.ttl())
+        self.state.sessions.usable().map(|s| s.ttl())
     }
 
     /// Closes the client: every lease it holds becomes lost at once, then the session lease is
@@ -224,17 +226,17 @@ impl EtcdLock {
     /// If cancelled, the leases are lost already and the revocation may not have been sent; the
     /// session lease then expires after its TTL.
     pub async fn close(&self) -> Result<()> {
-        let shared = &self.shared;
-        shared.closed.store(true, Ordering::SeqCst);
-        drop(shared.table.clear());
-        match shared.sessions.take() {
+        let state = &self.state;
+        state.closed.store(true, Ordering::SeqCst);
+        drop(state.local_queue.clear());
+        match state.sessions.take() {
             Some(session) => session.revoke().await,
             None => Ok(()),
         }
     }
 }
 
-impl Shared {
+impl ClientState {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
@@ -252,47 +254,53 @@ impl Shared {
             .await
     }
 
-    /// Turns a won contest into a held lock and its grant.
-    fn hold(&self, turn: Turn, req: &LockRequest<'_>, won: Won, prefix: Vec<u8>) -> Result<Grant> {
-        let term = term(won.sent, req.ttl);
-        let session_now = *won.session.watch().borrow();
-        let initial = merge(session_now, term, Instant::now());
+    /// Turns a granted contest into a held lock and its grant.
+    fn hold(
+        &self,
+        acquiring: AcquireGuard,
+        req: &LockRequest<'_>,
+        granted: Granted,
+        prefix: Vec<u8>,
+    ) -> Result<Grant> {
+        let expiry = expiry(granted.sent, req.ttl);
+        let session_now = *granted.session.watch().borrow();
+        let initial = merge(session_now, expiry, Instant::now());
         if matches!(initial, SessionState::Expired) {
             // Dropping the turn withdraws the key.
             return Err(session_ended(req.key));
         }
-        let Some(guard) = turn.into_guard() else {
+        let Some(guard) = acquiring.into_guard() else {
             return Err(Error::backend(
                 BACKEND,
                 false,
-                "the key's local turn was lost",
+                "the key's local acquiring was lost",
             ));
         };
-        let (term_tx, term_rx) = watch::channel(term);
+        let (term_tx, term_rx) = watch::channel(expiry);
         let (view, view_rx) = watch::channel(initial);
         let watchdog = Watchdog {
-            table: Arc::downgrade(&self.table),
+            local_queue: Arc::downgrade(&self.local_queue),
             requests: self.requests.clone(),
             key: req.key.clone(),
             prefix,
-            contender: won.contender.clone(),
-            revision: won.revision,
-            lease: won.session.id(),
-            session: won.session.watch(),
-            term: term_rx,
+            contender: granted.contender.clone(),
+            revision: granted.revision,
+            lease: granted.session.id(),
+            session: granted.session.watch(),
+            expiry: term_rx,
             view,
             keys: Arc::downgrade(&self.keys),
             subscription: None,
             watch_at: Some(Instant::now() + WATCH_AFTER),
         };
-        self.table.insert(
+        self.local_queue.insert(
             req.key,
             Held {
                 owner: req.owner,
-                revision: won.revision,
-                contender: won.contender,
-                session: won.session,
-                term: term_tx,
+                revision: granted.revision,
+                contender: granted.contender,
+                session: granted.session,
+                expiry: term_tx,
                 expiring: false,
                 watchdog: None,
                 _turn: guard,
@@ -300,22 +308,22 @@ impl Shared {
         );
         // Started only once the record exists, so it always finds it.
         let task = tokio::spawn(watchdog.run());
-        let revision = won.revision;
-        self.table.with_held(req.key, |held| {
+        let revision = granted.revision;
+        self.local_queue.with_held(req.key, |held| {
             if held.revision == revision {
                 held.watchdog = Some(task.abort_handle());
             }
         });
-        Ok(Grant::new(FencingToken(revision.unsigned_abs()), won.sent).with_session(view_rx))
+        Ok(Grant::new(FencingToken(revision.unsigned_abs()), granted.sent).with_session(view_rx))
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let Some(guard) = self.table.try_turn(req.key) else {
+        let Some(guard) = self.local_queue.try_turn(req.key) else {
             // Another task of this client holds or is acquiring the key.
             return Ok(Attempt::Busy { retry_after: None });
         };
-        let mut turn = Turn::new(self.table.clone(), req.key.clone(), guard);
+        let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
         let owner = req.owner.to_hex();
         let mut fresh_session = false;
@@ -329,32 +337,34 @@ impl Shared {
                 owner: &owner,
                 lease: session.id(),
             };
-            turn.may_write(&self.requests, &prefix, &key, &owner);
+            acquiring.may_write(&self.requests, &prefix, &key, &owner);
             match take_if_free(&self.requests, &c).await {
                 Ok(Take::Taken { revision }) => {
-                    let won = Won {
+                    let granted = Granted {
                         session,
                         contender: key,
                         revision,
                         sent,
                     };
-                    return self.hold(turn, req, won, prefix).map(Attempt::Acquired);
+                    return self
+                        .hold(acquiring, req, granted, prefix)
+                        .map(Attempt::Acquired);
                 }
                 Ok(Take::Busy) => {
-                    turn.nothing_written();
+                    acquiring.nothing_written();
                     return Ok(Attempt::Busy { retry_after: None });
                 }
                 Ok(Take::Leftover { mod_revision }) if leftovers < LEFTOVER_ATTEMPTS => {
-                    turn.nothing_written();
+                    acquiring.nothing_written();
                     leftovers += 1;
                     remove_leftover(&self.requests, &key, mod_revision).await?;
                 }
                 Ok(Take::Leftover { .. }) => {
-                    turn.nothing_written();
+                    acquiring.nothing_written();
                     return Ok(Attempt::Busy { retry_after: None });
                 }
                 Err(error) if error.is_lease_not_found() && !fresh_session => {
-                    turn.nothing_written();
+                    acquiring.nothing_written();
                     session.mark_expired();
                     fresh_session = true;
                 }
@@ -369,66 +379,57 @@ impl Shared {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let started = Instant::now();
-        let timeout = || Error::Timeout {
-            key: req.key.to_string(),
-            waited: started.elapsed(),
+        let mut waiting = Waiting::new(req.key, deadline, retry);
+        let Some(guard) = self.local_queue.turn(req.key, deadline).await else {
+            return Err(waiting.timeout());
         };
-        let Some(guard) = self.table.turn(req.key, deadline).await else {
-            return Err(timeout());
-        };
-        let mut turn = Turn::new(self.table.clone(), req.key.clone(), guard);
+        let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
         let owner = req.owner.to_hex();
-        let mut failures = 0u32;
         let mut agains = 0u32;
         loop {
             let error = match self
-                .contend(&mut turn, req, &prefix, &owner, deadline)
+                .contend(&mut acquiring, req, &prefix, &owner, deadline)
                 .await
             {
-                Ok(won) => return self.hold(turn, req, won, prefix),
-                Err(Step::Done(error)) => return Err(error),
-                Err(Step::Deadline) => return Err(timeout()),
-                Err(Step::Again) if agains < LEFTOVER_ATTEMPTS => {
+                Ok(granted) => return self.hold(acquiring, req, granted, prefix),
+                Err(ContendError::Fatal(error)) => return Err(error),
+                Err(ContendError::Deadline) => return Err(waiting.timeout()),
+                Err(ContendError::Restart) if agains < LEFTOVER_ATTEMPTS => {
                     agains += 1;
                     continue;
                 }
-                Err(Step::Again) => Error::backend(
+                Err(ContendError::Restart) => Error::backend(
                     BACKEND,
                     true,
                     "the contender key kept changing under this client",
                 ),
-                Err(Step::Retry(error)) => error,
+                Err(ContendError::Temporary(error)) => error,
             };
             // A temporary failure: try again while a live session bounds the wait. If the
             // cluster stays unreachable the session expires and the error is returned.
             let now = Instant::now();
-            if self.sessions.usable().is_none() || deadline.is_some_and(|d| now >= d) {
+            if self.sessions.usable().is_none() || waiting.is_over(now) {
                 return Err(error);
             }
-            let mut until = now + retry.delay(failures);
-            if let Some(d) = deadline {
-                until = until.min(d);
-            }
+            let until = waiting.next_attempt(now, None);
             tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
-            failures = failures.saturating_add(1);
             agains = 0;
             tokio::time::sleep_until(until).await;
         }
     }
 
     /// Classifies a failed request of a waiting acquire.
-    fn step(error: RequestError, session: &Session) -> Step {
+    fn classify(error: RequestError, session: &Session) -> ContendError {
         if error.is_lease_not_found() {
             session.mark_expired();
-            return Step::Again;
+            return ContendError::Restart;
         }
         let error = Error::from(error);
         if error.is_temporary() {
-            Step::Retry(error)
+            ContendError::Temporary(error)
         } else {
-            Step::Done(error)
+            ContendError::Fatal(error)
         }
     }
 
@@ -436,14 +437,14 @@ impl Shared {
     /// contenders ahead to go, one at a time.
     async fn contend(
         &self,
-        turn: &mut Turn,
+        acquiring: &mut AcquireGuard,
         req: &LockRequest<'_>,
         prefix: &[u8],
         owner: &str,
         deadline: Option<Instant>,
-    ) -> Result<Won, Step> {
+    ) -> Result<Granted, ContendError> {
         // A session that cannot be granted ends the acquire: no session bounds the wait.
-        let session = self.session().await.map_err(Step::Done)?;
+        let session = self.session().await.map_err(ContendError::Fatal)?;
         let key = contender_key(prefix, session.id());
         let c = Contender {
             prefix,
@@ -451,7 +452,7 @@ impl Shared {
             owner,
             lease: session.id(),
         };
-        turn.may_write(&self.requests, prefix, &key, owner);
+        acquiring.may_write(&self.requests, prefix, &key, owner);
         let mut sent = Instant::now();
         let (revision, mut first) = match join(&self.requests, &c).await {
             Ok(Join::Head { revision }) => (revision, true),
@@ -459,10 +460,10 @@ impl Shared {
             Ok(Join::Leftover { mod_revision }) => {
                 remove_leftover(&self.requests, &key, mod_revision)
                     .await
-                    .map_err(|e| Self::step(e, &session))?;
-                return Err(Step::Again);
+                    .map_err(|e| Self::classify(e, &session))?;
+                return Err(ContendError::Restart);
             }
-            Err(error) => return Err(Self::step(error, &session)),
+            Err(error) => return Err(Self::classify(error, &session)),
         };
         loop {
             if first {
@@ -472,10 +473,10 @@ impl Shared {
                     .wait_alive(req.key.as_str(), deadline)
                     .await
                     .map_err(|e| match e {
-                        Error::Timeout { .. } => Step::Deadline,
-                        other => Step::Done(other),
+                        Error::Timeout { .. } => ContendError::Deadline,
+                        other => ContendError::Fatal(other),
                     })?;
-                return Ok(Won {
+                return Ok(Granted {
                     session,
                     contender: key,
                     revision,
@@ -490,10 +491,10 @@ impl Shared {
                 }
                 Ok(Ahead::Gone) => {
                     // Our key went while we waited: its lease ended (or someone deleted it).
-                    return Err(Step::Done(session_ended(req.key)));
+                    return Err(ContendError::Fatal(session_ended(req.key)));
                 }
                 Ok(Ahead::Predecessor { key, seen_at }) => (key, seen_at),
-                Err(error) => return Err(Self::step(error, &session)),
+                Err(error) => return Err(Self::classify(error, &session)),
             };
             let armed = match arm(
                 &self.requests,
@@ -503,25 +504,25 @@ impl Shared {
             .await
             {
                 Ok(armed) => armed,
-                Err(WaitError::Request(error)) => return Err(Self::step(error, &session)),
-                Err(WaitError::Broken(error)) => return Err(Step::Retry(error)),
+                Err(WaitError::Request(error)) => return Err(Self::classify(error, &session)),
+                Err(WaitError::Broken(error)) => return Err(ContendError::Temporary(error)),
             };
             if armed.at > seen_at {
                 // The store moved on between the read and the watch: whatever happened in
                 // between is not in the watch, so look again before relying on it.
                 match self.ahead(&c, revision).await {
                     Ok(Ahead::Predecessor { key: again, .. }) if again == predecessor => {}
-                    Ok(Ahead::Gone) => return Err(Step::Done(session_ended(req.key))),
+                    Ok(Ahead::Gone) => return Err(ContendError::Fatal(session_ended(req.key))),
                     Ok(_) => continue,
-                    Err(error) => return Err(Self::step(error, &session)),
+                    Err(error) => return Err(Self::classify(error, &session)),
                 }
             }
             match armed.wait(Some(session.watch()), deadline).await {
                 Ok(Woken::Deleted) => {}
-                Ok(Woken::SessionEnded) => return Err(Step::Done(session_ended(req.key))),
-                Ok(Woken::Deadline) => return Err(Step::Deadline),
-                Err(WaitError::Request(error)) => return Err(Self::step(error, &session)),
-                Err(WaitError::Broken(error)) => return Err(Step::Retry(error)),
+                Ok(Woken::SessionEnded) => return Err(ContendError::Fatal(session_ended(req.key))),
+                Ok(Woken::Deadline) => return Err(ContendError::Deadline),
+                Err(WaitError::Request(error)) => return Err(Self::classify(error, &session)),
+                Err(WaitError::Broken(error)) => return Err(ContendError::Temporary(error)),
             }
         }
     }
@@ -537,7 +538,7 @@ impl Shared {
 
     /// The held lock of `lease`, if this client holds it for that owner (and token).
     fn held_by(&self, lease: &LeaseRef<'_>) -> Option<HeldView> {
-        self.table
+        self.local_queue
             .with_held(lease.key, |held| {
                 let token_matches = lease
                     .fencing
@@ -546,7 +547,7 @@ impl Shared {
                     contender: held.contender.clone(),
                     revision: held.revision,
                     session: held.session.clone(),
-                    over: held.expiring || Instant::now() >= held.term.borrow().delete_at,
+                    over: held.expiring || Instant::now() >= held.expiry.borrow().delete_at,
                 })
             })
             .flatten()
@@ -576,15 +577,15 @@ impl Shared {
         match owner {
             Owner::Us => {
                 let now = Instant::now();
-                let applied = self.table.with_held(lease.key, |record| {
-                    let current = *record.term.borrow();
+                let applied = self.local_queue.with_held(lease.key, |record| {
+                    let current = *record.expiry.borrow();
                     if record.revision != held.revision
                         || record.expiring
                         || now >= current.delete_at
                     {
                         return false;
                     }
-                    record.term.send_replace(term(sent, ttl));
+                    record.expiry.send_replace(expiry(sent, ttl));
                     true
                 });
                 Ok(if applied == Some(true) {
@@ -594,11 +595,11 @@ impl Shared {
                 })
             }
             Owner::Other => {
-                self.table.discard(lease.key, held.revision);
+                self.local_queue.discard(lease.key, held.revision);
                 Ok(Extension::TakenOver)
             }
             Owner::Nobody => {
-                self.table.discard(lease.key, held.revision);
+                self.local_queue.discard(lease.key, held.revision);
                 Ok(Extension::Expired)
             }
         }
@@ -618,7 +619,7 @@ impl Shared {
                     held.session.id(),
                 )
                 .await?;
-                self.table.discard(lease.key, held.revision);
+                self.local_queue.discard(lease.key, held.revision);
                 Ok(released(owner))
             }
             None => {
@@ -688,7 +689,7 @@ impl DistributedLock for EtcdLock {
     /// the background, and a release by owner token (which the core issues) finds it too.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let span = tracing::debug_span!("dlock.etcd.try_lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.shared.try_lock(req).instrument(span.clone()).await;
+        let result = self.state.try_lock(req).instrument(span.clone()).await;
         span.record(
             "outcome",
             outcome_of(&result, |a| match a {
@@ -703,11 +704,7 @@ impl DistributedLock for EtcdLock {
     /// The extension may or may not have happened; ownership is unchanged either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let span = tracing::debug_span!("dlock.etcd.extend", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self
-            .shared
-            .extend(lease, ttl)
-            .instrument(span.clone())
-            .await;
+        let result = self.state.extend(lease, ttl).instrument(span.clone()).await;
         span.record(
             "outcome",
             outcome_of(&result, |e| match e {
@@ -723,7 +720,7 @@ impl DistributedLock for EtcdLock {
     /// The release may or may not have happened; repeating it is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let span = tracing::debug_span!("dlock.etcd.release", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.shared.release(lease).instrument(span.clone()).await;
+        let result = self.state.release(lease).instrument(span.clone()).await;
         span.record(
             "outcome",
             outcome_of(&result, |r| match r {
@@ -743,7 +740,7 @@ impl DistributedLock for EtcdLock {
     /// Cancel safe: it only reads.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let prefix = self.layout().prefix(key);
-        Ok(match holder(&self.shared.requests, &prefix).await? {
+        Ok(match holder(&self.state.requests, &prefix).await? {
             None => Holding::Free,
             Some(revision) => Holding::Held {
                 fencing: Some(FencingToken(revision.unsigned_abs())),
@@ -757,7 +754,7 @@ impl DistributedLock for EtcdLock {
     /// # Cancel safety
     /// Cancel safe.
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        self.shared.wait_for_release(key, until).await
+        self.state.wait_for_release(key, until).await
     }
 
     /// Joins the queue of contenders and waits, watching only the contender just ahead, until
@@ -773,7 +770,7 @@ impl DistributedLock for EtcdLock {
     ) -> Result<Grant> {
         let span = tracing::debug_span!("dlock.etcd.lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
         let result = self
-            .shared
+            .state
             .lock(req, deadline, retry)
             .instrument(span.clone())
             .await;

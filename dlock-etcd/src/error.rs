@@ -35,11 +35,7 @@ pub(crate) fn closed() -> Error {
 
 /// The error for a request that got no answer within `after`.
 pub(crate) fn timed_out(what: &'static str, after: Duration) -> Error {
-    Error::Unavailable {
-        reached: 0,
-        needed: 1,
-        source: Some(format!("etcd {what}: no answer within {after:?}").into()),
-    }
+    Error::no_answer(format_args!("etcd {what}"), after)
 }
 
 /// Whether the etcd cluster may answer the same request later: transport failures and the status

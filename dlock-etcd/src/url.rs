@@ -53,7 +53,7 @@ pub(crate) fn parse(url: &str) -> Result<EtcdLockBuilder> {
         if user.is_empty() {
             return Err(invalid("the user name before '@' is empty"));
         }
-        builder = builder.credentials(user, password);
+        builder = builder.with_credentials(user, password);
     }
     if hosts.is_empty() {
         return Err(invalid("names no host (expected host:port[,host:port…])"));
@@ -62,19 +62,19 @@ pub(crate) fn parse(url: &str) -> Result<EtcdLockBuilder> {
         if host.is_empty() {
             return Err(invalid("has an empty host between commas"));
         }
-        builder = builder.endpoint(host);
+        builder = builder.with_endpoint(host);
     }
     if let Some(path) = path.filter(|p| !p.is_empty()) {
         let namespace =
             percent_decode(path).ok_or_else(|| invalid("invalid percent-encoding in the path"))?;
-        builder = builder.namespace(namespace);
+        builder = builder.with_namespace(namespace);
     }
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         builder = match name {
-            "session_ttl" => builder.session_ttl(duration(name, value)?),
-            "request_timeout" => builder.request_timeout(duration(name, value)?),
-            "connect_timeout" => builder.connect_timeout(duration(name, value)?),
+            "session_ttl" => builder.with_session_ttl(duration(name, value)?),
+            "request_timeout" => builder.with_request_timeout(duration(name, value)?),
+            "connect_timeout" => builder.with_connect_timeout(duration(name, value)?),
             other => {
                 return Err(invalid(format!(
                 "unknown option {other:?} (known: session_ttl, request_timeout, connect_timeout)"

@@ -21,13 +21,13 @@ use tokio::time::Instant;
 
 use crate::contention::{confirm_own, delete_own, Owner, Read};
 use crate::keywatch::{Alarm, KeyWatch, Subscription};
+use crate::local_queue::{LocalExpiry, LocalQueue};
 use crate::requests::Requests;
 use crate::session;
-use crate::table::{Table, Term};
 
 /// What the watchdog of one lock needs.
 pub(crate) struct Watchdog {
-    pub(crate) table: Weak<Table>,
+    pub(crate) local_queue: Weak<LocalQueue>,
     pub(crate) requests: Requests,
     pub(crate) key: LockKey,
     pub(crate) prefix: Vec<u8>,
@@ -35,7 +35,7 @@ pub(crate) struct Watchdog {
     pub(crate) revision: i64,
     pub(crate) lease: i64,
     pub(crate) session: watch::Receiver<SessionState>,
-    pub(crate) term: watch::Receiver<Term>,
+    pub(crate) expiry: watch::Receiver<LocalExpiry>,
     /// What the lease follows.
     pub(crate) view: watch::Sender<SessionState>,
     /// The client's watch on held keys.
@@ -57,10 +57,10 @@ enum Verdict {
     Lost,
 }
 
-/// The lease's state given the session's and the lock's term: expired once the term ended,
+/// The lease's state given the session's and the lock's expiry: expired once the expiry ended,
 /// otherwise the session's.
-pub(crate) fn merge(session: SessionState, term: Term, now: Instant) -> SessionState {
-    if now >= term.delete_at {
+pub(crate) fn merge(session: SessionState, expiry: LocalExpiry, now: Instant) -> SessionState {
+    if now >= expiry.delete_at {
         return SessionState::Expired;
     }
     match session::current(&session, now) {
@@ -83,11 +83,11 @@ fn publish(view: &watch::Sender<SessionState>, state: SessionState) {
 impl Watchdog {
     pub(crate) async fn run(mut self) {
         loop {
-            let term = *self.term.borrow_and_update();
+            let expiry = *self.expiry.borrow_and_update();
             let session = *self.session.borrow_and_update();
             let now = Instant::now();
-            let state = merge(session, term, now);
-            if now >= term.delete_at {
+            let state = merge(session, expiry, now);
+            if now >= expiry.delete_at {
                 if self.begin_expiry(now) {
                     break;
                 }
@@ -101,9 +101,9 @@ impl Watchdog {
                 return;
             }
             let wake = match session {
-                SessionState::Suspended { until } => until.min(term.delete_at),
-                SessionState::Alive { until: Some(until) } => until.min(term.delete_at),
-                _ => term.delete_at,
+                SessionState::Suspended { until } => until.min(expiry.delete_at),
+                SessionState::Alive { until: Some(until) } => until.min(expiry.delete_at),
+                _ => expiry.delete_at,
             };
             let alarm = async {
                 match self.subscription.as_mut() {
@@ -139,7 +139,7 @@ impl Watchdog {
                         return;
                     }
                 }
-                changed = self.term.changed() => {
+                changed = self.expiry.changed() => {
                     if changed.is_err() {
                         // The record is gone: released.
                         return;
@@ -190,15 +190,15 @@ impl Watchdog {
         Verdict::Held
     }
 
-    /// Marks the record as expiring unless an extension moved its term meanwhile; returns
+    /// Marks the record as expiring unless an extension moved its expiry meanwhile; returns
     /// whether it did.
     fn begin_expiry(&self, now: Instant) -> bool {
-        let Some(table) = self.table.upgrade() else {
+        let Some(local_queue) = self.local_queue.upgrade() else {
             return true;
         };
-        table
+        local_queue
             .with_held(&self.key, |held| {
-                if held.revision != self.revision || held.term.borrow().delete_at > now {
+                if held.revision != self.revision || held.expiry.borrow().delete_at > now {
                     return false;
                 }
                 held.expiring = true;
@@ -236,8 +236,8 @@ impl Watchdog {
 
     /// Removes the lock's record, passing the local turn on.
     fn forget(&self) {
-        if let Some(table) = self.table.upgrade() {
-            table.discard(&self.key, self.revision);
+        if let Some(local_queue) = self.local_queue.upgrade() {
+            local_queue.discard(&self.key, self.revision);
         }
     }
 }

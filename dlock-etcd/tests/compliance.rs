@@ -589,9 +589,9 @@ async fn bad_configuration_fails_fast() -> anyhow::Result<()> {
     let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let start = Instant::now();
     let result = EtcdLock::builder()
-        .endpoint(dead.to_string())
-        .credentials("app", "hunter2")
-        .connect_timeout(Duration::from_secs(2))
+        .with_endpoint(dead.to_string())
+        .with_credentials("app", "hunter2")
+        .with_connect_timeout(Duration::from_secs(2))
         .connect()
         .await;
     let took = start.elapsed();

@@ -3,13 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{Error, Result};
+use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
 use crate::connection::{self, Connection};
 use crate::endpoint::Endpoint;
-use crate::keys::KeyLayout;
 use crate::lock::RedisLock;
+use crate::protocol::keys::KeyLayout;
 use crate::wakeups::Wakeups;
 
 /// The default bound on one request: far above a healthy round trip (well under a millisecond on
@@ -42,8 +42,8 @@ pub const MAX_FENCE_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// use dlock_redis::RedisLock;
 ///
 /// let locks = RedisLock::builder("redis://:secret@10.0.0.5:6379/2")
-///     .prefix("billing:")
-///     .request_timeout(Duration::from_millis(500))
+///     .with_prefix("billing:")
+///     .with_request_timeout(Duration::from_millis(500))
 ///     .connect()
 ///     .await?;
 /// # Ok(()) }
@@ -73,21 +73,21 @@ impl RedisLockBuilder {
     /// Puts `prefix` before every lock name to form its key. Empty by default, so that a lock
     /// named `n` is the key `n` that other single-instance clients (redis-py's `Lock`, redsync)
     /// use too.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// Bounds every request, including waiting for a reconnection
     /// ([`DEFAULT_REQUEST_TIMEOUT`]). A request that gets no answer in time fails with
-    /// [`Error::Unavailable`]; its effect on the server is then unknown.
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+    /// [`Error::Unavailable`](dlock_core::Error::Unavailable); its effect on the server is then unknown.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
 
     /// Bounds establishing a connection ([`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
@@ -97,17 +97,17 @@ impl RedisLockBuilder {
     /// one stays behind for every lock name ever granted. Every grant re-arms the expiry in the
     /// acquire script. Tokens stay strictly increasing while no key is idle longer than `ttl`;
     /// after that the counter restarts from the server's clock, above the earlier tokens unless
-    /// the clock went back (see [`scripts`](crate::scripts#the-fencing-counters-expiry)).
-    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+    /// the clock went back (see [`scripts`](crate::protocol::scripts#the-fencing-counters-expiry)).
+    pub fn with_fence_ttl(mut self, ttl: Duration) -> Self {
         self.fence_ttl = Some(ttl);
         self
     }
 
     /// Checks every setting, connects and returns the client.
     ///
-    /// Fails with [`Error::InvalidInput`] naming the field (`url`, `prefix`, `request_timeout`,
+    /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) naming the field (`url`, `prefix`, `request_timeout`,
     /// `connect_timeout`, `fence_ttl`) before any connection is attempted, and with
-    /// [`Error::Unavailable`] (or a permanent [`Error::Backend`], e.g. for a wrong password) if
+    /// [`Error::Unavailable`](dlock_core::Error::Unavailable) (or a permanent [`Error::Backend`](dlock_core::Error::Backend), e.g. for a wrong password) if
     /// the server cannot be reached or refuses within the connect timeout.
     ///
     /// Needs a tokio runtime: the client runs its connection and its release notifications on it.
@@ -147,27 +147,13 @@ impl RedisLockBuilder {
 
 /// Checks a fence TTL against [`MIN_FENCE_TTL`]..=[`MAX_FENCE_TTL`] (the Redlock client too).
 pub fn check_fence_ttl(ttl: Duration) -> Result<()> {
-    if !(MIN_FENCE_TTL..=MAX_FENCE_TTL).contains(&ttl) {
-        return Err(Error::invalid(
-            "fence_ttl",
-            format!(
-                "{ttl:?} is outside {MIN_FENCE_TTL:?}..={MAX_FENCE_TTL:?} (one day to ten years)"
-            ),
-        ));
-    }
-    Ok(())
+    check_within("fence_ttl", ttl, MIN_FENCE_TTL..=MAX_FENCE_TTL)
 }
 
 /// Checks that a timeout setting named `field` lies within [`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`]:
 /// the bounds every client of Redis servers in dlock applies (the Redlock client too).
 pub fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
-    if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
-        return Err(Error::invalid(
-            field,
-            format!("{timeout:?} is outside {MIN_TIMEOUT:?}..={MAX_TIMEOUT:?}"),
-        ));
-    }
-    Ok(())
+    check_within(field, timeout, MIN_TIMEOUT..=MAX_TIMEOUT)
 }
 
 /// rustls needs a process-wide crypto provider; install `ring` unless the application installed
@@ -198,6 +184,7 @@ impl fmt::Debug for RedisLockBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlock_core::Error;
 
     #[test]
     fn debug_never_shows_the_password() {
@@ -225,7 +212,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .prefix("p".repeat(2000))
+                    .with_prefix("p".repeat(2000))
                     .connect()
                     .await
             ),
@@ -234,7 +221,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .request_timeout(Duration::ZERO)
+                    .with_request_timeout(Duration::ZERO)
                     .connect()
                     .await
             ),
@@ -243,7 +230,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .connect_timeout(Duration::from_secs(3600))
+                    .with_connect_timeout(Duration::from_secs(3600))
                     .connect()
                     .await
             ),
@@ -252,7 +239,7 @@ mod tests {
         assert_eq!(
             field(
                 RedisLockBuilder::new(url)
-                    .fence_ttl(Duration::from_secs(3600))
+                    .with_fence_ttl(Duration::from_secs(3600))
                     .connect()
                     .await
             ),

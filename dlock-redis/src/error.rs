@@ -34,32 +34,9 @@ impl fmt::Display for CallError {
 /// reports that print the whole chain would show it twice.
 impl std::error::Error for CallError {}
 
-/// No answer within the request timeout.
-#[derive(Debug)]
-pub(crate) struct NoAnswer {
-    pub(crate) op: &'static str,
-    pub(crate) timeout: Duration,
-}
-
-impl fmt::Display for NoAnswer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: no answer from the Redis server within {:?}",
-            self.op, self.timeout
-        )
-    }
-}
-
-impl std::error::Error for NoAnswer {}
-
 /// The error for a call that got no answer in time.
 pub(crate) fn no_answer(op: &'static str, timeout: Duration) -> Error {
-    Error::Unavailable {
-        reached: 0,
-        needed: 1,
-        source: Some(Box::new(NoAnswer { op, timeout })),
-    }
+    Error::no_answer(format_args!("{op} (Redis server)"), timeout)
 }
 
 /// Classifies a Redis error from operation `op`: no answer or a broken connection is

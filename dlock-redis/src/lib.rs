@@ -51,20 +51,20 @@
 //! | what | Redis name | value | expiry |
 //! |---|---|---|---|
 //! | lock | prefix + name, verbatim (prefix empty by default) | owner token, 32 hex digits | the lease's TTL |
-//! | fencing counter | `{<lock key>}:dlock:fence` (same cluster slot, see [`keys`]) | integer | never, or the fence TTL after the last grant |
+//! | fencing counter | `{<lock key>}:dlock:fence` (same cluster slot) | integer | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:<lock key>` (pub/sub) | — | — |
 //!
 //! The lock key is the plain name, so the common single-instance convention interoperates: a
 //! lock held by redis-py's `Lock`, redsync or any client that does `SET name <random> NX PX ttl`
 //! and releases by compare-and-delete blocks ours on the same name, and ours blocks theirs. (Their
 //! releases are not announced, so our waiters find them by polling.) The counter shares the lock
-//! key's hash slot, so each script touches one slot only, as Redis Cluster requires; see [`keys`]
+//! key's hash slot, so each script touches one slot only, as Redis Cluster requires; see the source of `protocol::keys`
 //! for the exact rules. (This client talks to one server; the layout is ready for a cluster-aware
 //! one.)
 //!
 //! # Operations
 //!
-//! Each operation is one Lua script (see [`scripts`]), run by SHA1 with a transparent reload when
+//! Each operation is one Lua script (see the source of `protocol::scripts`), run by SHA1 with a transparent reload when
 //! the server lost its script cache:
 //!
 //! * acquire: `SET lock owner NX PX ttl` and, only if that succeeded, `INCR` the counter — the
@@ -88,7 +88,7 @@
 //! granted a second time and tokens can repeat. The same holds for a restore from an older
 //! snapshot. When the counter is missing altogether (a restart without persistence, a
 //! `FLUSHALL`), it restarts from the server's clock in microseconds, so tokens after a total data
-//! loss stay above earlier ones as long as the server's clock did not go back (see [`scripts`]).
+//! loss stay above earlier ones as long as the server's clock did not go back (see the source of `protocol::scripts`).
 //! A lease held without auto-renew cannot notice that the server lost its lock: it stays valid on
 //! the client until its TTL runs out; renew (or extend) to find out.
 //!
@@ -99,12 +99,12 @@
 //! `MEMORY USAGE` reports 72 bytes for the counter of a name of up to about 15 bytes (104 for a
 //! 44-byte name), and 100,000 counters named like `jobs/item-N` raise `used_memory` by about 90
 //! bytes each — some 90 MB per million names; an expiry adds about 42 bytes per counter while it
-//! is set. [`RedisLockBuilder::fence_ttl`] (the `fence_ttl` URL
+//! is set. [`RedisLockBuilder::with_fence_ttl`] (the `fence_ttl` URL
 //! parameter of `dlock::connect`) bounds that: each grant gives the counter an expiry, so it goes
 //! away once its name has been idle that long. Tokens then stay strictly increasing while no name
 //! is idle for longer than the fence TTL; after such a pause the counter restarts from the
 //! server's clock, which keeps tokens above the earlier ones unless the clock went back — the
-//! same condition as after a data loss (see [`scripts`](scripts#the-fencing-counters-expiry)).
+//! same condition as after a data loss (see "The fencing counter's expiry" in `protocol::scripts`).
 //!
 //! # Waiting
 //!
@@ -135,16 +135,15 @@ mod builder;
 mod connection;
 mod endpoint;
 mod error;
-pub mod keys;
 mod lock;
-pub mod scripts;
+#[doc(hidden)]
+pub mod protocol;
 mod waiting;
 mod wakeups;
 
 pub use builder::{
-    check_fence_ttl, check_timeout, RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_REQUEST_TIMEOUT, MAX_FENCE_TTL, MAX_TIMEOUT, MIN_FENCE_TTL, MIN_TIMEOUT,
+    RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_FENCE_TTL, MAX_TIMEOUT,
+    MIN_FENCE_TTL, MIN_TIMEOUT,
 };
 pub use endpoint::Endpoint;
-pub use error::from_redis as error_from_redis;
 pub use lock::{RedisLock, EXTEND_BATCH};

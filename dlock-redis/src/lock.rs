@@ -16,8 +16,8 @@ use crate::builder::RedisLockBuilder;
 use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::error::BACKEND;
-use crate::keys::{self, KeyLayout, LockKeys};
-use crate::scripts::{self, AcquireReply};
+use crate::protocol::keys::{self, KeyLayout, LockKeys};
+use crate::protocol::scripts::{self, AcquireReply};
 use crate::wakeups::Wakeups;
 
 /// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough
@@ -103,7 +103,7 @@ impl RedisLock {
     }
 
     /// The expiry each grant gives the key's fencing counter; `None`: counters never expire
-    /// (see [`RedisLockBuilder::fence_ttl`]).
+    /// (see [`RedisLockBuilder::with_fence_ttl`]).
     pub fn fence_ttl(&self) -> Option<Duration> {
         self.inner.fence_ttl
     }

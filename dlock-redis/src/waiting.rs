@@ -15,13 +15,13 @@
 
 use std::time::Duration;
 
-use dlock_core::{Backoff, Error, Grant, LockRequest, Result};
+use dlock_core::{Backoff, Error, Grant, LockRequest, Result, Waiting};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::keys;
 use crate::lock::RedisLock;
-use crate::scripts::AcquireReply;
+use crate::protocol::keys;
+use crate::protocol::scripts::AcquireReply;
 
 /// How long after the holder's TTL ends a waiter comes back: 1 ms plus up to 2 ms of jitter.
 fn past_expiry() -> Duration {
@@ -40,7 +40,7 @@ impl RedisLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let started = Instant::now();
+        let mut waiting = Waiting::new(req.key, deadline, retry);
         let lock = self.layout().lock_key(req.key);
         let fence = keys::fence_key(&lock);
         let owner = req.owner.to_hex();
@@ -48,13 +48,7 @@ impl RedisLock {
         if let AcquireReply::Granted(token) = self.attempt(&lock, &fence, &owner, req.ttl).await? {
             return Ok(Grant::new(token, sent));
         }
-        let timeout = || Error::Timeout {
-            key: req.key.to_string(),
-            waited: started.elapsed(),
-        };
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(timeout());
-        }
+        waiting.check()?;
         let span = tracing::debug_span!(
             "dlock.redis.wait",
             key = %req.key,
@@ -65,10 +59,7 @@ impl RedisLock {
         let mut attempts: u32 = 1;
         let waited = async {
             let registration = self.wakeups().register(&keys::release_channel(&lock));
-            let mut ready_by = Instant::now() + self.request_timeout();
-            if let Some(d) = deadline {
-                ready_by = ready_by.min(d);
-            }
+            let ready_by = waiting.bound(Instant::now() + self.request_timeout());
             self.wakeups().subscribed(&registration, ready_by).await;
             loop {
                 let notified = registration.notified();
@@ -80,18 +71,8 @@ impl RedisLock {
                     AcquireReply::Granted(token) => return Ok(Grant::new(token, sent)),
                     AcquireReply::Busy { pttl } => pttl,
                 };
-                let now = Instant::now();
-                if deadline.is_some_and(|d| now >= d) {
-                    return Err(timeout());
-                }
-                let mut delay = retry.delay(attempts - 2);
-                if let Some(left) = retry_after {
-                    delay = delay.min(left + past_expiry());
-                }
-                let mut until = now + delay;
-                if let Some(d) = deadline {
-                    until = until.min(d);
-                }
+                let now = waiting.check()?;
+                let until = waiting.next_attempt(now, retry_after.map(|left| left + past_expiry()));
                 tokio::select! {
                     _ = &mut notified => {}
                     _ = tokio::time::sleep_until(until) => {}

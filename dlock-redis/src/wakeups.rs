@@ -1,6 +1,6 @@
 //! Release notifications: one pub/sub connection per client wakes the tasks waiting for a lock.
 //!
-//! The release script publishes on the lock's release channel (see [`crate::keys`]); this module
+//! The release script publishes on the lock's release channel (see [`crate::protocol::keys`]); this module
 //! subscribes to the channels that tasks of this client are waiting on and wakes them. It works on
 //! a default server configuration (no keyspace notifications needed).
 //!

@@ -4,9 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
-use dlock_redis::keys::KeyLayout;
-use dlock_redis::{check_fence_ttl, check_timeout, Endpoint};
+use dlock_core::{check_within, Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
+use dlock_redis::protocol::keys::KeyLayout;
+use dlock_redis::protocol::{check_fence_ttl, check_timeout};
+use dlock_redis::Endpoint;
 use tracing::Instrument;
 
 use crate::lock::{RedlockLock, Settings};
@@ -47,8 +48,8 @@ pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(10);
 ///     "redis://10.0.0.4:6379",
 ///     "redis://10.0.0.5:6379",
 /// ])
-/// .node_timeout(Duration::from_millis(20))
-/// .delayed_restart(Duration::from_secs(60))
+/// .with_node_timeout(Duration::from_millis(20))
+/// .with_delayed_restart(Duration::from_secs(60))
 /// .connect()
 /// .await?;
 /// # Ok(()) }
@@ -91,14 +92,14 @@ impl RedlockBuilder {
     }
 
     /// Puts `prefix` before every lock name to form its key on every master (empty by default).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// How many masters must agree (default `N/2 + 1`). Anything from a majority to all `N` is
     /// accepted; less than a majority would let two clients hold the lock at once.
-    pub fn quorum(mut self, quorum: usize) -> Self {
+    pub fn with_quorum(mut self, quorum: usize) -> Self {
         self.quorum = Some(quorum);
         self
     }
@@ -107,13 +108,13 @@ impl RedlockBuilder {
     /// is derived from the request's TTL: `ttl / 200`, between [`MIN_DERIVED_NODE_TIMEOUT`] and
     /// [`MAX_DERIVED_NODE_TIMEOUT`] (50 ms for TTLs of 10 s and more), small against the TTL so
     /// that a frozen master costs little of the lease's validity.
-    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
     }
 
     /// Bounds opening a connection to one master ([`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
@@ -121,7 +122,7 @@ impl RedlockBuilder {
     /// The clock-drift allowance the client subtracts from a lease's validity when it counts a
     /// quorum (default [`Drift::default`], the same as [`LockOptions`](dlock_core::LockOptions)'s).
     /// The lease itself then uses the options' drift; set both alike (see the crate docs).
-    pub fn drift(mut self, drift: Drift) -> Self {
+    pub fn with_drift(mut self, drift: Drift) -> Self {
         self.drift = drift;
         self
     }
@@ -130,7 +131,7 @@ impl RedlockBuilder {
     /// ([`DEFAULT_RETRY_JITTER`]), so that contenders woken by the same expiry do not split the
     /// masters between them again and again. Zero turns it off (the caller's backoff still has
     /// its own jitter).
-    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
+    pub fn with_retry_jitter(mut self, jitter: Duration) -> Self {
         self.retry_jitter = jitter;
         self
     }
@@ -139,7 +140,7 @@ impl RedlockBuilder {
     /// happens when the masters' counters disagree, and declares
     /// [`FencingGuarantee::None`](dlock_core::FencingGuarantee::None): tokens are then still
     /// handed out but may repeat or go back.
-    pub fn fencing(mut self, on: bool) -> Self {
+    pub fn with_fencing(mut self, on: bool) -> Self {
         self.fencing = on;
         self
     }
@@ -148,17 +149,17 @@ impl RedlockBuilder {
     /// these masters: a master whose server process started less than `max_ttl` (plus the drift
     /// allowance) ago does not count towards a quorum. Requests with a longer TTL are refused.
     /// See the crate docs for when it is needed.
-    pub fn delayed_restart(mut self, max_ttl: Duration) -> Self {
+    pub fn with_delayed_restart(mut self, max_ttl: Duration) -> Self {
         self.delayed_restart = Some(max_ttl);
         self
     }
 
     /// Lets each key's fencing counter expire on every master once the key has gone unused (no
-    /// grant) for `ttl`, as [`RedisLockBuilder::fence_ttl`](dlock_redis::RedisLockBuilder::fence_ttl)
+    /// grant) for `ttl`, as [`RedisLockBuilder::with_fence_ttl`](dlock_redis::RedisLockBuilder::with_fence_ttl)
     /// does on one server: the acquire script and the fencing write-back re-arm the expiry. By
     /// default counters never expire. See the crate docs for what it keeps of the fencing
     /// guarantee.
-    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_fence_ttl(mut self, ttl: Duration) -> Self {
         self.fence_ttl = Some(ttl);
         self
     }
@@ -230,22 +231,13 @@ impl RedlockBuilder {
         check_timeout("connect_timeout", self.connect_timeout)?;
         // Against the longest TTL; each request checks it against its own.
         self.drift.validate(MAX_TTL)?;
-        if self.retry_jitter > MAX_BACKOFF {
-            return Err(Error::invalid(
-                "retry_jitter",
-                format!(
-                    "{:?} exceeds the maximum of {MAX_BACKOFF:?}",
-                    self.retry_jitter
-                ),
-            ));
-        }
+        check_within(
+            "retry_jitter",
+            self.retry_jitter,
+            Duration::ZERO..=MAX_BACKOFF,
+        )?;
         if let Some(max_ttl) = self.delayed_restart {
-            if !(MIN_TTL..=MAX_TTL).contains(&max_ttl) {
-                return Err(Error::invalid(
-                    "delayed_restart",
-                    format!("{max_ttl:?} is outside {MIN_TTL:?}..={MAX_TTL:?}"),
-                ));
-            }
+            check_within("delayed_restart", max_ttl, MIN_TTL..=MAX_TTL)?;
         }
         if let Some(ttl) = self.fence_ttl {
             check_fence_ttl(ttl)?;
@@ -351,32 +343,35 @@ mod tests {
         assert_eq!(field(twice), "urls");
         let broken = RedlockBuilder::from_urls(["redis://a", "redis://b", "http://c"]);
         assert_eq!(field(broken), "url");
-        assert_eq!(field(five().quorum(2)), "quorum");
-        assert_eq!(field(five().quorum(6)), "quorum");
-        assert_eq!(field(five().node_timeout(Duration::ZERO)), "node_timeout");
+        assert_eq!(field(five().with_quorum(2)), "quorum");
+        assert_eq!(field(five().with_quorum(6)), "quorum");
         assert_eq!(
-            field(five().connect_timeout(Duration::from_secs(3600))),
+            field(five().with_node_timeout(Duration::ZERO)),
+            "node_timeout"
+        );
+        assert_eq!(
+            field(five().with_connect_timeout(Duration::from_secs(3600))),
             "connect_timeout"
         );
         let drift = Drift {
             factor: 1.5,
             fixed: Duration::ZERO,
         };
-        assert_eq!(field(five().drift(drift)), "drift.factor");
+        assert_eq!(field(five().with_drift(drift)), "drift.factor");
         assert_eq!(
-            field(five().retry_jitter(Duration::from_secs(3600))),
+            field(five().with_retry_jitter(Duration::from_secs(3600))),
             "retry_jitter"
         );
         assert_eq!(
-            field(five().delayed_restart(Duration::from_millis(1))),
+            field(five().with_delayed_restart(Duration::from_millis(1))),
             "delayed_restart"
         );
-        assert_eq!(field(five().prefix("p".repeat(5000))), "prefix");
+        assert_eq!(field(five().with_prefix("p".repeat(5000))), "prefix");
         assert_eq!(
-            field(five().fence_ttl(Duration::from_secs(60))),
+            field(five().with_fence_ttl(Duration::from_secs(60))),
             "fence_ttl"
         );
-        assert!(five().quorum(5).check().is_ok());
+        assert!(five().with_quorum(5).check().is_ok());
     }
 
     #[test]
@@ -394,7 +389,7 @@ mod tests {
     #[tokio::test]
     async fn bad_settings_are_rejected_without_connecting() {
         // Nobody listens on these ports: had the check passed, the error would be Unavailable.
-        match five().quorum(1).connect().await {
+        match five().with_quorum(1).connect().await {
             Err(Error::InvalidInput { field, .. }) => assert_eq!(field, "quorum"),
             other => panic!("expected InvalidInput, got {other:?}"),
         }
@@ -403,7 +398,7 @@ mod tests {
     #[tokio::test]
     async fn unreachable_masters_give_reached_of_needed() {
         let error = five()
-            .connect_timeout(Duration::from_millis(500))
+            .with_connect_timeout(Duration::from_millis(500))
             .connect()
             .await
             .unwrap_err();

@@ -1,6 +1,6 @@
 //! Who holds a lock, by reading every master: what a quorum of them shows, or "unknown".
 //!
-//! Each master answers with [`scripts::peek`](dlock_redis::scripts::peek): the lock key's value,
+//! Each master answers with `protocol::scripts::peek` of dlock-redis: the lock key's value,
 //! its remaining TTL and the key's fencing counter, read together. Only masters that count
 //! towards a quorum (see [`crate::restart`]) are counted:
 //!
@@ -36,7 +36,7 @@
 //! other Redlock clients off dlock's lock names, or do not rely on the token `status` shows.
 
 use dlock_core::{FencingToken, Holding, OwnerToken};
-use dlock_redis::scripts::Peek;
+use dlock_redis::protocol::scripts::Peek;
 
 use crate::quorum::Reply;
 

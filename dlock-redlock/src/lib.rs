@@ -30,8 +30,8 @@
 //!
 //! The client keeps one multiplexed connection per master and replaces it in the background
 //! when it breaks; every new connection is checked with `INFO server` (see the delayed restart
-//! below). Keys are those of [`dlock_redis`] ([`dlock_redis::keys`]), and each operation is
-//! one of its scripts ([`dlock_redis::scripts`]), run on every master.
+//! below). Keys are those of [`dlock_redis`] (`dlock_redis::protocol::keys`), and each operation is
+//! one of its scripts (`dlock_redis::protocol::scripts`), run on every master.
 //!
 //! # The algorithm
 //!
@@ -48,7 +48,7 @@
 //!   `ttl − (ttl × drift.factor + drift.fixed)` — the same formula and the same `sent` stamp from
 //!   which dlock's core computes the lease's validity deadline, so the lease the caller gets ends
 //!   where the algorithm says it does. (The core applies [`LockOptions::drift`](dlock_core::LockOptions::drift); the client checks
-//!   its own [`RedlockBuilder::drift`], both [`Drift::default`](dlock_core::Drift) unless set:
+//!   its own [`RedlockBuilder::with_drift`], both [`Drift::default`](dlock_core::Drift) unless set:
 //!   whichever is larger decides.)
 //! * **On failure** (too few grants, or too late) the client releases on **every** master,
 //!   including those that did not answer — their answer may have been lost — and reports either
@@ -57,14 +57,14 @@
 //!   "reached R of N nodes, needed Q".
 //! * **Retry**: a waiting acquire tries again after the caller's jittered backoff, bounded by the
 //!   holder's remaining TTL and by the caller's deadline, and wakes a random bit (up to
-//!   [`RedlockBuilder::retry_jitter`]) earlier, so that contenders that split the masters between
+//!   [`RedlockBuilder::with_retry_jitter`]) earlier, so that contenders that split the masters between
 //!   them do not keep doing so.
 //! * **Extend** re-arms the TTL on every master where the owner still holds the key, and succeeds
 //!   only if a quorum did so within the new validity. **Release** deletes the key on every master
 //!   where the owner holds it; it never touches another owner's key.
 //! * **Batched renewal**: auto-renew re-arms every due lease of a client with one
 //!   [`extend_many`](dlock_core::DistributedLock::extend_many) call. It sends one
-//!   [`EXTEND_MANY`](dlock_redis::scripts::EXTEND_MANY) script per
+//!   `EXTEND_MANY` script per
 //!   [`EXTEND_BATCH`](dlock_redis::EXTEND_BATCH) leases to every master in parallel — one round
 //!   for up to 500 leases instead of one round each — and decides each lease by exactly the
 //!   rules of a single extend (the same code). A batch's per-node timeout is that of its longest
@@ -73,10 +73,10 @@
 //! # Fencing tokens
 //!
 //! No other Redlock implementation hands out fencing tokens; this one does (unless turned off
-//! with [`RedlockBuilder::fencing`]). Each master keeps a per-key counter, incremented by the
+//! with [`RedlockBuilder::with_fencing`]). Each master keeps a per-key counter, incremented by the
 //! acquire script atomically with the grant. The client takes the **maximum** `T` over the
 //! masters that granted, then **writes `T` back** — as a maximum, never lowering a counter (the
-//! [`RAISE_FENCE`](dlock_redis::scripts::RAISE_FENCE) script, which also checks that the owner
+//! `RAISE_FENCE` script, which also checks that the owner
 //! still holds the key there) — to the granted masters whose counter is below `T`. The lock counts
 //! as acquired only when a quorum of masters both hold the key for the owner and have a counter of
 //! at least `T`, all within the validity. When the masters' counters already agree (the usual
@@ -121,7 +121,7 @@
 //! * **`appendfsync everysec`** (Redis's default with AOF) can lose the last second of writes on a
 //!   crash (not on a clean shutdown): a lock granted in that second, and its counter increment, can
 //!   be lost. **No persistence** (a cache-only Redis) loses everything on any restart. Both need:
-//! * **Delayed restart** ([`RedlockBuilder::delayed_restart`]): a restarted master must not take
+//! * **Delayed restart** ([`RedlockBuilder::with_delayed_restart`]): a restarted master must not take
 //!   part for the longest TTL in use, after which every lock it knew has expired anyway. The client
 //!   checks every connection it opens with `INFO server`: a master whose server process started
 //!   less than `max_ttl` (plus the drift allowance) ago does not count towards any quorum
@@ -158,12 +158,12 @@
 //! # Storage
 //!
 //! As with [`dlock_redis`], each master keeps one counter per lock name ever granted, unless
-//! [`RedlockBuilder::fence_ttl`] (the `fence_ttl` URL parameter) lets counters expire once their
+//! [`RedlockBuilder::with_fence_ttl`] (the `fence_ttl` URL parameter) lets counters expire once their
 //! name has been idle that long: the acquire script and the write-back re-arm the expiry on every
 //! master they touch. Tokens stay strictly increasing while no name is idle longer than that;
 //! after a longer pause the counters restart from the masters' clocks, above the earlier tokens as
 //! long as no master's clock went back or lags another master's by more than the pause (see
-//! [`dlock_redis::scripts`]).
+//! `dlock_redis::protocol::scripts`).
 //!
 //! # Waiting
 //!

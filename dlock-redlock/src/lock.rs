@@ -10,8 +10,8 @@ use dlock_core::{
     FencingGuarantee, FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, OwnerToken,
     Released, Result,
 };
-use dlock_redis::keys::{self, KeyLayout};
-use dlock_redis::scripts::{self, AcquireReply, FenceRaise, Peek};
+use dlock_redis::protocol::keys::{self, KeyLayout};
+use dlock_redis::protocol::scripts::{self, AcquireReply, FenceRaise, Peek};
 use dlock_redis::EXTEND_BATCH;
 use tokio::time::Instant;
 

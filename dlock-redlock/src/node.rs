@@ -142,7 +142,7 @@ impl Node {
                 if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
                     self.broken(link.generation);
                 }
-                Err(self.failure(Arc::new(dlock_redis::error_from_redis(op, e))))
+                Err(self.failure(Arc::new(dlock_redis::protocol::error_from_redis(op, e))))
             }
         }
     }
@@ -159,7 +159,7 @@ impl Node {
         if let Some(generation) = generation {
             self.broken(generation);
         }
-        self.failure(Arc::new(no_answer(op, timeout)))
+        self.failure(Arc::new(Error::no_answer(op, timeout)))
     }
 
     /// Connects now (bounded by the connect timeout), for [`connect`](crate::RedlockBuilder::connect).
@@ -168,7 +168,9 @@ impl Node {
         match tokio::time::timeout(self.connect_timeout, link).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(self.failure(e)),
-            Err(_) => Err(self.failure(Arc::new(no_answer("connect", self.connect_timeout)))),
+            Err(_) => {
+                Err(self.failure(Arc::new(Error::no_answer("connect", self.connect_timeout))))
+            }
         }
     }
 
@@ -247,7 +249,7 @@ async fn reconnect(node: Weak<Node>) -> Result<Link, Arc<Error>> {
     let result = tokio::time::timeout(node.connect_timeout, open(&node)).await;
     let result = match result {
         Ok(result) => result,
-        Err(_) => Err(Arc::new(no_answer("connect", node.connect_timeout))),
+        Err(_) => Err(Arc::new(Error::no_answer("connect", node.connect_timeout))),
     };
     let mut state = lock(&node.state);
     match &result {
@@ -262,7 +264,7 @@ async fn open(node: &Node) -> Result<Link, Arc<Error>> {
         .set_connection_timeout(Some(node.connect_timeout))
         // Every request is bounded by its caller's per-node timeout instead.
         .set_response_timeout(None);
-    let fail = |op, e| Arc::new(dlock_redis::error_from_redis(op, e));
+    let fail = |op, e| Arc::new(dlock_redis::protocol::error_from_redis(op, e));
     let mut connection = node
         .client
         .get_multiplexed_async_connection_with_config(&config)
@@ -307,15 +309,6 @@ async fn open(node: &Node) -> Result<Link, Arc<Error>> {
         connection,
         generation,
     })
-}
-
-/// The error of a request that got no answer within `timeout`.
-fn no_answer(op: &'static str, timeout: Duration) -> Error {
-    Error::Unavailable {
-        reached: 0,
-        needed: 1,
-        source: Some(format!("{op}: no answer within {timeout:?}").into()),
-    }
 }
 
 /// Locks a mutex; a panic elsewhere while holding it leaves plain data that is still usable.

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use dlock_core::{
-    Attempt, Error, FencingToken, Grant, LockRequest, OwnerToken, Result, SessionWatch,
+    Attempt, Backoff, Error, FencingToken, Grant, LockRequest, OwnerToken, Result, SessionWatch,
+    Waiting,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -70,21 +71,20 @@ pub(crate) async fn wait_in_queue(
     inner: &Arc<Inner>,
     req: &LockRequest<'_>,
     deadline: Option<Instant>,
+    retry: &Backoff,
 ) -> Result<Grant> {
-    let started = Instant::now();
+    // `retry` is not used to back off: waiting is driven by the predecessor's watch.
+    let waiting = Waiting::new(req.key, deadline, retry);
+    let started = waiting.started();
     // The first pass (session, create, list) is bounded by the operation timeout, never by the
     // caller's deadline: the deadline is checked between steps, so a free key is taken even with a
     // zero wait. Later requests may run until the deadline, or the first pass's bound if later.
     let first_pass_by = started + inner.config.operation_timeout;
     let until = deadline.map_or_else(far_future, |d| d.max(first_pass_by));
-    let timeout = || Error::Timeout {
-        key: req.key.to_string(),
-        waited: started.elapsed(),
-    };
     // A request cut short by the caller's deadline reads as a timeout, not as an outage.
     let fail = |f: Failure, op: &'static str| {
-        if matches!(f, Failure::OutOfTime) && deadline.is_some_and(|d| Instant::now() >= d) {
-            timeout()
+        if matches!(f, Failure::OutOfTime) && waiting.is_over(Instant::now()) {
+            waiting.timeout()
         } else {
             f.into_error(op)
         }
@@ -103,8 +103,8 @@ pub(crate) async fn wait_in_queue(
     // was granted by the create itself, so its validity starts before that request.
     let mut first_look = Some(started);
     loop {
-        if first_look.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(timeout());
+        if first_look.is_none() {
+            waiting.check()?;
         }
         let sent = first_look.take().unwrap_or_else(Instant::now);
         let children = list_queue(inner, &session, &parent, until)
@@ -143,7 +143,7 @@ pub(crate) async fn wait_in_queue(
         let event = match deadline {
             Some(d) => tokio::select! {
                 event = watcher.changed() => event,
-                _ = tokio::time::sleep_until(d) => return Err(timeout()),
+                _ = tokio::time::sleep_until(d) => return Err(waiting.timeout()),
             },
             None => watcher.changed().await,
         };

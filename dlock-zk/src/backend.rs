@@ -169,14 +169,13 @@ impl DistributedLock for ZkLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let _ = retry;
         let span = tracing::debug_span!(
             "dlock.zk.lock",
             key = %req.key,
             backend = BACKEND,
             outcome = tracing::field::Empty,
         );
-        let result = crate::acquire::wait_in_queue(&self.inner, req, deadline)
+        let result = crate::acquire::wait_in_queue(&self.inner, req, deadline, retry)
             .instrument(span.clone())
             .await;
         record(&span, &result, |_| "acquired");

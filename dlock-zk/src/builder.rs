@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{Error, Result};
+use dlock_core::{check_within, Error, Result};
 
 use crate::connect_string::{check_path, ConnectString};
 use crate::naming::Naming;
@@ -54,7 +54,7 @@ pub(crate) struct Config {
 ///
 /// let locks = ZkLock::builder("zk://zk1:2181,zk2:2181,zk3:2181/billing")
 ///     .with_session_timeout(Duration::from_secs(15))
-///     .build()
+///     .connect()
 ///     .await?;
 /// # Ok(()) }
 /// ```
@@ -87,7 +87,7 @@ impl fmt::Debug for ZkLockBuilder {
 
 impl ZkLockBuilder {
     /// A builder for the ensemble at `url` (`zk://host:port[,host:port…][/chroot]`; see
-    /// [`ConnectString::parse`]). A malformed URL is reported by [`build`](Self::build).
+    /// [`ConnectString::parse`]). A malformed URL is reported by [`connect`](Self::connect).
     pub fn new(url: &str) -> Self {
         ZkLockBuilder {
             url: ConnectString::parse(url),
@@ -211,20 +211,14 @@ impl ZkLockBuilder {
     /// within the connect timeout.
     ///
     /// # Cancel safety
-    /// Cancel safe: a session opened by a cancelled build is closed when dropped.
-    pub async fn build(self) -> Result<ZkLock> {
+    /// Cancel safe: a session opened by a cancelled connect is closed when dropped.
+    pub async fn connect(self) -> Result<ZkLock> {
         ZkLock::start(self.config()?).await
     }
 }
 
 fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
-    if timeout < MIN_TIMEOUT || timeout > MAX_TIMEOUT {
-        return Err(Error::invalid(
-            field,
-            format!("{timeout:?} is outside {MIN_TIMEOUT:?} to {MAX_TIMEOUT:?}"),
-        ));
-    }
-    Ok(())
+    check_within(field, timeout, MIN_TIMEOUT..=MAX_TIMEOUT)
 }
 
 #[cfg(test)]

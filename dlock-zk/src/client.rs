@@ -73,7 +73,7 @@ impl ZkLock {
     /// # Cancel safety
     /// Cancel safe: a session opened by a cancelled call is closed when dropped.
     pub async fn connect(url: &str) -> Result<ZkLock> {
-        ZkLockBuilder::new(url).build().await
+        ZkLockBuilder::new(url).connect().await
     }
 
     pub(crate) async fn start(config: Config) -> Result<ZkLock> {

@@ -107,22 +107,22 @@ async fn redlock(address: &Address<'_>) -> Result<Opened> {
     let options = params.lock_options()?;
     let mut builder = dlock_redlock::RedlockBuilder::from_urls(address.per_host("redis")?);
     if let Some(prefix) = params.text("prefix") {
-        builder = builder.prefix(prefix);
+        builder = builder.with_prefix(prefix);
     }
     if let Some(quorum) = params.text("quorum") {
         let quorum = quorum.parse::<usize>().map_err(|_| {
             address.invalid(format!("quorum={quorum:?} is not a number of masters"))
         })?;
-        builder = builder.quorum(quorum);
+        builder = builder.with_quorum(quorum);
     }
     if let Some(timeout) = params.duration("node_timeout")? {
-        builder = builder.node_timeout(timeout);
+        builder = builder.with_node_timeout(timeout);
     }
     if let Some(timeout) = params.duration("connect_timeout")? {
-        builder = builder.connect_timeout(timeout);
+        builder = builder.with_connect_timeout(timeout);
     }
     if let Some(jitter) = params.duration("retry_jitter")? {
-        builder = builder.retry_jitter(jitter);
+        builder = builder.with_retry_jitter(jitter);
     }
     if let Some(fencing) = params.text("fencing") {
         let on = match fencing {
@@ -134,13 +134,13 @@ async fn redlock(address: &Address<'_>) -> Result<Opened> {
                 )))
             }
         };
-        builder = builder.fencing(on);
+        builder = builder.with_fencing(on);
     }
     if let Some(max_ttl) = params.duration("delayed_restart")? {
-        builder = builder.delayed_restart(max_ttl);
+        builder = builder.with_delayed_restart(max_ttl);
     }
     if let Some(ttl) = params.duration("fence_ttl")? {
-        builder = builder.fence_ttl(ttl);
+        builder = builder.with_fence_ttl(ttl);
     }
     Ok((Arc::new(builder.connect().await?), options))
 }
@@ -165,16 +165,16 @@ async fn redis(address: &Address<'_>) -> Result<Opened> {
     let options = params.lock_options()?;
     let mut builder = dlock_redis::RedisLock::builder(address.without_query());
     if let Some(prefix) = params.text("prefix") {
-        builder = builder.prefix(prefix);
+        builder = builder.with_prefix(prefix);
     }
     if let Some(timeout) = params.duration("request_timeout")? {
-        builder = builder.request_timeout(timeout);
+        builder = builder.with_request_timeout(timeout);
     }
     if let Some(timeout) = params.duration("connect_timeout")? {
-        builder = builder.connect_timeout(timeout);
+        builder = builder.with_connect_timeout(timeout);
     }
     if let Some(ttl) = params.duration("fence_ttl")? {
-        builder = builder.fence_ttl(ttl);
+        builder = builder.with_fence_ttl(ttl);
     }
     Ok((Arc::new(builder.connect().await?), options))
 }
@@ -224,7 +224,7 @@ async fn zk(address: &Address<'_>) -> Result<Opened> {
         builder = builder.with_naming(naming.parse()?);
     }
     let lock = builder
-        .build()
+        .connect()
         .await
         .map_err(|e| as_parameter(address, e, "root", "prefix"))?;
     Ok((Arc::new(lock), options))
@@ -254,16 +254,16 @@ async fn etcd(address: &Address<'_>) -> Result<Opened> {
             return Err(address
                 .invalid("the namespace is given twice: as the path and as `prefix`; keep one"));
         }
-        builder = builder.namespace(namespace);
+        builder = builder.with_namespace(namespace);
     }
     if let Some(ttl) = params.duration("session_ttl")? {
-        builder = builder.session_ttl(ttl);
+        builder = builder.with_session_ttl(ttl);
     }
     if let Some(timeout) = params.duration("request_timeout")? {
-        builder = builder.request_timeout(timeout);
+        builder = builder.with_request_timeout(timeout);
     }
     if let Some(timeout) = params.duration("connect_timeout")? {
-        builder = builder.connect_timeout(timeout);
+        builder = builder.with_connect_timeout(timeout);
     }
     let lock = builder
         .connect()

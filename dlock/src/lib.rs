@@ -52,8 +52,8 @@ pub use dlock_core as core;
 pub use dlock_core::{
     url, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock, DistributedLockExt,
     Drift, Error, Fence, FenceMode, Fenced, FencingGuarantee, FencingToken, Holding, InMemoryLock,
-    Lease, LeaseEnd, LeaseState, LeaseWatch, LockKey, LockOptions, LostReason, OwnerToken,
-    Released, Result, SharedLock, StaleToken,
+    Lease, LeaseEnd, LeaseState, LeaseWatch, LockHandle, LockKey, LockOptions, LostReason,
+    OwnerToken, Released, Result, StaleToken,
 };
 
 /// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).

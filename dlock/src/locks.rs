@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use dlock_core::url::redact_password;
-use dlock_core::{DistributedLock, LockOptions, SharedLock};
+use dlock_core::{DistributedLock, LockHandle, LockOptions};
 
 /// A shared handle to the backend a URL names, with the per-acquire defaults the URL set.
 ///
 /// It is cheap to clone (clones share the backend) and has every operation of
 /// [`DistributedLockExt`](dlock_core::DistributedLockExt) — `try_acquire`, `acquire`,
-/// `with_lock`, `holding` — through [`SharedLock`]. Pass [`options`](Self::options) to them to
+/// `with_lock`, `holding` — through [`LockHandle`]. Pass [`options`](Self::options) to them to
 /// use the URL's `ttl`, `wait` and `drift`, or any [`LockOptions`] of your own.
 ///
 /// `connect` returns this rather than a bare `Arc<dyn DistributedLock>` because a URL's `ttl`,
@@ -51,7 +51,7 @@ impl Locks {
     }
 }
 
-impl SharedLock for Locks {
+impl LockHandle for Locks {
     fn shared(&self) -> Arc<dyn DistributedLock> {
         self.backend.clone()
     }

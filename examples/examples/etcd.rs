@@ -23,9 +23,9 @@ use dlock::{DistributedLock, DistributedLockExt, LockOptions};
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let endpoints = std::env::var("ETCD_ENDPOINTS").unwrap_or_else(|_| "127.0.0.1:2379".to_owned());
     let etcd = EtcdLock::builder()
-        .endpoints(endpoints.split(','))
-        .namespace("billing/locks/")
-        .session_ttl(Duration::from_secs(15))
+        .with_endpoints(endpoints.split(','))
+        .with_namespace("billing/locks/")
+        .with_session_ttl(Duration::from_secs(15))
         .connect()
         .await?;
     let locks: Arc<dyn DistributedLock> = Arc::new(etcd);

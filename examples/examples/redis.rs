@@ -22,9 +22,9 @@ use dlock::{DistributedLock, DistributedLockExt, LockOptions};
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let redis = RedisLock::builder(url)
-        .prefix("billing:")
-        .request_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(2))
+        .with_prefix("billing:")
+        .with_request_timeout(Duration::from_millis(500))
+        .with_connect_timeout(Duration::from_secs(2))
         .connect()
         .await?;
     println!("connected to {}", redis.endpoint());

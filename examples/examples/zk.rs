@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let zk = ZkLock::builder(&url)
         .with_session_timeout(Duration::from_secs(15))
         .with_identifier(format!("example pid {}", std::process::id()))
-        .build()
+        .connect()
         .await?;
     let locks: Arc<dyn DistributedLock> = Arc::new(zk);
 

@@ -18,8 +18,8 @@ const PEER_LEASE_SECS: i64 = 900;
 
 async fn connect(endpoint: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
     let lock = EtcdLock::builder()
-        .endpoints([endpoint.to_owned()])
-        .namespace("dlock-bench/")
+        .with_endpoints([endpoint.to_owned()])
+        .with_namespace("dlock-bench/")
         .connect()
         .await?;
     Ok(Arc::new(lock))

@@ -20,7 +20,7 @@ const FLOOR_ROOT: &str = "/dlock-bench-floor";
 async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
     let lock = ZkLock::builder(url)
         .with_session_timeout(SESSION)
-        .build()
+        .connect()
         .await?;
     Ok(Arc::new(lock))
 }

@@ -27,11 +27,11 @@ pub const TRIAL_BUDGET: Duration = Duration::from_secs(120);
 /// locks of a frozen client within a few seconds.
 pub async fn client(endpoints: &[String], session_ttl: Duration) -> anyhow::Result<EtcdLock> {
     Ok(EtcdLock::builder()
-        .endpoints(endpoints.iter().cloned())
-        .namespace(NAMESPACE)
-        .session_ttl(session_ttl)
-        .request_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(10))
+        .with_endpoints(endpoints.iter().cloned())
+        .with_namespace(NAMESPACE)
+        .with_session_ttl(session_ttl)
+        .with_request_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(10))
         .connect()
         .await?)
 }

@@ -45,8 +45,8 @@ pub async fn unreachable_servers_fail_in_bounded_time(_: String) -> anyhow::Resu
     let timeout = Duration::from_millis(500);
     let start = Instant::now();
     let connected = RedisLock::builder(format!("redis://127.0.0.1:{port}"))
-        .connect_timeout(timeout)
-        .request_timeout(timeout)
+        .with_connect_timeout(timeout)
+        .with_request_timeout(timeout)
         .connect()
         .await;
     match connected {

@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{AutoRenew, DistributedLockExt, Error, LockOptions, Released};
-use dlock_redis::{scripts, RedisLock};
+use dlock_redis::protocol::scripts;
+use dlock_redis::RedisLock;
 use dlock_testkit::fixtures::RedisServer;
 
 use crate::support::{self, unique};

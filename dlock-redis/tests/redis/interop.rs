@@ -174,7 +174,12 @@ pub async fn holding_tells_held_or_free_and_the_ttl(url: String) -> anyhow::Resu
 /// is left.
 pub async fn the_key_layout_is_as_documented(url: String) -> anyhow::Result<()> {
     let prefix = format!("{}:", unique("prefix"));
-    let client = Arc::new(RedisLock::builder(&url).prefix(&prefix).connect().await?);
+    let client = Arc::new(
+        RedisLock::builder(&url)
+            .with_prefix(&prefix)
+            .connect()
+            .await?,
+    );
     let mut raw = support::raw(&url).await?;
     let name = "jobs/nightly";
     let ttl = Duration::from_secs(30);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use dlock_core::{DistributedLockExt, FencingToken, LockOptions};
-use dlock_redis::keys::fence_key;
+use dlock_redis::protocol::keys::fence_key;
 use dlock_redis::RedisLock;
 use redis::aio::MultiplexedConnection;
 
@@ -50,7 +50,7 @@ pub async fn fence_ttl_is_rearmed_by_each_grant(url: String) -> anyhow::Result<(
 
     let locks = Arc::new(
         RedisLock::builder(&url)
-            .fence_ttl(fence_ttl)
+            .with_fence_ttl(fence_ttl)
             .connect()
             .await?,
     );

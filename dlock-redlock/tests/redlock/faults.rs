@@ -178,7 +178,7 @@ async fn double_holder_scenario(
     let masters = RedisMasters::start(5).await?;
     let urls = masters.urls();
     let with_rule = |builder: dlock_redlock::RedlockBuilder| match delayed_restart {
-        Some(max_ttl) => builder.delayed_restart(max_ttl),
+        Some(max_ttl) => builder.with_delayed_restart(max_ttl),
         None => builder,
     };
     let a = Arc::new(with_rule(support::builder(&urls)).connect().await?);

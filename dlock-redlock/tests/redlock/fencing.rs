@@ -8,7 +8,7 @@ use anyhow::{ensure, Context};
 use dlock_core::{
     DistributedLock, DistributedLockExt, FencingGuarantee, FencingToken, LockOptions,
 };
-use dlock_redis::keys::fence_key;
+use dlock_redis::protocol::keys::fence_key;
 use dlock_testkit::fixtures::RedisMasters;
 
 use crate::support::{self, unique};
@@ -119,7 +119,7 @@ pub async fn fencing_off_declares_no_guarantee() -> anyhow::Result<()> {
     let masters = RedisMasters::start(3).await?;
     let client = Arc::new(
         support::builder(&masters.urls())
-            .fencing(false)
+            .with_fencing(false)
             .connect()
             .await?,
     );
@@ -177,7 +177,7 @@ pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant() -> a
 
     let client = Arc::new(
         support::builder(&urls)
-            .fence_ttl(fence_ttl)
+            .with_fence_ttl(fence_ttl)
             .connect()
             .await?,
     );

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use dlock_core::{DistributedLock, DistributedLockExt, Error, Holding, LockKey, LockOptions};
-use dlock_redis::keys::fence_key;
+use dlock_redis::protocol::keys::fence_key;
 use dlock_testkit::fixtures::RedisMasters;
 use redis::aio::MultiplexedConnection;
 
@@ -27,7 +27,7 @@ pub async fn a_quorum_decides_held_or_free() -> anyhow::Result<()> {
     let urls = masters.urls();
     let client = Arc::new(
         support::builder(&urls)
-            .node_timeout(PATIENT)
+            .with_node_timeout(PATIENT)
             .connect()
             .await?,
     );
@@ -99,7 +99,7 @@ pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error() -> anyhow
     let masters = RedisMasters::start(5).await?;
     let client = Arc::new(
         support::builder(&masters.urls())
-            .node_timeout(PATIENT)
+            .with_node_timeout(PATIENT)
             .connect()
             .await?,
     );

@@ -24,7 +24,7 @@ const TRIAL_BUDGET: Duration = Duration::from_secs(180);
 
 /// A client of `urls` with the trials' per-node timeout.
 pub fn builder(urls: &[String]) -> RedlockBuilder {
-    RedlockBuilder::from_urls(urls.iter().cloned()).node_timeout(NODE_TIMEOUT)
+    RedlockBuilder::from_urls(urls.iter().cloned()).with_node_timeout(NODE_TIMEOUT)
 }
 
 /// Every Redlock-specific trial: (name, body).

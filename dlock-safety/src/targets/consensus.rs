@@ -60,11 +60,11 @@ impl Consensus for EtcdCluster {
     async fn connect(endpoints: &[String]) -> anyhow::Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(
             EtcdLock::builder()
-                .endpoints(endpoints.iter().cloned())
-                .namespace("dlock-safety/")
-                .session_ttl(SESSION)
-                .request_timeout(Duration::from_secs(2))
-                .connect_timeout(Duration::from_secs(10))
+                .with_endpoints(endpoints.iter().cloned())
+                .with_namespace("dlock-safety/")
+                .with_session_ttl(SESSION)
+                .with_request_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(10))
                 .connect()
                 .await?,
         ))
@@ -99,7 +99,7 @@ impl Consensus for ZkEnsemble {
             ZkLock::builder(&url)
                 .with_session_timeout(SESSION)
                 .with_root("/dlock-safety")
-                .build()
+                .connect()
                 .await?,
         ))
     }

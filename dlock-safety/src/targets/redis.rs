@@ -50,7 +50,7 @@ impl RedisTarget {
         Ok(match self.flavor {
             RedisFlavor::Dlock => Arc::new(
                 RedisLock::builder(url)
-                    .request_timeout(Duration::from_secs(1))
+                    .with_request_timeout(Duration::from_secs(1))
                     .connect()
                     .await?,
             ),

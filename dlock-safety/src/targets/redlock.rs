@@ -47,10 +47,10 @@ impl RedlockTarget {
 
     async fn connect(&self, urls: &[String]) -> anyhow::Result<Arc<dyn DistributedLock>> {
         // The default node timeout (TTL / 200) is too tight for a loaded test machine.
-        let mut builder =
-            RedlockLock::builder(urls.iter().cloned()).node_timeout(Duration::from_millis(200));
+        let mut builder = RedlockLock::builder(urls.iter().cloned())
+            .with_node_timeout(Duration::from_millis(200));
         if let Some(max_ttl) = self.delayed_restart {
-            builder = builder.delayed_restart(max_ttl);
+            builder = builder.with_delayed_restart(max_ttl);
         }
         Ok(Arc::new(builder.connect().await?))
     }

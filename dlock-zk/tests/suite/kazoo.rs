@@ -65,7 +65,7 @@ pub async fn kazoo_and_dlock_exclude_each_other_on_one_path(env: Env) -> anyhow:
         ZkLock::builder(&url(&env.hosts))
             .with_session_timeout(SESSION)
             .with_identifier("dlock-interop")
-            .build()
+            .connect()
             .await?,
     );
     // Characters that need encoding, so the path kazoo uses is the encoded one.

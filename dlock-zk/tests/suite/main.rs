@@ -184,7 +184,7 @@ fn build_trials(
                 ZkLock::builder(&url)
                     .with_session_timeout(SESSION)
                     .with_connect_timeout(OUTAGE_CONNECT_TIMEOUT)
-                    .build()
+                    .connect()
                     .await?,
             );
             Ok(client)

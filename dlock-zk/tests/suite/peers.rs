@@ -41,7 +41,7 @@ async fn dlock(env: &Env, naming: Naming) -> anyhow::Result<Arc<ZkLock>> {
         ZkLock::builder(&url(&env.hosts))
             .with_session_timeout(SESSION)
             .with_naming(naming)
-            .build()
+            .connect()
             .await?,
     ))
 }

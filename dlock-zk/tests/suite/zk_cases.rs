@@ -217,7 +217,7 @@ async fn lock_nodes_are_session_ephemerals_named_like_kazoos(env: Env) -> anyhow
         ZkLock::builder(&url(&env.hosts))
             .with_session_timeout(SESSION)
             .with_identifier("worker-7")
-            .build()
+            .connect()
             .await?,
     );
     let observer = raw::connect(&env.hosts).await?;
@@ -276,7 +276,7 @@ async fn bad_settings_fail_before_connecting_and_unreachable_servers_fail_in_tim
     }
     match ZkLock::builder(&url(&env.hosts))
         .with_session_timeout(Duration::ZERO)
-        .build()
+        .connect()
         .await
     {
         Err(Error::InvalidInput {
@@ -294,7 +294,7 @@ async fn bad_settings_fail_before_connecting_and_unreachable_servers_fail_in_tim
     let started = Instant::now();
     let result = ZkLock::builder(&format!("zk://127.0.0.1:{port}"))
         .with_connect_timeout(connect_timeout)
-        .build()
+        .connect()
         .await;
     let took = started.elapsed();
     match result {

@@ -32,7 +32,7 @@ pub async fn client(url: &str, session: Duration) -> anyhow::Result<Arc<ZkLock>>
     Ok(Arc::new(
         ZkLock::builder(url)
             .with_session_timeout(session)
-            .build()
+            .connect()
             .await?,
     ))
 }

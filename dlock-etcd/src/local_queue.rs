@@ -22,7 +22,7 @@ use crate::session::Session;
 /// The local time frame of a held lock: when this client deletes its key unless extended. (The
 /// lease itself is valid for less — its drift allowance — which dlock-core applies.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Term {
+pub(crate) struct LocalExpiry {
     /// The end of the per-acquire TTL: the watchdog deletes the key then.
     pub(crate) delete_at: Instant,
 }
@@ -37,9 +37,9 @@ pub(crate) struct Held {
     pub(crate) contender: Vec<u8>,
     /// The session the key is attached to.
     pub(crate) session: Arc<Session>,
-    /// The lock's term, re-armed by extend; the watchdog follows it.
-    pub(crate) term: watch::Sender<Term>,
-    /// Set once the watchdog has begun deleting the key at the end of its term: from then on
+    /// The lock's expiry, re-armed by extend; the watchdog follows it.
+    pub(crate) expiry: watch::Sender<LocalExpiry>,
+    /// Set once the watchdog has begun deleting the key at the end of its expiry: from then on
     /// the lock can be neither extended nor released by its owner.
     pub(crate) expiring: bool,
     /// The watchdog, stopped when the record goes.
@@ -62,13 +62,13 @@ struct Slot {
     held: Option<Held>,
 }
 
-/// The per-key table of one client.
+/// The locks one client holds and the local tasks waiting for each, key by key.
 #[derive(Default)]
-pub(crate) struct Table {
+pub(crate) struct LocalQueue {
     slots: Mutex<HashMap<LockKey, Slot>>,
 }
 
-impl Table {
+impl LocalQueue {
     fn slots(&self) -> MutexGuard<'_, HashMap<LockKey, Slot>> {
         // Every change below completes before anything can panic; a poisoned table is intact.
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)

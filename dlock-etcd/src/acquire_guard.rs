@@ -3,7 +3,7 @@
 //! An acquire can end without a lock in many ways: busy, a deadline, an error, the caller dropping
 //! the future half-way. Once a request that may create our contender key has been sent, every one
 //! of those endings must delete that key again (if it exists and still carries this acquire's
-//! owner token), or it would stand in the queue until the session ends. [`Turn`] does that in the
+//! owner token), or it would stand in the queue until the session ends. [`AcquireGuard`] does that in the
 //! background when dropped, and passes the local turn on at once: the next local task that finds
 //! such a key in its way deletes it itself (see `contention::remove_leftover`), so it never waits
 //! for a clean-up that cannot reach the server.
@@ -19,8 +19,8 @@ use dlock_core::LockKey;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::contention::delete_by_owner;
+use crate::local_queue::LocalQueue;
 use crate::requests::Requests;
-use crate::table::Table;
 
 /// How often a withdrawal is tried before the key is left to the session's expiry.
 const WITHDRAW_ATTEMPTS: u32 = 3;
@@ -59,18 +59,23 @@ impl Written {
     }
 }
 
-/// A key's local turn, held by one acquire.
-pub(crate) struct Turn {
-    table: Arc<Table>,
+/// A key's local turn, held by one acquire, which withdraws what the acquire may have written
+/// unless it ends with the lock.
+pub(crate) struct AcquireGuard {
+    local_queue: Arc<LocalQueue>,
     key: LockKey,
     guard: Option<OwnedMutexGuard<()>>,
     written: Option<Written>,
 }
 
-impl Turn {
-    pub(crate) fn new(table: Arc<Table>, key: LockKey, guard: OwnedMutexGuard<()>) -> Self {
-        Turn {
-            table,
+impl AcquireGuard {
+    pub(crate) fn new(
+        local_queue: Arc<LocalQueue>,
+        key: LockKey,
+        guard: OwnedMutexGuard<()>,
+    ) -> Self {
+        AcquireGuard {
+            local_queue,
             key,
             guard: Some(guard),
             written: None,
@@ -105,7 +110,7 @@ impl Turn {
     }
 }
 
-impl Drop for Turn {
+impl Drop for AcquireGuard {
     fn drop(&mut self) {
         let Some(guard) = self.guard.take() else {
             return;
@@ -116,6 +121,6 @@ impl Drop for Turn {
             }
         }
         drop(guard);
-        self.table.tidy(&self.key);
+        self.local_queue.tidy(&self.key);
     }
 }

@@ -35,7 +35,7 @@
 //! # The fencing counter's expiry
 //!
 //! By default a counter never expires: one small key stays behind for every lock name ever
-//! granted. With a fence TTL (`RedisLockBuilder::fence_ttl`, the `fence_ttl` URL parameter) the
+//! granted. With a fence TTL (`RedisLockBuilder::with_fence_ttl`, the `fence_ttl` URL parameter) the
 //! acquire script gives the counter that expiry with every grant, in the same script, so a
 //! counter disappears once its key has gone unused (no grant) for the fence TTL.
 //!
@@ -367,7 +367,7 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
 }
 
 /// Runs [`ACQUIRE`] for `owner` (the owner token's hex form) on `lock_key` and its `fence_key`
-/// (see [`crate::keys`]); `fence_ttl`, if any, becomes the counter's expiry.
+/// (see [`crate::protocol::keys`]); `fence_ttl`, if any, becomes the counter's expiry.
 ///
 /// # Cancel safety
 /// If dropped, the lock may or may not have been taken; release by owner token to be sure.

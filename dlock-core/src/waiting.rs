@@ -1,0 +1,175 @@
+//! The bookkeeping every waiting acquire shares: the caller's deadline, the backoff between
+//! attempts, and the timeout error.
+//!
+//! The rules are the same for every backend: the deadline is checked *between* attempts, never
+//! used to cut the first attempt short (a free lock is taken even with a zero wait), and no wait
+//! runs past it. [`DistributedLock::lock`](crate::DistributedLock::lock) uses this, and so do the
+//! backends that override it.
+
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::key::LockKey;
+use crate::retry::Backoff;
+
+/// One waiting acquire of one key: when it started, until when it may wait, and how many times it
+/// has backed off.
+#[derive(Debug, Clone)]
+pub struct Waiting<'a> {
+    key: &'a LockKey,
+    deadline: Option<Instant>,
+    retry: &'a Backoff,
+    started: Instant,
+    waits: u32,
+}
+
+impl<'a> Waiting<'a> {
+    /// Starts waiting for `key` now, until `deadline` (or forever), backing off by `retry`.
+    pub fn new(key: &'a LockKey, deadline: Option<Instant>, retry: &'a Backoff) -> Self {
+        Waiting {
+            key,
+            deadline,
+            retry,
+            started: Instant::now(),
+            waits: 0,
+        }
+    }
+
+    /// When the wait started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The caller's deadline, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Whether the deadline has passed at `now`.
+    pub fn is_over(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
+    }
+
+    /// The error of a wait that reached its deadline.
+    pub fn timeout(&self) -> Error {
+        Error::Timeout {
+            key: self.key.to_string(),
+            waited: self.started.elapsed(),
+        }
+    }
+
+    /// Between attempts: the current time if the caller may still wait, the timeout otherwise.
+    pub fn check(&self) -> Result<Instant> {
+        let now = Instant::now();
+        if self.is_over(now) {
+            return Err(self.timeout());
+        }
+        Ok(now)
+    }
+
+    /// `until`, but never past the deadline.
+    pub fn bound(&self, until: Instant) -> Instant {
+        match self.deadline {
+            Some(d) => until.min(d),
+            None => until,
+        }
+    }
+
+    /// When to attempt again after a busy answer or a temporary failure at `now`: after the next
+    /// jittered backoff step, or once the holder's lease has run out (`holder_left`, including
+    /// any margin) if that is sooner, and never past the deadline.
+    pub fn next_attempt(&mut self, now: Instant, holder_left: Option<Duration>) -> Instant {
+        let mut delay = self.retry.delay(self.waits);
+        self.waits = self.waits.saturating_add(1);
+        if let Some(left) = holder_left {
+            // Wake when the holder's TTL ends, not a whole backoff later.
+            delay = delay.min(left);
+        }
+        self.bound(now + delay)
+    }
+}
+
+/// Checks that the setting `field` lies within `range`, naming the field and the range if not.
+///
+/// The one check of timeouts and TTLs in builders, so that every backend words it the same way.
+pub fn check_within<T>(field: &'static str, value: T, range: RangeInclusive<T>) -> Result<()>
+where
+    T: PartialOrd + fmt::Debug,
+{
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        field,
+        format!(
+            "{value:?} is outside {:?}..={:?}",
+            range.start(),
+            range.end()
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steady() -> Backoff {
+        Backoff {
+            jitter: 0.0,
+            ..Backoff::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn backs_off_and_stops_at_the_deadline() {
+        let key = LockKey::new("k").expect("valid key");
+        let retry = steady();
+        let now = Instant::now();
+        let mut waiting = Waiting::new(&key, Some(now + Duration::from_millis(25)), &retry);
+        assert_eq!(waiting.check().ok(), Some(now));
+        assert_eq!(
+            waiting.next_attempt(now, None),
+            now + Duration::from_millis(10)
+        );
+        assert_eq!(
+            waiting.next_attempt(now, Some(Duration::from_millis(3))),
+            now + Duration::from_millis(3)
+        );
+        assert_eq!(
+            waiting.next_attempt(now, None),
+            now + Duration::from_millis(25)
+        );
+        tokio::time::advance(Duration::from_millis(25)).await;
+        assert!(matches!(waiting.check(), Err(Error::Timeout { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_deadline_it_never_times_out() {
+        let key = LockKey::new("k").expect("valid key");
+        let retry = steady();
+        let mut waiting = Waiting::new(&key, None, &retry);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let now = waiting.check().expect("no deadline");
+        assert_eq!(
+            waiting.next_attempt(now, None),
+            now + Duration::from_millis(10)
+        );
+    }
+
+    #[test]
+    fn ranges_name_the_field_and_the_bounds() {
+        let range = Duration::from_millis(1)..=Duration::from_secs(1);
+        assert!(check_within("t", Duration::from_secs(1), range.clone()).is_ok());
+        match check_within("t", Duration::ZERO, range) {
+            Err(Error::InvalidInput { field, message }) => {
+                assert_eq!(field, "t");
+                assert_eq!(message, "0ns is outside 1ms..=1s");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
