@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
-//! cargo test -p dlock-redlock --test redlock
+//! cargo test -p dlock-redlock --test compliance
 //! ```
 //!
 //! The suite shares five masters (every case works in its own key namespace); its outage case
@@ -16,10 +16,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "compliance/batch.rs"]
 mod batch;
+#[path = "compliance/faults.rs"]
 mod faults;
+#[path = "compliance/fencing.rs"]
 mod fencing;
+#[path = "compliance/inspect.rs"]
 mod inspect;
+#[path = "compliance/support.rs"]
 mod support;
 
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
-//! cargo test -p dlock-redis --test redis
+//! cargo test -p dlock-redis --test compliance
 //! ```
 //!
 //! The suite shares one server (every case works in its own key namespace); its outage case gets a
@@ -13,12 +13,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "compliance/connecting.rs"]
 mod connecting;
+#[path = "compliance/faults.rs"]
 mod faults;
+#[path = "compliance/interop.rs"]
 mod interop;
+#[path = "compliance/renewing.rs"]
 mod renewing;
+#[path = "compliance/storage.rs"]
 mod storage;
+#[path = "compliance/support.rs"]
 mod support;
+#[path = "compliance/waiting.rs"]
 mod waiting;
 
 use std::net::SocketAddr;

@@ -10,9 +10,9 @@
 //! cargo test -p dlock-zk --test faults
 //! ```
 
-#[path = "../support/mod.rs"]
 mod support;
 
+#[path = "faults/cases.rs"]
 mod cases;
 
 use std::sync::Arc;

@@ -8,14 +8,16 @@
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
-//! cargo test -p dlock-zk --test suite
+//! cargo test -p dlock-zk --test compliance
 //! ```
 
-#[path = "../support/mod.rs"]
 mod support;
 
+#[path = "compliance/kazoo.rs"]
 mod kazoo;
+#[path = "compliance/peers.rs"]
 mod peers;
+#[path = "compliance/zk_cases.rs"]
 mod zk_cases;
 
 use std::net::SocketAddr;
