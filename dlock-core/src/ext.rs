@@ -210,13 +210,12 @@ async fn take(
         key: key.to_string(),
         waited,
     };
+    // The caller's deadline is checked between attempts (by the backend's `lock`), never used to
+    // cut the first attempt short: a free key is taken even with a zero wait. The first answer is
+    // bounded by the lease's validity instead, since a later grant would be useless.
+    let first_answer_by = started + validity;
     loop {
         let pending = PendingAcquire::arm(backend, key, owner);
-        // The caller's deadline is checked between attempts (by the backend's `lock`), never
-        // used to cut the first attempt short: a free key is taken even with a zero wait. The
-        // first answer is bounded by the lease's validity instead, since a later grant would be
-        // useless.
-        let first_answer_by = started + validity;
         let grant: Grant = match mode {
             Mode::Once => {
                 let sent = Instant::now();
