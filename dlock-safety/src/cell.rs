@@ -3,45 +3,12 @@
 use dlock_testkit::Analysis;
 use serde::Serialize;
 
-use crate::backend::Backend;
 use crate::class::Class;
-use crate::scenario::Scenario;
+use crate::Scenario;
+use crate::{Backend, Declared};
 
-/// The counts of a cell's history (see [`Analysis`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Counts {
-    /// Holds granted.
-    pub acquisitions: u64,
-    /// Holds that began while another was still valid.
-    pub overlaps: u64,
-    /// Holds whose token did not exceed every earlier one (only judged where tokens are promised).
-    pub token_regressions: u64,
-    /// Stale writes the fence admitted.
-    pub stale_writes_accepted: u64,
-    /// Stale writes the fence refused.
-    pub stale_writes_rejected: u64,
-    /// The current holder's writes the fence refused.
-    pub current_writes_rejected: u64,
-    /// Admitted writes that overwrote an update they had not read.
-    pub lost_updates: u64,
-    /// Operations with an unknown outcome.
-    pub indeterminate: u64,
-}
-
-impl From<Analysis> for Counts {
-    fn from(a: Analysis) -> Self {
-        Counts {
-            acquisitions: a.acquisitions,
-            overlaps: a.overlaps,
-            token_regressions: a.token_regressions,
-            stale_writes_accepted: a.stale_writes_accepted,
-            stale_writes_rejected: a.stale_writes_rejected,
-            current_writes_rejected: a.current_writes_rejected,
-            lost_updates: a.lost_updates,
-            indeterminate: a.indeterminate,
-        }
-    }
-}
+/// The counts of a cell's history: its [`Analysis`].
+pub type Counts = Analysis;
 
 /// A finished cell.
 #[derive(Debug, Clone, Serialize)]
@@ -51,7 +18,7 @@ pub struct Cell {
     /// The scenario's title.
     pub scenario_title: &'static str,
     /// The backend.
-    pub backend: Backend,
+    pub backend: &'static Backend,
     /// What the backend declares.
     pub expected: Class,
     /// Why it declares that.
@@ -79,17 +46,17 @@ impl Cell {
     /// A cell that was not run (`observed` is n/a or not yet run), with why.
     pub fn skipped(
         scenario: Scenario,
-        backend: Backend,
+        backend: &'static Backend,
         observed: Class,
-        expected: (Class, &'static str),
+        expected: Declared,
         note: String,
     ) -> Cell {
         Cell {
             scenario: scenario.number(),
             scenario_title: scenario.title(),
             backend,
-            expected: expected.0,
-            reason: expected.1,
+            expected: expected.class,
+            reason: expected.reason,
             observed,
             matches: true,
             counts: Counts::default(),

@@ -11,48 +11,9 @@
 //! 4. otherwise, if the scenario's successor never got the lock, the service was **unavailable**;
 //! 5. otherwise the cell is **safe**.
 
-use std::fmt;
-
 use dlock_testkit::Analysis;
-use serde::Serialize;
 
-/// What happened in a cell (observed) or what a backend promises for it (declared).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Class {
-    /// No violation, and the lock was handed on.
-    Safe,
-    /// Mutual exclusion failed or a stale holder wrote, and the fence refused every stale write.
-    CaughtByFencing,
-    /// A stale write reached the resource, an update was lost, or holds overlapped unfenced.
-    NotCaught,
-    /// No violation, but the lock could not be taken while the fault lasted.
-    Unavailable,
-    /// The scenario does not apply to the backend.
-    NotApplicable,
-    /// The scenario was not run (the backend has not landed, or faults cannot be injected).
-    NotRun,
-}
-
-impl Class {
-    /// The short label used in tables.
-    pub fn label(self) -> &'static str {
-        match self {
-            Class::Safe => "safe",
-            Class::CaughtByFencing => "caught by fencing",
-            Class::NotCaught => "violation not caught",
-            Class::Unavailable => "unavailable",
-            Class::NotApplicable => "n/a",
-            Class::NotRun => "not yet run",
-        }
-    }
-}
-
-impl fmt::Display for Class {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
+pub use dlock_testkit::Class;
 
 /// Classifies a run: `analysis` of its history, and whether the scenario's successor got the lock.
 pub fn classify(analysis: &Analysis, handed_on: bool) -> Class {
@@ -73,38 +34,14 @@ pub fn classify(analysis: &Analysis, handed_on: bool) -> Class {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use dlock_core::FencingToken;
     use dlock_testkit::analysis::analyze;
+    use dlock_testkit::history::sample::{acq as acquired, ev as at, write as fenced_write};
     use dlock_testkit::history::{Event, EventKind};
 
     use super::*;
 
-    fn at(ms: u64, client: usize, token: u64, kind: EventKind) -> Event {
-        Event {
-            at: Duration::from_millis(ms),
-            client,
-            key: "k".into(),
-            token: FencingToken(token),
-            kind,
-        }
-    }
-
-    fn acquired(ms: u64, client: usize, token: u64, until_ms: u64) -> Event {
-        let kind = EventKind::Acquired {
-            token: FencingToken(token),
-            valid_until: Duration::from_millis(until_ms),
-        };
-        at(ms, client, token, kind)
-    }
-
     fn write(ms: u64, client: usize, token: u64, accepted: bool) -> Event {
-        let kind = EventKind::Write {
-            accepted,
-            lost_update: false,
-        };
-        at(ms, client, token, kind)
+        fenced_write(ms, client, token, accepted, false)
     }
 
     /// Client 1 holds token `t1`, client 2 takes the lock at 100 ms with `t2` while client 1 still
@@ -142,15 +79,7 @@ mod tests {
             acquired(0, 1, 1, 100),
             at(50, 1, 1, EventKind::Releasing),
             acquired(60, 2, 2, 1000),
-            at(
-                70,
-                2,
-                2,
-                EventKind::Write {
-                    accepted: true,
-                    lost_update: true,
-                },
-            ),
+            fenced_write(70, 2, 2, true, true),
         ];
         assert_eq!(classify(&analyze(&events, true), true), Class::NotCaught);
     }

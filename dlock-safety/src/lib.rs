@@ -12,8 +12,9 @@
 //! by a [`Fence`](dlock_core::Fence), operations with unknown outcomes — and classifies it
 //! ([`classify`]): safe, violation caught by fencing, violation not caught, or unavailable. Each
 //! backend declares, before anything runs, the class it expects per scenario, with a reason drawn
-//! from its documented guarantees ([`declared`](declared::declared)); a cell that contradicts its
-//! declaration fails the run.
+//! from its documented guarantees: its entry in the test kit's
+//! [registry](dlock_testkit::registry), which also names the servers it runs on; a cell that
+//! contradicts its declaration fails the run.
 //!
 //! Two deliberately broken clients run through the same scenarios as baselines ([`baselines`]):
 //! the legacy `SETNX`/`GETSET` timestamp lock and a naive `SETNX`-then-`EXPIRE` lock, so the
@@ -23,24 +24,21 @@
 //! the compliance suite.
 #![deny(missing_docs)]
 
-pub mod backend;
 pub mod baselines;
 pub mod cell;
 pub mod class;
-pub mod declared;
 pub mod filter;
 pub mod matrix;
 pub mod plan;
 pub mod report;
 pub mod run;
-pub mod scenario;
 pub mod scenarios;
 pub mod targets;
 
-pub use backend::Backend;
 pub use cell::{Cell, Counts};
 pub use class::{classify, Class};
+/// The rows and columns of the matrix, and what each row declares: the test kit's registry.
+pub use dlock_testkit::{Backend, Declared, Scenario};
 pub use filter::Filter;
 pub use plan::Plan;
 pub use report::Report;
-pub use scenario::Scenario;

@@ -8,21 +8,21 @@ use dlock_testkit::fixtures::{
     EtcdCluster, EtcdOptions, FixtureError, RedisMasters, RedisReplicated, RedisServer, ZkEnsemble,
     ZkOptions,
 };
+use dlock_testkit::registry::{Fixture, Role, BACKENDS, ZK_TICK};
 use tokio::time::Instant;
 
-use crate::backend::Backend;
 use crate::cell::Cell;
 use crate::class::{classify, Class};
-use crate::declared::declared;
 use crate::filter::Filter;
 use crate::plan::Plan;
 use crate::run::Run;
-use crate::scenario::Scenario;
 use crate::scenarios;
 use crate::targets::{
     EtcdTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, RedlockTarget, Target,
     ZkTarget,
 };
+use crate::Backend;
+use crate::Scenario;
 
 /// Members of the ZooKeeper and etcd deployments: the smallest that survives losing one.
 const CLUSTER_SIZE: usize = 3;
@@ -123,30 +123,33 @@ impl Started {
     }
 }
 
+/// Starts what `backend`'s registry entry names: its fixture (shared between the rows that use
+/// the same Redis server or masters) and the target for its client.
 async fn start(
-    backend: Backend,
+    backend: &'static Backend,
     servers: &mut Servers,
     plan: Plan,
     replica_needed: bool,
 ) -> anyhow::Result<Option<Started>> {
-    Ok(Some(match backend {
-        Backend::Memory => Started::Memory(MemoryTarget::default()),
-        Backend::Redis => redis(servers, RedisFlavor::Dlock, replica_needed).await?,
-        Backend::LegacyGetSet => redis(servers, RedisFlavor::LegacyGetSet, replica_needed).await?,
-        Backend::NaiveExpire => redis(servers, RedisFlavor::NaiveExpire, replica_needed).await?,
-        Backend::ZooKeeper => {
-            let options = ZkOptions::default().with_tick_time(Duration::from_millis(500));
+    Ok(Some(match backend.fixture {
+        Fixture::InProcess => Started::Memory(MemoryTarget::default()),
+        Fixture::RedisServer => redis(servers, RedisFlavor::of(backend)?, replica_needed).await?,
+        Fixture::RedisMasters => {
+            // Redlock's variant row is its delayed-restart rule, for the plan's longest lease.
+            let delayed_restart = matches!(backend.role, Role::Variant(_)).then(|| plan.long_ttl());
+            Started::Redlock(RedlockTarget::new(
+                servers.masters().await?,
+                delayed_restart,
+            ))
+        }
+        Fixture::ZkEnsemble => {
+            let options = ZkOptions::default().with_tick_time(ZK_TICK);
             Started::Zk(ZkTarget::new(
                 ZkEnsemble::start_with(CLUSTER_SIZE, options).await?,
             ))
         }
-        Backend::Etcd => Started::Etcd(EtcdTarget::new(
+        Fixture::EtcdCluster => Started::Etcd(EtcdTarget::new(
             EtcdCluster::start_with(CLUSTER_SIZE, EtcdOptions::default()).await?,
-        )),
-        Backend::Redlock => Started::Redlock(RedlockTarget::new(servers.masters().await?, None)),
-        Backend::RedlockDelayedRestart => Started::Redlock(RedlockTarget::new(
-            servers.masters().await?,
-            Some(plan.long_ttl()),
         )),
     }))
 }
@@ -170,10 +173,10 @@ async fn redis(
 
 /// Runs every cell `filter` selects, printing progress, and returns them in matrix order.
 pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
-    let total = Backend::ALL
+    let total = BACKENDS
         .iter()
-        .flat_map(|b| Scenario::ALL.iter().map(move |s| (*s, *b)))
-        .filter(|(s, b)| filter.selects(*s, *b))
+        .flat_map(|b| Scenario::ALL.iter().map(move |s| (*s, b)))
+        .filter(|(s, b)| filter.selects(*s, b))
         .count();
     let nonce = format!(
         "{}-{}",
@@ -185,7 +188,7 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
     );
     let mut servers = Servers::default();
     let mut cells = Vec::with_capacity(total);
-    for backend in Backend::ALL {
+    for backend in BACKENDS {
         let selected: Vec<Scenario> = Scenario::ALL
             .into_iter()
             .filter(|s| filter.selects(*s, backend))
@@ -195,12 +198,12 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
         }
         let needs_servers = selected.iter().any(|s| {
             !matches!(
-                declared(backend, *s).class,
+                backend.declared(*s).class,
                 Class::NotApplicable | Class::NotRun
             )
         });
         let started = if needs_servers {
-            eprintln!("starting {} …", backend.title());
+            eprintln!("starting {} …", backend.title);
             let replica_needed = selected.contains(&Scenario::LaggingReplicaPromoted);
             start(backend, &mut servers, plan, replica_needed).await
         } else {
@@ -216,10 +219,7 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
                     scenario,
                     backend,
                     Class::NotRun,
-                    {
-                        let d = declared(backend, scenario);
-                        (d.class, d.reason)
-                    },
+                    backend.declared(scenario),
                     format!("{e:#}"),
                 ),
                 Err(e) => failed(scenario, backend, format!("servers did not start: {e:#}")),
@@ -237,13 +237,13 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
 
 async fn cell(
     scenario: Scenario,
-    backend: Backend,
+    backend: &'static Backend,
     target: Option<&dyn Target>,
     plan: Plan,
     nonce: &str,
 ) -> Cell {
-    let declared = declared(backend, scenario);
-    let expected = (declared.class, declared.reason);
+    let declared = backend.declared(scenario);
+    let expected = declared;
     let target = match (declared.class, target) {
         (Class::NotApplicable, _) => {
             return Cell::skipped(
@@ -267,7 +267,7 @@ async fn cell(
     };
     let run = Run::new(
         plan,
-        format!("safety/{nonce}/{}/{}", backend.slug(), scenario.number()),
+        format!("safety/{nonce}/{}/{}", backend.name, scenario.number()),
     );
     let started = Instant::now();
     let budget = if plan.quick {
@@ -322,7 +322,7 @@ async fn cell(
         reason: declared.reason,
         observed,
         matches,
-        counts: analysis.into(),
+        counts: analysis,
         recovery_ms: outcome.recovery.map(millis),
         bound_ms: outcome.bound.map(millis),
         note: outcome.note,
@@ -341,15 +341,14 @@ fn opted_out(e: &anyhow::Error) -> bool {
 }
 
 /// A cell whose scenario could not be carried out: it fails the run.
-fn failed(scenario: Scenario, backend: Backend, note: String) -> Cell {
-    let declared = declared(backend, scenario);
+fn failed(scenario: Scenario, backend: &'static Backend, note: String) -> Cell {
     Cell {
         matches: false,
         ..Cell::skipped(
             scenario,
             backend,
             Class::NotRun,
-            (declared.class, declared.reason),
+            backend.declared(scenario),
             note,
         )
     }
@@ -365,7 +364,7 @@ fn progress(n: usize, total: usize, cell: &Cell) {
     };
     eprintln!(
         "[{n:>2}/{total}] {:<24} {:>2} {:<36} {:<22} expected {:<22} {verdict:<8} {:>6.1} s  {}",
-        cell.backend.title(),
+        cell.backend.title,
         cell.scenario,
         cell.scenario_title,
         cell.observed.label(),

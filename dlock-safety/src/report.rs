@@ -4,11 +4,13 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::backend::Backend;
+use dlock_testkit::BACKENDS;
+
 use crate::cell::Cell;
 use crate::class::Class;
 use crate::plan::Plan;
-use crate::scenario::Scenario;
+use crate::Backend;
+use crate::Scenario;
 
 /// The markers around the matrix in the README; [`replace_section`] rewrites what lies between.
 pub const README_START: &str =
@@ -51,8 +53,8 @@ impl<'a> Report<'a> {
     /// The matrix: scenarios down, backends across, each cell its observed class and whether that
     /// matches the declaration.
     pub fn matrix(&self) -> String {
-        let backends: Vec<Backend> = Backend::ALL
-            .into_iter()
+        let backends: Vec<&Backend> = BACKENDS
+            .iter()
             .filter(|b| self.cells.iter().any(|c| c.backend == *b))
             .collect();
         let mut out = String::new();
@@ -65,7 +67,7 @@ impl<'a> Report<'a> {
         );
         let _ = write!(out, "| scenario |");
         for b in &backends {
-            let _ = write!(out, " {} |", b.title());
+            let _ = write!(out, " {} |", b.title);
         }
         let _ = write!(out, "\n|---|");
         for _ in &backends {
@@ -137,7 +139,7 @@ impl<'a> Report<'a> {
                 out,
                 "| {} | {} | {} | {} ({}) | {mark} | {counts} | {recovery} | {} |",
                 c.scenario,
-                c.backend.title(),
+                c.backend.title,
                 c.observed.label(),
                 c.expected.label(),
                 c.reason,
@@ -157,7 +159,7 @@ impl<'a> Report<'a> {
                     "scenario {} ({}) on {}: observed {}, declared {} because {:?}; {}",
                     c.scenario,
                     c.scenario_title,
-                    c.backend.title(),
+                    c.backend.title,
                     c.observed,
                     c.expected,
                     c.reason,

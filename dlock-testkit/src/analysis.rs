@@ -11,10 +11,12 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
+
 use crate::history::{holds_of, Event, EventKind, Hold};
 
 /// What a history shows, counted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Analysis {
     /// Holds granted (acquires that returned a lease).
     pub acquisitions: u64,
@@ -119,33 +121,8 @@ fn is_stale(holds: &[Hold], write: &Event) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dlock_core::{FencingToken, LostReason};
-
-    fn ev(at_ms: u64, client: usize, token: u64, kind: EventKind) -> Event {
-        Event {
-            at: Duration::from_millis(at_ms),
-            client,
-            key: "k".into(),
-            token: FencingToken(token),
-            kind,
-        }
-    }
-
-    fn acq(at_ms: u64, client: usize, token: u64, until_ms: u64) -> Event {
-        let kind = EventKind::Acquired {
-            token: FencingToken(token),
-            valid_until: Duration::from_millis(until_ms),
-        };
-        ev(at_ms, client, token, kind)
-    }
-
-    fn write(at_ms: u64, client: usize, token: u64, accepted: bool, lost_update: bool) -> Event {
-        let kind = EventKind::Write {
-            accepted,
-            lost_update,
-        };
-        ev(at_ms, client, token, kind)
-    }
+    use crate::history::sample::{acq, ev, write};
+    use dlock_core::LostReason;
 
     #[test]
     fn clean_sequential_history_counts_nothing_wrong() {

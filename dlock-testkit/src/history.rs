@@ -360,11 +360,18 @@ fn slice(events: &[&Event], from: Duration, to: Duration) -> Vec<Event> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Hand-written events of key `k`, times in milliseconds: the histories that unit tests of the
+/// checkers ([`check_events`], [`analyze`](crate::analysis::analyze), the safety report's
+/// classification) are built from.
+pub mod sample {
+    use std::time::Duration;
 
-    fn ev(at_ms: u64, client: usize, token: u64, kind: EventKind) -> Event {
+    use dlock_core::FencingToken;
+
+    use super::{Event, EventKind};
+
+    /// `kind` for `client` holding `token`, at `at_ms`.
+    pub fn ev(at_ms: u64, client: usize, token: u64, kind: EventKind) -> Event {
         Event {
             at: Duration::from_millis(at_ms),
             client,
@@ -374,17 +381,36 @@ mod tests {
         }
     }
 
-    fn acq(at_ms: u64, client: usize, token: u64, until_ms: u64) -> Event {
-        ev(
-            at_ms,
-            client,
-            token,
-            EventKind::Acquired {
-                token: FencingToken(token),
-                valid_until: Duration::from_millis(until_ms),
-            },
-        )
+    /// `client` acquired `token` at `at_ms`, valid until `until_ms`.
+    pub fn acq(at_ms: u64, client: usize, token: u64, until_ms: u64) -> Event {
+        let kind = EventKind::Acquired {
+            token: FencingToken(token),
+            valid_until: Duration::from_millis(until_ms),
+        };
+        ev(at_ms, client, token, kind)
     }
+
+    /// `client` wrote with `token` at `at_ms`; the fence `accepted` it, and whether the write
+    /// overwrote an update it had not read.
+    pub fn write(
+        at_ms: u64,
+        client: usize,
+        token: u64,
+        accepted: bool,
+        lost_update: bool,
+    ) -> Event {
+        let kind = EventKind::Write {
+            accepted,
+            lost_update,
+        };
+        ev(at_ms, client, token, kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sample::{acq, ev};
+    use super::*;
 
     #[test]
     fn sequential_holds_pass() {

@@ -5,7 +5,9 @@
 //! owns that: [`fixtures`] start Redis, etcd and ZooKeeper in Docker containers (or use servers
 //! named in `DLOCK_TEST_*` variables) and remove them however the run ends; [`FreezeProxy`] and
 //! [`Freezable`] freeze one client's link; [`History`] records what every client observed and
-//! [`Analysis`] counts what went wrong.
+//! [`Analysis`] counts what went wrong. The [`registry`] is the one table of backends — fixture,
+//! URL, declared capabilities, expected safety classes per [`Scenario`] — that every harness
+//! reads.
 
 #![deny(missing_docs)]
 
@@ -15,9 +17,13 @@ pub mod fixtures;
 pub mod freeze;
 pub mod history;
 pub mod proxy;
+pub mod registry;
+pub mod scenario;
 
 pub use analysis::Analysis;
 pub use control::{Freeze, ServerControl};
 pub use freeze::Freezable;
 pub use history::{History, Violation};
 pub use proxy::{url_target, url_via, DroppingProxies, FreezeProxy};
+pub use registry::{Backend, Fixture, BACKENDS};
+pub use scenario::{Class, Declared, Scenario};

@@ -17,8 +17,8 @@ mod working_holder;
 use std::time::Duration;
 
 use crate::run::Run;
-use crate::scenario::Scenario;
 use crate::targets::Target;
+use crate::Scenario;
 
 /// What a scenario reports besides the history.
 #[derive(Debug, Clone, Default)]

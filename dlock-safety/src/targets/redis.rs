@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use dlock_core::DistributedLock;
 use dlock_redis::RedisLock;
 use dlock_testkit::fixtures::{RedisReplicated, RedisServer};
+use dlock_testkit::registry::{Backend, Role};
 
 use super::freeze::Proxies;
 use super::{fault_error, FreezableClient, Target};
@@ -21,6 +22,19 @@ pub enum RedisFlavor {
     LegacyGetSet,
     /// The SETNX+EXPIRE baseline.
     NaiveExpire,
+}
+
+impl RedisFlavor {
+    /// The client of a registry entry on one Redis server: dlock's own for a backend, the
+    /// baseline of that name for a baseline.
+    pub fn of(backend: &Backend) -> anyhow::Result<RedisFlavor> {
+        Ok(match (backend.role, backend.name) {
+            (Role::Baseline, "legacy-getset") => RedisFlavor::LegacyGetSet,
+            (Role::Baseline, "naive-expire") => RedisFlavor::NaiveExpire,
+            (Role::Baseline, other) => anyhow::bail!("no baseline client named {other:?}"),
+            (Role::Backend | Role::Variant(_), _) => RedisFlavor::Dlock,
+        })
+    }
 }
 
 /// A Redis server and a primary/replica pair (shared by the flavours, which use distinct keys),

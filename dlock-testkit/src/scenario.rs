@@ -1,10 +1,16 @@
-//! The fault scenarios of the matrix, numbered as in the issue that defines them.
+//! The fault scenarios of the safety matrix, numbered as in the issue that defines them, and the
+//! outcome classes a cell can have.
+//!
+//! They live in the test kit because every backend's [registry](crate::registry) entry declares
+//! the class it expects per scenario; `dlock-safety` runs them and re-exports both types.
+
+use std::fmt;
 
 use serde::Serialize;
 
 /// One fault scenario. Scenario 12 of the issue is not a column here: its two baselines are rows
-/// ([`Backend::LegacyGetSet`](crate::Backend::LegacyGetSet),
-/// [`Backend::NaiveExpire`](crate::Backend::NaiveExpire)) run through every other scenario.
+/// of the [registry](crate::registry) (`legacy-getset`, `naive-expire`) run through every other
+/// scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum Scenario {
     /// 1. No faults, heavy contention.
@@ -86,4 +92,51 @@ impl Scenario {
         let n: u8 = s.parse().ok()?;
         Scenario::ALL.into_iter().find(|sc| sc.number() == n)
     }
+}
+
+/// What happened in a cell (observed) or what a backend promises for it (declared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// No violation, and the lock was handed on.
+    Safe,
+    /// Mutual exclusion failed or a stale holder wrote, and the fence refused every stale write.
+    CaughtByFencing,
+    /// A stale write reached the resource, an update was lost, or holds overlapped unfenced.
+    NotCaught,
+    /// No violation, but the lock could not be taken while the fault lasted.
+    Unavailable,
+    /// The scenario does not apply to the backend.
+    NotApplicable,
+    /// The scenario was not run (the backend has not landed, or faults cannot be injected).
+    NotRun,
+}
+
+impl Class {
+    /// The short label used in tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Class::Safe => "safe",
+            Class::CaughtByFencing => "caught by fencing",
+            Class::NotCaught => "violation not caught",
+            Class::Unavailable => "unavailable",
+            Class::NotApplicable => "n/a",
+            Class::NotRun => "not yet run",
+        }
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// A declared expectation: the class a backend expects in one scenario, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared {
+    /// The class the backend expects.
+    pub class: Class,
+    /// One line: the documented guarantee the expectation rests on.
+    pub reason: &'static str,
 }
