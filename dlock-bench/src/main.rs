@@ -39,7 +39,8 @@ use std::time::Instant;
 use clap::Parser;
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
-use crate::backends::ENTRIES;
+use dlock_testkit::registry::{self, dlock_backends};
+
 use crate::progress::Progress;
 use crate::report::{BackendReport, Report, SideReport};
 use crate::workloads::{Renewal, TASKS};
@@ -81,9 +82,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(unknown) = args
         .only
         .iter()
-        .find(|name| !ENTRIES.iter().any(|e| e.name == name.as_str()))
+        .find(|name| registry::backend(name).is_none_or(|b| b.role != registry::Role::Backend))
     {
-        let known: Vec<&str> = ENTRIES.iter().map(|e| e.name).collect();
+        let known: Vec<&str> = dlock_backends().map(|b| b.name).collect();
         anyhow::bail!("unknown backend {unknown:?}; known: {}", known.join(", "));
     }
     // The fixtures read these variables; the flags are a shorter way to set them.
@@ -118,11 +119,11 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
     let started = Instant::now();
     let mut backends = Vec::new();
     let mut skipped = Vec::new();
-    for entry in ENTRIES {
+    for entry in dlock_backends() {
         if !args.only.is_empty() && !args.only.iter().any(|n| n == entry.name) {
             continue;
         }
-        if (entry.needs_docker)() && dlock_testkit::fixtures::docker_opt_out() {
+        if entry.fixture.needs_docker() && dlock_testkit::fixtures::docker_opt_out() {
             progress.say(
                 entry.name,
                 "skipped: DLOCK_TEST_NO_DOCKER=1 and no server given",
@@ -131,11 +132,10 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
             continue;
         }
         progress.say(entry.name, "starting servers");
-        let setup = (entry.start)().await?;
+        let setup = backends::start(entry).await?;
         let result = measure(entry.name, &setup, plan, &progress).await;
         progress.say(entry.name, "removing servers");
-        let fixture = setup.fixture;
-        fixture.shutdown().await?;
+        setup.deployment.shutdown().await?;
         backends.push(result?);
     }
     Ok(Report {

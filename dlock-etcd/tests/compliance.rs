@@ -52,6 +52,11 @@ impl Inspect for Stored {
     }
 }
 
+/// What the registry of backends declares for etcd.
+fn declared() -> dlock_core::Capabilities {
+    dlock_testkit::registry::capabilities_of("etcd").expect("etcd in the registry")
+}
+
 fn subject(
     shared: &EtcdCluster,
     dedicated: &EtcdCluster,
@@ -108,11 +113,9 @@ fn subject(
 fn main() {
     let args = Arguments::from_args();
     if EtcdCluster::needs_docker() && docker_opt_out() {
-        let subject = Subject::new(
-            "etcd",
-            dlock_core::Capabilities::new(dlock_core::FencingGuarantee::Monotonic),
-            || async { anyhow::bail!("DLOCK_TEST_NO_DOCKER=1") },
-        );
+        let subject = Subject::new("etcd", declared(), || async {
+            anyhow::bail!("DLOCK_TEST_NO_DOCKER=1")
+        });
         let trials = suite::trials(&subject)
             .into_iter()
             .map(|t| t.with_ignored_flag(true))
@@ -134,10 +137,19 @@ fn main() {
         "[timing] two single-member etcd clusters: {:.2?}",
         started.elapsed()
     );
-    // The backend declares its own capabilities; the suite checks them.
+    // The backend declares its own capabilities, which must be the registry's; the suite checks
+    // them.
     let capabilities = runtime
         .block_on(client(&shared.endpoints(), SESSION_TTL))
-        .map(|locks| locks.capabilities());
+        .and_then(|locks| {
+            let own = locks.capabilities();
+            ensure!(
+                own == declared(),
+                "the client declares {own:?}, the registry {:?}",
+                declared()
+            );
+            Ok(own)
+        });
     let conclusion = match capabilities.and_then(|c| subject(&shared, &dedicated, c)) {
         Ok(subject) => {
             let mut trials = suite::trials(&subject);

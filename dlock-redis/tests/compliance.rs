@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
-use dlock_core::{DistributedLock, FencingGuarantee};
+use dlock_core::DistributedLock;
 use dlock_redis::RedisLock;
 use dlock_testkit::fixtures::{docker_opt_out, Member, RedisServer};
 use dlock_testkit::{url_target, url_via, ServerControl};
@@ -89,8 +89,7 @@ fn connect_to(url: String) -> impl Fn() -> support::ClientFuture + Send + Sync +
 }
 
 fn subject(shared: &RedisServer, outage: &RedisServer, main: Handle) -> Subject {
-    let capabilities = dlock_core::Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-        .with_notifications();
+    let capabilities = declared();
     let member = outage
         .member()
         .expect("a container-backed outage server")
@@ -125,10 +124,14 @@ fn via(url: String) -> impl Fn(Vec<SocketAddr>) -> support::ClientFuture + Send 
     }
 }
 
+/// What the registry of backends declares for Redis; the suite checks it against behaviour.
+fn declared() -> dlock_core::Capabilities {
+    dlock_testkit::registry::capabilities_of("redis").expect("redis in the registry")
+}
+
 /// The same trial names, for a run that opted out of Docker.
 fn placeholder_subject() -> Subject {
-    let capabilities = dlock_core::Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-        .with_notifications();
+    let capabilities = declared();
     let outage = Outage::new(Arc::new(NoServer), connect_to(String::new()));
     Subject::new("redis", capabilities, connect_to(String::new()))
         .with_outage(outage)

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
-use dlock_core::{DistributedLock, FencingGuarantee};
+use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, Member, RedisMasters};
 use dlock_testkit::{url_target, url_via, ServerControl};
 use libtest_mimic::{Arguments, Trial};
@@ -89,8 +89,9 @@ fn connect_to(urls: Vec<String>) -> impl Fn() -> support::ClientFuture + Send + 
     }
 }
 
+/// What the registry of backends declares for Redlock; the suite checks it against behaviour.
 fn capabilities() -> dlock_core::Capabilities {
-    dlock_core::Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+    dlock_testkit::registry::capabilities_of("redlock").expect("redlock in the registry")
 }
 
 fn subject(shared: &RedisMasters, outage: &RedisMasters, main: Handle) -> Subject {

@@ -267,6 +267,12 @@ pub fn backend(name: &str) -> Option<&'static Backend> {
     BACKENDS.iter().find(|b| b.name == name)
 }
 
+/// What the entry named `name` declares about itself (see [`Backend::capabilities`]): what a
+/// backend's compliance run checks its behaviour and its own declaration against.
+pub fn capabilities_of(name: &str) -> Option<Capabilities> {
+    backend(name)?.capabilities.map(|declared| declared())
+}
+
 /// The dlock backend crates, in table order (the entries with [`Role::Backend`]).
 pub fn dlock_backends() -> impl Iterator<Item = &'static Backend> {
     BACKENDS.iter().filter(|b| b.role == Role::Backend)

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
-use dlock_core::{Capabilities, DistributedLock, FencingGuarantee};
+use dlock_core::{Capabilities, DistributedLock};
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
 use dlock_testkit::{Freeze, FreezeProxy};
 use dlock_zk::{decode_key, ZkLock, DEFAULT_ROOT};
@@ -67,11 +67,10 @@ impl Inspect for Stored {
     }
 }
 
-/// What the backend declares, for a run without servers (where no client can ask it).
+/// What the registry of backends declares for ZooKeeper: the client's own declaration must
+/// match it, and a run without servers (where no client can ask) uses it.
 fn declared() -> Capabilities {
-    Capabilities::new(FencingGuarantee::Monotonic)
-        .with_notifications()
-        .with_sessions()
+    dlock_testkit::registry::capabilities_of("zk").expect("zk in the registry")
 }
 
 fn subject(
@@ -148,7 +147,12 @@ fn main() {
     );
     // The suite checks the backend's own declaration against its behaviour.
     let capabilities = match runtime.block_on(shared(&url(&main_zk.connect_string()), SESSION)) {
-        Ok(client) => client.capabilities(),
+        Ok(client) if client.capabilities() == declared() => declared(),
+        Ok(client) => {
+            let own = client.capabilities();
+            eprintln!("the client declares {own:?}, the registry {:?}", declared());
+            std::process::exit(1);
+        }
         Err(e) => {
             eprintln!("cannot connect to the shared server: {e:#}");
             std::process::exit(1);

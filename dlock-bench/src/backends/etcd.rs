@@ -7,10 +7,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
 use dlock_etcd::EtcdLock;
-use dlock_testkit::fixtures::EtcdCluster;
+use dlock_testkit::registry::Backend;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use super::{freeze_target, Fixture, Setup};
+use super::{freeze_target, Setup};
 use crate::locker::{self, Connect, Held, Kind, Locker, Release, Side};
 
 /// The peer's lease: long enough for any run, so no keep-alive is needed.
@@ -25,16 +25,16 @@ async fn connect(endpoint: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
     Ok(Arc::new(lock))
 }
 
-pub async fn start() -> anyhow::Result<Setup> {
-    let cluster = EtcdCluster::start(3).await?;
-    let endpoint = cluster
+pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
+    let deployment = backend.fixture.start(3).await?;
+    let endpoint = deployment
         .endpoints()
         .first()
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("a cluster without members"))?;
     let locks = connect(&endpoint).await?;
     let raw = etcd_client::Client::connect([endpoint.clone()], None).await?;
-    let freeze = freeze_target(cluster.leader().await, cluster.members());
+    let freeze = freeze_target(deployment.leader().await, deployment.members());
     let client = locker::client(endpoint.clone(), |endpoint| async move {
         connect(&endpoint).await
     });
@@ -64,7 +64,7 @@ pub async fn start() -> anyhow::Result<Setup> {
         wire_batch: None,
         renewal_note: "one etcd lease per client, kept alive by the client: no request per lease",
         freeze,
-        fixture: Fixture::Etcd(cluster),
+        deployment,
     })
 }
 

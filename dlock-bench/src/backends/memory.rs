@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use dlock_core::{DistributedLock, InMemoryLock};
 
-use super::{Fixture, Setup};
+use dlock_testkit::registry::Deployment;
+
+use super::Setup;
 use crate::locker::{Dlock, Kind, Side, TokioMutexes};
 
 pub async fn start() -> anyhow::Result<Setup> {
@@ -32,6 +34,6 @@ pub async fn start() -> anyhow::Result<Setup> {
         wire_batch: None,
         renewal_note: "in process: a renewal is a table update, batched or not",
         freeze: Err("no server".into()),
-        fixture: Fixture::None,
+        deployment: Deployment::InProcess,
     })
 }

@@ -1,6 +1,8 @@
-//! The backends under test, one entry each: how to start (or reach) its servers, its dlock client,
-//! its floor and its peers, and what can be frozen. Adding a backend is adding an entry.
+//! The backends under test: every dlock backend of the test kit's registry, each with the
+//! benchmark's own setup beside it (its floor and its peers, what can be frozen). A registry
+//! backend without a module here is measured on its own, through its URL ([`dlock_only`]).
 
+mod dlock_only;
 mod etcd;
 mod memory;
 mod redis;
@@ -10,7 +12,8 @@ mod zk;
 use std::sync::Arc;
 
 use dlock_core::DistributedLock;
-use dlock_testkit::fixtures::{EtcdCluster, Member, RedisMasters, RedisServer, ZkEnsemble};
+use dlock_testkit::fixtures::Member;
+use dlock_testkit::registry::{Backend, Deployment};
 use futures::future::BoxFuture;
 
 use crate::locker::{Client, Side};
@@ -31,68 +34,21 @@ pub struct Setup {
     pub renewal_note: &'static str,
     /// A member to freeze, and what it is; `None` says why not.
     pub freeze: Result<(Member, String), String>,
-    pub fixture: Fixture,
+    /// The servers the setup started, removed at the end.
+    pub deployment: Deployment,
 }
 
-/// The servers a setup started, removed at the end.
-pub enum Fixture {
-    None,
-    Redis(RedisServer),
-    Redlock(RedisMasters),
-    Zk(ZkEnsemble),
-    Etcd(EtcdCluster),
-}
-
-impl Fixture {
-    pub async fn shutdown(self) -> anyhow::Result<()> {
-        match self {
-            Fixture::None => {}
-            Fixture::Redis(server) => server.shutdown().await?,
-            Fixture::Redlock(masters) => masters.shutdown().await?,
-            Fixture::Zk(ensemble) => ensemble.shutdown().await?,
-            Fixture::Etcd(cluster) => cluster.shutdown().await?,
-        }
-        Ok(())
+/// Starts `backend`'s servers and its sides.
+pub fn start(backend: &'static Backend) -> BoxFuture<'static, anyhow::Result<Setup>> {
+    match backend.name {
+        "memory" => Box::pin(memory::start()),
+        "redis" => Box::pin(redis::start(backend)),
+        "redlock" => Box::pin(redlock::start(backend)),
+        "zk" => Box::pin(zk::start(backend)),
+        "etcd" => Box::pin(etcd::start(backend)),
+        _ => Box::pin(dlock_only::start(backend)),
     }
 }
-
-/// One backend of the run.
-pub struct Entry {
-    /// The name used in flags, progress and the report.
-    pub name: &'static str,
-    /// Whether its servers come from Docker (no `DLOCK_TEST_*_URL` given).
-    pub needs_docker: fn() -> bool,
-    pub start: fn() -> BoxFuture<'static, anyhow::Result<Setup>>,
-}
-
-/// Every backend, in report order.
-pub const ENTRIES: &[Entry] = &[
-    Entry {
-        name: "memory",
-        needs_docker: || false,
-        start: || Box::pin(memory::start()),
-    },
-    Entry {
-        name: "redis",
-        needs_docker: RedisServer::needs_docker,
-        start: || Box::pin(redis::start()),
-    },
-    Entry {
-        name: "redlock",
-        needs_docker: RedisMasters::needs_docker,
-        start: || Box::pin(redlock::start()),
-    },
-    Entry {
-        name: "zk",
-        needs_docker: ZkEnsemble::needs_docker,
-        start: || Box::pin(zk::start()),
-    },
-    Entry {
-        name: "etcd",
-        needs_docker: EtcdCluster::needs_docker,
-        start: || Box::pin(etcd::start()),
-    },
-];
 
 /// The member to freeze in a cluster with this leader and these members (see
 /// [`follower_to_freeze`]), or why there is none.

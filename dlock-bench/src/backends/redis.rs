@@ -5,15 +5,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
 use dlock_redis::{RedisLock, EXTEND_BATCH};
-use dlock_testkit::fixtures::RedisServer;
+use dlock_testkit::registry::Backend;
 use redis::aio::ConnectionManager;
 
-use super::{Fixture, Setup};
+use super::Setup;
 use crate::locker::{self, Held, Locker, Release, Side};
 
-pub async fn start() -> anyhow::Result<Setup> {
-    let server = RedisServer::start().await?;
-    let url = server.url();
+pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
+    let deployment = backend.fixture.start(1).await?;
+    let url = backend.url(&deployment.endpoints(), "");
     let redis = RedisLock::connect(&url).await?;
     let locks: Arc<dyn DistributedLock> = Arc::new(redis.clone());
     let floor = Arc::new(Floor {
@@ -35,7 +35,7 @@ pub async fn start() -> anyhow::Result<Setup> {
         wire_batch: Some(EXTEND_BATCH),
         renewal_note: "a TTL per key; batched: one script re-arms up to 500 leases",
         freeze: Err("a single server: frozen means unavailable".into()),
-        fixture: Fixture::Redis(server),
+        deployment,
     })
 }
 

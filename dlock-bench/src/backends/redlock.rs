@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use dlock_core::DistributedLock;
 use dlock_redis::EXTEND_BATCH;
 use dlock_redlock::RedlockBuilder;
-use dlock_testkit::fixtures::RedisMasters;
+use dlock_testkit::registry::Backend;
 use redis::aio::MultiplexedConnection;
 
-use super::{Fixture, Setup};
+use super::Setup;
 use crate::locker::{self, Held, Kind, Locker, Release, Side};
 
 const MASTERS: usize = 5;
@@ -30,9 +30,9 @@ async fn connect(urls: Vec<String>) -> anyhow::Result<Arc<dyn DistributedLock>> 
     Ok(Arc::new(lock))
 }
 
-pub async fn start() -> anyhow::Result<Setup> {
-    let masters = RedisMasters::start(MASTERS).await?;
-    let urls = masters.urls();
+pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
+    let deployment = backend.fixture.start(MASTERS).await?;
+    let urls = deployment.endpoints();
     let locks = connect(urls.clone()).await?;
     let mut connections = Vec::with_capacity(urls.len());
     for url in &urls {
@@ -42,12 +42,12 @@ pub async fn start() -> anyhow::Result<Setup> {
                 .await?,
         );
     }
-    let freeze = match masters.member(MASTERS - 1) {
-        Ok(member) => Ok((
+    let freeze = match deployment.members().map(|m| m.get(MASTERS - 1)) {
+        Ok(Some(member)) => Ok((
             member.clone(),
             format!("master {} of {MASTERS}", MASTERS - 1),
         )),
-        Err(_) => Err("external servers".to_owned()),
+        Ok(None) | Err(_) => Err("external servers".to_owned()),
     };
     let joined = urls.join(" ");
     let client = locker::client(joined, |joined| async move {
@@ -85,7 +85,7 @@ pub async fn start() -> anyhow::Result<Setup> {
         wire_batch: Some(EXTEND_BATCH),
         renewal_note: "a TTL per key; batched: one script to every master re-arms up to 500 leases (a request is one round to all masters)",
         freeze,
-        fixture: Fixture::Redlock(masters),
+        deployment,
     })
 }
 

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
-use dlock_testkit::fixtures::{ZkEnsemble, ZkOptions};
+use dlock_testkit::registry::Backend;
 use dlock_zk::ZkLock;
 use zookeeper_client as zk;
 
-use super::{freeze_target, Fixture, Setup};
+use super::{freeze_target, Setup};
 use crate::locker::{self, Held, Locker, Release, Side};
 
 const SESSION: Duration = Duration::from_secs(10);
@@ -25,26 +25,22 @@ async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
     Ok(Arc::new(lock))
 }
 
-pub async fn start() -> anyhow::Result<Setup> {
-    let ensemble = ZkEnsemble::start_with(
-        3,
-        ZkOptions::default().with_tick_time(Duration::from_millis(500)),
-    )
-    .await?;
+pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
+    let deployment = backend.fixture.start(3).await?;
     // Every client talks to member 0, so the floor and the lock pay the same hops.
-    let endpoint = ensemble
+    let endpoint = deployment
         .endpoints()
         .first()
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("an ensemble without members"))?;
-    let url = format!("zk://{endpoint}");
+    let url = backend.url(std::slice::from_ref(&endpoint), "");
     let locks = connect(&url).await?;
     let raw = zk::Client::connector()
         .with_session_timeout(SESSION)
         .connect(&endpoint)
         .await?;
     create_if_absent(&raw, FLOOR_ROOT).await?;
-    let freeze = freeze_target(ensemble.leader().await, ensemble.members());
+    let freeze = freeze_target(deployment.leader().await, deployment.members());
     let client = locker::client(url, |url| async move { connect(&url).await });
     let sides = vec![
         Side::dlock("dlock ZkLock", &locks, &client),
@@ -59,7 +55,7 @@ pub async fn start() -> anyhow::Result<Setup> {
         renewal_note:
             "one session per client, kept alive by the client library: no request per lease",
         freeze,
-        fixture: Fixture::Zk(ensemble),
+        deployment,
     })
 }
 
