@@ -243,25 +243,14 @@ async fn cell(
     nonce: &str,
 ) -> Cell {
     let declared = backend.declared(scenario);
-    let expected = declared;
     let target = match (declared.class, target) {
-        (Class::NotApplicable, _) => {
-            return Cell::skipped(
-                scenario,
-                backend,
-                Class::NotApplicable,
-                expected,
-                declared.reason.to_owned(),
-            )
-        }
-        (Class::NotRun, _) | (_, None) => {
-            return Cell::skipped(
-                scenario,
-                backend,
-                Class::NotRun,
-                expected,
-                declared.reason.to_owned(),
-            )
+        (Class::NotApplicable | Class::NotRun, _) | (_, None) => {
+            let observed = match declared.class {
+                Class::NotApplicable => Class::NotApplicable,
+                _ => Class::NotRun,
+            };
+            let note = declared.reason.to_owned();
+            return Cell::skipped(scenario, backend, observed, declared, note);
         }
         (_, Some(target)) => target,
     };
@@ -282,7 +271,7 @@ async fn cell(
     let outcome = match result {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) if e.downcast_ref::<FaultUnavailable>().is_some() => {
-            return Cell::skipped(scenario, backend, Class::NotRun, expected, format!("{e:#}"));
+            return Cell::skipped(scenario, backend, Class::NotRun, declared, format!("{e:#}"));
         }
         Ok(Err(e)) => {
             return Cell {

@@ -156,6 +156,29 @@ impl Run {
         }
     }
 
+    /// The holder (client 0) takes the free lock, as every fault scenario begins; an error if it
+    /// cannot, since nothing the scenario would observe then means anything.
+    pub async fn hold(
+        &self,
+        holder: &Arc<dyn DistributedLock>,
+        opts: &LockOptions,
+    ) -> anyhow::Result<Lease> {
+        match self.acquire(0, holder, opts).await {
+            Some(lease) => Ok(lease),
+            None => anyhow::bail!("the holder could not take the free lock"),
+        }
+    }
+
+    /// The successor (client 1) works and releases if it got the lock; whether it did, i.e.
+    /// whether the lock was handed on.
+    pub async fn hand_on(&self, successor: Option<Lease>) -> bool {
+        let handed_on = successor.is_some();
+        if let Some(lease) = successor {
+            self.work_and_release(1, lease).await;
+        }
+        handed_on
+    }
+
     /// A read-modify-write under `lease`, then its release: one ordinary critical section.
     pub async fn work_and_release(&self, client: usize, lease: Lease) {
         let read = self.read();

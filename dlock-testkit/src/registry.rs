@@ -430,19 +430,10 @@ pub const BACKENDS: &[Backend] = &[
         scheme: "redis",
         fixture: Fixture::RedisServer,
         capabilities: None,
-        safety: &[
-            (Safe, "SETNX excludes while nothing fails"),
-            (NotCaught, NO_TOKEN),
-            (NotCaught, NO_TOKEN_LATE_WRITE),
-            (Safe, CORE_JUDGES_VALIDITY),
-            (Safe, "an expired timestamp is taken over with GETSET"),
-            (Safe, "dlock-core's client-side validity ends before the timestamp"),
-            (NotApplicable, ONE_SERVER),
-            (NotCaught, RESTART_UNORDERED),
-            (NotApplicable, "Redlock only"),
-            (NotCaught, PROMOTED_UNORDERED),
-            (NotCaught, PLAIN_DEL),
-        ],
+        safety: &baseline(
+            "an expired timestamp is taken over with GETSET",
+            "dlock-core's client-side validity ends before the timestamp",
+        ),
     },
     // SETNX then EXPIRE in two round trips, DEL to release, no token.
     Backend {
@@ -452,19 +443,10 @@ pub const BACKENDS: &[Backend] = &[
         scheme: "redis",
         fixture: Fixture::RedisServer,
         capabilities: None,
-        safety: &[
-            (Safe, "SETNX excludes while nothing fails"),
-            (NotCaught, NO_TOKEN),
-            (NotCaught, NO_TOKEN_LATE_WRITE),
-            (Safe, CORE_JUDGES_VALIDITY),
-            (Safe, "the crash comes after EXPIRE here, so the key still expires"),
-            (Safe, "dlock-core's client-side validity ends before the key's expiry"),
-            (NotApplicable, ONE_SERVER),
-            (NotCaught, RESTART_UNORDERED),
-            (NotApplicable, "Redlock only"),
-            (NotCaught, PROMOTED_UNORDERED),
-            (NotCaught, PLAIN_DEL),
-        ],
+        safety: &baseline(
+            "the crash comes after EXPIRE here, so the key still expires",
+            "dlock-core's client-side validity ends before the key's expiry",
+        ),
     },
 ];
 
@@ -480,18 +462,47 @@ fn redlock() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
 }
 
-// Reasons more than one row gives.
+/// The same reason for every line of the Redlock variant but the restart.
 const SAME_AS_REDLOCK: &str = "the same client as the Redlock row; only restarts differ";
-const NO_TOKEN: &str = "no fencing token: every holder presents the same one";
-const NO_TOKEN_LATE_WRITE: &str =
-    "no fencing token: the late write is admitted over the successor's";
-const CORE_JUDGES_VALIDITY: &str =
-    "dlock-core judges validity for every client, baselines included";
-const ONE_SERVER: &str = "one server: a cut between client and server is scenario 6";
-const RESTART_UNORDERED: &str = "the restart loses the lock and nothing orders the holders";
-const PROMOTED_UNORDERED: &str =
-    "the promoted replica lost the lock and nothing orders the holders";
-const PLAIN_DEL: &str = "release is a plain DEL: it removes the successor's lock";
+
+/// The baselines' lines: without a token and with a plain `DEL`, they differ only in how an
+/// abandoned lock frees (`crash`) and when the client's validity ends (`cut_off`).
+const fn baseline(crash: &'static str, cut_off: &'static str) -> [Line; 11] {
+    [
+        (Safe, "SETNX excludes while nothing fails"),
+        (
+            NotCaught,
+            "no fencing token: every holder presents the same one",
+        ),
+        (
+            NotCaught,
+            "no fencing token: the late write is admitted over the successor's",
+        ),
+        (
+            Safe,
+            "dlock-core judges validity for every client, baselines included",
+        ),
+        (Safe, crash),
+        (Safe, cut_off),
+        (
+            NotApplicable,
+            "one server: a cut between client and server is scenario 6",
+        ),
+        (
+            NotCaught,
+            "the restart loses the lock and nothing orders the holders",
+        ),
+        (NotApplicable, "Redlock only"),
+        (
+            NotCaught,
+            "the promoted replica lost the lock and nothing orders the holders",
+        ),
+        (
+            NotCaught,
+            "release is a plain DEL: it removes the successor's lock",
+        ),
+    ]
+}
 
 #[cfg(test)]
 mod tests {

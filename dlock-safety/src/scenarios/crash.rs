@@ -1,6 +1,5 @@
 //! Scenario 5: the holder dies while others wait.
 
-use dlock_core::LockOptions;
 use tokio::time::Instant;
 
 use super::{ms, Outcome};
@@ -14,21 +13,14 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let (holder, freeze) = target.freezable().await?;
     let next = target.client().await?;
     let opts = run.plan.opts(run.plan.slack).with_auto_renew();
-    let Some(lease) = run.acquire(0, &holder, &opts).await else {
-        anyhow::bail!("the holder could not take the free lock");
-    };
+    let lease = run.hold(&holder, &opts).await?;
     freeze.freeze();
     let crashed_at = Instant::now();
     let bound = target.abandon_bound(run.plan.ttl);
     let wait = bound + run.plan.slack;
-    let successor = run
-        .acquire_retrying(1, &next, &LockOptions::new(run.plan.ttl).with_wait(wait))
-        .await;
+    let successor = run.acquire_retrying(1, &next, &run.plan.opts(wait)).await;
     let recovery = crashed_at.elapsed();
-    let handed_on = successor.is_some();
-    if let Some(lease) = successor {
-        run.work_and_release(1, lease).await;
-    }
+    let handed_on = run.hand_on(successor).await;
     // The dead holder's lease goes with its frozen link; nothing it sends arrives.
     drop(lease);
     Ok(Outcome {

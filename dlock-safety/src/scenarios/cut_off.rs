@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{DistributedLock, LockOptions};
+use dlock_core::DistributedLock;
 use tokio::time::Instant;
 
 use super::{ms, working_holder, Outcome};
@@ -44,9 +44,7 @@ async fn hold_through(
     cut: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<Outcome> {
     let opts = run.plan.opts(run.plan.slack).with_auto_renew();
-    let Some(lease) = run.acquire(0, &holder, &opts).await else {
-        anyhow::bail!("the holder could not take the free lock");
-    };
+    let lease = run.hold(&holder, &opts).await?;
     let (worker, stop) = working_holder::start(run, 0, lease);
     // Let it work (and renew) for a while first.
     tokio::time::sleep(run.ttls(1.5)).await;
@@ -54,14 +52,9 @@ async fn hold_through(
     cut.await?;
     let bound = target.abandon_bound(run.plan.ttl);
     let wait = bound + run.plan.ttl + run.plan.slack * 2;
-    let successor = run
-        .acquire_retrying(1, &next, &LockOptions::new(run.plan.ttl).with_wait(wait))
-        .await;
+    let successor = run.acquire_retrying(1, &next, &run.plan.opts(wait)).await;
     let took_over_at = Instant::now();
-    let handed_on = successor.is_some();
-    if let Some(lease) = successor {
-        run.work_and_release(1, lease).await;
-    }
+    let handed_on = run.hand_on(successor).await;
     // A holder that has not noticed within a second more is stopped; the history shows its writes.
     let mut worker = worker;
     let (lease, noticed_at) = match tokio::time::timeout(Duration::from_secs(1), &mut worker).await

@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backoff, DistributedLock, Grant, Layer, LockOptions, LockRequest, Result,
-};
+use dlock_core::{Attempt, Backoff, DistributedLock, Grant, Layer, LockRequest, Result};
 use tokio::time::Instant;
 
 use super::Outcome;
@@ -28,7 +26,7 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let wait = delay + target.abandon_bound(run.plan.ttl) + run.plan.ttl * 2 + run.plan.slack;
     let first = {
         let run = run.clone();
-        let opts = LockOptions::new(run.plan.ttl).with_wait(wait);
+        let opts = run.plan.opts(wait);
         tokio::spawn(async move {
             if let Some(lease) = run.acquire(0, &holder, &opts).await {
                 run.work_and_release(0, lease).await;
@@ -37,13 +35,8 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     };
     // Start once the late grant's lease has run out on the server, before its reply arrives.
     tokio::time::sleep(run.ttls(1.1)).await;
-    let successor = run
-        .acquire(1, &next, &LockOptions::new(run.plan.ttl).with_wait(wait))
-        .await;
-    let handed_on = successor.is_some();
-    if let Some(lease) = successor {
-        run.work_and_release(1, lease).await;
-    }
+    let successor = run.acquire(1, &next, &run.plan.opts(wait)).await;
+    let handed_on = run.hand_on(successor).await;
     first.await?;
     Ok(Outcome {
         handed_on,

@@ -1,8 +1,6 @@
 //! Scenario 3: the holder's write travels slowly and lands after its TTL, behind the next
 //! holder's write.
 
-use dlock_core::LockOptions;
-
 use super::Outcome;
 use crate::run::Run;
 use crate::targets::Target;
@@ -12,22 +10,12 @@ use crate::targets::Target;
 pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let holder = target.client().await?;
     let next = target.client().await?;
-    let Some(lease) = run
-        .acquire(0, &holder, &run.plan.opts(run.plan.slack))
-        .await
-    else {
-        anyhow::bail!("the holder could not take the free lock");
-    };
+    let lease = run.hold(&holder, &run.plan.opts(run.plan.slack)).await?;
     let token = lease.fencing_token();
     let read = run.read();
     let wait = run.plan.ttl + target.abandon_bound(run.plan.ttl) + run.plan.slack;
-    let successor = run
-        .acquire(1, &next, &LockOptions::new(run.plan.ttl).with_wait(wait))
-        .await;
-    let handed_on = successor.is_some();
-    if let Some(lease) = successor {
-        run.work_and_release(1, lease).await;
-    }
+    let successor = run.acquire(1, &next, &run.plan.opts(wait)).await;
+    let handed_on = run.hand_on(successor).await;
     // The delayed write arrives now.
     run.write(0, token, read);
     drop(lease);

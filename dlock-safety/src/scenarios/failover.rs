@@ -28,9 +28,7 @@ async fn fail_over(pair: &dyn crate::targets::Replication, run: &Run) -> anyhow:
     };
     run.work_and_release(2, earlier).await;
     pair.stop_replicating().await?;
-    let Some(lease) = run.acquire(0, &primary, &long).await else {
-        anyhow::bail!("the holder could not take the free lock");
-    };
+    let lease = run.hold(&primary, &long).await?;
     let read = run.read();
     let promoted = pair.promote_replica().await?;
     let successor = run.acquire_retrying(1, &promoted, &long).await;

@@ -13,9 +13,7 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let holder = target.holder_client().await?;
     let next = target.client().await?;
     let long = LockOptions::new(run.plan.long_ttl()).with_wait(run.plan.slack);
-    let Some(lease) = run.acquire(0, &holder, &long).await else {
-        anyhow::bail!("the holder could not take the free lock");
-    };
+    let lease = run.hold(&holder, &long).await?;
     let read = run.read();
     target.expire_early(&run.key).await?;
     let successor = run.acquire(1, &next, &long).await;

@@ -16,12 +16,7 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let holder = target.client().await?;
     let next = target.client().await?;
     let third = target.client().await?;
-    let Some(lease) = run
-        .acquire(0, &holder, &run.plan.opts(run.plan.slack))
-        .await
-    else {
-        anyhow::bail!("the holder could not take the free lock");
-    };
+    let lease = run.hold(&holder, &run.plan.opts(run.plan.slack)).await?;
     let token = lease.fencing_token();
     let wait = run.plan.ttl + target.abandon_bound(run.plan.ttl) + run.plan.slack;
     let long = LockOptions::new(run.ttls(8.0)).with_wait(wait);
