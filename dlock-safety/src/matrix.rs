@@ -4,11 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_testkit::fixtures::{
-    EtcdCluster, EtcdOptions, FixtureError, RedisMasters, RedisReplicated, RedisServer, ZkEnsemble,
-    ZkOptions,
-};
-use dlock_testkit::registry::{Fixture, Role, BACKENDS, ZK_TICK};
+use dlock_testkit::fixtures::{FixtureError, RedisMasters, RedisReplicated, RedisServer};
+use dlock_testkit::registry::{Fixture, Role, BACKENDS};
 use tokio::time::Instant;
 
 use crate::cell::Cell;
@@ -18,8 +15,8 @@ use crate::plan::Plan;
 use crate::run::Run;
 use crate::scenarios;
 use crate::targets::{
-    EtcdTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, RedlockTarget, Target,
-    ZkTarget,
+    ConsensusTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, RedlockTarget,
+    Target,
 };
 use crate::Backend;
 use crate::Scenario;
@@ -95,8 +92,7 @@ impl Servers {
 enum Started {
     Memory(MemoryTarget),
     Redis(RedisTarget),
-    Zk(ZkTarget),
-    Etcd(EtcdTarget),
+    Consensus(ConsensusTarget),
     Redlock(RedlockTarget),
 }
 
@@ -105,16 +101,14 @@ impl Started {
         match self {
             Started::Memory(t) => t,
             Started::Redis(t) => t,
-            Started::Zk(t) => t,
-            Started::Etcd(t) => t,
+            Started::Consensus(t) => t,
             Started::Redlock(t) => t,
         }
     }
 
     async fn shutdown(self) {
         let result = match self {
-            Started::Zk(t) => t.shutdown().await,
-            Started::Etcd(t) => t.shutdown().await,
+            Started::Consensus(t) => t.shutdown().await,
             Started::Memory(_) | Started::Redis(_) | Started::Redlock(_) => Ok(()),
         };
         if let Err(e) = result {
@@ -138,18 +132,14 @@ async fn start(
             // Redlock's variant row is its delayed-restart rule, for the plan's longest lease.
             let delayed_restart = matches!(backend.role, Role::Variant(_)).then(|| plan.long_ttl());
             Started::Redlock(RedlockTarget::new(
+                backend,
                 servers.masters().await?,
                 delayed_restart,
             ))
         }
-        Fixture::ZkEnsemble => {
-            let options = ZkOptions::default().with_tick_time(ZK_TICK);
-            Started::Zk(ZkTarget::new(
-                ZkEnsemble::start_with(CLUSTER_SIZE, options).await?,
-            ))
-        }
-        Fixture::EtcdCluster => Started::Etcd(EtcdTarget::new(
-            EtcdCluster::start_with(CLUSTER_SIZE, EtcdOptions::default()).await?,
+        Fixture::ZkEnsemble | Fixture::EtcdCluster => Started::Consensus(ConsensusTarget::new(
+            backend,
+            backend.fixture.start(CLUSTER_SIZE).await?,
         )),
     }))
 }

@@ -165,6 +165,16 @@ impl Deployment {
         }
     }
 
+    /// Waits until every member serves again, as after a partition heals; at once for
+    /// deployments without a quorum to wait for.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        match self {
+            Deployment::ZkEnsemble(ensemble) => ensemble.wait_ready(timeout).await,
+            Deployment::EtcdCluster(cluster) => cluster.wait_ready(timeout).await,
+            _ => Ok(()),
+        }
+    }
+
     /// Removes the containers and reports failures (dropping the deployment also removes them).
     pub async fn shutdown(self) -> Result<()> {
         match self {

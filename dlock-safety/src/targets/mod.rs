@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use dlock_core::DistributedLock;
 use dlock_testkit::Freeze;
 
-pub use self::consensus::{ConsensusTarget, EtcdTarget, ZkTarget};
+pub use self::consensus::ConsensusTarget;
 pub use self::memory::MemoryTarget;
 pub use self::redis::{RedisFlavor, RedisTarget};
 pub use self::redlock::RedlockTarget;

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
-use dlock_redis::RedisLock;
 use dlock_testkit::fixtures::{RedisReplicated, RedisServer};
 use dlock_testkit::registry::{Backend, Role};
 
@@ -14,10 +13,10 @@ use super::{fault_error, FreezableClient, Target};
 use crate::baselines::{LegacyGetSetLock, NaiveExpireLock};
 
 /// Which client speaks to the server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum RedisFlavor {
-    /// `dlock-redis`.
-    Dlock,
+    /// A dlock backend (`dlock-redis`), connected through its registry URL.
+    Dlock(&'static Backend),
     /// The SETNX/GETSET baseline.
     LegacyGetSet,
     /// The SETNX+EXPIRE baseline.
@@ -27,12 +26,12 @@ pub enum RedisFlavor {
 impl RedisFlavor {
     /// The client of a registry entry on one Redis server: dlock's own for a backend, the
     /// baseline of that name for a baseline.
-    pub fn of(backend: &Backend) -> anyhow::Result<RedisFlavor> {
+    pub fn of(backend: &'static Backend) -> anyhow::Result<RedisFlavor> {
         Ok(match (backend.role, backend.name) {
             (Role::Baseline, "legacy-getset") => RedisFlavor::LegacyGetSet,
             (Role::Baseline, "naive-expire") => RedisFlavor::NaiveExpire,
             (Role::Baseline, other) => anyhow::bail!("no baseline client named {other:?}"),
-            (Role::Backend | Role::Variant(_), _) => RedisFlavor::Dlock,
+            (Role::Backend | Role::Variant(_), _) => RedisFlavor::Dlock(backend),
         })
     }
 }
@@ -62,12 +61,10 @@ impl RedisTarget {
 
     pub(super) async fn connect(&self, url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
         Ok(match self.flavor {
-            RedisFlavor::Dlock => Arc::new(
-                RedisLock::builder(url)
-                    .with_request_timeout(Duration::from_secs(1))
-                    .connect()
-                    .await?,
-            ),
+            RedisFlavor::Dlock(backend) => {
+                let url = backend.url(&[url.to_owned()], "request_timeout=1s");
+                dlock::connect(&url).await?.backend().clone()
+            }
             RedisFlavor::LegacyGetSet => Arc::new(LegacyGetSetLock::connect(url).await?),
             RedisFlavor::NaiveExpire => Arc::new(NaiveExpireLock::connect(url).await?),
         })
@@ -88,7 +85,7 @@ impl Target for RedisTarget {
     }
 
     fn fencing(&self) -> bool {
-        self.flavor == RedisFlavor::Dlock
+        matches!(self.flavor, RedisFlavor::Dlock(_))
     }
 
     fn abandon_bound(&self, ttl: Duration) -> Duration {

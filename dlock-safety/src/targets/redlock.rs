@@ -6,17 +6,18 @@ use std::time::Duration;
 use anyhow::Context;
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
-use dlock_redlock::RedlockLock;
 use dlock_testkit::fixtures::RedisMasters;
 
 use super::freeze::Proxies;
 use super::{fault_error, FreezableClient, Target};
+use crate::Backend;
 
 /// The master the server-side faults hit: one of the holder's bare quorum.
 const FAULTY: usize = 2;
 
 /// `dlock-redlock` clients of [`RedisMasters::DEFAULT_COUNT`] masters.
 pub struct RedlockTarget {
+    backend: &'static Backend,
     masters: Arc<RedisMasters>,
     /// The delayed-restart rule's longest TTL, if the rule is on.
     delayed_restart: Option<Duration>,
@@ -35,9 +36,15 @@ impl std::fmt::Debug for RedlockTarget {
 }
 
 impl RedlockTarget {
-    /// Clients of `masters`, with the delayed-restart rule for leases up to `delayed_restart`.
-    pub fn new(masters: Arc<RedisMasters>, delayed_restart: Option<Duration>) -> Self {
+    /// `backend`'s clients of `masters`, with the delayed-restart rule for leases up to
+    /// `delayed_restart`.
+    pub fn new(
+        backend: &'static Backend,
+        masters: Arc<RedisMasters>,
+        delayed_restart: Option<Duration>,
+    ) -> Self {
         RedlockTarget {
+            backend,
             masters,
             delayed_restart,
             partitioned: Mutex::new(None),
@@ -47,12 +54,12 @@ impl RedlockTarget {
 
     async fn connect(&self, urls: &[String]) -> anyhow::Result<Arc<dyn DistributedLock>> {
         // The default node timeout (TTL / 200) is too tight for a loaded test machine.
-        let mut builder = RedlockLock::builder(urls.iter().cloned())
-            .with_node_timeout(Duration::from_millis(200));
+        let mut params = "node_timeout=200ms".to_owned();
         if let Some(max_ttl) = self.delayed_restart {
-            builder = builder.with_delayed_restart(max_ttl);
+            params += &format!("&delayed_restart={}ms", max_ttl.as_millis());
         }
-        Ok(Arc::new(builder.connect().await?))
+        let url = self.backend.url(urls, &params);
+        Ok(dlock::connect(&url).await?.backend().clone())
     }
 
     /// A client through proxies to every master, and the proxies.
