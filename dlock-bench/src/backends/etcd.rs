@@ -10,7 +10,7 @@ use dlock_etcd::EtcdLock;
 use dlock_testkit::registry::Backend;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use super::{freeze_target, Setup};
+use super::{cluster, freeze_target, Setup};
 use crate::locker::{self, Connect, Held, Kind, Locker, Release, Side};
 
 /// The peer's lease: long enough for any run, so no keep-alive is needed.
@@ -26,12 +26,7 @@ async fn connect(endpoint: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
 }
 
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
-    let deployment = backend.fixture.start(3).await?;
-    let endpoint = deployment
-        .endpoints()
-        .first()
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("a cluster without members"))?;
+    let (deployment, endpoint) = cluster(backend).await?;
     let locks = connect(&endpoint).await?;
     let raw = etcd_client::Client::connect([endpoint.clone()], None).await?;
     let freeze = freeze_target(deployment.leader().await, deployment.members());

@@ -50,6 +50,18 @@ pub fn start(backend: &'static Backend) -> BoxFuture<'static, anyhow::Result<Set
     }
 }
 
+/// Starts a three-member cluster of `backend` and names member 0's endpoint, which every client
+/// of the run talks to, so that dlock, the floor and the peer pay the same hops.
+async fn cluster(backend: &Backend) -> anyhow::Result<(Deployment, String)> {
+    let deployment = backend.fixture.start(3).await?;
+    let endpoint = deployment
+        .endpoints()
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("{}: a deployment without members", backend.title))?;
+    Ok((deployment, endpoint))
+}
+
 /// The member to freeze in a cluster with this leader and these members (see
 /// [`follower_to_freeze`]), or why there is none.
 fn freeze_target(

@@ -10,7 +10,7 @@ use dlock_testkit::registry::Backend;
 use dlock_zk::ZkLock;
 use zookeeper_client as zk;
 
-use super::{freeze_target, Setup};
+use super::{cluster, freeze_target, Setup};
 use crate::locker::{self, Held, Locker, Release, Side};
 
 const SESSION: Duration = Duration::from_secs(10);
@@ -26,13 +26,7 @@ async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
 }
 
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
-    let deployment = backend.fixture.start(3).await?;
-    // Every client talks to member 0, so the floor and the lock pay the same hops.
-    let endpoint = deployment
-        .endpoints()
-        .first()
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("an ensemble without members"))?;
+    let (deployment, endpoint) = cluster(backend).await?;
     let url = backend.url(std::slice::from_ref(&endpoint), "");
     let locks = connect(&url).await?;
     let raw = zk::Client::connector()

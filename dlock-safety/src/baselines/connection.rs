@@ -43,18 +43,18 @@ impl Baseline {
         Ok(Baseline { name, prefix, conn })
     }
 
-    /// A handle on the connection.
-    pub(crate) fn conn(&self) -> ConnectionManager {
-        self.conn.clone()
+    /// Sends `cmd`; a Redis error becomes a temporary backend error of this baseline.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> dlock_core::Result<T> {
+        cmd.query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| dlock_core::Error::backend(self.name, true, e))
     }
 
     /// The Redis key of the lock `key`.
     pub(crate) fn key(&self, key: &dlock_core::LockKey) -> String {
         format!("{}{key}", self.prefix)
-    }
-
-    /// A Redis error as a temporary backend error of this baseline.
-    pub(crate) fn error(&self, e: redis::RedisError) -> dlock_core::Error {
-        dlock_core::Error::backend(self.name, true, e)
     }
 }

@@ -61,34 +61,25 @@ impl DistributedLock for LegacyGetSetLock {
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let mut conn = self.0.conn();
         let key = self.0.key(req.key);
-        let set: bool = redis::cmd("SETNX")
-            .arg(&key)
-            .arg(expiry(req.ttl))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let set: bool = self
+            .0
+            .query(redis::cmd("SETNX").arg(&key).arg(expiry(req.ttl)))
+            .await?;
         if set {
             return Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)));
         }
-        let current: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let current: Option<String> = self.0.query(redis::cmd("GET").arg(&key)).await?;
         let now = now_ms();
         match parse(current) {
             Some(until) if until > now => Ok(Attempt::Busy {
                 retry_after: Some(Duration::from_millis(until - now)),
             }),
             _ => {
-                let old: Option<String> = redis::cmd("GETSET")
-                    .arg(&key)
-                    .arg(expiry(req.ttl))
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.0.error(e))?;
+                let old: Option<String> = self
+                    .0
+                    .query(redis::cmd("GETSET").arg(&key).arg(expiry(req.ttl)))
+                    .await?;
                 if parse(old).is_none_or(|until| until <= now_ms()) {
                     Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)))
                 } else {
@@ -100,30 +91,22 @@ impl DistributedLock for LegacyGetSetLock {
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         // The scheme has no extend; deployments rewrote the timestamp, whoever held the key.
-        let mut conn = self.0.conn();
-        let _: Option<String> = redis::cmd("GETSET")
-            .arg(self.0.key(lease.key))
-            .arg(expiry(ttl))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let _: Option<String> = self
+            .0
+            .query(
+                redis::cmd("GETSET")
+                    .arg(self.0.key(lease.key))
+                    .arg(expiry(ttl)),
+            )
+            .await?;
         Ok(Extension::Extended)
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let mut conn = self.0.conn();
         let key = self.0.key(lease.key);
-        let current: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let current: Option<String> = self.0.query(redis::cmd("GET").arg(&key)).await?;
         if parse(current).is_some_and(|until| until > now_ms()) {
-            let _: u64 = redis::cmd("DEL")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.0.error(e))?;
+            let _: u64 = self.0.query(redis::cmd("DEL").arg(&key)).await?;
             Ok(Released::Released)
         } else {
             Ok(Released::Expired)

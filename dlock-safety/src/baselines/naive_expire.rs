@@ -45,34 +45,30 @@ impl DistributedLock for NaiveExpireLock {
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let mut conn = self.0.conn();
         let key = self.0.key(req.key);
-        let set: bool = redis::cmd("SETNX")
-            .arg(&key)
-            .arg(req.owner.to_hex())
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let set: bool = self
+            .0
+            .query(redis::cmd("SETNX").arg(&key).arg(req.owner.to_hex()))
+            .await?;
         if !set {
             return Ok(Attempt::Busy { retry_after: None });
         }
-        let _: bool = redis::cmd("PEXPIRE")
-            .arg(&key)
-            .arg(millis(req.ttl))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let _: bool = self
+            .0
+            .query(redis::cmd("PEXPIRE").arg(&key).arg(millis(req.ttl)))
+            .await?;
         Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)))
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let mut conn = self.0.conn();
-        let armed: bool = redis::cmd("PEXPIRE")
-            .arg(self.0.key(lease.key))
-            .arg(millis(ttl))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let armed: bool = self
+            .0
+            .query(
+                redis::cmd("PEXPIRE")
+                    .arg(self.0.key(lease.key))
+                    .arg(millis(ttl)),
+            )
+            .await?;
         Ok(if armed {
             Extension::Extended
         } else {
@@ -81,12 +77,10 @@ impl DistributedLock for NaiveExpireLock {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let mut conn = self.0.conn();
-        let deleted: u64 = redis::cmd("DEL")
-            .arg(self.0.key(lease.key))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.0.error(e))?;
+        let deleted: u64 = self
+            .0
+            .query(redis::cmd("DEL").arg(self.0.key(lease.key)))
+            .await?;
         Ok(if deleted > 0 {
             Released::Released
         } else {
