@@ -40,6 +40,11 @@ mod tests {
 
     use super::*;
 
+    /// The class of a history with tokens promised, whose successor got the lock.
+    fn fenced_class(events: &[Event]) -> Class {
+        classify(&analyze(events, true), true)
+    }
+
     fn write(ms: u64, client: usize, token: u64, accepted: bool) -> Event {
         fenced_write(ms, client, token, accepted, false)
     }
@@ -70,7 +75,7 @@ mod tests {
     #[test]
     fn an_overlap_without_any_write_is_not_caught() {
         let events = vec![acquired(0, 1, 1, 1000), acquired(100, 2, 2, 2000)];
-        assert_eq!(classify(&analyze(&events, true), true), Class::NotCaught);
+        assert_eq!(fenced_class(&events), Class::NotCaught);
     }
 
     #[test]
@@ -81,7 +86,7 @@ mod tests {
             acquired(60, 2, 2, 1000),
             fenced_write(70, 2, 2, true, true),
         ];
-        assert_eq!(classify(&analyze(&events, true), true), Class::NotCaught);
+        assert_eq!(fenced_class(&events), Class::NotCaught);
     }
 
     #[test]
@@ -92,10 +97,7 @@ mod tests {
             write(160, 2, 2, true),
             write(400, 1, 1, false),
         ];
-        assert_eq!(
-            classify(&analyze(&events, true), true),
-            Class::CaughtByFencing
-        );
+        assert_eq!(fenced_class(&events), Class::CaughtByFencing);
     }
 
     #[test]
@@ -105,10 +107,7 @@ mod tests {
             at(50, 1, 9, EventKind::Releasing),
             acquired(60, 2, 3, 1000),
         ];
-        assert_eq!(
-            classify(&analyze(&events, true), true),
-            Class::CaughtByFencing
-        );
+        assert_eq!(fenced_class(&events), Class::CaughtByFencing);
     }
 
     #[test]
