@@ -48,7 +48,7 @@ impl Image {
         }
     }
 
-    /// The variable that names the image to run ([`images`]).
+    /// The variable that names the image to run (see [`mod@images`]).
     pub fn env(self) -> &'static str {
         match self {
             Image::Redis => images::REDIS_IMAGE_ENV,
@@ -625,7 +625,7 @@ mod tests {
     }
 
     /// `scripts/test-images` builds the images the registry's fixtures run: its `names=(…)`, its
-    /// export lines and its derived images name exactly [`images`]. The script stays plain shell
+    /// export lines and its derived images name exactly [`images()`]. The script stays plain shell
     /// (it runs on a fresh machine before anything is compiled, and its content is the images'
     /// tag), so this test is what keeps the two in step.
     #[test]
