@@ -2,10 +2,10 @@
 //! and renewal keeps a lock exactly as long as it should.
 
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLockExt, Error, Released};
+use dlock_core::{DistributedLockExt, Released};
 use tokio::time::Instant;
 
-use super::Ctx;
+use super::{expect_timeout, release_held, Ctx};
 
 /// A renewing holder is frozen (a GC pause); its lease ends on the server. Its lost signal must
 /// have fired by the time another client holds the lock, and thawing must not revive it.
@@ -13,8 +13,7 @@ pub(crate) async fn lost_signal_fires_when_the_lease_ends_behind_the_holders_bac
     cx: Ctx,
 ) -> anyhow::Result<()> {
     let (holder, freezable) = cx.subject().freezable_client().await?;
-    let other = cx.client().await?;
-    let third = cx.client().await?;
+    let [other, third] = cx.clients().await?;
     let key = cx.key("lost");
     let ttl = cx.ttl();
     let lease = holder
@@ -55,57 +54,39 @@ pub(crate) async fn lost_signal_fires_when_the_lease_ends_behind_the_holders_bac
         lease.release().await? != Released::Released,
         "the lost lease released the successor's lock"
     );
-    ensure!(
-        third.try_acquire(&key, &cx.opts(ttl)).await?.is_none(),
-        "the successor's lock is gone"
-    );
-    ensure!(
-        successor.release().await? == Released::Released,
-        "successor could not release"
-    );
-    Ok(())
+    cx.ensure_busy(&third, &key, "the successor's lock is gone")
+        .await?;
+    release_held(successor, "successor could not release").await
 }
 
 /// Auto-renew holds a lock across several TTLs while others wait in vain, and stops with release.
 pub(crate) async fn auto_renew_keeps_the_lock_and_stops_after_release(
     cx: Ctx,
 ) -> anyhow::Result<()> {
-    let holder = cx.client().await?;
-    let other = cx.client().await?;
-    let third = cx.client().await?;
+    let [holder, other, third] = cx.clients().await?;
     let key = cx.key("renew");
     let ttl = cx.ttl();
     let lease = holder
         .acquire(&key, &cx.opts(ttl).with_auto_renew())
         .await?;
-    match other.acquire(&key, &cx.opts(ttl).with_wait(ttl * 3)).await {
-        Err(Error::Timeout { .. }) => {}
-        Err(e) => bail!("waiting for a renewed lock failed oddly: {e}"),
-        Ok(_) => bail!("another client acquired a lock that was being renewed"),
-    }
+    expect_timeout(
+        other.acquire(&key, &cx.opts(ttl).with_wait(ttl * 3)).await,
+        "another client acquired a lock that was being renewed",
+    )?;
     ensure!(lease.is_held(), "renewed lease is {:?}", lease.state());
-    ensure!(
-        lease.release().await? == Released::Released,
-        "release failed"
-    );
-    let start = Instant::now();
-    let successor = other
-        .acquire(&key, &cx.opts(cx.long_ttl()).with_wait(cx.slack()))
+    release_held(lease, "release failed").await?;
+    let successor = cx
+        .acquire_promptly(
+            &other,
+            &key,
+            Instant::now(),
+            "release was slow to free the lock",
+        )
         .await?;
-    ensure!(
-        start.elapsed() <= cx.slack(),
-        "release was slow to free the lock"
-    );
     // If renewal outlived the release it would fight the successor now.
     tokio::time::sleep(ttl).await;
     ensure!(successor.is_held(), "successor is {:?}", successor.state());
-    ensure!(
-        third.try_acquire(&key, &cx.opts(ttl)).await?.is_none(),
-        "successor lost the lock"
-    );
-    ensure!(
-        successor.release().await? == Released::Released,
-        "successor could not release"
-    );
-    Ok(())
+    cx.ensure_busy(&third, &key, "successor lost the lock")
+        .await?;
+    release_held(successor, "successor could not release").await
 }

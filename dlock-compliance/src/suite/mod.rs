@@ -13,8 +13,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{DistributedLock, FencingGuarantee, LockOptions};
+use anyhow::{bail, ensure, Context};
+use dlock_core::{
+    DistributedLock, DistributedLockExt, Error, FencingGuarantee, Lease, LockOptions, Released,
+};
 use libtest_mimic::{Failed, Trial};
+use tokio::time::Instant;
 
 use crate::subject::Subject;
 
@@ -68,72 +72,52 @@ impl std::fmt::Debug for Case {
     }
 }
 
-macro_rules! case {
-    ($module:ident :: $name:ident, $needs:expr) => {
-        Case {
+/// The [`Case`]s named `module::function`, each group with what its cases need, in the order
+/// given.
+macro_rules! cases {
+    ($($needs:ident: [$($module:ident::$name:ident),+ $(,)?]),+ $(,)?) => {
+        vec![$($(Case {
             name: stringify!($name),
-            needs: $needs,
+            needs: Needs::$needs,
             run: |cx| Box::pin($module::$name(cx)),
-        }
+        }),+),+]
     };
 }
 
 /// Every case, in a stable order.
 pub fn cases() -> Vec<Case> {
-    use Needs::*;
-    vec![
-        case!(exclusion::mutual_exclusion_under_contention, Nothing),
-        case!(exclusion::independent_keys_do_not_block_each_other, Nothing),
-        case!(acquiring::try_acquire_answers_busy_fast, Nothing),
-        case!(acquiring::acquire_respects_its_deadline, Nothing),
-        case!(acquiring::release_frees_promptly_for_a_waiter, Nothing),
-        case!(acquiring::zero_wait_takes_a_free_key, Nothing),
-        case!(
+    cases![
+        Nothing: [
+            exclusion::mutual_exclusion_under_contention,
+            exclusion::independent_keys_do_not_block_each_other,
+            acquiring::try_acquire_answers_busy_fast,
+            acquiring::acquire_respects_its_deadline,
+            acquiring::release_frees_promptly_for_a_waiter,
+            acquiring::zero_wait_takes_a_free_key,
             queue::a_timed_out_waiter_leaves_nothing_in_the_queue,
-            Nothing
-        ),
-        case!(queue::a_dropped_waiter_leaves_nothing_in_the_queue, Nothing),
-        case!(
+            queue::a_dropped_waiter_leaves_nothing_in_the_queue,
             acquiring::validity_is_measured_from_before_the_request,
-            Nothing
-        ),
-        case!(ownership::stale_lease_cannot_release_or_extend, Nothing),
-        case!(ownership::foreign_owner_cannot_release_or_extend, Nothing),
-        case!(
+            ownership::stale_lease_cannot_release_or_extend,
+            ownership::foreign_owner_cannot_release_or_extend,
             ownership::extend_many_answers_each_lease_like_extend,
-            Nothing
-        ),
-        case!(expiry::abandoned_lock_is_acquirable_after_its_ttl, Nothing),
-        case!(expiry::extend_prolongs_the_lease, Nothing),
-        case!(expiry::extend_after_expiry_fails_as_lost, Nothing),
-        case!(fencing::fencing_tokens_increase_across_holders, Fencing),
-        case!(
+            expiry::abandoned_lock_is_acquirable_after_its_ttl,
+            expiry::extend_prolongs_the_lease,
+            expiry::extend_after_expiry_fails_as_lost,
+        ],
+        Fencing: [
+            fencing::fencing_tokens_increase_across_holders,
             fencing::paused_holders_write_is_rejected_by_the_fence,
-            Fencing
-        ),
-        case!(
+        ],
+        Nothing: [
             lost::lost_signal_fires_when_the_lease_ends_behind_the_holders_back,
-            Nothing
-        ),
-        case!(
             lost::auto_renew_keeps_the_lock_and_stops_after_release,
-            Nothing
-        ),
-        case!(cancel::dropped_acquire_leaves_nothing_held, Nothing),
-        case!(cancel::dropped_lease_is_released_promptly, Nothing),
-        case!(keys::unusual_keys_work_and_do_not_collide, Nothing),
-        case!(
+            cancel::dropped_acquire_leaves_nothing_held,
+            cancel::dropped_lease_is_released_promptly,
+            keys::unusual_keys_work_and_do_not_collide,
             input::invalid_input_is_rejected_and_leaves_no_state,
-            Nothing
-        ),
-        case!(
-            outage::server_outage_gives_errors_not_hangs_then_recovers,
-            Outage
-        ),
-        case!(
-            silent::silent_link_fails_in_bounded_time_then_recovers,
-            Proxy
-        ),
+        ],
+        Outage: [outage::server_outage_gives_errors_not_hangs_then_recovers],
+        Proxy: [silent::silent_link_fails_in_bounded_time_then_recovers],
     ]
 }
 
@@ -212,6 +196,20 @@ impl Ctx {
         self.subject.client().await
     }
 
+    /// `N` new independent clients of the subject: the holder, the contender, the bystander
+    /// a case plays against each other.
+    pub(crate) async fn clients<const N: usize>(
+        &self,
+    ) -> anyhow::Result<[Arc<dyn DistributedLock>; N]> {
+        let mut clients = Vec::with_capacity(N);
+        for _ in 0..N {
+            clients.push(self.client().await?);
+        }
+        clients
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("could not make {N} clients"))
+    }
+
     /// The subject.
     pub fn subject(&self) -> &Subject {
         &self.subject
@@ -240,5 +238,66 @@ impl Ctx {
     /// Whether the subject promises ordered fencing tokens.
     pub fn fenced(&self) -> bool {
         self.subject.capabilities.fencing != FencingGuarantee::None
+    }
+
+    /// Fails with `what` unless `client` finds `key` held: one `try_acquire` that gets nothing.
+    pub(crate) async fn ensure_busy(
+        &self,
+        client: &Arc<dyn DistributedLock>,
+        key: &str,
+        what: &str,
+    ) -> anyhow::Result<()> {
+        let lease = client.try_acquire(key, &self.opts(self.ttl())).await?;
+        ensure!(lease.is_none(), "{what}");
+        Ok(())
+    }
+
+    /// Takes the free `key` with `client` and releases it: the service works (before a fault,
+    /// so that a failure later is the fault's).
+    pub(crate) async fn take_and_release(
+        &self,
+        client: &Arc<dyn DistributedLock>,
+        key: &str,
+    ) -> anyhow::Result<()> {
+        client
+            .try_acquire(key, &self.opts(self.ttl()))
+            .await?
+            .context("a free key was busy")?
+            .release()
+            .await?;
+        Ok(())
+    }
+
+    /// `client` takes `key` within the slack after `since` (a release, a dropped lease or
+    /// acquire), which is all it waits; fails with `what` and the time it took otherwise.
+    pub(crate) async fn acquire_promptly(
+        &self,
+        client: &Arc<dyn DistributedLock>,
+        key: &str,
+        since: Instant,
+        what: &str,
+    ) -> anyhow::Result<Lease> {
+        let lease = client
+            .acquire(key, &self.opts(self.long_ttl()).with_wait(self.slack()))
+            .await?;
+        let gap = since.elapsed();
+        ensure!(gap <= self.slack(), "{what}: free only {gap:?} later");
+        Ok(lease)
+    }
+}
+
+/// Releases `lease`, failing with `what` unless the release found it still held.
+pub(crate) async fn release_held(lease: Lease, what: &str) -> anyhow::Result<()> {
+    ensure!(lease.release().await? == Released::Released, "{what}");
+    Ok(())
+}
+
+/// Fails unless a waiting acquire ended in [`Error::Timeout`]; `taken` says what it means that
+/// it got the lock instead.
+pub(crate) fn expect_timeout(result: Result<Lease, Error>, taken: &str) -> anyhow::Result<()> {
+    match result {
+        Err(Error::Timeout { .. }) => Ok(()),
+        Err(other) => bail!("expected a timeout, got {other}"),
+        Ok(_) => bail!("{taken}"),
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{bail, ensure};
 use dlock_core::{DistributedLockExt, Error};
 use tokio::time::Instant;
 
@@ -21,13 +21,7 @@ pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
     let client = outage.client().await?;
     let key = cx.key("outage");
     let ttl = cx.ttl();
-    // Works before.
-    client
-        .try_acquire(&key, &cx.opts(ttl))
-        .await?
-        .context("a free key was busy")?
-        .release()
-        .await?;
+    cx.take_and_release(&client, &key).await?;
     outage.control.stop().await?;
     let result = async {
         let start = Instant::now();

@@ -5,13 +5,11 @@ use dlock_core::{
     DistributedLockExt, ExtendRequest, Extension, LeaseRef, LockKey, OwnerToken, Released,
 };
 
-use super::Ctx;
+use super::{release_held, Ctx};
 
 /// A lease that expired and was taken over cannot release or extend the successor's lock.
 pub(crate) async fn stale_lease_cannot_release_or_extend(cx: Ctx) -> anyhow::Result<()> {
-    let old = cx.client().await?;
-    let new = cx.client().await?;
-    let third = cx.client().await?;
+    let [old, new, third] = cx.clients().await?;
     let key = cx.key("stale");
     let mut stale = old.acquire(&key, &cx.opts(cx.ttl())).await?;
     let successor = new
@@ -28,26 +26,23 @@ pub(crate) async fn stale_lease_cannot_release_or_extend(cx: Ctx) -> anyhow::Res
         released != Released::Released,
         "the stale lease released the successor's lock"
     );
-    ensure!(
-        third.try_acquire(&key, &cx.opts(cx.ttl())).await?.is_none(),
-        "the successor's lock is gone after the stale lease's release"
-    );
+    cx.ensure_busy(
+        &third,
+        &key,
+        "the successor's lock is gone after the stale lease's release",
+    )
+    .await?;
     ensure!(
         successor.is_held(),
         "the successor's lease is not held: {:?}",
         successor.state()
     );
-    ensure!(
-        successor.release().await? == Released::Released,
-        "the successor could not release its own lock"
-    );
-    Ok(())
+    release_held(successor, "the successor could not release its own lock").await
 }
 
 /// An owner token that never held the lock cannot release or extend it.
 pub(crate) async fn foreign_owner_cannot_release_or_extend(cx: Ctx) -> anyhow::Result<()> {
-    let holder = cx.client().await?;
-    let stranger = cx.client().await?;
+    let [holder, stranger] = cx.clients().await?;
     let key = cx.key("foreign");
     let lease = holder.acquire(&key, &cx.opts(cx.long_ttl())).await?;
     let lock_key = LockKey::new(&key)?;
@@ -66,26 +61,20 @@ pub(crate) async fn foreign_owner_cannot_release_or_extend(cx: Ctx) -> anyhow::R
         extended != Extension::Extended,
         "a stranger extended the lock"
     );
-    ensure!(
-        stranger
-            .try_acquire(&key, &cx.opts(cx.ttl()))
-            .await?
-            .is_none(),
-        "the lock is free after a stranger's release"
-    );
-    ensure!(
-        lease.release().await? == Released::Released,
-        "the owner could not release"
-    );
-    Ok(())
+    cx.ensure_busy(
+        &stranger,
+        &key,
+        "the lock is free after a stranger's release",
+    )
+    .await?;
+    release_held(lease, "the owner could not release").await
 }
 
 /// A batch of extensions (what auto-renew sends) answers each lease as `extend` would: the
 /// owner's lease is extended, a released one and another owner's are not, and the other owner
 /// keeps its lock.
 pub(crate) async fn extend_many_answers_each_lease_like_extend(cx: Ctx) -> anyhow::Result<()> {
-    let holder = cx.client().await?;
-    let other = cx.client().await?;
+    let [holder, other] = cx.clients().await?;
     let (own_key, gone_key, other_key) = (cx.key("own"), cx.key("gone"), cx.key("other"));
     let own = holder.acquire(&own_key, &cx.opts(cx.long_ttl())).await?;
     let gone = holder.acquire(&gone_key, &cx.opts(cx.long_ttl())).await?;
@@ -130,13 +119,12 @@ pub(crate) async fn extend_many_answers_each_lease_like_extend(cx: Ctx) -> anyho
         answers[2] != Extension::Extended,
         "another owner's lock was extended"
     );
-    ensure!(
-        holder
-            .try_acquire(&other_key, &cx.opts(cx.ttl()))
-            .await?
-            .is_none(),
-        "the other owner's lock is free after the batch"
-    );
+    cx.ensure_busy(
+        &holder,
+        &other_key,
+        "the other owner's lock is free after the batch",
+    )
+    .await?;
     ensure!(own.is_held() && others.is_held(), "a lease was lost");
     own.release().await?;
     others.release().await?;

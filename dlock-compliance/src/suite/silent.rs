@@ -28,12 +28,7 @@ pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> 
     };
     let key = cx.key("silent");
     let ttl = cx.ttl();
-    client
-        .try_acquire(&key, &cx.opts(ttl))
-        .await?
-        .context("a free key was busy")?
-        .release()
-        .await?;
+    cx.take_and_release(&client, &key).await?;
 
     link.freeze();
     let silenced = Instant::now();

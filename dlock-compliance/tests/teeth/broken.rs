@@ -217,13 +217,16 @@ impl DistributedLock for Broken {
     }
 }
 
-/// [`Defect::ValidityIgnoresElapsed`]: a backend with its own waiting loop (as queue-based
-/// backends have) whose reply is slow and whose grant is stamped on arrival.
+/// A backend with its own waiting loop (as queue-based backends have), where the defects of the
+/// [`Broken`] service it wraps that live in such a loop show:
+/// [`Defect::DeadlineCutsFirstAttempt`], a waiting acquire that gives up at its deadline before
+/// trying even once, and [`Defect::ValidityIgnoresElapsed`], a slow reply whose grant is stamped
+/// on arrival.
 #[derive(Debug, Clone)]
-pub struct StampsOnArrival(pub Broken);
+pub struct OwnWaitingLoop(pub Broken);
 
 #[async_trait]
-impl Layer for StampsOnArrival {
+impl Layer for OwnWaitingLoop {
     fn inner(&self) -> &dyn DistributedLock {
         &self.0
     }
@@ -234,36 +237,20 @@ impl Layer for StampsOnArrival {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let grant = self.0.lock(req, deadline, retry).await?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        Ok(Grant::new(grant.fencing, Instant::now()))
-    }
-}
-
-/// [`Defect::DeadlineCutsFirstAttempt`]: a waiting acquire that gives up at its deadline before
-/// trying even once.
-#[derive(Debug, Clone)]
-pub struct ChecksDeadlineFirst(pub Broken);
-
-#[async_trait]
-impl Layer for ChecksDeadlineFirst {
-    fn inner(&self) -> &dyn DistributedLock {
-        &self.0
-    }
-
-    async fn lock(
-        &self,
-        req: &LockRequest<'_>,
-        deadline: Option<Instant>,
-        retry: &Backoff,
-    ) -> Result<Grant> {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if self.0.has(Defect::DeadlineCutsFirstAttempt)
+            && deadline.is_some_and(|d| Instant::now() >= d)
+        {
             return Err(dlock_core::Error::Timeout {
                 key: req.key.to_string(),
                 waited: Duration::ZERO,
             });
         }
-        self.0.lock(req, deadline, retry).await
+        let grant = self.0.lock(req, deadline, retry).await?;
+        if !self.0.has(Defect::ValidityIgnoresElapsed) {
+            return Ok(grant);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(Grant::new(grant.fencing, Instant::now()))
     }
 }
 

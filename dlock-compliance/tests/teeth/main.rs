@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use broken::{Broken, ChecksDeadlineFirst, Defect, Queued, StampsOnArrival};
+use broken::{Broken, Defect, OwnWaitingLoop, Queued};
 use dlock_compliance::suite::{self, Case};
 use dlock_compliance::Subject;
 use dlock_core::DistributedLock;
@@ -40,8 +40,9 @@ fn subject(service_kind: Service) -> Subject {
     let client: Arc<dyn DistributedLock> = match (service_kind, defect) {
         (Service::CorrectQueue, _) => Arc::new(Queued::new(service, false)),
         (_, Some(Defect::QueueEntryOutlivesWaiter)) => Arc::new(Queued::new(service, true)),
-        (_, Some(Defect::ValidityIgnoresElapsed)) => Arc::new(StampsOnArrival(service)),
-        (_, Some(Defect::DeadlineCutsFirstAttempt)) => Arc::new(ChecksDeadlineFirst(service)),
+        (_, Some(Defect::ValidityIgnoresElapsed | Defect::DeadlineCutsFirstAttempt)) => {
+            Arc::new(OwnWaitingLoop(service))
+        }
         _ => Arc::new(service),
     };
     Subject::new(name, capabilities, move || {
