@@ -264,6 +264,13 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// holder's remaining TTL. Queue-based backends (ZooKeeper, etcd) override it. Errors are
     /// returned at once, not retried: an unreachable server must not turn into an endless wait.
     ///
+    /// A backend that returns [`Error::Timeout`] has left nothing on the server: a queue entry it
+    /// made (a sequential node, a contender key) is withdrawn before it returns, within
+    /// [`WITHDRAW_BOUND`](crate::WITHDRAW_BOUND) (see [`withdraw`](crate::withdraw)), and only
+    /// past that bound finished in the background. The caller trusts this and sends nothing
+    /// more, so a timed-out wait on a backend that queues nothing (every attempt answered busy)
+    /// costs no extra round trip. An attempt that got no answer is an error, not a timeout.
+    ///
     /// # Cancel safety
     /// Not cancel safe on its own, like [`try_lock`](Self::try_lock).
     async fn lock(

@@ -387,35 +387,47 @@ impl ClientState {
         let prefix = self.settings.layout.prefix(req.key);
         let owner = req.owner.to_hex();
         let mut agains = 0u32;
-        loop {
-            let error = match self
-                .contend(&mut acquiring, req, &prefix, &owner, deadline)
-                .await
-            {
-                Ok(granted) => return self.hold(acquiring, req, granted, prefix),
-                Err(ContendError::Fatal(error)) => return Err(error),
-                Err(ContendError::Deadline) => return Err(waiting.timeout()),
-                Err(ContendError::Restart) if agains < LEFTOVER_ATTEMPTS => {
-                    agains += 1;
-                    continue;
+        let contended: Result<Granted> = async {
+            loop {
+                let error = match self
+                    .contend(&mut acquiring, req, &prefix, &owner, deadline)
+                    .await
+                {
+                    Ok(granted) => return Ok(granted),
+                    Err(ContendError::Fatal(error)) => return Err(error),
+                    Err(ContendError::Deadline) => return Err(waiting.timeout()),
+                    Err(ContendError::Restart) if agains < LEFTOVER_ATTEMPTS => {
+                        agains += 1;
+                        continue;
+                    }
+                    Err(ContendError::Restart) => Error::backend(
+                        BACKEND,
+                        true,
+                        "the contender key kept changing under this client",
+                    ),
+                    Err(ContendError::Temporary(error)) => error,
+                };
+                // A temporary failure: try again while a live session bounds the wait. If the
+                // cluster stays unreachable the session expires and the error is returned.
+                let now = Instant::now();
+                if self.sessions.usable().is_none() || waiting.is_over(now) {
+                    return Err(error);
                 }
-                Err(ContendError::Restart) => Error::backend(
-                    BACKEND,
-                    true,
-                    "the contender key kept changing under this client",
-                ),
-                Err(ContendError::Temporary(error)) => error,
-            };
-            // A temporary failure: try again while a live session bounds the wait. If the
-            // cluster stays unreachable the session expires and the error is returned.
-            let now = Instant::now();
-            if self.sessions.usable().is_none() || waiting.is_over(now) {
-                return Err(error);
+                let until = waiting.next_attempt(now, None);
+                tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
+                agains = 0;
+                tokio::time::sleep_until(until).await;
             }
-            let until = waiting.next_attempt(now, None);
-            tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
-            agains = 0;
-            tokio::time::sleep_until(until).await;
+        }
+        .await;
+        match contended {
+            Ok(granted) => self.hold(acquiring, req, granted, prefix),
+            // The `lock` contract: a wait that ran out leaves no contender key behind.
+            Err(error @ Error::Timeout { .. }) => {
+                acquiring.withdraw().await;
+                Err(error)
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -759,6 +771,8 @@ impl DistributedLock for EtcdLock {
 
     /// Joins the queue of contenders and waits, watching only the contender just ahead, until
     /// the lock is ours; transient failures are retried while the session lease bounds the wait.
+    /// A wait that runs out deletes its contender key before it returns (bounded; then in the
+    /// background), so it stands in nobody's way.
     ///
     /// # Cancel safety
     /// Not cancel safe on its own: if dropped, the contender key is withdrawn in the background.

@@ -158,7 +158,8 @@ impl DistributedLock for ZkLock {
     /// Queues for the lock: creates the own node once and waits on its predecessor only, until
     /// the node is the lowest, `deadline` passes ([`Error::Timeout`](dlock_core::Error::Timeout)),
     /// or the session ends (an error, so that a waiter never waits forever). `retry` is unused:
-    /// waiting is driven by watches, not by polling.
+    /// waiting is driven by watches, not by polling. A wait that runs out deletes its node before
+    /// it returns (bounded; then in the background), so it stands in nobody's way.
     ///
     /// # Cancel safety
     /// Not cancel safe on its own: if dropped, the own node is deleted in the background (and
