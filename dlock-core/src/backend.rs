@@ -9,11 +9,13 @@
 //! [`DistributedLockExt`](crate::DistributedLockExt)).
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::inspect::Holding;
@@ -172,6 +174,76 @@ pub enum Released {
     Expired,
     /// Another owner holds the lock now; it was left untouched.
     TakenOver,
+}
+
+/// The word a tracing span records as the `outcome` of a lock call, the same in every backend:
+/// `acquired`, `busy`, `extended`, `released`, `expired`, `taken_over` for answers, and
+/// `timeout`, `lost` or `error` for failures.
+pub trait Outcome {
+    /// The outcome's word.
+    fn outcome(&self) -> &'static str;
+}
+
+impl Outcome for Grant {
+    fn outcome(&self) -> &'static str {
+        "acquired"
+    }
+}
+
+impl Outcome for Attempt {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Attempt::Acquired(_) => "acquired",
+            Attempt::Busy { .. } => "busy",
+        }
+    }
+}
+
+impl Outcome for Extension {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Extension::Extended => "extended",
+            Extension::Expired => "expired",
+            Extension::TakenOver => "taken_over",
+        }
+    }
+}
+
+impl Outcome for Released {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Released::Released => "released",
+            Released::Expired => "expired",
+            Released::TakenOver => "taken_over",
+        }
+    }
+}
+
+impl Outcome for Error {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "timeout",
+            Error::Lost { .. } => "lost",
+            _ => "error",
+        }
+    }
+}
+
+impl<T: Outcome> Outcome for Result<T> {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Ok(answer) => answer.outcome(),
+            Err(error) => error.outcome(),
+        }
+    }
+}
+
+/// Runs `call` inside `span` and records its [`Outcome`] in the span's `outcome` field: how
+/// every backend traces its lock calls.
+pub async fn traced<T: Outcome>(span: tracing::Span, call: impl Future<Output = T>) -> T {
+    let result = call.instrument(span.clone()).await;
+    span.record("outcome", result.outcome());
+    result
 }
 
 /// A distributed lock service. Implement this for a backend; use it through

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest};
+use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest, Outcome};
 use crate::critical::CriticalSection;
 use crate::error::{Error, Result};
 use crate::inspect::Holding;
@@ -182,11 +182,8 @@ async fn acquire(
         Ok(None) => {
             span.record("outcome", "busy");
         }
-        Err(Error::Timeout { .. }) => {
-            span.record("outcome", "timeout");
-        }
-        Err(_) => {
-            span.record("outcome", "error");
+        Err(error) => {
+            span.record("outcome", error.outcome());
         }
     }
     result

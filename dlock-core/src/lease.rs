@@ -8,7 +8,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{DistributedLock, Extension, LeaseRef, Released};
+use crate::backend::{DistributedLock, Extension, LeaseRef, Outcome, Released};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::options::{validate_ttl, Drift};
@@ -243,15 +243,7 @@ impl Lease {
             .release(&self.lease_ref())
             .instrument(span.clone())
             .await;
-        span.record(
-            "outcome",
-            match &result {
-                Ok(Released::Released) => "released",
-                Ok(Released::Expired) => "expired",
-                Ok(Released::TakenOver) => "taken_over",
-                Err(_) => "error",
-            },
-        );
+        span.record("outcome", result.outcome());
         if result.is_ok() {
             self.finished = true;
         }

@@ -59,9 +59,10 @@ mod token;
 pub mod url;
 mod waiting;
 
+pub use backend::traced;
 pub use backend::{
     Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
-    LeaseRef, LockRequest, Released,
+    LeaseRef, LockRequest, Outcome, Released,
 };
 pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};

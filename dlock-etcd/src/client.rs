@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
+    traced, Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
     FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
     SessionState, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::acquire_guard::AcquireGuard;
 use crate::builder::{EtcdLockBuilder, Settings};
@@ -673,15 +672,6 @@ struct HeldView {
     over: bool,
 }
 
-fn outcome_of<T>(result: &Result<T>, name: impl Fn(&T) -> &'static str) -> &'static str {
-    match result {
-        Ok(value) => name(value),
-        Err(Error::Timeout { .. }) => "timeout",
-        Err(Error::Lost { .. }) => "lost",
-        Err(_) => "error",
-    }
-}
-
 #[async_trait]
 impl DistributedLock for EtcdLock {
     fn backend_name(&self) -> &'static str {
@@ -701,47 +691,21 @@ impl DistributedLock for EtcdLock {
     /// the background, and a release by owner token (which the core issues) finds it too.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let span = tracing::debug_span!("dlock.etcd.try_lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.state.try_lock(req).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            outcome_of(&result, |a| match a {
-                Attempt::Acquired(_) => "acquired",
-                Attempt::Busy { .. } => "busy",
-            }),
-        );
-        result
+        traced(span, self.state.try_lock(req)).await
     }
 
     /// # Cancel safety
     /// The extension may or may not have happened; ownership is unchanged either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let span = tracing::debug_span!("dlock.etcd.extend", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.state.extend(lease, ttl).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            outcome_of(&result, |e| match e {
-                Extension::Extended => "extended",
-                Extension::Expired => "expired",
-                Extension::TakenOver => "taken_over",
-            }),
-        );
-        result
+        traced(span, self.state.extend(lease, ttl)).await
     }
 
     /// # Cancel safety
     /// The release may or may not have happened; repeating it is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let span = tracing::debug_span!("dlock.etcd.release", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.state.release(lease).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            outcome_of(&result, |r| match r {
-                Released::Released => "released",
-                Released::Expired => "expired",
-                Released::TakenOver => "taken_over",
-            }),
-        );
-        result
+        traced(span, self.state.release(lease)).await
     }
 
     /// Reads the oldest contender key of `key`: its create revision is the holder's fencing
@@ -783,12 +747,6 @@ impl DistributedLock for EtcdLock {
         retry: &Backoff,
     ) -> Result<Grant> {
         let span = tracing::debug_span!("dlock.etcd.lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self
-            .state
-            .lock(req, deadline, retry)
-            .instrument(span.clone())
-            .await;
-        span.record("outcome", outcome_of(&result, |_| "acquired"));
-        result
+        traced(span, self.state.lock(req, deadline, retry)).await
     }
 }

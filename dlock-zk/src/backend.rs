@@ -4,26 +4,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, Holding,
-    LeaseRef, LockKey, LockRequest, Released, Result,
+    traced, Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant,
+    Holding, LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::errors::BACKEND;
 use crate::naming::queue;
 use crate::recipe::list_queue;
 use crate::request::call;
 use crate::ZkLock;
-
-fn record<T>(span: &tracing::Span, result: &Result<T>, name: impl Fn(&T) -> &'static str) {
-    let outcome = match result {
-        Ok(value) => name(value),
-        Err(dlock_core::Error::Timeout { .. }) => "timeout",
-        Err(_) => "error",
-    };
-    span.record("outcome", outcome);
-}
 
 #[async_trait]
 impl DistributedLock for ZkLock {
@@ -54,14 +44,7 @@ impl DistributedLock for ZkLock {
             backend = BACKEND,
             outcome = tracing::field::Empty,
         );
-        let result = crate::acquire::try_once(&self.inner, req)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |a| match a {
-            Attempt::Acquired(_) => "acquired",
-            Attempt::Busy { .. } => "busy",
-        });
-        result
+        traced(span, crate::acquire::try_once(&self.inner, req)).await
     }
 
     /// Confirms the own node on the server and moves its TTL to `ttl` from now. The session, the
@@ -77,15 +60,7 @@ impl DistributedLock for ZkLock {
             backend = BACKEND,
             outcome = tracing::field::Empty,
         );
-        let result = crate::extend::extend(&self.inner, lease, ttl)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |e| match e {
-            Extension::Extended => "extended",
-            Extension::Expired => "expired",
-            Extension::TakenOver => "taken_over",
-        });
-        result
+        traced(span, crate::extend::extend(&self.inner, lease, ttl)).await
     }
 
     /// Deletes the own node, found by owner token.
@@ -99,15 +74,7 @@ impl DistributedLock for ZkLock {
             backend = BACKEND,
             outcome = tracing::field::Empty,
         );
-        let result = crate::release::release(&self.inner, lease)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |r| match r {
-            Released::Released => "released",
-            Released::Expired => "expired",
-            Released::TakenOver => "taken_over",
-        });
-        result
+        traced(span, crate::release::release(&self.inner, lease)).await
     }
 
     /// Reads the lowest contender node's creation zxid: the holder's fencing token, also for a
@@ -176,10 +143,10 @@ impl DistributedLock for ZkLock {
             backend = BACKEND,
             outcome = tracing::field::Empty,
         );
-        let result = crate::acquire::wait_in_queue(&self.inner, req, deadline, retry)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |_| "acquired");
-        result
+        traced(
+            span,
+            crate::acquire::wait_in_queue(&self.inner, req, deadline, retry),
+        )
+        .await
     }
 }
