@@ -178,7 +178,7 @@ pub enum Released {
 
 /// The word a tracing span records as the `outcome` of a lock call, the same in every backend:
 /// `acquired`, `busy`, `extended`, `released`, `expired`, `taken_over` for answers, and
-/// `timeout`, `lost` or `error` for failures.
+/// `timeout`, `lost`, `not_owner` or `error` for failures.
 pub trait Outcome {
     /// The outcome's word.
     fn outcome(&self) -> &'static str;
@@ -224,6 +224,7 @@ impl Outcome for Error {
         match self {
             Error::Timeout { .. } => "timeout",
             Error::Lost { .. } => "lost",
+            Error::NotOwner { .. } => "not_owner",
             _ => "error",
         }
     }

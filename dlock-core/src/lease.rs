@@ -207,7 +207,11 @@ impl Lease {
                 self.drift.validity(ttl),
                 result,
             );
-            tracing::Span::current().record("outcome", outcome_name(&outcome));
+            let word = match &outcome {
+                Ok(()) => "extended",
+                Err(error) => error.outcome(),
+            };
+            tracing::Span::current().record("outcome", word);
             if outcome.is_ok() {
                 self.ttl = ttl;
             }
@@ -316,15 +320,6 @@ fn current_reason(status: &StatusSender) -> LostReason {
     match status.borrow().at(Instant::now()) {
         LeaseState::Lost(reason) => reason,
         _ => LostReason::Expired,
-    }
-}
-
-fn outcome_name(result: &Result<()>) -> &'static str {
-    match result {
-        Ok(()) => "extended",
-        Err(Error::Lost { .. }) => "lost",
-        Err(Error::NotOwner { .. }) => "not_owner",
-        Err(_) => "error",
     }
 }
 

@@ -78,4 +78,4 @@ pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
-pub use waiting::{check_within, withdraw, Waiting, WITHDRAW_BOUND};
+pub use waiting::{check_len, check_within, withdraw, Waiting, WITHDRAW_BOUND};

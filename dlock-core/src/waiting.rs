@@ -146,6 +146,18 @@ where
     ))
 }
 
+/// Checks that the text setting `field` is at most `max` bytes long, saying how long it is if
+/// not: the one length check of keys, prefixes and names, worded the same everywhere.
+pub fn check_len(field: &'static str, text: &str, max: usize) -> Result<()> {
+    if text.len() <= max {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        field,
+        format!("is {} bytes long; the maximum is {max} bytes", text.len()),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
