@@ -272,7 +272,7 @@ async fn etcd_urls() {
         ),
         ("etcd://u:hunter2@h:1?session_ttl=0s", "session_ttl"),
         ("etcd://u:hunter2@h", "endpoints"),
-        ("etcd://u:p%zz@h:1", "percent-encoding"),
+        ("etcd://u:p%zz@h:1", "percent-encoded"),
     ] {
         rejected(url, says).await;
     }
