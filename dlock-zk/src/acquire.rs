@@ -27,10 +27,7 @@ use crate::stats::Counters;
 /// One attempt: held now, or busy.
 pub(crate) async fn try_once(inner: &Arc<Inner>, req: &LockRequest<'_>) -> Result<Attempt> {
     let until = Instant::now() + inner.config.operation_timeout;
-    let session = inner
-        .session(until)
-        .await
-        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let session = inner.open_session(until).await?;
     let parent = inner.parent_path(req.key);
     let mut cleanup = Cleanup::new(inner, &session, &parent, req.owner);
     let sent = Instant::now();

@@ -94,10 +94,7 @@ impl DistributedLock for ZkLock {
     /// Cancel safe: it only reads and watches.
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
         let inner = &self.inner;
-        let session = inner
-            .session(until)
-            .await
-            .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+        let session = inner.open_session(until).await?;
         let parent = inner.parent_path(key);
         let children = match list_queue(inner, &session, &parent, until).await {
             Ok(children) => children,
