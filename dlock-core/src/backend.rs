@@ -239,9 +239,22 @@ impl<T: Outcome> Outcome for Result<T> {
     }
 }
 
-/// Runs `call` inside `span` and records its [`Outcome`] in the span's `outcome` field: how
-/// every backend traces its lock calls.
-pub async fn traced<T: Outcome>(span: tracing::Span, call: impl Future<Output = T>) -> T {
+/// Runs a backend's operation `op` on `key` inside a `dlock.backend` debug span (fields
+/// `backend`, `op`, `key`) and records its [`Outcome`] there: how every backend traces its
+/// calls, so that one subscriber filter sees them all alike.
+pub async fn traced<T: Outcome>(
+    backend: &'static str,
+    op: &'static str,
+    key: &LockKey,
+    call: impl Future<Output = T>,
+) -> T {
+    let span = tracing::debug_span!(
+        "dlock.backend",
+        backend,
+        op,
+        key = %key,
+        outcome = tracing::field::Empty,
+    );
     let result = call.instrument(span.clone()).await;
     span.record("outcome", result.outcome());
     result

@@ -690,22 +690,19 @@ impl DistributedLock for EtcdLock {
     /// Not cancel safe on its own: if dropped after the request was sent, the key is withdrawn in
     /// the background, and a release by owner token (which the core issues) finds it too.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let span = tracing::debug_span!("dlock.etcd.try_lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
-        traced(span, self.state.try_lock(req)).await
+        traced(BACKEND, "try_lock", req.key, self.state.try_lock(req)).await
     }
 
     /// # Cancel safety
     /// The extension may or may not have happened; ownership is unchanged either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let span = tracing::debug_span!("dlock.etcd.extend", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        traced(span, self.state.extend(lease, ttl)).await
+        traced(BACKEND, "extend", lease.key, self.state.extend(lease, ttl)).await
     }
 
     /// # Cancel safety
     /// The release may or may not have happened; repeating it is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let span = tracing::debug_span!("dlock.etcd.release", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        traced(span, self.state.release(lease)).await
+        traced(BACKEND, "release", lease.key, self.state.release(lease)).await
     }
 
     /// Reads the oldest contender key of `key`: its create revision is the holder's fencing
@@ -746,7 +743,12 @@ impl DistributedLock for EtcdLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let span = tracing::debug_span!("dlock.etcd.lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
-        traced(span, self.state.lock(req, deadline, retry)).await
+        traced(
+            BACKEND,
+            "lock",
+            req.key,
+            self.state.lock(req, deadline, retry),
+        )
+        .await
     }
 }

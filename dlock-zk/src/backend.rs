@@ -38,13 +38,13 @@ impl DistributedLock for ZkLock {
     /// Not cancel safe on its own: the node may have been created. dlock-core's acquire then
     /// releases by owner token, which finds the node by its owner prefix.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let span = tracing::debug_span!(
-            "dlock.zk.try_lock",
-            key = %req.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        traced(span, crate::acquire::try_once(&self.inner, req)).await
+        traced(
+            BACKEND,
+            "try_lock",
+            req.key,
+            crate::acquire::try_once(&self.inner, req),
+        )
+        .await
     }
 
     /// Confirms the own node on the server and moves its TTL to `ttl` from now. The session, the
@@ -54,13 +54,13 @@ impl DistributedLock for ZkLock {
     /// If cancelled after the check, the TTL may or may not have moved; the lease keeps its old
     /// deadline either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let span = tracing::debug_span!(
-            "dlock.zk.extend",
-            key = %lease.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        traced(span, crate::extend::extend(&self.inner, lease, ttl)).await
+        traced(
+            BACKEND,
+            "extend",
+            lease.key,
+            crate::extend::extend(&self.inner, lease, ttl),
+        )
+        .await
     }
 
     /// Deletes the own node, found by owner token.
@@ -68,13 +68,13 @@ impl DistributedLock for ZkLock {
     /// # Cancel safety
     /// The node may or may not have been deleted; repeating the release is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let span = tracing::debug_span!(
-            "dlock.zk.release",
-            key = %lease.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        traced(span, crate::release::release(&self.inner, lease)).await
+        traced(
+            BACKEND,
+            "release",
+            lease.key,
+            crate::release::release(&self.inner, lease),
+        )
+        .await
     }
 
     /// Reads the lowest contender node's creation zxid: the holder's fencing token, also for a
@@ -134,16 +134,7 @@ impl DistributedLock for ZkLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let span = tracing::debug_span!(
-            "dlock.zk.lock",
-            key = %req.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        traced(
-            span,
-            crate::acquire::wait_in_queue(&self.inner, req, deadline, retry),
-        )
-        .await
+        let waited = crate::acquire::wait_in_queue(&self.inner, req, deadline, retry);
+        traced(BACKEND, "lock", req.key, waited).await
     }
 }
