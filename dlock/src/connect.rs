@@ -110,20 +110,28 @@ enum Apply<B> {
 ))]
 type Parameters<B> = [(&'static str, Apply<B>)];
 
-/// Checks the URL's parameters against the common ones and `own`, makes the builder (after
-/// those checks, so that a bad parameter is reported first), applies the given ones of `own` to
-/// it, and returns it with the per-acquire defaults: one way for every scheme.
+/// Opens a backend the one way every scheme does: checks the URL's parameters against the
+/// common ones and `own`, makes the builder (after those checks, so that a bad parameter is
+/// reported first), applies the given ones of `own` to it and connects. A complaint of the
+/// backend about its setting `renamed.0` reads as one about the URL parameter `renamed.1` that
+/// set it, so the message names what the user wrote.
 #[cfg(any(
     feature = "redis",
     feature = "redlock",
     feature = "zk",
     feature = "etcd"
 ))]
-fn configure<B>(
+async fn open<B, L, F>(
     address: &Address<'_>,
     make: impl FnOnce() -> Result<B>,
     own: &Parameters<B>,
-) -> Result<(B, LockOptions)> {
+    connect: impl FnOnce(B) -> F,
+    renamed: Option<(&str, &str)>,
+) -> Result<Opened>
+where
+    F: std::future::Future<Output = Result<L>>,
+    L: DistributedLock,
+{
     let names: Vec<&str> = own.iter().map(|(name, _)| *name).collect();
     let params = Params::parse(address, &names)?;
     let options = params.lock_options()?;
@@ -140,7 +148,17 @@ fn configure<B>(
             },
         };
     }
-    Ok((builder, options))
+    let lock = connect(builder)
+        .await
+        .map_err(|error| match (error, renamed) {
+            (Error::InvalidInput { field, message }, Some((setting, parameter)))
+                if field == setting =>
+            {
+                address.invalid(format!("parameter `{parameter}`: {message}"))
+            }
+            (other, _) => other,
+        })?;
+    Ok((Arc::new(lock), options))
 }
 
 /// The parameters `redlock://` takes besides the common ones.
@@ -192,8 +210,14 @@ async fn redlock(address: &Address<'_>) -> Result<Opened> {
             address.per_host("redis")?,
         ))
     };
-    let (builder, options) = configure(address, make, REDLOCK_PARAMS)?;
-    Ok((Arc::new(builder.connect().await?), options))
+    open(
+        address,
+        make,
+        REDLOCK_PARAMS,
+        dlock_redlock::RedlockBuilder::connect,
+        None,
+    )
+    .await
 }
 
 #[cfg(not(feature = "redlock"))]
@@ -224,8 +248,14 @@ async fn redis(address: &Address<'_>) -> Result<Opened> {
         return Err(missing_feature(address, "redis-tls"));
     }
     let make = || Ok(dlock_redis::RedisLock::builder(address.without_query()));
-    let (builder, options) = configure(address, make, REDIS_PARAMS)?;
-    Ok((Arc::new(builder.connect().await?), options))
+    open(
+        address,
+        make,
+        REDIS_PARAMS,
+        dlock_redis::RedisLockBuilder::connect,
+        None,
+    )
+    .await
 }
 
 #[cfg(not(feature = "redis"))]
@@ -264,12 +294,14 @@ const ZK_PARAMS: &Parameters<dlock_zk::ZkLockBuilder> = {
 #[cfg(feature = "zk")]
 async fn zk(address: &Address<'_>) -> Result<Opened> {
     let make = || Ok(dlock_zk::ZkLock::builder(&address.without_query()));
-    let (builder, options) = configure(address, make, ZK_PARAMS)?;
-    let lock = builder
-        .connect()
-        .await
-        .map_err(|e| as_parameter(address, e, "root", "prefix"))?;
-    Ok((Arc::new(lock), options))
+    open(
+        address,
+        make,
+        ZK_PARAMS,
+        dlock_zk::ZkLockBuilder::connect,
+        Some(("root", "prefix")),
+    )
+    .await
 }
 
 #[cfg(not(feature = "zk"))]
@@ -302,27 +334,17 @@ const ETCD_PARAMS: &Parameters<dlock_etcd::EtcdLockBuilder> = {
 #[cfg(feature = "etcd")]
 async fn etcd(address: &Address<'_>) -> Result<Opened> {
     let make = || dlock_etcd::EtcdLockBuilder::from_url(&address.without_query());
-    let (builder, options) = configure(address, make, ETCD_PARAMS)?;
-    let lock = builder
-        .connect()
-        .await
-        .map_err(|e| as_parameter(address, e, "namespace", "prefix"))?;
-    Ok((Arc::new(lock), options))
+    open(
+        address,
+        make,
+        ETCD_PARAMS,
+        dlock_etcd::EtcdLockBuilder::connect,
+        Some(("namespace", "prefix")),
+    )
+    .await
 }
 
 #[cfg(not(feature = "etcd"))]
 async fn etcd(address: &Address<'_>) -> Result<Opened> {
     Err(missing_feature(address, "etcd"))
-}
-
-/// A backend's complaint about its setting `field` as one about the URL parameter `parameter`
-/// that set it, so the message names what the user wrote.
-#[cfg(any(feature = "zk", feature = "etcd"))]
-fn as_parameter(address: &Address<'_>, error: Error, field: &str, parameter: &str) -> Error {
-    match error {
-        Error::InvalidInput { field: f, message } if f == field => {
-            address.invalid(format!("parameter `{parameter}`: {message}"))
-        }
-        other => other,
-    }
 }
