@@ -27,10 +27,12 @@ async fn invalid(url: &str) -> String {
     }
 }
 
-/// `url` is rejected as invalid with a message that contains `says`.
-async fn rejected(url: &str, says: &str) {
-    let m = invalid(url).await;
-    assert!(m.contains(says), "{url}: {m}");
+/// Each `(url, says)`: the URL is rejected as invalid with a message that contains `says`.
+async fn rejected(cases: &[(&str, &str)]) {
+    for (url, says) in cases {
+        let m = invalid(url).await;
+        assert!(m.contains(says), "{url}: {m}");
+    }
 }
 
 /// A URL the facade accepted and handed to the backend, which then could not reach a server.
@@ -89,47 +91,49 @@ fn a_handle_never_shows_a_password() {
 
 #[tokio::test]
 async fn malformed_urls_say_what_and_where() {
-    rejected("", "has no scheme").await;
-    rejected("localhost:6379", "has no scheme").await;
+    rejected(&[("", "has no scheme"), ("localhost:6379", "has no scheme")]).await;
     let m = invalid("http://u:hunter2@h").await;
     assert!(m.contains("unknown scheme \"http\""), "{m}");
     assert!(m.contains("http://u:***@h"), "{m}");
-    rejected("memory://host", "takes no host").await;
-    rejected("memory:///path", "takes no host").await;
-    rejected(
-        "memory://?prefix=x",
-        "unknown parameter `prefix` for memory://",
-    )
+    rejected(&[
+        ("memory://host", "takes no host"),
+        ("memory:///path", "takes no host"),
+        (
+            "memory://?prefix=x",
+            "unknown parameter `prefix` for memory://",
+        ),
+        ("memory://?ttl=0s", "parameter `ttl`"),
+        ("memory://?wait=later", "parameter `wait`"),
+    ])
     .await;
-    rejected("memory://?ttl=0s", "parameter `ttl`").await;
-    rejected("memory://?wait=later", "parameter `wait`").await;
 }
 
 #[cfg(not(feature = "redlock"))]
 #[tokio::test]
 async fn redlock_without_its_feature_names_it() {
-    rejected(
+    rejected(&[(
         "redlock://u:hunter2@h1:6379,h2:6379,h3:6379",
         "needs the `redlock` feature",
-    )
+    )])
     .await;
 }
 
 #[cfg(feature = "redlock")]
 #[tokio::test]
 async fn redlock_urls_are_checked_before_anything_is_sent() {
-    rejected("redlock://u:hunter2@h1:6379,,h3:6379", "host #2 is empty").await;
-    rejected("redlock://h1:6379,h2:6379,h3:6379?quorum=most", "quorum").await;
-    rejected("redlock://h1:6379,h2:6379,h3:6379?fencing=maybe", "fencing").await;
-    rejected(
-        "redlock://h1:6379,h2:6379,h3:6379?node_timeout=fast",
-        "node_timeout",
-    )
-    .await;
-    rejected(
-        "redlock://h1:6379,h2:6379,h3:6379?fence_ttl=30",
-        "parameter `fence_ttl`: \"30\" is not a duration",
-    )
+    rejected(&[
+        ("redlock://u:hunter2@h1:6379,,h3:6379", "host #2 is empty"),
+        ("redlock://h1:6379,h2:6379,h3:6379?quorum=most", "quorum"),
+        ("redlock://h1:6379,h2:6379,h3:6379?fencing=maybe", "fencing"),
+        (
+            "redlock://h1:6379,h2:6379,h3:6379?node_timeout=fast",
+            "node_timeout",
+        ),
+        (
+            "redlock://h1:6379,h2:6379,h3:6379?fence_ttl=30",
+            "parameter `fence_ttl`: \"30\" is not a duration",
+        ),
+    ])
     .await;
     let m = invalid("redlock://h1:6379,h2:6379,h3:6379?fence_ttl=1h").await;
     assert!(m.starts_with("fence_ttl: 3600s is outside"), "{m}");
@@ -152,21 +156,23 @@ async fn redlock_to_masters_nobody_runs_is_unavailable() {
 #[cfg(not(feature = "redis"))]
 #[tokio::test]
 async fn redis_without_its_feature_names_it() {
-    rejected(
-        "redis://u:hunter2@localhost:6379",
-        "needs the `redis` feature",
-    )
+    rejected(&[
+        (
+            "redis://u:hunter2@localhost:6379",
+            "needs the `redis` feature",
+        ),
+        ("rediss://localhost:6379", "needs the `redis-tls` feature"),
+    ])
     .await;
-    rejected("rediss://localhost:6379", "needs the `redis-tls` feature").await;
 }
 
 #[cfg(all(feature = "redis", not(feature = "redis-tls")))]
 #[tokio::test]
 async fn rediss_without_tls_names_the_feature() {
-    rejected(
+    rejected(&[(
         "rediss://u:hunter2@localhost:6379",
         "needs the `redis-tls` feature",
-    )
+    )])
     .await;
 }
 
@@ -182,7 +188,7 @@ async fn redis_urls() {
         "redis://{NOBODY}?connect_timeout=200ms&fence_ttl=30d"
     ))
     .await;
-    for (url, says) in [
+    rejected(&[
         (
             "redis://u:hunter2@h?session_ttl=1s",
             "unknown parameter `session_ttl` for redis://",
@@ -200,18 +206,17 @@ async fn redis_urls() {
             "redis://u:hunter2@127.0.0.1:1?fence_ttl=1m",
             "fence_ttl: 60s is outside 86400s..=",
         ),
-    ] {
-        rejected(url, says).await;
-    }
+    ])
+    .await;
 }
 
 #[cfg(not(feature = "zk"))]
 #[tokio::test]
 async fn zk_without_its_feature_names_it() {
-    rejected(
+    rejected(&[(
         "zk://u:hunter2@zk1:2181,zk2:2181/app",
         "needs the `zk` feature",
-    )
+    )])
     .await;
 }
 
@@ -222,7 +227,7 @@ async fn zk_urls() {
         "zk://u:hunter2@{NOBODY},127.0.0.1:2/app?prefix=/locks&session_timeout=1s&connect_timeout=300ms&operation_timeout=300ms&identifier=me%40host&naming=curator&ttl=5s"
     ))
     .await;
-    for (url, says) in [
+    rejected(&[
         (
             "zk://u:hunter2@h?request_timeout=1s",
             "unknown parameter `request_timeout` for zk://",
@@ -234,18 +239,17 @@ async fn zk_urls() {
         ("zk://u:hunter2@h:0", "url"),
         ("zk://u:p%zz@h", "percent-encoded"),
         ("zk://u:hunter2@h?naming=zookeeper", "naming"),
-    ] {
-        rejected(url, says).await;
-    }
+    ])
+    .await;
 }
 
 #[cfg(not(feature = "etcd"))]
 #[tokio::test]
 async fn etcd_without_its_feature_names_it() {
-    rejected(
+    rejected(&[(
         "etcd://u:hunter2@h1:2379,h2:2379",
         "needs the `etcd` feature",
-    )
+    )])
     .await;
 }
 
@@ -257,7 +261,7 @@ async fn etcd_urls() {
     ))
     .await;
     unreachable(&format!("etcd://{NOBODY}/billing/?connect_timeout=300ms")).await;
-    for (url, says) in [
+    rejected(&[
         (
             "etcd://u:hunter2@h:1?session_timeout=1s",
             "unknown parameter `session_timeout` for etcd://",
@@ -273,9 +277,8 @@ async fn etcd_urls() {
         ("etcd://u:hunter2@h:1?session_ttl=0s", "session_ttl"),
         ("etcd://u:hunter2@h", "endpoints"),
         ("etcd://u:p%zz@h:1", "percent-encoded"),
-    ] {
-        rejected(url, says).await;
-    }
+    ])
+    .await;
     let m = invalid(&format!("etcd://u:hunter2@h:1?prefix={}", "n".repeat(5000))).await;
     assert!(m.contains("parameter `prefix`"), "{m}");
 }
