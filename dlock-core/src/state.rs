@@ -309,7 +309,12 @@ mod tests {
 
     /// A held lease valid until `deadline`: its watch, and the sender that moves it.
     fn held_until(deadline: Instant) -> (watch::Sender<Status>, LeaseWatch) {
-        let (tx, w) = held_until(deadline);
+        let (tx, rx) = watch::channel(status(deadline));
+        let w = LeaseWatch {
+            key: LockKey::new("k").unwrap(),
+            fencing: FencingToken(1),
+            rx,
+        };
         (tx, w)
     }
 
