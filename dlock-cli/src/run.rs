@@ -43,8 +43,8 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let lease = match waited {
         Waited::Held(lease) => *lease,
         Waited::Interrupted(signal) => {
-            // The acquire was dropped: dlock-core withdraws whatever it had queued or been
-            // granted in the background. Give that a moment before the process ends, so the
+            // The acquire was dropped: its clean-up (dlock-core's and the backend's) withdraws
+            // whatever it had queued or been granted, in the background. Give that a moment before the process ends, so the
             // lock is not left to its TTL or session timeout.
             tokio::time::sleep(CLEANUP_GRACE).await;
             return Ok(128 + signal as u8);

@@ -9,11 +9,13 @@
 //! [`DistributedLockExt`](crate::DistributedLockExt)).
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::inspect::Holding;
@@ -174,6 +176,90 @@ pub enum Released {
     TakenOver,
 }
 
+/// The word a tracing span records as the `outcome` of a lock call, the same in every backend:
+/// `acquired`, `busy`, `extended`, `released`, `expired`, `taken_over` for answers, and
+/// `timeout`, `lost`, `not_owner` or `error` for failures.
+pub trait Outcome {
+    /// The outcome's word.
+    fn outcome(&self) -> &'static str;
+}
+
+impl Outcome for Grant {
+    fn outcome(&self) -> &'static str {
+        "acquired"
+    }
+}
+
+impl Outcome for Attempt {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Attempt::Acquired(_) => "acquired",
+            Attempt::Busy { .. } => "busy",
+        }
+    }
+}
+
+impl Outcome for Extension {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Extension::Extended => "extended",
+            Extension::Expired => "expired",
+            Extension::TakenOver => "taken_over",
+        }
+    }
+}
+
+impl Outcome for Released {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Released::Released => "released",
+            Released::Expired => "expired",
+            Released::TakenOver => "taken_over",
+        }
+    }
+}
+
+impl Outcome for Error {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "timeout",
+            Error::Lost { .. } => "lost",
+            Error::NotOwner { .. } => "not_owner",
+            _ => "error",
+        }
+    }
+}
+
+impl<T: Outcome> Outcome for Result<T> {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Ok(answer) => answer.outcome(),
+            Err(error) => error.outcome(),
+        }
+    }
+}
+
+/// Runs a backend's operation `op` on `key` inside a `dlock.backend` debug span (fields
+/// `backend`, `op`, `key`) and records its [`Outcome`] there: how every backend traces its
+/// calls, so that one subscriber filter sees them all alike.
+pub async fn traced<T: Outcome>(
+    backend: &'static str,
+    op: &'static str,
+    key: &LockKey,
+    call: impl Future<Output = T>,
+) -> T {
+    let span = tracing::debug_span!(
+        "dlock.backend",
+        backend,
+        op,
+        key = %key,
+        outcome = tracing::field::Empty,
+    );
+    let result = call.instrument(span.clone()).await;
+    span.record("outcome", result.outcome());
+    result
+}
+
 /// A distributed lock service. Implement this for a backend; use it through
 /// [`DistributedLockExt`](crate::DistributedLockExt), usually as `Arc<dyn DistributedLock>`.
 ///
@@ -263,6 +349,13 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// [`wait_for_release`](Self::wait_for_release) bounded by the jittered `retry` delay and by the
     /// holder's remaining TTL. Queue-based backends (ZooKeeper, etcd) override it. Errors are
     /// returned at once, not retried: an unreachable server must not turn into an endless wait.
+    ///
+    /// A backend that returns [`Error::Timeout`] has left nothing on the server: a queue entry it
+    /// made (a sequential node, a contender key) is withdrawn before it returns, within
+    /// [`WITHDRAW_BOUND`](crate::WITHDRAW_BOUND) (see [`withdraw`](crate::withdraw)), and only
+    /// past that bound finished in the background. The caller trusts this and sends nothing
+    /// more, so a timed-out wait on a backend that queues nothing (every attempt answered busy)
+    /// costs no extra round trip. An attempt that got no answer is an error, not a timeout.
     ///
     /// # Cancel safety
     /// Not cancel safe on its own, like [`try_lock`](Self::try_lock).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest};
+use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest, Outcome};
 use crate::critical::CriticalSection;
 use crate::error::{Error, Result};
 use crate::inspect::Holding;
@@ -18,6 +18,7 @@ use crate::pending::PendingAcquire;
 use crate::renew::Renewal;
 use crate::state::{LeaseWatch, LostReason};
 use crate::token::OwnerToken;
+use crate::waiting::withdraw;
 
 /// A handle that can be shared with the leases it grants: `Arc<dyn DistributedLock>` or
 /// `Arc<B>` for a concrete backend `B`.
@@ -181,11 +182,8 @@ async fn acquire(
         Ok(None) => {
             span.record("outcome", "busy");
         }
-        Err(Error::Timeout { .. }) => {
-            span.record("outcome", "timeout");
-        }
-        Err(_) => {
-            span.record("outcome", "error");
+        Err(error) => {
+            span.record("outcome", error.outcome());
         }
     }
     result
@@ -247,13 +245,23 @@ async fn take(
                 };
                 match answer {
                     Ok(Ok(grant)) => grant,
+                    // The backend has withdrawn whatever it queued (the `lock` contract).
                     Ok(Err(error @ Error::Timeout { .. })) => {
-                        return Err(withdraw(backend, &request, pending, error).await)
+                        pending.disarm();
+                        return Err(error);
                     }
                     Ok(Err(error)) => return Err(error),
+                    // The backend overran and was cut mid-way: nothing it queued was withdrawn.
                     Err(_) if deadline.is_some_and(|d| d >= first_answer_by) => {
-                        let error = timeout(started.elapsed());
-                        return Err(withdraw(backend, &request, pending, error).await);
+                        let lease = LeaseRef {
+                            key,
+                            owner,
+                            fencing: None,
+                        };
+                        if withdraw(key, backend.as_ref().release(&lease)).await {
+                            pending.disarm();
+                        }
+                        return Err(timeout(started.elapsed()));
                     }
                     Err(_) => return Err(no_answer(validity)),
                 }
@@ -314,42 +322,6 @@ async fn take(
 /// How long past the caller's deadline a backend's waiting loop may take to give its own answer
 /// before the acquire ends it.
 const OVERRUN_GRACE: Duration = Duration::from_millis(500);
-
-/// How long an acquire whose wait ran out waits for its withdrawal before it returns;
-/// past this the withdrawal goes on in the background.
-const WITHDRAW_BOUND: Duration = Duration::from_secs(1);
-
-/// Takes back whatever a waiting acquire whose wait ran out may have left on the server — its
-/// queue entry (ZooKeeper, etcd), a grant whose reply came too late — before the acquire returns
-/// `error`. A waiter that gave up must not stand in the queue until its session ends, and a
-/// process that exits right after a wait ran out (the `dlock` command) has no background left to
-/// do it. The withdrawal is a release by owner token, which touches nothing of anyone else's; if
-/// it does not finish within [`WITHDRAW_BOUND`], the pending guard repeats it in the background.
-/// (An acquire that fails because the server does not answer returns at once and leaves the
-/// withdrawal to the guard.)
-async fn withdraw(
-    backend: &Arc<dyn DistributedLock>,
-    request: &LockRequest<'_>,
-    pending: PendingAcquire,
-    error: Error,
-) -> Error {
-    let key = request.key;
-    let lease = LeaseRef {
-        key,
-        owner: request.owner,
-        fencing: None,
-    };
-    match tokio::time::timeout(WITHDRAW_BOUND, backend.as_ref().release(&lease)).await {
-        Ok(Ok(_)) => pending.disarm(),
-        Ok(Err(failure)) => {
-            tracing::debug!(key = %key, error = %failure, "withdrawing an unfinished acquire failed; retrying in the background");
-        }
-        Err(_) => {
-            tracing::debug!(key = %key, "withdrawing an unfinished acquire is slow; finishing in the background");
-        }
-    }
-    error
-}
 
 /// The error of a first attempt that got no answer within the lease's validity.
 fn no_answer(validity: Duration) -> Error {

@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::waiting::check_len;
 
 /// The longest key accepted, in bytes of UTF-8.
 ///
@@ -25,15 +26,7 @@ impl LockKey {
         if key.is_empty() {
             return Err(Error::invalid("key", "must not be empty"));
         }
-        if key.len() > MAX_KEY_LEN {
-            return Err(Error::invalid(
-                "key",
-                format!(
-                    "is {} bytes long; the maximum is {MAX_KEY_LEN} bytes",
-                    key.len()
-                ),
-            ));
-        }
+        check_len("key", key, MAX_KEY_LEN)?;
         Ok(LockKey(Arc::from(key)))
     }
 

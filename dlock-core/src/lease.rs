@@ -8,7 +8,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{DistributedLock, Extension, LeaseRef, Released};
+use crate::backend::{DistributedLock, Extension, LeaseRef, Outcome, Released};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::options::{validate_ttl, Drift};
@@ -207,7 +207,11 @@ impl Lease {
                 self.drift.validity(ttl),
                 result,
             );
-            tracing::Span::current().record("outcome", outcome_name(&outcome));
+            let word = match &outcome {
+                Ok(()) => "extended",
+                Err(error) => error.outcome(),
+            };
+            tracing::Span::current().record("outcome", word);
             if outcome.is_ok() {
                 self.ttl = ttl;
             }
@@ -243,15 +247,7 @@ impl Lease {
             .release(&self.lease_ref())
             .instrument(span.clone())
             .await;
-        span.record(
-            "outcome",
-            match &result {
-                Ok(Released::Released) => "released",
-                Ok(Released::Expired) => "expired",
-                Ok(Released::TakenOver) => "taken_over",
-                Err(_) => "error",
-            },
-        );
+        span.record("outcome", result.outcome());
         if result.is_ok() {
             self.finished = true;
         }
@@ -324,15 +320,6 @@ fn current_reason(status: &StatusSender) -> LostReason {
     match status.borrow().at(Instant::now()) {
         LeaseState::Lost(reason) => reason,
         _ => LostReason::Expired,
-    }
-}
-
-fn outcome_name(result: &Result<()>) -> &'static str {
-    match result {
-        Ok(()) => "extended",
-        Err(Error::Lost { .. }) => "lost",
-        Err(Error::NotOwner { .. }) => "not_owner",
-        Err(_) => "error",
     }
 }
 

@@ -59,9 +59,10 @@ mod token;
 pub mod url;
 mod waiting;
 
+pub use backend::traced;
 pub use backend::{
     Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
-    LeaseRef, LockRequest, Released,
+    LeaseRef, LockRequest, Outcome, Released,
 };
 pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};
@@ -77,4 +78,4 @@ pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
-pub use waiting::{check_within, Waiting};
+pub use waiting::{check_len, check_within, withdraw, Waiting, WITHDRAW_BOUND};

@@ -34,7 +34,8 @@ impl PendingAcquire {
         }
     }
 
-    /// Nothing is left to clean up: the grant became a lease, or the server said busy.
+    /// Nothing is left to clean up: the grant became a lease, the server said busy, or the
+    /// backend's wait timed out (which withdraws its own queue entry, by the `lock` contract).
     pub(crate) fn disarm(mut self) {
         self.backend = None;
     }

@@ -307,6 +307,17 @@ mod tests {
         Status::held(deadline)
     }
 
+    /// A held lease valid until `deadline`: its watch, and the sender that moves it.
+    fn held_until(deadline: Instant) -> (watch::Sender<Status>, LeaseWatch) {
+        let (tx, rx) = watch::channel(status(deadline));
+        let w = LeaseWatch {
+            key: LockKey::new("k").unwrap(),
+            fencing: FencingToken(1),
+            rx,
+        };
+        (tx, w)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn held_until_deadline_then_expired() {
         let now = Instant::now();
@@ -359,12 +370,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lost_future_wakes_at_deadline_without_a_message() {
         let start = Instant::now();
-        let (tx, rx) = watch::channel(status(start + Duration::from_secs(5)));
-        let w = LeaseWatch {
-            key: LockKey::new("k").unwrap(),
-            fencing: FencingToken(1),
-            rx,
-        };
+        let (tx, w) = held_until(start + Duration::from_secs(5));
         assert_eq!(w.lost().await, LostReason::Expired);
         assert_eq!(start.elapsed(), Duration::from_secs(5));
         drop(tx);
@@ -373,12 +379,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lost_future_follows_extensions_and_wakes_on_signal() {
         let start = Instant::now();
-        let (tx, rx) = watch::channel(status(start + Duration::from_secs(5)));
-        let w = LeaseWatch {
-            key: LockKey::new("k").unwrap(),
-            fencing: FencingToken(1),
-            rx,
-        };
+        let (tx, w) = held_until(start + Duration::from_secs(5));
         let waiter = tokio::spawn(async move { w.lost().await });
         tokio::time::sleep(Duration::from_secs(4)).await;
         update(&tx, Instant::now(), |s| {
@@ -393,12 +394,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn dropped_sender_reads_as_released() {
-        let (tx, rx) = watch::channel(status(Instant::now() + Duration::from_secs(5)));
-        let w = LeaseWatch {
-            key: LockKey::new("k").unwrap(),
-            fencing: FencingToken(1),
-            rx,
-        };
+        let (tx, w) = held_until(Instant::now() + Duration::from_secs(5));
         drop(tx);
         assert_eq!(w.lost().await, LostReason::Released);
     }

@@ -6,6 +6,122 @@
 //! percent-encoded when they contain `@`, `:` or `/`; [`percent_decode`] undoes that strictly, so
 //! a typo such as `%zz` is an error rather than a silently different password.
 
+/// A connection string cut into its parts, the same way for every scheme:
+///
+/// ```text
+/// [scheme://][user[:password]@]host[:port][,host[:port]…][/path][?query][#fragment]
+/// ```
+///
+/// Following RFC 3986, the credentials end at the last `@` before the first `/`, `?` or `#`. The
+/// cut only cuts: each scheme's parser checks the parts it takes and refuses the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parts<'a> {
+    /// The scheme as written, if the string has a `://`.
+    pub scheme: Option<&'a str>,
+    /// `user[:password]`, still percent-encoded, if given.
+    pub userinfo: Option<&'a str>,
+    /// The comma-separated host list as written (possibly empty).
+    pub hosts: &'a str,
+    /// The path including its leading `/`, or empty.
+    pub path: &'a str,
+    /// The query without its `?`, if given.
+    pub query: Option<&'a str>,
+    /// The fragment without its `#`, if given.
+    pub fragment: Option<&'a str>,
+}
+
+impl<'a> Parts<'a> {
+    /// Cuts `url` into its parts.
+    ///
+    /// ```
+    /// use dlock_core::url::Parts;
+    ///
+    /// let parts = Parts::split("etcd://u:p@h1:2379,h2:2379/ns/?session_ttl=5s");
+    /// assert_eq!(parts.scheme, Some("etcd"));
+    /// assert_eq!(parts.userinfo, Some("u:p"));
+    /// assert_eq!(parts.hosts, "h1:2379,h2:2379");
+    /// assert_eq!(parts.path, "/ns/");
+    /// assert_eq!(parts.query, Some("session_ttl=5s"));
+    /// ```
+    pub fn split(url: &'a str) -> Self {
+        let (scheme, rest) = match url.split_once("://") {
+            Some((scheme, rest)) => (Some(scheme), rest),
+            None => (None, url),
+        };
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((rest, fragment)) => (rest, Some(fragment)),
+            None => (rest, None),
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        Parts {
+            scheme,
+            userinfo,
+            hosts,
+            path,
+            query,
+            fragment,
+        }
+    }
+}
+
+/// A user name and, if one was given, a password, decoded from `user[:password]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user name, never empty.
+    pub user: String,
+    /// The password, if the credentials have a `:`.
+    pub password: Option<String>,
+}
+
+impl Credentials {
+    /// Decodes `user[:password]`, each part percent-decoded strictly ([`percent_decode`]).
+    /// Fails with what is wrong, to be put in the caller's error (it never quotes the password).
+    ///
+    /// ```
+    /// use dlock_core::url::Credentials;
+    ///
+    /// let c = Credentials::decode("app:s%40cret").unwrap();
+    /// assert_eq!((c.user.as_str(), c.password.as_deref()), ("app", Some("s@cret")));
+    /// assert!(Credentials::decode(":secret").is_err());
+    /// ```
+    pub fn decode(userinfo: &str) -> Result<Self, &'static str> {
+        let (user, password) = match userinfo.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (userinfo, None),
+        };
+        let user =
+            percent_decode(user).ok_or("the user name is not valid percent-encoded UTF-8")?;
+        if user.is_empty() {
+            return Err("the user name is empty");
+        }
+        let password = password
+            .map(|p| percent_decode(p).ok_or("the password is not valid percent-encoded UTF-8"))
+            .transpose()?;
+        Ok(Credentials { user, password })
+    }
+}
+
+/// Never shows the password.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
 /// Percent-decodes `s` strictly: `None` if an escape is not `%` followed by two hex digits, or if
 /// the decoded bytes are not UTF-8. A `+` stays a `+` (this is not form encoding).
 ///

@@ -5,8 +5,13 @@
 //! used to cut the first attempt short (a free lock is taken even with a zero wait), and no wait
 //! runs past it. [`DistributedLock::lock`](crate::DistributedLock::lock) uses this, and so do the
 //! backends that override it.
+//!
+//! A wait that runs out must leave nothing on the server (see
+//! [`DistributedLock::lock`](crate::DistributedLock::lock)); [`withdraw`] is the one bounded way
+//! to take a queue entry back before returning the timeout.
 
 use std::fmt;
+use std::future::Future;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
@@ -93,6 +98,34 @@ impl<'a> Waiting<'a> {
     }
 }
 
+/// How long a waiting acquire that gives up may spend withdrawing what it left on the server
+/// before it returns; past this the withdrawal goes on in the background.
+pub const WITHDRAW_BOUND: Duration = Duration::from_secs(1);
+
+/// Runs `withdrawal` — taking back a waiter's queue entry, or whatever an acquire may have taken,
+/// of `key` — for at most [`WITHDRAW_BOUND`], and tells whether it finished.
+///
+/// A waiter that gave up must not stand in the queue until its session ends, and a process that
+/// exits right after its wait ran out (the `dlock` command) has no background left to finish the
+/// job. So the withdrawal is done before the timeout is returned, but bounded: if it fails or is
+/// slow (`false`), the caller leaves it to its background clean-up.
+pub async fn withdraw<T, E: fmt::Display>(
+    key: &LockKey,
+    withdrawal: impl Future<Output = std::result::Result<T, E>>,
+) -> bool {
+    match tokio::time::timeout(WITHDRAW_BOUND, withdrawal).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(failure)) => {
+            tracing::debug!(key = %key, error = %failure, "withdrawing an unfinished acquire failed; retrying in the background");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(key = %key, "withdrawing an unfinished acquire is slow; finishing in the background");
+            false
+        }
+    }
+}
+
 /// Checks that the setting `field` lies within `range`, naming the field and the range if not.
 ///
 /// The one check of timeouts and TTLs in builders, so that every backend words it the same way.
@@ -110,6 +143,18 @@ where
             range.start(),
             range.end()
         ),
+    ))
+}
+
+/// Checks that the text setting `field` is at most `max` bytes long, saying how long it is if
+/// not: the one length check of keys, prefixes and names, worded the same everywhere.
+pub fn check_len(field: &'static str, text: &str, max: usize) -> Result<()> {
+    if text.len() <= max {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        field,
+        format!("is {} bytes long; the maximum is {max} bytes", text.len()),
     ))
 }
 

@@ -103,6 +103,19 @@ impl AcquireGuard {
         self.written = None;
     }
 
+    /// Deletes what the acquire may have written before a wait that ran out returns, as the
+    /// `lock` contract asks, within dlock-core's withdrawal bound; past it the drop finishes in
+    /// the background. (No request of the acquire is in flight then, so once is enough.)
+    pub(crate) async fn withdraw(&mut self) {
+        let Some(w) = &self.written else {
+            return;
+        };
+        let deletion = delete_by_owner(&w.requests, &w.prefix, &w.key, &w.owner);
+        if dlock_core::withdraw(&self.key, deletion).await {
+            self.written = None;
+        }
+    }
+
     /// The acquire succeeded: the turn goes to the held lock's record.
     pub(crate) fn into_guard(mut self) -> Option<OwnedMutexGuard<()>> {
         self.written = None;

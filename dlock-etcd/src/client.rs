@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
+    traced, Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
     FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
     SessionState, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::acquire_guard::AcquireGuard;
 use crate::builder::{EtcdLockBuilder, Settings};
@@ -387,35 +386,47 @@ impl ClientState {
         let prefix = self.settings.layout.prefix(req.key);
         let owner = req.owner.to_hex();
         let mut agains = 0u32;
-        loop {
-            let error = match self
-                .contend(&mut acquiring, req, &prefix, &owner, deadline)
-                .await
-            {
-                Ok(granted) => return self.hold(acquiring, req, granted, prefix),
-                Err(ContendError::Fatal(error)) => return Err(error),
-                Err(ContendError::Deadline) => return Err(waiting.timeout()),
-                Err(ContendError::Restart) if agains < LEFTOVER_ATTEMPTS => {
-                    agains += 1;
-                    continue;
+        let contended: Result<Granted> = async {
+            loop {
+                let error = match self
+                    .contend(&mut acquiring, req, &prefix, &owner, deadline)
+                    .await
+                {
+                    Ok(granted) => return Ok(granted),
+                    Err(ContendError::Fatal(error)) => return Err(error),
+                    Err(ContendError::Deadline) => return Err(waiting.timeout()),
+                    Err(ContendError::Restart) if agains < LEFTOVER_ATTEMPTS => {
+                        agains += 1;
+                        continue;
+                    }
+                    Err(ContendError::Restart) => Error::backend(
+                        BACKEND,
+                        true,
+                        "the contender key kept changing under this client",
+                    ),
+                    Err(ContendError::Temporary(error)) => error,
+                };
+                // A temporary failure: try again while a live session bounds the wait. If the
+                // cluster stays unreachable the session expires and the error is returned.
+                let now = Instant::now();
+                if self.sessions.usable().is_none() || waiting.is_over(now) {
+                    return Err(error);
                 }
-                Err(ContendError::Restart) => Error::backend(
-                    BACKEND,
-                    true,
-                    "the contender key kept changing under this client",
-                ),
-                Err(ContendError::Temporary(error)) => error,
-            };
-            // A temporary failure: try again while a live session bounds the wait. If the
-            // cluster stays unreachable the session expires and the error is returned.
-            let now = Instant::now();
-            if self.sessions.usable().is_none() || waiting.is_over(now) {
-                return Err(error);
+                let until = waiting.next_attempt(now, None);
+                tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
+                agains = 0;
+                tokio::time::sleep_until(until).await;
             }
-            let until = waiting.next_attempt(now, None);
-            tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
-            agains = 0;
-            tokio::time::sleep_until(until).await;
+        }
+        .await;
+        match contended {
+            Ok(granted) => self.hold(acquiring, req, granted, prefix),
+            // The `lock` contract: a wait that ran out leaves no contender key behind.
+            Err(error @ Error::Timeout { .. }) => {
+                acquiring.withdraw().await;
+                Err(error)
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -661,15 +672,6 @@ struct HeldView {
     over: bool,
 }
 
-fn outcome_of<T>(result: &Result<T>, name: impl Fn(&T) -> &'static str) -> &'static str {
-    match result {
-        Ok(value) => name(value),
-        Err(Error::Timeout { .. }) => "timeout",
-        Err(Error::Lost { .. }) => "lost",
-        Err(_) => "error",
-    }
-}
-
 #[async_trait]
 impl DistributedLock for EtcdLock {
     fn backend_name(&self) -> &'static str {
@@ -688,48 +690,19 @@ impl DistributedLock for EtcdLock {
     /// Not cancel safe on its own: if dropped after the request was sent, the key is withdrawn in
     /// the background, and a release by owner token (which the core issues) finds it too.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let span = tracing::debug_span!("dlock.etcd.try_lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.state.try_lock(req).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            outcome_of(&result, |a| match a {
-                Attempt::Acquired(_) => "acquired",
-                Attempt::Busy { .. } => "busy",
-            }),
-        );
-        result
+        traced(BACKEND, "try_lock", req.key, self.state.try_lock(req)).await
     }
 
     /// # Cancel safety
     /// The extension may or may not have happened; ownership is unchanged either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let span = tracing::debug_span!("dlock.etcd.extend", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.state.extend(lease, ttl).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            outcome_of(&result, |e| match e {
-                Extension::Extended => "extended",
-                Extension::Expired => "expired",
-                Extension::TakenOver => "taken_over",
-            }),
-        );
-        result
+        traced(BACKEND, "extend", lease.key, self.state.extend(lease, ttl)).await
     }
 
     /// # Cancel safety
     /// The release may or may not have happened; repeating it is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let span = tracing::debug_span!("dlock.etcd.release", key = %lease.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self.state.release(lease).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            outcome_of(&result, |r| match r {
-                Released::Released => "released",
-                Released::Expired => "expired",
-                Released::TakenOver => "taken_over",
-            }),
-        );
-        result
+        traced(BACKEND, "release", lease.key, self.state.release(lease)).await
     }
 
     /// Reads the oldest contender key of `key`: its create revision is the holder's fencing
@@ -759,6 +732,8 @@ impl DistributedLock for EtcdLock {
 
     /// Joins the queue of contenders and waits, watching only the contender just ahead, until
     /// the lock is ours; transient failures are retried while the session lease bounds the wait.
+    /// A wait that runs out deletes its contender key before it returns (bounded; then in the
+    /// background), so it stands in nobody's way.
     ///
     /// # Cancel safety
     /// Not cancel safe on its own: if dropped, the contender key is withdrawn in the background.
@@ -768,13 +743,12 @@ impl DistributedLock for EtcdLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let span = tracing::debug_span!("dlock.etcd.lock", key = %req.key, backend = BACKEND, outcome = tracing::field::Empty);
-        let result = self
-            .state
-            .lock(req, deadline, retry)
-            .instrument(span.clone())
-            .await;
-        span.record("outcome", outcome_of(&result, |_| "acquired"));
-        result
+        traced(
+            BACKEND,
+            "lock",
+            req.key,
+            self.state.lock(req, deadline, retry),
+        )
+        .await
     }
 }

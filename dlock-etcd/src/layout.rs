@@ -10,7 +10,7 @@
 //! key `a/b` (prefix `a/b/`); with it, no lock name's prefix contains another's. Use
 //! [`KeyLayout::lock_name`] to find the name a Go service or `etcdctl lock` must use.
 
-use dlock_core::{Error, LockKey, Result};
+use dlock_core::{check_len, LockKey, Result};
 
 /// The namespace used when none is configured.
 pub const DEFAULT_NAMESPACE: &str = "dlock/";
@@ -37,15 +37,7 @@ impl KeyLayout {
     /// A layout that puts every lock name under `namespace` (any UTF-8 string, may be empty).
     pub fn new(namespace: impl Into<String>) -> Result<Self> {
         let namespace = namespace.into();
-        if namespace.len() > MAX_NAMESPACE_LEN {
-            return Err(Error::invalid(
-                "namespace",
-                format!(
-                    "is {} bytes long; the maximum is {MAX_NAMESPACE_LEN} bytes",
-                    namespace.len()
-                ),
-            ));
-        }
+        check_len("namespace", &namespace, MAX_NAMESPACE_LEN)?;
         Ok(KeyLayout { namespace })
     }
 
@@ -111,6 +103,7 @@ fn escape_into(key: &str, out: &mut String) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use dlock_core::Error;
 
     fn key(k: &str) -> LockKey {
         LockKey::new(k).unwrap()

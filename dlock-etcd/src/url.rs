@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use dlock_core::url::percent_decode;
+use dlock_core::url::{percent_decode, Credentials, Parts};
 use dlock_core::{Error, Result};
 
 use crate::builder::EtcdLockBuilder;
@@ -23,38 +23,25 @@ fn invalid(message: impl Into<String>) -> Error {
 
 /// Parses a connection string into a builder (nothing is validated against a server).
 pub(crate) fn parse(url: &str) -> Result<EtcdLockBuilder> {
-    let (scheme, rest) = url
-        .split_once("://")
+    let parts = Parts::split(url);
+    let scheme = parts
+        .scheme
         .ok_or_else(|| invalid(format!("must start with {SCHEME}://")))?;
     if !scheme.eq_ignore_ascii_case(SCHEME) {
         return Err(invalid(format!(
             "scheme must be {SCHEME}:// (TLS endpoints are not supported by this build)"
         )));
     }
-    let (before_query, query) = match rest.split_once('?') {
-        Some((before, query)) => (before, Some(query)),
-        None => (rest, None),
-    };
-    let (authority, path) = match before_query.split_once('/') {
-        Some((authority, path)) => (authority, Some(path)),
-        None => (before_query, None),
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
-    let mut builder = EtcdLockBuilder::new();
-    if let Some(userinfo) = userinfo {
-        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-        let user = percent_decode(user)
-            .ok_or_else(|| invalid("invalid percent-encoding in the user name"))?;
-        let password = percent_decode(password)
-            .ok_or_else(|| invalid("invalid percent-encoding in the password"))?;
-        if user.is_empty() {
-            return Err(invalid("the user name before '@' is empty"));
-        }
-        builder = builder.with_credentials(user, password);
+    if parts.fragment.is_some() {
+        return Err(invalid("fragments are not supported"));
     }
+    let mut builder = EtcdLockBuilder::new();
+    if let Some(userinfo) = parts.userinfo {
+        let credentials = Credentials::decode(userinfo).map_err(invalid)?;
+        builder =
+            builder.with_credentials(credentials.user, credentials.password.unwrap_or_default());
+    }
+    let hosts = parts.hosts;
     if hosts.is_empty() {
         return Err(invalid("names no host (expected host:port[,host:port…])"));
     }
@@ -64,12 +51,17 @@ pub(crate) fn parse(url: &str) -> Result<EtcdLockBuilder> {
         }
         builder = builder.with_endpoint(host);
     }
-    if let Some(path) = path.filter(|p| !p.is_empty()) {
+    if let Some(path) = parts.path.strip_prefix('/').filter(|p| !p.is_empty()) {
         let namespace =
             percent_decode(path).ok_or_else(|| invalid("invalid percent-encoding in the path"))?;
         builder = builder.with_namespace(namespace);
     }
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in parts
+        .query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         builder = match name {
             "session_ttl" => builder.with_session_ttl(duration(name, value)?),

@@ -205,45 +205,27 @@ mod tests {
         };
         // An address nobody listens on: had any of these connected, they would fail otherwise.
         let url = "redis://127.0.0.1:1";
-        assert_eq!(
-            field(RedisLockBuilder::new("nonsense").connect().await),
-            "url"
-        );
-        assert_eq!(
-            field(
-                RedisLockBuilder::new(url)
-                    .with_prefix("p".repeat(2000))
-                    .connect()
-                    .await
+        let cases = [
+            (RedisLockBuilder::new("nonsense"), "url"),
+            (
+                RedisLockBuilder::new(url).with_prefix("p".repeat(2000)),
+                "prefix",
             ),
-            "prefix"
-        );
-        assert_eq!(
-            field(
-                RedisLockBuilder::new(url)
-                    .with_request_timeout(Duration::ZERO)
-                    .connect()
-                    .await
+            (
+                RedisLockBuilder::new(url).with_request_timeout(Duration::ZERO),
+                "request_timeout",
             ),
-            "request_timeout"
-        );
-        assert_eq!(
-            field(
-                RedisLockBuilder::new(url)
-                    .with_connect_timeout(Duration::from_secs(3600))
-                    .connect()
-                    .await
+            (
+                RedisLockBuilder::new(url).with_connect_timeout(Duration::from_secs(3600)),
+                "connect_timeout",
             ),
-            "connect_timeout"
-        );
-        assert_eq!(
-            field(
-                RedisLockBuilder::new(url)
-                    .with_fence_ttl(Duration::from_secs(3600))
-                    .connect()
-                    .await
+            (
+                RedisLockBuilder::new(url).with_fence_ttl(Duration::from_secs(3600)),
+                "fence_ttl",
             ),
-            "fence_ttl"
-        );
+        ];
+        for (builder, expected) in cases {
+            assert_eq!(field(builder.connect().await), expected);
+        }
     }
 }

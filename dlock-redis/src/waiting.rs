@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Backoff, Error, Grant, LockRequest, Result, Waiting};
+use dlock_core::{Backoff, Grant, LockRequest, Outcome, Result, Waiting};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -82,14 +82,7 @@ impl RedisLock {
         .instrument(span.clone())
         .await;
         span.record("attempts", attempts);
-        span.record(
-            "outcome",
-            match &waited {
-                Ok(_) => "acquired",
-                Err(Error::Timeout { .. }) => "timeout",
-                Err(_) => "error",
-            },
-        );
+        span.record("outcome", waited.outcome());
         waited
     }
 }

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use dlock_core::{
-    Attempt, Backoff, Error, FencingToken, Grant, LockRequest, OwnerToken, Result, SessionWatch,
-    Waiting,
+    withdraw, Attempt, Backoff, Error, FencingToken, Grant, LockRequest, OwnerToken, Result,
+    SessionWatch, Waiting, WITHDRAW_BOUND,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -17,7 +17,7 @@ use zookeeper_client as zk;
 use crate::client::Inner;
 use crate::errors::{Failure, BACKEND};
 use crate::keeper::{delete_in_background, delete_owned_in_background};
-use crate::naming::queue;
+use crate::naming::{owner_prefix, queue};
 use crate::recipe::{create_own, delete_node, list_queue, OwnNode};
 use crate::registry::{lease_state, Held};
 use crate::request::call;
@@ -27,10 +27,7 @@ use crate::stats::Counters;
 /// One attempt: held now, or busy.
 pub(crate) async fn try_once(inner: &Arc<Inner>, req: &LockRequest<'_>) -> Result<Attempt> {
     let until = Instant::now() + inner.config.operation_timeout;
-    let session = inner
-        .session(until)
-        .await
-        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let session = inner.open_session(until).await?;
     let parent = inner.parent_path(req.key);
     let mut cleanup = Cleanup::new(inner, &session, &parent, req.owner);
     let sent = Instant::now();
@@ -60,8 +57,8 @@ pub(crate) async fn try_once(inner: &Arc<Inner>, req: &LockRequest<'_>) -> Resul
     }
 }
 
-/// Waits in the queue until the own node is the lowest, until `deadline`, or until the session
-/// ends.
+/// Waits in the queue until the own node is the lowest, until `deadline` (the node is then
+/// withdrawn before the timeout is returned), or until the session ends.
 ///
 /// Only opening a session is bounded by the operation timeout. Once queued, the waiter rides out
 /// disconnections (its watch survives them) for as long as the session lives: the client
@@ -95,64 +92,71 @@ pub(crate) async fn wait_in_queue(
         .map_err(|f| fail(f, "open a ZooKeeper session"))?;
     let parent = inner.parent_path(req.key);
     let mut cleanup = Cleanup::new(inner, &session, &parent, req.owner);
-    let mut own = create_own(inner, &session, &parent, req.owner, until)
-        .await
-        .map_err(|f| fail(f, "create the lock node"))?;
-    cleanup.node(&own.path);
-    // The first look at the queue counts from before the create: a node that is lowest at once
-    // was granted by the create itself, so its validity starts before that request.
-    let mut first_look = Some(started);
-    loop {
-        if first_look.is_none() {
-            waiting.check()?;
-        }
-        let sent = first_look.take().unwrap_or_else(Instant::now);
-        let children = list_queue(inner, &session, &parent, until)
+    let queued: Result<Grant> = async {
+        let mut own = create_own(inner, &session, &parent, req.owner, until)
             .await
-            .map_err(|f| fail(f, "list the lock's queue"))?;
-        let contenders = queue(&children);
-        let Some(position) = contenders.iter().position(|c| c.name == own.name) else {
-            if session.link() == Link::Ended {
-                return Err(vanished(&session));
+            .map_err(|f| fail(f, "create the lock node"))?;
+        cleanup.node(&own.path);
+        // The first look at the queue counts from before the create: a node that is lowest at
+        // once was granted by the create itself, so its validity starts before that request.
+        let mut first_look = Some(started);
+        loop {
+            if first_look.is_none() {
+                waiting.check()?;
             }
-            // Deleted by someone else (an operator, another recipe): queue again.
-            tracing::warn!(backend = BACKEND, key = %req.key, "own lock node vanished while waiting: queueing again");
-            own = create_own(inner, &session, &parent, req.owner, until)
+            let sent = first_look.take().unwrap_or_else(Instant::now);
+            let children = list_queue(inner, &session, &parent, until)
                 .await
-                .map_err(|f| fail(f, "create the lock node"))?;
-            cleanup.node(&own.path);
-            continue;
-        };
-        if position == 0 {
-            let grant = grant(inner, &session, req, &own, sent)?;
-            cleanup.disarm();
-            return Ok(grant);
+                .map_err(|f| fail(f, "list the lock's queue"))?;
+            let contenders = queue(&children);
+            let Some(position) = contenders.iter().position(|c| c.name == own.name) else {
+                if session.link() == Link::Ended {
+                    return Err(vanished(&session));
+                }
+                // Deleted by someone else (an operator, another recipe): queue again.
+                tracing::warn!(backend = BACKEND, key = %req.key, "own lock node vanished while waiting: queueing again");
+                own = create_own(inner, &session, &parent, req.owner, until)
+                    .await
+                    .map_err(|f| fail(f, "create the lock node"))?;
+                cleanup.node(&own.path);
+                continue;
+            };
+            if position == 0 {
+                let grant = grant(inner, &session, req, &own, sent)?;
+                cleanup.disarm();
+                return Ok(grant);
+            }
+            let predecessor = format!("{parent}/{}", contenders[position - 1].name);
+            let watched = call(inner, &session, until, |c| {
+                c.check_and_watch_stat(&predecessor)
+            })
+            .await;
+            let watcher = match watched {
+                Ok((Some(_), watcher)) => watcher,
+                // Gone already: look again.
+                Ok((None, _)) => continue,
+                Err(f) if f.connection_failed() => continue,
+                Err(f) => return Err(fail(f, "watch the predecessor")),
+            };
+            let event = match deadline {
+                Some(d) => tokio::select! {
+                    event = watcher.changed() => event,
+                    _ = tokio::time::sleep_until(d) => return Err(waiting.timeout()),
+                },
+                None => watcher.changed().await,
+            };
+            if event.event_type == zk::EventType::Session {
+                // Expired, closed or failed authentication: the own node is gone with the session.
+                return Err(Failure::SessionEnded.into_error("wait for the predecessor"));
+            }
+            Counters::bump(&inner.counters.wakeups);
         }
-        let predecessor = format!("{parent}/{}", contenders[position - 1].name);
-        let watched = call(inner, &session, until, |c| {
-            c.check_and_watch_stat(&predecessor)
-        })
-        .await;
-        let watcher = match watched {
-            Ok((Some(_), watcher)) => watcher,
-            // Gone already: look again.
-            Ok((None, _)) => continue,
-            Err(f) if f.connection_failed() => continue,
-            Err(f) => return Err(fail(f, "watch the predecessor")),
-        };
-        let event = match deadline {
-            Some(d) => tokio::select! {
-                event = watcher.changed() => event,
-                _ = tokio::time::sleep_until(d) => return Err(waiting.timeout()),
-            },
-            None => watcher.changed().await,
-        };
-        if event.event_type == zk::EventType::Session {
-            // Expired, closed or failed authentication: the own node is gone with the session.
-            return Err(Failure::SessionEnded.into_error("wait for the predecessor"));
-        }
-        Counters::bump(&inner.counters.wakeups);
     }
+    .await;
+    if matches!(queued, Err(Error::Timeout { .. })) {
+        cleanup.withdraw(&session, req).await;
+    }
+    queued
 }
 
 /// Records the held lock and builds the grant: fenced by the node's creation zxid, valid from
@@ -263,6 +267,41 @@ impl Cleanup {
 
     fn disarm(&mut self) {
         self.inner = None;
+    }
+
+    /// Takes the own node back before a wait that ran out returns, as the `lock` contract asks,
+    /// within dlock-core's withdrawal bound; past it the guard finishes in the background.
+    async fn withdraw(&mut self, session: &Session, req: &LockRequest<'_>) {
+        let Some(inner) = self.inner.clone() else {
+            return;
+        };
+        let until = Instant::now() + WITHDRAW_BOUND;
+        let deletion = async {
+            let path = match &self.node {
+                Some(path) => path.clone(),
+                // The create got no answer in time: find the node by its owner prefix. Requests
+                // are answered in order, so the list comes after the create.
+                None => {
+                    let prefix = owner_prefix(inner.config.naming, self.owner);
+                    let children = list_queue(&inner, session, &self.parent, until).await?;
+                    match children.into_iter().find(|c| c.starts_with(&prefix)) {
+                        Some(name) => format!("{}/{name}", self.parent),
+                        None => return Ok(()),
+                    }
+                }
+            };
+            delete_node(&inner, session, &path, until).await.map(drop)
+        };
+        let withdrawn = async {
+            match deletion.await {
+                // A session that ended took the node with it.
+                Err(f) if !f.session_ended() => Err(f.into_error("withdraw the lock node")),
+                _ => Ok(()),
+            }
+        };
+        if withdraw(req.key, withdrawn).await {
+            self.disarm();
+        }
     }
 }
 

@@ -4,26 +4,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant, Holding,
-    LeaseRef, LockKey, LockRequest, Released, Result,
+    traced, Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant,
+    Holding, LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::errors::BACKEND;
 use crate::naming::queue;
 use crate::recipe::list_queue;
 use crate::request::call;
 use crate::ZkLock;
-
-fn record<T>(span: &tracing::Span, result: &Result<T>, name: impl Fn(&T) -> &'static str) {
-    let outcome = match result {
-        Ok(value) => name(value),
-        Err(dlock_core::Error::Timeout { .. }) => "timeout",
-        Err(_) => "error",
-    };
-    span.record("outcome", outcome);
-}
 
 #[async_trait]
 impl DistributedLock for ZkLock {
@@ -48,20 +38,13 @@ impl DistributedLock for ZkLock {
     /// Not cancel safe on its own: the node may have been created. dlock-core's acquire then
     /// releases by owner token, which finds the node by its owner prefix.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let span = tracing::debug_span!(
-            "dlock.zk.try_lock",
-            key = %req.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        let result = crate::acquire::try_once(&self.inner, req)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |a| match a {
-            Attempt::Acquired(_) => "acquired",
-            Attempt::Busy { .. } => "busy",
-        });
-        result
+        traced(
+            BACKEND,
+            "try_lock",
+            req.key,
+            crate::acquire::try_once(&self.inner, req),
+        )
+        .await
     }
 
     /// Confirms the own node on the server and moves its TTL to `ttl` from now. The session, the
@@ -71,21 +54,13 @@ impl DistributedLock for ZkLock {
     /// If cancelled after the check, the TTL may or may not have moved; the lease keeps its old
     /// deadline either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let span = tracing::debug_span!(
-            "dlock.zk.extend",
-            key = %lease.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        let result = crate::extend::extend(&self.inner, lease, ttl)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |e| match e {
-            Extension::Extended => "extended",
-            Extension::Expired => "expired",
-            Extension::TakenOver => "taken_over",
-        });
-        result
+        traced(
+            BACKEND,
+            "extend",
+            lease.key,
+            crate::extend::extend(&self.inner, lease, ttl),
+        )
+        .await
     }
 
     /// Deletes the own node, found by owner token.
@@ -93,21 +68,13 @@ impl DistributedLock for ZkLock {
     /// # Cancel safety
     /// The node may or may not have been deleted; repeating the release is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let span = tracing::debug_span!(
-            "dlock.zk.release",
-            key = %lease.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        let result = crate::release::release(&self.inner, lease)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |r| match r {
-            Released::Released => "released",
-            Released::Expired => "expired",
-            Released::TakenOver => "taken_over",
-        });
-        result
+        traced(
+            BACKEND,
+            "release",
+            lease.key,
+            crate::release::release(&self.inner, lease),
+        )
+        .await
     }
 
     /// Reads the lowest contender node's creation zxid: the holder's fencing token, also for a
@@ -127,10 +94,7 @@ impl DistributedLock for ZkLock {
     /// Cancel safe: it only reads and watches.
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
         let inner = &self.inner;
-        let session = inner
-            .session(until)
-            .await
-            .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+        let session = inner.open_session(until).await?;
         let parent = inner.parent_path(key);
         let children = match list_queue(inner, &session, &parent, until).await {
             Ok(children) => children,
@@ -158,7 +122,8 @@ impl DistributedLock for ZkLock {
     /// Queues for the lock: creates the own node once and waits on its predecessor only, until
     /// the node is the lowest, `deadline` passes ([`Error::Timeout`](dlock_core::Error::Timeout)),
     /// or the session ends (an error, so that a waiter never waits forever). `retry` is unused:
-    /// waiting is driven by watches, not by polling.
+    /// waiting is driven by watches, not by polling. A wait that runs out deletes its node before
+    /// it returns (bounded; then in the background), so it stands in nobody's way.
     ///
     /// # Cancel safety
     /// Not cancel safe on its own: if dropped, the own node is deleted in the background (and
@@ -169,16 +134,7 @@ impl DistributedLock for ZkLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let span = tracing::debug_span!(
-            "dlock.zk.lock",
-            key = %req.key,
-            backend = BACKEND,
-            outcome = tracing::field::Empty,
-        );
-        let result = crate::acquire::wait_in_queue(&self.inner, req, deadline, retry)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |_| "acquired");
-        result
+        let waited = crate::acquire::wait_in_queue(&self.inner, req, deadline, retry);
+        traced(BACKEND, "lock", req.key, waited).await
     }
 }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{check_within, Error, Result};
+use dlock_core::{check_len, check_within, Error, Result};
 
 use crate::connect_string::{check_path, ConnectString};
 use crate::naming::Naming;
@@ -183,15 +183,7 @@ impl ZkLockBuilder {
                 ),
             ));
         }
-        if self.identifier.len() > MAX_IDENTIFIER_LEN {
-            return Err(Error::invalid(
-                "identifier",
-                format!(
-                    "is {} bytes long; the maximum is {MAX_IDENTIFIER_LEN}",
-                    self.identifier.len()
-                ),
-            ));
-        }
+        check_len("identifier", &self.identifier, MAX_IDENTIFIER_LEN)?;
         let base = format!("{}{}", connect.chroot(), self.root);
         Ok(Config {
             connect,

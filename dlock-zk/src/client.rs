@@ -91,10 +91,7 @@ impl ZkLock {
             tasks: Mutex::new(Vec::new()),
         });
         inner.ensure_keeper()?;
-        inner
-            .session(Instant::now() + connect_timeout)
-            .await
-            .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+        inner.open_session(Instant::now() + connect_timeout).await?;
         Ok(ZkLock { inner })
     }
 
@@ -167,6 +164,13 @@ impl Inner {
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
         tasks.retain(|t| !t.is_finished());
         tasks.push(task);
+    }
+
+    /// [`session`](Self::session) for a call that reports its failure as the caller's error.
+    pub(crate) async fn open_session(self: &Arc<Self>, until: Instant) -> Result<Arc<Session>> {
+        self.session(until)
+            .await
+            .map_err(|f| f.into_error("open a ZooKeeper session"))
     }
 
     /// A session that has not ended, opening a new one (at most `until`) if needed.

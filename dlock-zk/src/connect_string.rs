@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use dlock_core::url::percent_decode;
+use dlock_core::url::{Credentials, Parts};
 use dlock_core::{Error, Result};
 
 /// The client port ZooKeeper listens on unless told otherwise.
@@ -29,13 +29,6 @@ pub struct Server {
     pub port: u16,
 }
 
-/// Digest credentials (`user:password`), sent with `addauth digest` on every connection.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Credentials {
-    pub(crate) user: String,
-    pub(crate) password: String,
-}
-
 impl ConnectString {
     /// Parses `zk://host1:2181,host2:2181/chroot` (the `zk://` is optional, ports default to
     /// 2181, the chroot is optional; `user:password@` before the hosts adds digest credentials,
@@ -47,29 +40,20 @@ impl ConnectString {
                 "is empty; expected zk://host:port[,host:port…][/chroot]",
             ));
         }
-        let rest = match url.split_once("://") {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("zk") => rest,
-            Some((scheme, _)) => {
-                return Err(invalid(format!(
-                    "scheme {:?} is not supported; expected zk://",
-                    printable(scheme)
-                )))
-            }
-            None => url,
-        };
-        if rest.contains(['?', '#']) {
+        let parts = Parts::split(url);
+        if let Some(scheme) = parts.scheme.filter(|s| !s.eq_ignore_ascii_case("zk")) {
+            return Err(invalid(format!(
+                "scheme {:?} is not supported; expected zk://",
+                printable(scheme)
+            )));
+        }
+        if parts.query.is_some() || parts.fragment.is_some() {
             return Err(invalid(
                 "query strings and fragments are not supported; set options on the builder",
             ));
         }
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let (credentials, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(parse_credentials(userinfo)?), hosts),
-            None => (None, authority),
-        };
+        let credentials = parts.userinfo.map(parse_credentials).transpose()?;
+        let (hosts, path) = (parts.hosts, parts.path);
         let servers = hosts
             .split(',')
             .map(parse_server)
@@ -144,20 +128,15 @@ fn printable(fragment: &str) -> String {
         .collect()
 }
 
+/// Digest authentication needs both parts: `user:password`.
 fn parse_credentials(userinfo: &str) -> Result<Credentials> {
-    let Some((user, password)) = userinfo.split_once(':') else {
+    let decoded = Credentials::decode(userinfo).map_err(invalid)?;
+    if decoded.password.is_none() {
         return Err(invalid(
             "credentials before '@' must be user:password (digest authentication)",
         ));
-    };
-    let user = percent_decode(user)
-        .ok_or_else(|| invalid("the user name is not valid percent-encoded UTF-8"))?;
-    let password = percent_decode(password)
-        .ok_or_else(|| invalid("the password is not valid percent-encoded UTF-8"))?;
-    if user.is_empty() {
-        return Err(invalid("the user name before ':' is empty"));
     }
-    Ok(Credentials { user, password })
+    Ok(decoded)
 }
 
 fn parse_server(entry: &str) -> Result<Server> {
@@ -325,7 +304,7 @@ mod tests {
         let cs = ConnectString::parse("zk://alice:s%40cret@zk1:2181/x").unwrap();
         let creds = cs.credentials().unwrap();
         assert_eq!(creds.user, "alice");
-        assert_eq!(creds.password, "s@cret");
+        assert_eq!(creds.password.as_deref(), Some("s@cret"));
         let shown = format!("{cs:?}");
         assert!(
             !shown.contains("s@cret") && !shown.contains("s%40cret"),

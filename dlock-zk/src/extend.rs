@@ -41,10 +41,7 @@ pub(crate) async fn extend(
         // The keeper deletes it now; an extend never revives a lock.
         return Ok(Extension::Expired);
     }
-    let session = inner
-        .session(until)
-        .await
-        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let session = inner.open_session(until).await?;
     if session.generation != generation {
         if let Some(held) = inner.registry().remove(owner) {
             held.end();
@@ -87,10 +84,7 @@ async fn not_held_here(
     lease: &LeaseRef<'_>,
     until: Instant,
 ) -> Result<Extension> {
-    let session = inner
-        .session(until)
-        .await
-        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let session = inner.open_session(until).await?;
     let parent = inner.parent_path(lease.key);
     let children = match list_queue(inner, &session, &parent, until).await {
         Ok(children) => children,

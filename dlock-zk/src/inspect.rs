@@ -18,10 +18,7 @@ const ATTEMPTS: usize = 3;
 /// Lists the lock's queue and reads the first contender's creation zxid; nothing is written.
 pub(crate) async fn holding(inner: &Arc<Inner>, key: &LockKey) -> Result<Holding> {
     let until = Instant::now() + inner.config.operation_timeout;
-    let session = inner
-        .session(until)
-        .await
-        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let session = inner.open_session(until).await?;
     let parent = inner.parent_path(key);
     for _ in 0..ATTEMPTS {
         let children = list_queue(inner, &session, &parent, until)

@@ -18,10 +18,7 @@ use crate::recipe::{delete_node, list_queue, Deletion};
 /// Releases `lease`'s lock if this owner still holds it.
 pub(crate) async fn release(inner: &Arc<Inner>, lease: &LeaseRef<'_>) -> Result<Released> {
     let until = Instant::now() + inner.config.operation_timeout;
-    let session = inner
-        .session(until)
-        .await
-        .map_err(|f| f.into_error("open a ZooKeeper session"))?;
+    let session = inner.open_session(until).await?;
     // Removed only now: a release that cannot reach the server leaves the TTL in force.
     let held = inner.registry().remove(lease.owner.as_u128());
     if let Some(held) = held {

@@ -77,7 +77,8 @@ impl Session {
             .with_session_timeout(config.session_timeout)
             .with_connection_timeout(connection_timeout(config.session_timeout));
         if let Some(credentials) = config.connect.credentials() {
-            let secret = format!("{}:{}", credentials.user, credentials.password);
+            let password = credentials.password.as_deref().unwrap_or_default();
+            let secret = format!("{}:{password}", credentials.user);
             connector = connector.with_auth("digest", secret.as_bytes());
         }
         let asked = Instant::now();

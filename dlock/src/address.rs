@@ -7,11 +7,12 @@
 //! scheme://[user[:password]@]host[:port][,host[:port]…][/path][?name=value&…][#fragment]
 //! ```
 //!
-//! Following RFC 3986, the credentials end at the last `@` before the first `/`, `?` or `#`;
-//! percent-encode those characters (and `@`, `:`) inside a user name or password. The splitter
-//! only cuts: each backend's own parser checks hosts, ports and paths.
+//! The cut is dlock-core's [`Parts`], the one every scheme's parser uses: the credentials end at
+//! the last `@` before the first `/`, `?` or `#`; percent-encode those characters (and `@`, `:`)
+//! inside a user name or password. The splitter only cuts: each backend's own parser checks
+//! hosts, ports and paths.
 
-use dlock_core::url::redact_password;
+use dlock_core::url::{redact_password, Parts};
 use dlock_core::{Error, Result};
 
 /// A URL cut into its parts; the parts borrow from the input.
@@ -38,7 +39,8 @@ impl<'a> Address<'a> {
     pub(crate) fn split(url: &'a str) -> Result<Self> {
         let url = url.trim();
         let shown = redact_password(url);
-        let Some((scheme, rest)) = url.split_once("://") else {
+        let parts = Parts::split(url);
+        let Some(scheme) = parts.scheme else {
             return Err(Error::invalid(
                 "url",
                 format!(
@@ -47,29 +49,13 @@ impl<'a> Address<'a> {
                 ),
             ));
         };
-        let (rest, fragment) = match rest.split_once('#') {
-            Some((rest, fragment)) => (rest, Some(fragment)),
-            None => (rest, None),
-        };
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
         Ok(Address {
             scheme: scheme.to_ascii_lowercase(),
-            userinfo,
-            hosts,
-            path,
-            query,
-            fragment,
+            userinfo: parts.userinfo,
+            hosts: parts.hosts,
+            path: parts.path,
+            query: parts.query,
+            fragment: parts.fragment,
             shown,
         })
     }

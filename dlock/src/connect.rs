@@ -87,62 +87,137 @@ fn memory(address: &Address<'_>) -> Result<Opened> {
     Ok((Arc::new(InMemoryLock::new()), options))
 }
 
+/// How a scheme's URL parameter sets its backend's builder `B`.
+#[cfg(any(
+    feature = "redis",
+    feature = "redlock",
+    feature = "zk",
+    feature = "etcd"
+))]
+enum Apply<B> {
+    /// The value taken as it is, or parsed by the setter (which may refuse it).
+    Text(fn(B, &str, &Address<'_>) -> Result<B>),
+    /// A duration such as `30s`.
+    Duration(fn(B, std::time::Duration) -> B),
+}
+
+/// A scheme's own parameters, in the order they are applied, with how each sets the builder.
+#[cfg(any(
+    feature = "redis",
+    feature = "redlock",
+    feature = "zk",
+    feature = "etcd"
+))]
+type Parameters<B> = [(&'static str, Apply<B>)];
+
+/// Opens a backend the one way every scheme does: checks the URL's parameters against the
+/// common ones and `own`, makes the builder (after those checks, so that a bad parameter is
+/// reported first), applies the given ones of `own` to it and connects. A complaint of the
+/// backend about its setting `renamed.0` reads as one about the URL parameter `renamed.1` that
+/// set it, so the message names what the user wrote.
+#[cfg(any(
+    feature = "redis",
+    feature = "redlock",
+    feature = "zk",
+    feature = "etcd"
+))]
+async fn open<B, L, F>(
+    address: &Address<'_>,
+    make: impl FnOnce() -> Result<B>,
+    own: &Parameters<B>,
+    connect: impl FnOnce(B) -> F,
+    renamed: Option<(&str, &str)>,
+) -> Result<Opened>
+where
+    F: std::future::Future<Output = Result<L>>,
+    L: DistributedLock,
+{
+    let names: Vec<&str> = own.iter().map(|(name, _)| *name).collect();
+    let params = Params::parse(address, &names)?;
+    let options = params.lock_options()?;
+    let mut builder = make()?;
+    for (name, apply) in own {
+        builder = match apply {
+            Apply::Text(set) => match params.text(name) {
+                Some(value) => set(builder, value, address)?,
+                None => builder,
+            },
+            Apply::Duration(set) => match params.duration(name)? {
+                Some(value) => set(builder, value),
+                None => builder,
+            },
+        };
+    }
+    let lock = connect(builder)
+        .await
+        .map_err(|error| match (error, renamed) {
+            (Error::InvalidInput { field, message }, Some((setting, parameter)))
+                if field == setting =>
+            {
+                address.invalid(format!("parameter `{parameter}`: {message}"))
+            }
+            (other, _) => other,
+        })?;
+    Ok((Arc::new(lock), options))
+}
+
 /// The parameters `redlock://` takes besides the common ones.
 #[cfg(feature = "redlock")]
-const REDLOCK_PARAMS: &[&str] = &[
-    "prefix",
-    "quorum",
-    "node_timeout",
-    "connect_timeout",
-    "retry_jitter",
-    "fencing",
-    "delayed_restart",
-    "fence_ttl",
-];
+const REDLOCK_PARAMS: &Parameters<dlock_redlock::RedlockBuilder> = {
+    use dlock_redlock::RedlockBuilder as B;
+    &[
+        (
+            "prefix",
+            Apply::Text(|b, prefix, _| Ok(b.with_prefix(prefix))),
+        ),
+        (
+            "quorum",
+            Apply::Text(|b, quorum, address| {
+                let quorum = quorum.parse::<usize>().map_err(|_| {
+                    address.invalid(format!("quorum={quorum:?} is not a number of masters"))
+                })?;
+                Ok(b.with_quorum(quorum))
+            }),
+        ),
+        ("node_timeout", Apply::Duration(B::with_node_timeout)),
+        ("connect_timeout", Apply::Duration(B::with_connect_timeout)),
+        ("retry_jitter", Apply::Duration(B::with_retry_jitter)),
+        (
+            "fencing",
+            Apply::Text(|b, fencing, address| {
+                let on = match fencing {
+                    "true" | "on" => true,
+                    "false" | "off" => false,
+                    other => {
+                        return Err(address.invalid(format!(
+                            "fencing={other:?} is not one of true, false, on, off"
+                        )))
+                    }
+                };
+                Ok(b.with_fencing(on))
+            }),
+        ),
+        ("delayed_restart", Apply::Duration(B::with_delayed_restart)),
+        ("fence_ttl", Apply::Duration(B::with_fence_ttl)),
+    ]
+};
 
 /// `redlock://h1,h2,h3[/db]`: one `redis://` URL per master, sharing credentials and database.
 #[cfg(feature = "redlock")]
 async fn redlock(address: &Address<'_>) -> Result<Opened> {
-    let params = Params::parse(address, REDLOCK_PARAMS)?;
-    let options = params.lock_options()?;
-    let mut builder = dlock_redlock::RedlockBuilder::from_urls(address.per_host("redis")?);
-    if let Some(prefix) = params.text("prefix") {
-        builder = builder.with_prefix(prefix);
-    }
-    if let Some(quorum) = params.text("quorum") {
-        let quorum = quorum.parse::<usize>().map_err(|_| {
-            address.invalid(format!("quorum={quorum:?} is not a number of masters"))
-        })?;
-        builder = builder.with_quorum(quorum);
-    }
-    if let Some(timeout) = params.duration("node_timeout")? {
-        builder = builder.with_node_timeout(timeout);
-    }
-    if let Some(timeout) = params.duration("connect_timeout")? {
-        builder = builder.with_connect_timeout(timeout);
-    }
-    if let Some(jitter) = params.duration("retry_jitter")? {
-        builder = builder.with_retry_jitter(jitter);
-    }
-    if let Some(fencing) = params.text("fencing") {
-        let on = match fencing {
-            "true" | "on" => true,
-            "false" | "off" => false,
-            other => {
-                return Err(address.invalid(format!(
-                    "fencing={other:?} is not one of true, false, on, off"
-                )))
-            }
-        };
-        builder = builder.with_fencing(on);
-    }
-    if let Some(max_ttl) = params.duration("delayed_restart")? {
-        builder = builder.with_delayed_restart(max_ttl);
-    }
-    if let Some(ttl) = params.duration("fence_ttl")? {
-        builder = builder.with_fence_ttl(ttl);
-    }
-    Ok((Arc::new(builder.connect().await?), options))
+    let make = || {
+        Ok(dlock_redlock::RedlockBuilder::from_urls(
+            address.per_host("redis")?,
+        ))
+    };
+    open(
+        address,
+        make,
+        REDLOCK_PARAMS,
+        dlock_redlock::RedlockBuilder::connect,
+        None,
+    )
+    .await
 }
 
 #[cfg(not(feature = "redlock"))]
@@ -154,29 +229,33 @@ async fn redlock(address: &Address<'_>) -> Result<Opened> {
 
 /// The parameters `redis://` takes besides the common ones.
 #[cfg(feature = "redis")]
-const REDIS_PARAMS: &[&str] = &["prefix", "request_timeout", "connect_timeout", "fence_ttl"];
+const REDIS_PARAMS: &Parameters<dlock_redis::RedisLockBuilder> = {
+    use dlock_redis::RedisLockBuilder as B;
+    &[
+        (
+            "prefix",
+            Apply::Text(|b, prefix, _| Ok(b.with_prefix(prefix))),
+        ),
+        ("request_timeout", Apply::Duration(B::with_request_timeout)),
+        ("connect_timeout", Apply::Duration(B::with_connect_timeout)),
+        ("fence_ttl", Apply::Duration(B::with_fence_ttl)),
+    ]
+};
 
 #[cfg(feature = "redis")]
 async fn redis(address: &Address<'_>) -> Result<Opened> {
     if address.scheme == "rediss" && !cfg!(feature = "redis-tls") {
         return Err(missing_feature(address, "redis-tls"));
     }
-    let params = Params::parse(address, REDIS_PARAMS)?;
-    let options = params.lock_options()?;
-    let mut builder = dlock_redis::RedisLock::builder(address.without_query());
-    if let Some(prefix) = params.text("prefix") {
-        builder = builder.with_prefix(prefix);
-    }
-    if let Some(timeout) = params.duration("request_timeout")? {
-        builder = builder.with_request_timeout(timeout);
-    }
-    if let Some(timeout) = params.duration("connect_timeout")? {
-        builder = builder.with_connect_timeout(timeout);
-    }
-    if let Some(ttl) = params.duration("fence_ttl")? {
-        builder = builder.with_fence_ttl(ttl);
-    }
-    Ok((Arc::new(builder.connect().await?), options))
+    let make = || Ok(dlock_redis::RedisLock::builder(address.without_query()));
+    open(
+        address,
+        make,
+        REDIS_PARAMS,
+        dlock_redis::RedisLockBuilder::connect,
+        None,
+    )
+    .await
 }
 
 #[cfg(not(feature = "redis"))]
@@ -191,43 +270,38 @@ async fn redis(address: &Address<'_>) -> Result<Opened> {
 
 /// The parameters `zk://` takes besides the common ones.
 #[cfg(feature = "zk")]
-const ZK_PARAMS: &[&str] = &[
-    "prefix",
-    "session_timeout",
-    "connect_timeout",
-    "operation_timeout",
-    "identifier",
-    "naming",
-];
+const ZK_PARAMS: &Parameters<dlock_zk::ZkLockBuilder> = {
+    use dlock_zk::ZkLockBuilder as B;
+    &[
+        ("prefix", Apply::Text(|b, root, _| Ok(b.with_root(root)))),
+        ("session_timeout", Apply::Duration(B::with_session_timeout)),
+        ("connect_timeout", Apply::Duration(B::with_connect_timeout)),
+        (
+            "operation_timeout",
+            Apply::Duration(B::with_operation_timeout),
+        ),
+        (
+            "identifier",
+            Apply::Text(|b, identifier, _| Ok(b.with_identifier(identifier))),
+        ),
+        (
+            "naming",
+            Apply::Text(|b, naming, _| Ok(b.with_naming(naming.parse()?))),
+        ),
+    ]
+};
 
 #[cfg(feature = "zk")]
 async fn zk(address: &Address<'_>) -> Result<Opened> {
-    let params = Params::parse(address, ZK_PARAMS)?;
-    let options = params.lock_options()?;
-    let mut builder = dlock_zk::ZkLock::builder(&address.without_query());
-    if let Some(root) = params.text("prefix") {
-        builder = builder.with_root(root);
-    }
-    if let Some(timeout) = params.duration("session_timeout")? {
-        builder = builder.with_session_timeout(timeout);
-    }
-    if let Some(timeout) = params.duration("connect_timeout")? {
-        builder = builder.with_connect_timeout(timeout);
-    }
-    if let Some(timeout) = params.duration("operation_timeout")? {
-        builder = builder.with_operation_timeout(timeout);
-    }
-    if let Some(identifier) = params.text("identifier") {
-        builder = builder.with_identifier(identifier);
-    }
-    if let Some(naming) = params.text("naming") {
-        builder = builder.with_naming(naming.parse()?);
-    }
-    let lock = builder
-        .connect()
-        .await
-        .map_err(|e| as_parameter(address, e, "root", "prefix"))?;
-    Ok((Arc::new(lock), options))
+    let make = || Ok(dlock_zk::ZkLock::builder(&address.without_query()));
+    open(
+        address,
+        make,
+        ZK_PARAMS,
+        dlock_zk::ZkLockBuilder::connect,
+        Some(("root", "prefix")),
+    )
+    .await
 }
 
 #[cfg(not(feature = "zk"))]
@@ -237,54 +311,40 @@ async fn zk(address: &Address<'_>) -> Result<Opened> {
 
 /// The parameters `etcd://` takes besides the common ones.
 #[cfg(feature = "etcd")]
-const ETCD_PARAMS: &[&str] = &[
-    "prefix",
-    "session_ttl",
-    "request_timeout",
-    "connect_timeout",
-];
+const ETCD_PARAMS: &Parameters<dlock_etcd::EtcdLockBuilder> = {
+    use dlock_etcd::EtcdLockBuilder as B;
+    &[
+        (
+            "prefix",
+            Apply::Text(|b, namespace, address| {
+                if !address.path.trim_start_matches('/').is_empty() {
+                    return Err(address.invalid(
+                        "the namespace is given twice: as the path and as `prefix`; keep one",
+                    ));
+                }
+                Ok(b.with_namespace(namespace))
+            }),
+        ),
+        ("session_ttl", Apply::Duration(B::with_session_ttl)),
+        ("request_timeout", Apply::Duration(B::with_request_timeout)),
+        ("connect_timeout", Apply::Duration(B::with_connect_timeout)),
+    ]
+};
 
 #[cfg(feature = "etcd")]
 async fn etcd(address: &Address<'_>) -> Result<Opened> {
-    let params = Params::parse(address, ETCD_PARAMS)?;
-    let options = params.lock_options()?;
-    let mut builder = dlock_etcd::EtcdLockBuilder::from_url(&address.without_query())?;
-    if let Some(namespace) = params.text("prefix") {
-        if !address.path.trim_start_matches('/').is_empty() {
-            return Err(address
-                .invalid("the namespace is given twice: as the path and as `prefix`; keep one"));
-        }
-        builder = builder.with_namespace(namespace);
-    }
-    if let Some(ttl) = params.duration("session_ttl")? {
-        builder = builder.with_session_ttl(ttl);
-    }
-    if let Some(timeout) = params.duration("request_timeout")? {
-        builder = builder.with_request_timeout(timeout);
-    }
-    if let Some(timeout) = params.duration("connect_timeout")? {
-        builder = builder.with_connect_timeout(timeout);
-    }
-    let lock = builder
-        .connect()
-        .await
-        .map_err(|e| as_parameter(address, e, "namespace", "prefix"))?;
-    Ok((Arc::new(lock), options))
+    let make = || dlock_etcd::EtcdLockBuilder::from_url(&address.without_query());
+    open(
+        address,
+        make,
+        ETCD_PARAMS,
+        dlock_etcd::EtcdLockBuilder::connect,
+        Some(("namespace", "prefix")),
+    )
+    .await
 }
 
 #[cfg(not(feature = "etcd"))]
 async fn etcd(address: &Address<'_>) -> Result<Opened> {
     Err(missing_feature(address, "etcd"))
-}
-
-/// A backend's complaint about its setting `field` as one about the URL parameter `parameter`
-/// that set it, so the message names what the user wrote.
-#[cfg(any(feature = "zk", feature = "etcd"))]
-fn as_parameter(address: &Address<'_>, error: Error, field: &str, parameter: &str) -> Error {
-    match error {
-        Error::InvalidInput { field: f, message } if f == field => {
-            address.invalid(format!("parameter `{parameter}`: {message}"))
-        }
-        other => other,
-    }
 }

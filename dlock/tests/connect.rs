@@ -27,6 +27,14 @@ async fn invalid(url: &str) -> String {
     }
 }
 
+/// Each `(url, says)`: the URL is rejected as invalid with a message that contains `says`.
+async fn rejected(cases: &[(&str, &str)]) {
+    for (url, says) in cases {
+        let m = invalid(url).await;
+        assert!(m.contains(says), "{url}: {m}");
+    }
+}
+
 /// A URL the facade accepted and handed to the backend, which then could not reach a server.
 #[allow(dead_code)]
 async fn unreachable(url: &str) {
@@ -83,49 +91,50 @@ fn a_handle_never_shows_a_password() {
 
 #[tokio::test]
 async fn malformed_urls_say_what_and_where() {
-    assert!(invalid("").await.contains("has no scheme"));
-    assert!(invalid("localhost:6379").await.contains("has no scheme"));
+    rejected(&[("", "has no scheme"), ("localhost:6379", "has no scheme")]).await;
     let m = invalid("http://u:hunter2@h").await;
     assert!(m.contains("unknown scheme \"http\""), "{m}");
     assert!(m.contains("http://u:***@h"), "{m}");
-    assert!(invalid("memory://host").await.contains("takes no host"));
-    assert!(invalid("memory:///path").await.contains("takes no host"));
-    let m = invalid("memory://?prefix=x").await;
-    assert!(
-        m.contains("unknown parameter `prefix` for memory://"),
-        "{m}"
-    );
-    assert!(invalid("memory://?ttl=0s")
-        .await
-        .contains("parameter `ttl`"));
-    assert!(invalid("memory://?wait=later")
-        .await
-        .contains("parameter `wait`"));
+    rejected(&[
+        ("memory://host", "takes no host"),
+        ("memory:///path", "takes no host"),
+        (
+            "memory://?prefix=x",
+            "unknown parameter `prefix` for memory://",
+        ),
+        ("memory://?ttl=0s", "parameter `ttl`"),
+        ("memory://?wait=later", "parameter `wait`"),
+    ])
+    .await;
 }
 
 #[cfg(not(feature = "redlock"))]
 #[tokio::test]
 async fn redlock_without_its_feature_names_it() {
-    let m = invalid("redlock://u:hunter2@h1:6379,h2:6379,h3:6379").await;
-    assert!(m.contains("needs the `redlock` feature"), "{m}");
+    rejected(&[(
+        "redlock://u:hunter2@h1:6379,h2:6379,h3:6379",
+        "needs the `redlock` feature",
+    )])
+    .await;
 }
 
 #[cfg(feature = "redlock")]
 #[tokio::test]
 async fn redlock_urls_are_checked_before_anything_is_sent() {
-    let m = invalid("redlock://u:hunter2@h1:6379,,h3:6379").await;
-    assert!(m.contains("host #2 is empty"), "{m}");
-    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?quorum=most").await;
-    assert!(m.contains("quorum"), "{m}");
-    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?fencing=maybe").await;
-    assert!(m.contains("fencing"), "{m}");
-    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?node_timeout=fast").await;
-    assert!(m.contains("node_timeout"), "{m}");
-    let m = invalid("redlock://h1:6379,h2:6379,h3:6379?fence_ttl=30").await;
-    assert!(
-        m.contains("parameter `fence_ttl`: \"30\" is not a duration"),
-        "{m}"
-    );
+    rejected(&[
+        ("redlock://u:hunter2@h1:6379,,h3:6379", "host #2 is empty"),
+        ("redlock://h1:6379,h2:6379,h3:6379?quorum=most", "quorum"),
+        ("redlock://h1:6379,h2:6379,h3:6379?fencing=maybe", "fencing"),
+        (
+            "redlock://h1:6379,h2:6379,h3:6379?node_timeout=fast",
+            "node_timeout",
+        ),
+        (
+            "redlock://h1:6379,h2:6379,h3:6379?fence_ttl=30",
+            "parameter `fence_ttl`: \"30\" is not a duration",
+        ),
+    ])
+    .await;
     let m = invalid("redlock://h1:6379,h2:6379,h3:6379?fence_ttl=1h").await;
     assert!(m.starts_with("fence_ttl: 3600s is outside"), "{m}");
     // An even number of masters is refused by the Redlock builder itself.
@@ -147,17 +156,24 @@ async fn redlock_to_masters_nobody_runs_is_unavailable() {
 #[cfg(not(feature = "redis"))]
 #[tokio::test]
 async fn redis_without_its_feature_names_it() {
-    let m = invalid("redis://u:hunter2@localhost:6379").await;
-    assert!(m.contains("needs the `redis` feature"), "{m}");
-    let m = invalid("rediss://localhost:6379").await;
-    assert!(m.contains("needs the `redis-tls` feature"), "{m}");
+    rejected(&[
+        (
+            "redis://u:hunter2@localhost:6379",
+            "needs the `redis` feature",
+        ),
+        ("rediss://localhost:6379", "needs the `redis-tls` feature"),
+    ])
+    .await;
 }
 
 #[cfg(all(feature = "redis", not(feature = "redis-tls")))]
 #[tokio::test]
 async fn rediss_without_tls_names_the_feature() {
-    let m = invalid("rediss://u:hunter2@localhost:6379").await;
-    assert!(m.contains("needs the `redis-tls` feature"), "{m}");
+    rejected(&[(
+        "rediss://u:hunter2@localhost:6379",
+        "needs the `redis-tls` feature",
+    )])
+    .await;
 }
 
 #[cfg(feature = "redis")]
@@ -172,7 +188,7 @@ async fn redis_urls() {
         "redis://{NOBODY}?connect_timeout=200ms&fence_ttl=30d"
     ))
     .await;
-    for (url, says) in [
+    rejected(&[
         (
             "redis://u:hunter2@h?session_ttl=1s",
             "unknown parameter `session_ttl` for redis://",
@@ -190,17 +206,18 @@ async fn redis_urls() {
             "redis://u:hunter2@127.0.0.1:1?fence_ttl=1m",
             "fence_ttl: 60s is outside 86400s..=",
         ),
-    ] {
-        let m = invalid(url).await;
-        assert!(m.contains(says), "{url}: {m}");
-    }
+    ])
+    .await;
 }
 
 #[cfg(not(feature = "zk"))]
 #[tokio::test]
 async fn zk_without_its_feature_names_it() {
-    let m = invalid("zk://u:hunter2@zk1:2181,zk2:2181/app").await;
-    assert!(m.contains("needs the `zk` feature"), "{m}");
+    rejected(&[(
+        "zk://u:hunter2@zk1:2181,zk2:2181/app",
+        "needs the `zk` feature",
+    )])
+    .await;
 }
 
 #[cfg(feature = "zk")]
@@ -210,7 +227,7 @@ async fn zk_urls() {
         "zk://u:hunter2@{NOBODY},127.0.0.1:2/app?prefix=/locks&session_timeout=1s&connect_timeout=300ms&operation_timeout=300ms&identifier=me%40host&naming=curator&ttl=5s"
     ))
     .await;
-    for (url, says) in [
+    rejected(&[
         (
             "zk://u:hunter2@h?request_timeout=1s",
             "unknown parameter `request_timeout` for zk://",
@@ -222,17 +239,18 @@ async fn zk_urls() {
         ("zk://u:hunter2@h:0", "url"),
         ("zk://u:p%zz@h", "percent-encoded"),
         ("zk://u:hunter2@h?naming=zookeeper", "naming"),
-    ] {
-        let m = invalid(url).await;
-        assert!(m.contains(says), "{url}: {m}");
-    }
+    ])
+    .await;
 }
 
 #[cfg(not(feature = "etcd"))]
 #[tokio::test]
 async fn etcd_without_its_feature_names_it() {
-    let m = invalid("etcd://u:hunter2@h1:2379,h2:2379").await;
-    assert!(m.contains("needs the `etcd` feature"), "{m}");
+    rejected(&[(
+        "etcd://u:hunter2@h1:2379,h2:2379",
+        "needs the `etcd` feature",
+    )])
+    .await;
 }
 
 #[cfg(feature = "etcd")]
@@ -243,7 +261,7 @@ async fn etcd_urls() {
     ))
     .await;
     unreachable(&format!("etcd://{NOBODY}/billing/?connect_timeout=300ms")).await;
-    for (url, says) in [
+    rejected(&[
         (
             "etcd://u:hunter2@h:1?session_timeout=1s",
             "unknown parameter `session_timeout` for etcd://",
@@ -258,11 +276,9 @@ async fn etcd_urls() {
         ),
         ("etcd://u:hunter2@h:1?session_ttl=0s", "session_ttl"),
         ("etcd://u:hunter2@h", "endpoints"),
-        ("etcd://u:p%zz@h:1", "percent-encoding"),
-    ] {
-        let m = invalid(url).await;
-        assert!(m.contains(says), "{url}: {m}");
-    }
+        ("etcd://u:p%zz@h:1", "percent-encoded"),
+    ])
+    .await;
     let m = invalid(&format!("etcd://u:hunter2@h:1?prefix={}", "n".repeat(5000))).await;
     assert!(m.contains("parameter `prefix`"), "{m}");
 }

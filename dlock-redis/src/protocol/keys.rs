@@ -27,7 +27,7 @@
 
 use std::sync::OnceLock;
 
-use dlock_core::{Error, LockKey, Result, MAX_KEY_LEN};
+use dlock_core::{check_len, LockKey, Result, MAX_KEY_LEN};
 
 /// Appended to a lock key (or to its wrapped form) to name its fencing counter.
 pub const FENCE_SUFFIX: &str = ":dlock:fence";
@@ -67,15 +67,7 @@ impl KeyLayout {
     /// the lock key the name itself, as other single-instance clients use it.
     pub fn new(prefix: impl Into<String>) -> Result<Self> {
         let prefix = prefix.into();
-        if prefix.len() > MAX_PREFIX_LEN {
-            return Err(Error::invalid(
-                "prefix",
-                format!(
-                    "is {} bytes long; the maximum is {MAX_PREFIX_LEN} bytes",
-                    prefix.len()
-                ),
-            ));
-        }
+        check_len("prefix", &prefix, MAX_PREFIX_LEN)?;
         Ok(KeyLayout { prefix })
     }
 
@@ -203,6 +195,7 @@ fn crc16(data: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlock_core::Error;
 
     fn key(name: &str) -> LockKey {
         LockKey::new(name).unwrap()
