@@ -5,7 +5,8 @@
 //! owns that: [`fixtures`] start Redis, etcd and ZooKeeper in Docker containers (or use servers
 //! named in `DLOCK_TEST_*` variables) and remove them however the run ends; [`FreezeProxy`] and
 //! [`Freezable`] freeze one client's link; [`History`] records what every client observed and
-//! [`Analysis`] counts what went wrong.
+//! [`Analysis`] counts what went wrong; [`trials`] is the frame of the test binaries that run
+//! all of this.
 
 #![deny(missing_docs)]
 
@@ -15,6 +16,7 @@ pub mod fixtures;
 pub mod freeze;
 pub mod history;
 pub mod proxy;
+pub mod trials;
 
 pub use analysis::Analysis;
 pub use control::{Freeze, ServerControl};
