@@ -3,15 +3,24 @@
 //! fault cases, in the faults binary.)
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{DistributedLockExt, Error, LockOptions};
+use dlock_core::{DistributedLockExt, LockOptions};
 use dlock_redis::RedisLock;
+use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
-use tokio::net::TcpListener;
+use dlock_testkit::trials::Case;
 
 use crate::support::{self, unique};
+
+/// The cases of this module, each given the shared server's URL.
+pub fn cases() -> Vec<(&'static str, Case<String>)> {
+    vec![
+        case!(credentials_and_database_come_from_the_url),
+        case!(one_connection_serves_many_concurrent_acquires),
+    ]
+}
 
 /// The database number of the URL is where the locks live; a user name and password are used
 /// (also by a user without permission for the release channels), a wrong password is a permanent

@@ -9,9 +9,16 @@ use anyhow::{ensure, Context};
 use dlock_core::{DistributedLockExt, FencingToken, LockOptions};
 use dlock_redis::protocol::keys::fence_key;
 use dlock_redis::RedisLock;
+use dlock_testkit::case;
+use dlock_testkit::trials::Case;
 use redis::aio::MultiplexedConnection;
 
 use crate::support::{self, unique};
+
+/// The cases of this module, each given the shared server's URL.
+pub fn cases() -> Vec<(&'static str, Case<String>)> {
+    vec![case!(fence_ttl_is_rearmed_by_each_grant)]
+}
 
 /// One grant of `name` on `locks`, released at once; its token.
 async fn grant(locks: &Arc<RedisLock>, name: &str) -> anyhow::Result<FencingToken> {

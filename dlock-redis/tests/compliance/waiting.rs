@@ -9,12 +9,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::{Backoff, DistributedLockExt, LockOptions, Released};
+use dlock_core::{DistributedLockExt, LockOptions, Released};
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
 
 use crate::support::{no_polling, unique, PROMPT};
+
+/// The cases of this module, each given the shared server's URL.
+pub fn cases() -> Vec<(&'static str, Case<String>)> {
+    vec![
+        case!(a_release_wakes_a_waiter_without_polling),
+        case!(waiters_of_one_client_are_woken_one_per_release),
+        case!(an_expiring_holder_is_followed_at_its_ttl),
+    ]
+}
 
 /// Five hand-overs between two clients, each long before any poll could happen.
 pub async fn a_release_wakes_a_waiter_without_polling(url: String) -> anyhow::Result<()> {

@@ -7,15 +7,26 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use dlock_core::{Backoff, DistributedLockExt, Error, LockOptions};
 use dlock_redis::RedisLock;
+use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
+use dlock_testkit::trials::Case;
 use dlock_testkit::{url_target, url_via, FreezeProxy};
 use tokio::net::TcpListener;
 
 use crate::support::{self, no_polling, unique, PROMPT, SLACK};
 
+/// The cases of this module, in the order they run.
+pub fn cases() -> Vec<(&'static str, Case<Arc<RedisServer>>)> {
+    vec![
+        case!(unreachable_servers_fail_in_bounded_time),
+        case!(a_lost_subscriber_connection_costs_only_latency),
+        case!(a_silent_subscriber_connection_is_replaced),
+    ]
+}
+
 /// A port nobody listens on is refused at once; a port that accepts but never answers (a hung
 /// server, a black-holing proxy) fails by the connect or request timeout.
-pub async fn unreachable_servers_fail_in_bounded_time(_: String) -> anyhow::Result<()> {
+pub async fn unreachable_servers_fail_in_bounded_time(_: Arc<RedisServer>) -> anyhow::Result<()> {
     let closed = {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         listener.local_addr()?.port()
@@ -80,8 +91,9 @@ pub async fn unreachable_servers_fail_in_bounded_time(_: String) -> anyhow::Resu
 
 /// The server drops the subscriber connections (`CLIENT KILL TYPE pubsub`) while a task waits: the
 /// waiter still gets the lock by polling, and the next waits are woken by notifications again.
-pub async fn a_lost_subscriber_connection_costs_only_latency(_: String) -> anyhow::Result<()> {
-    let server = RedisServer::start().await?;
+pub async fn a_lost_subscriber_connection_costs_only_latency(
+    server: Arc<RedisServer>,
+) -> anyhow::Result<()> {
     let url = server.url();
     let holder_client = Arc::new(RedisLock::connect(&url).await?);
     let waiter = Arc::new(RedisLock::connect(&url).await?);
@@ -151,7 +163,6 @@ pub async fn a_lost_subscriber_connection_costs_only_latency(_: String) -> anyho
         prompt,
         "notifications did not come back after the subscriber was killed"
     );
-    server.shutdown().await?;
     Ok(())
 }
 
@@ -159,8 +170,9 @@ pub async fn a_lost_subscriber_connection_costs_only_latency(_: String) -> anyho
 /// left open) while a task waits without polling: the client notices by its health check,
 /// replaces the connection once the link carries bytes again, and the release then wakes the
 /// waiter promptly.
-pub async fn a_silent_subscriber_connection_is_replaced(_: String) -> anyhow::Result<()> {
-    let server = RedisServer::start().await?;
+pub async fn a_silent_subscriber_connection_is_replaced(
+    server: Arc<RedisServer>,
+) -> anyhow::Result<()> {
     let url = server.url();
     let proxy = FreezeProxy::start_dropping(url_target(&url, 6379)?).await?;
     let switch = proxy.switch();
@@ -201,7 +213,6 @@ pub async fn a_silent_subscriber_connection_is_replaced(_: String) -> anyhow::Re
         "the waiter got the lock {took:?} after the release, not woken by a notification"
     );
     lease.release().await?;
-    server.shutdown().await?;
     Ok(())
 }
 
