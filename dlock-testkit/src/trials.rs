@@ -43,10 +43,17 @@ pub type CaseFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 /// A case: an async function of what the binary's cases share (`C`, cloned for each).
 pub type Case<C> = fn(C) -> CaseFuture;
 
-/// `(name, case)` for an async function `name(cx: C) -> anyhow::Result<()>`: the entry of a case
-/// table, named after the function.
+/// `(name, case)` for an async function `name(cx: C) -> anyhow::Result<()>` (or `module::name`):
+/// the entry of a case table, named after the function.
 #[macro_export]
 macro_rules! case {
+    ($module:ident :: $name:ident) => {
+        (
+            stringify!($name),
+            (|cx| Box::pin($module::$name(cx)) as $crate::trials::CaseFuture)
+                as $crate::trials::Case<_>,
+        )
+    };
     ($name:ident) => {
         (
             stringify!($name),
@@ -104,7 +111,7 @@ pub fn start<T, E: Display>(
             eprintln!("[timing] {what}: {:.2?}", started.elapsed());
             started_fixture
         }
-        Err(e) => exit(format_args!("cannot start {what}: {e}")),
+        Err(e) => exit(format_args!("cannot start {what}: {e:#}")),
     }
 }
 
