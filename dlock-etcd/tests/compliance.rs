@@ -118,7 +118,7 @@ fn main() {
             .collect();
         libtest_mimic::run(&args, trials).exit();
     }
-    let runtime = support::fixture_runtime();
+    let runtime = dlock_testkit::trials::fixture_runtime();
     let started = std::time::Instant::now();
     let clusters =
         runtime.block_on(async { tokio::try_join!(EtcdCluster::start(1), EtcdCluster::start(1)) });

@@ -24,9 +24,8 @@ use anyhow::{bail, ensure, Context};
 use dlock_core::{DistributedLockExt, Fenced, Lease, LeaseState, LockOptions, Released};
 use dlock_etcd::EtcdLock;
 use dlock_testkit::case;
-use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster, Member};
+use dlock_testkit::fixtures::{EtcdCluster, Member};
 use dlock_testkit::trials::{self, Case};
-use libtest_mimic::Arguments;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -48,29 +47,14 @@ fn cases() -> Vec<(&'static str, Case<Arc<EtcdCluster>>)> {
     ]
 }
 
-const PREFIX: &str = "etcd_faults";
-
 fn main() {
-    let mut args = Arguments::from_args();
-    // The trials break the one cluster they share.
-    args.test_threads = Some(1);
-    if EtcdCluster::needs_docker() && docker_opt_out() {
-        trials::run_ignored(&args, trials::placeholders(trials::names(PREFIX, &cases())));
-    }
-    let runtime = support::fixture_runtime();
-    let cluster = Arc::new(trials::start(
-        &runtime,
+    trials::run_one_at_a_time(
+        "etcd_faults",
+        &cases(),
+        TRIAL_BUDGET,
         "a three-member etcd cluster",
-        EtcdCluster::start(3),
-    ));
-    let trials = trials::cases(PREFIX, &cases(), &cluster, TRIAL_BUDGET);
-    trials::run_then(&args, trials, &runtime, || async move {
-        match Arc::try_unwrap(cluster) {
-            Ok(cluster) => cluster.shutdown().await,
-            // A trial still holds it (it hung); dropping the last reference removes the containers.
-            Err(_) => Ok(()),
-        }
-    })
+        || EtcdCluster::start(3),
+    )
 }
 
 fn key(name: &str) -> String {

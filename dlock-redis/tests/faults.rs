@@ -18,34 +18,16 @@ mod links;
 #[path = "faults/server.rs"]
 mod server;
 
-use std::sync::Arc;
-
-use dlock_testkit::fixtures::{docker_opt_out, RedisServer};
+use dlock_testkit::fixtures::RedisServer;
 use dlock_testkit::trials;
-use libtest_mimic::Arguments;
-
-const PREFIX: &str = "redis-faults";
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // The cases freeze, restart and cut off the one server: never two at a time.
-    args.test_threads = Some(1);
     let cases: Vec<_> = links::cases().into_iter().chain(server::cases()).collect();
-    if docker_opt_out() {
-        trials::run_ignored(&args, trials::placeholders(trials::names(PREFIX, &cases)));
-    }
-    let runtime = trials::fixture_runtime();
-    let server = Arc::new(trials::start(
-        &runtime,
+    trials::run_one_at_a_time(
+        "redis-faults",
+        &cases,
+        support::TRIAL_BUDGET,
         "a Redis server",
-        RedisServer::start(),
-    ));
-    let trials = trials::cases(PREFIX, &cases, &server, support::TRIAL_BUDGET);
-    trials::run_then(&args, trials, &runtime, || async move {
-        match Arc::try_unwrap(server) {
-            Ok(server) => server.shutdown().await,
-            // A trial still holds it (it hung); dropping the last reference removes the container.
-            Err(_) => Ok(()),
-        }
-    })
+        RedisServer::start,
+    )
 }

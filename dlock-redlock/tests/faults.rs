@@ -24,40 +24,22 @@ mod inspect;
 #[path = "faults/masters.rs"]
 mod masters;
 
-use std::sync::Arc;
-
-use dlock_testkit::fixtures::{docker_opt_out, RedisMasters};
+use dlock_testkit::fixtures::RedisMasters;
 use dlock_testkit::trials;
-use libtest_mimic::Arguments;
-
-const PREFIX: &str = "redlock-faults";
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // The cases stop, freeze and restart the masters they share: never two at a time.
-    args.test_threads = Some(1);
-    let cases: Vec<_> = [
+    let cases = [
         masters::cases(),
         fencing::cases(),
         inspect::cases(),
         batch::cases(),
     ]
     .concat();
-    if docker_opt_out() {
-        trials::run_ignored(&args, trials::placeholders(trials::names(PREFIX, &cases)));
-    }
-    let runtime = trials::fixture_runtime();
-    let masters = Arc::new(trials::start(
-        &runtime,
+    trials::run_one_at_a_time(
+        "redlock-faults",
+        &cases,
+        support::TRIAL_BUDGET,
         "five Redis masters",
-        RedisMasters::start(5),
-    ));
-    let trials = trials::cases(PREFIX, &cases, &masters, support::TRIAL_BUDGET);
-    trials::run_then(&args, trials, &runtime, || async move {
-        match Arc::try_unwrap(masters) {
-            Ok(masters) => masters.shutdown().await,
-            // A trial still holds them (it hung); dropping the last reference removes them.
-            Err(_) => Ok(()),
-        }
-    })
+        || RedisMasters::start(5),
+    )
 }

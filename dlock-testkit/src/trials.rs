@@ -9,10 +9,14 @@
 use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Runtime;
+
+use crate::fixtures::{docker_opt_out, EtcdCluster, RedisMasters, RedisServer, ZkEnsemble};
 
 /// A trial named `name` running `body` on a runtime of its own; it fails as hung when `body` is
 /// not done within `budget`, so one stuck trial cannot stall the whole binary.
@@ -152,6 +156,58 @@ where
         eprintln!("removing the fixtures failed: {e}");
     }
     conclusion.exit()
+}
+
+/// A fixture the cases of a binary share: removed once they are all done.
+#[async_trait]
+pub trait Shared: Send + Sync + Sized + 'static {
+    /// Removes the fixture's containers and networks.
+    async fn remove(self) -> crate::fixtures::Result<()>;
+}
+
+macro_rules! shared {
+    ($($fixture:ty),*) => {$(
+        #[async_trait]
+        impl Shared for $fixture {
+            async fn remove(self) -> crate::fixtures::Result<()> {
+                self.shutdown().await
+            }
+        }
+    )*};
+}
+
+shared!(RedisServer, RedisMasters, EtcdCluster, ZkEnsemble);
+
+/// The whole `main` of a fault binary: its cases share one fixture (`what`, made by `start`) and
+/// break it, so they run one at a time in table order, each given the fixture; the fixture is
+/// removed at the end. With `DLOCK_TEST_NO_DOCKER=1` every case is reported as ignored.
+pub fn run_one_at_a_time<F, E, Fut>(
+    prefix: &str,
+    table: &[(&'static str, Case<Arc<F>>)],
+    budget: Duration,
+    what: &str,
+    start_fixture: impl FnOnce() -> Fut,
+) -> !
+where
+    F: Shared,
+    E: Display,
+    Fut: Future<Output = Result<F, E>>,
+{
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    if docker_opt_out() {
+        run_ignored(&args, placeholders(names(prefix, table)));
+    }
+    let runtime = fixture_runtime();
+    let fixture = Arc::new(start(&runtime, what, start_fixture()));
+    let trials = cases(prefix, table, &fixture, budget);
+    run_then(&args, trials, &runtime, || async move {
+        match Arc::try_unwrap(fixture) {
+            Ok(fixture) => fixture.remove().await,
+            // A trial still holds it (it hung); dropping the last reference removes it.
+            Err(_) => Ok(()),
+        }
+    })
 }
 
 fn new_runtime() -> std::io::Result<Runtime> {

@@ -33,7 +33,7 @@ use dlock_zk::{decode_key, ZkLock, DEFAULT_ROOT};
 use libtest_mimic::{Arguments, Trial};
 
 use support::proxied::Proxied;
-use support::{fixture_runtime, raw, shared, url, SESSION, SHORT_SESSION, TICK};
+use support::{raw, shared, url, SESSION, SHORT_SESSION, TICK};
 
 /// The connect timeout of the outage case's client.
 const OUTAGE_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -126,7 +126,7 @@ fn main() {
             .collect();
         libtest_mimic::run(&args, trials).exit();
     }
-    let runtime = fixture_runtime();
+    let runtime = dlock_testkit::trials::fixture_runtime();
     let options = || ZkOptions::default().with_tick_time(TICK);
     let started = std::time::Instant::now();
     let fixtures = runtime.block_on(async {

@@ -21,7 +21,7 @@ use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
 use dlock_testkit::trials;
 use libtest_mimic::Arguments;
 
-use support::{fixture_runtime, TICK};
+use support::TICK;
 
 fn main() {
     let mut args = Arguments::from_args();
@@ -30,7 +30,7 @@ fn main() {
     if docker_opt_out() {
         trials::run_ignored(&args, trials::placeholders(cases::names()));
     }
-    let runtime = fixture_runtime();
+    let runtime = trials::fixture_runtime();
     let ensemble = Arc::new(trials::start(
         &runtime,
         "a three-member ZooKeeper ensemble",

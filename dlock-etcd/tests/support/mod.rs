@@ -11,7 +11,6 @@ use anyhow::{bail, Context};
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use dlock_core::{DistributedLock, LockKey};
 use dlock_etcd::EtcdLock;
-pub use dlock_testkit::trials::fixture_runtime;
 use dlock_testkit::{Freeze, FreezeProxy};
 use futures::StreamExt;
 use tokio::task::JoinHandle;

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::DistributedLock;
-pub use dlock_testkit::trials::fixture_runtime;
 use dlock_zk::ZkLock;
 
 /// The tick time of the test ensembles: sessions from 1 s to 10 s are allowed.
