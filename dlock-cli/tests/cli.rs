@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use dlock::{DistributedLockExt, LockOptions};
 use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster, RedisMasters, RedisServer};
+use dlock_testkit::trials;
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Handle;
 
@@ -93,25 +94,15 @@ fn main() {
         libtest_mimic::run(&args, trials).exit();
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let started = Instant::now();
-    let (server, masters, etcd) = runtime
-        .block_on(async {
+    let runtime = trials::fixture_runtime();
+    let (server, masters, etcd) =
+        trials::start(&runtime, "Redis, 3 Redlock masters and etcd", async {
             tokio::try_join!(
                 RedisServer::start(),
                 RedisMasters::start(3),
                 EtcdCluster::start(1)
             )
-        })
-        .unwrap_or_else(|e| panic!("cannot start the servers: {e}"));
-    eprintln!(
-        "[timing] Redis, 3 Redlock masters and etcd up in {:.2?}",
-        started.elapsed()
-    );
+        });
     let master_hosts: Vec<String> = masters
         .urls()
         .iter()
@@ -134,15 +125,11 @@ fn main() {
         let redis = redis.clone();
         trials.push(Trial::test(name, move || test(&redis)));
     }
-    let conclusion = libtest_mimic::run(&args, trials);
-    remove_scratch();
-    runtime.block_on(async {
+    trials::run_then(&args, trials, &runtime, || async {
+        remove_scratch();
         let (a, b, c) = tokio::join!(server.shutdown(), masters.shutdown(), etcd.shutdown());
-        a.and(b)
-            .and(c)
-            .unwrap_or_else(|e| eprintln!("removing the servers failed: {e}"));
-    });
-    conclusion.exit();
+        a.and(b).and(c)
+    })
 }
 
 /// A trial against the shared server.
