@@ -57,10 +57,13 @@ fn setup() -> (Arc<dyn DistributedLock>, watch::Sender<SessionState>) {
 /// [`setup`], with "k" held for a minute and the session's first state taken in.
 async fn holding() -> (Arc<dyn DistributedLock>, watch::Sender<SessionState>, Lease) {
     let (locks, session) = setup();
-    let lease = locks
+    let lease = match locks
         .acquire("k", &LockOptions::new(Duration::from_secs(60)))
         .await
-        .unwrap();
+    {
+        Ok(lease) => lease,
+        Err(e) => panic!("acquire: {e}"),
+    };
     settle().await;
     (locks, session, lease)
 }

@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster};
-use dlock_testkit::url_target;
+use dlock_testkit::{trials, url_target};
 use libtest_mimic::Arguments;
 
 use etcd_cases::etcd_trials;
@@ -112,44 +112,29 @@ fn main() {
             dlock_core::Capabilities::new(dlock_core::FencingGuarantee::Monotonic),
             || async { anyhow::bail!("DLOCK_TEST_NO_DOCKER=1") },
         );
-        let trials = suite::trials(&subject)
-            .into_iter()
-            .map(|t| t.with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
+        trials::run_ignored(&args, suite::trials(&subject));
     }
-    let runtime = dlock_testkit::trials::fixture_runtime();
-    let started = std::time::Instant::now();
-    let clusters =
-        runtime.block_on(async { tokio::try_join!(EtcdCluster::start(1), EtcdCluster::start(1)) });
-    let (shared, dedicated) = match clusters {
-        Ok(clusters) => clusters,
-        Err(e) => {
-            eprintln!("cannot start etcd: {e}");
-            std::process::exit(101);
-        }
-    };
-    eprintln!(
-        "[timing] two single-member etcd clusters: {:.2?}",
-        started.elapsed()
-    );
+    let runtime = trials::fixture_runtime();
+    let (shared, dedicated) = trials::start(&runtime, "two single-member etcd clusters", async {
+        tokio::try_join!(EtcdCluster::start(1), EtcdCluster::start(1))
+    });
     // The backend declares its own capabilities; the suite checks them.
     let capabilities = runtime
         .block_on(client(&shared.endpoints(), SESSION_TTL))
         .map(|locks| locks.capabilities());
-    let conclusion = match capabilities.and_then(|c| subject(&shared, &dedicated, c)) {
+    let trials = match capabilities.and_then(|c| subject(&shared, &dedicated, c)) {
         Ok(subject) => {
             let mut trials = suite::trials(&subject);
             trials.extend(etcd_trials(&shared));
-            libtest_mimic::run(&args, trials)
+            trials
         }
         Err(e) => {
             eprintln!("cannot build the subject: {e:#}");
             std::process::exit(101);
         }
     };
-    runtime.block_on(async {
-        let _ = tokio::join!(shared.shutdown(), dedicated.shutdown());
-    });
-    conclusion.exit();
+    trials::run_then(&args, trials, &runtime, || async {
+        let (a, b) = tokio::join!(shared.shutdown(), dedicated.shutdown());
+        a.and(b)
+    })
 }

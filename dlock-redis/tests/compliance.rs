@@ -28,7 +28,7 @@ mod waiting;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
@@ -45,35 +45,21 @@ fn main() {
     if RedisServer::needs_docker() && docker_opt_out() {
         let mut trials = suite::trials(&placeholder_subject());
         trials.extend(own_trials(String::new()));
-        let trials = trials
-            .into_iter()
-            .map(|t| t.with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
+        trials::run_ignored(&args, trials);
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let started = Instant::now();
-    let (shared, outage) = runtime
-        .block_on(async { tokio::try_join!(RedisServer::start(), RedisServer::start()) })
-        .unwrap_or_else(|e| panic!("cannot start the Redis servers: {e}"));
-    eprintln!("[timing] two Redis servers up in {:.2?}", started.elapsed());
+    let runtime = trials::fixture_runtime();
+    let (shared, outage) = trials::start(&runtime, "two Redis servers", async {
+        tokio::try_join!(RedisServer::start(), RedisServer::start())
+    });
 
     let subject = subject(&shared, &outage, runtime.handle().clone());
     let mut trials: Vec<Trial> = suite::trials(&subject);
     trials.extend(own_trials(shared.url()));
-    let conclusion = libtest_mimic::run(&args, trials);
-
-    runtime.block_on(async {
+    trials::run_then(&args, trials, &runtime, || async {
         let (a, b) = tokio::join!(shared.shutdown(), outage.shutdown());
         a.and(b)
-            .unwrap_or_else(|e| eprintln!("removing the servers failed: {e}"));
-    });
-    conclusion.exit();
+    })
 }
 
 /// The Redis-specific trials, each given the shared server's URL.

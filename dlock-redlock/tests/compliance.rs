@@ -24,7 +24,7 @@ mod inspect;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
@@ -39,38 +39,21 @@ fn main() {
     if RedisMasters::needs_docker() && docker_opt_out() {
         let mut trials = suite::trials(&placeholder_subject());
         trials.extend(own_trials(Vec::new()));
-        let trials = trials
-            .into_iter()
-            .map(|t| t.with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
+        trials::run_ignored(&args, trials);
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let started = Instant::now();
-    let (shared, outage) = runtime
-        .block_on(async { tokio::try_join!(RedisMasters::start(5), RedisMasters::start(3)) })
-        .unwrap_or_else(|e| panic!("cannot start the Redis masters: {e}"));
-    eprintln!(
-        "[timing] 5 + 3 Redis masters up in {:.2?}",
-        started.elapsed()
-    );
+    let runtime = trials::fixture_runtime();
+    let (shared, outage) = trials::start(&runtime, "5 + 3 Redis masters", async {
+        tokio::try_join!(RedisMasters::start(5), RedisMasters::start(3))
+    });
 
     let subject = subject(&shared, &outage, runtime.handle().clone());
     let mut trials: Vec<Trial> = suite::trials(&subject);
     trials.extend(own_trials(shared.urls()));
-    let conclusion = libtest_mimic::run(&args, trials);
-
-    runtime.block_on(async {
+    trials::run_then(&args, trials, &runtime, || async {
         let (a, b) = tokio::join!(shared.shutdown(), outage.shutdown());
         a.and(b)
-            .unwrap_or_else(|e| eprintln!("removing the masters failed: {e}"));
-    });
-    conclusion.exit();
+    })
 }
 
 /// The Redlock-specific trials, each given the shared masters' URLs.

@@ -31,6 +31,16 @@ async fn grant(locks: &Arc<RedisLock>, name: &str) -> anyhow::Result<FencingToke
     Ok(token)
 }
 
+/// Makes `key` expire in `ms` milliseconds, as if time had passed.
+async fn pexpire(con: &mut MultiplexedConnection, key: &str, ms: u64) -> anyhow::Result<()> {
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(ms)
+        .query_async(con)
+        .await?;
+    Ok(())
+}
+
 async fn pttl(con: &mut MultiplexedConnection, key: &str) -> anyhow::Result<i64> {
     Ok(redis::cmd("PTTL").arg(key).query_async(con).await?)
 }
@@ -72,11 +82,7 @@ pub async fn fence_ttl_is_rearmed_by_each_grant(url: String) -> anyhow::Result<(
     );
 
     // As if most of the fence TTL had passed without a grant.
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&fence)
-        .arg(100_000)
-        .query_async(&mut con)
-        .await?;
+    pexpire(&mut con, &fence, 100_000).await?;
     let second = grant(&locks, &name).await?;
     ensure!(second > first, "token {second} after {first}");
     let left = pttl(&mut con, &fence).await?;
@@ -86,11 +92,7 @@ pub async fn fence_ttl_is_rearmed_by_each_grant(url: String) -> anyhow::Result<(
     );
 
     // The counter runs out: the next grant starts it again at the server's clock, above before.
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&fence)
-        .arg(1)
-        .query_async(&mut con)
-        .await?;
+    pexpire(&mut con, &fence, 1).await?;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let exists: bool = redis::cmd("EXISTS")
         .arg(&fence)

@@ -9,6 +9,7 @@ use dlock_core::{DistributedLock, DistributedLockExt, FencingGuarantee, LockOpti
 use dlock_redis::protocol::keys::fence_key;
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
+use redis::aio::MultiplexedConnection;
 
 use crate::support::{self, unique};
 
@@ -44,20 +45,36 @@ pub async fn fencing_off_declares_no_guarantee(urls: Vec<String>) -> anyhow::Res
     Ok(())
 }
 
+/// The fence TTL of the expiry trial.
+const FENCE_TTL: Duration = Duration::from_secs(2 * 24 * 3600);
+
+/// Fails unless the counter `fence` on every master has close to [`FENCE_TTL`] left, `after`
+/// what. Generous: the grant happened moments before the check on a possibly loaded machine.
+async fn all_fresh(
+    cons: &mut [MultiplexedConnection],
+    fence: &str,
+    after: &str,
+) -> anyhow::Result<()> {
+    for (i, con) in cons.iter_mut().enumerate() {
+        let pttl: i64 = redis::cmd("PTTL").arg(fence).query_async(con).await?;
+        let fresh = u64::try_from(pttl).is_ok_and(|ms| {
+            let left = Duration::from_millis(ms);
+            left <= FENCE_TTL && left > FENCE_TTL - Duration::from_secs(60)
+        });
+        ensure!(
+            fresh,
+            "master {i}: after {after} the counter's PTTL is {pttl} ms"
+        );
+    }
+    Ok(())
+}
+
 /// With a fence TTL every master's counter gets that expiry with the grant — also those the
 /// write-back raised, since raising rewrites the counter — and the next grant re-arms it; tokens
 /// still grow. Without it, counters never expire.
 pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(
     urls: Vec<String>,
 ) -> anyhow::Result<()> {
-    let fence_ttl = Duration::from_secs(2 * 24 * 3600);
-    // Generous: the grant happened moments before the check on a possibly loaded machine.
-    let fresh = |pttl: i64| {
-        u64::try_from(pttl).is_ok_and(|ms| {
-            let left = Duration::from_millis(ms);
-            left <= fence_ttl && left > fence_ttl - Duration::from_secs(60)
-        })
-    };
     let mut cons = Vec::new();
     for url in &urls {
         cons.push(support::raw(url).await?);
@@ -81,7 +98,7 @@ pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(
 
     let client = Arc::new(
         support::builder(&urls)
-            .with_fence_ttl(fence_ttl)
+            .with_fence_ttl(FENCE_TTL)
             .connect()
             .await?,
     );
@@ -91,12 +108,8 @@ pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(
     let first = client.try_acquire(&key, &opts).await?.context("busy")?;
     let token = first.fencing_token();
     first.release().await?;
-    for (i, con) in cons.iter_mut().enumerate() {
-        let pttl: i64 = redis::cmd("PTTL").arg(&fence).query_async(con).await?;
-        ensure!(
-            fresh(pttl),
-            "master {i}: after the first grant the counter's PTTL is {pttl} ms"
-        );
+    all_fresh(&mut cons, &fence, "the first grant").await?;
+    for con in cons.iter_mut() {
         // As if most of the fence TTL had passed without a grant.
         let _: () = redis::cmd("PEXPIRE")
             .arg(&fence)
@@ -111,12 +124,6 @@ pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(
         second.fencing_token()
     );
     second.release().await?;
-    for (i, con) in cons.iter_mut().enumerate() {
-        let pttl: i64 = redis::cmd("PTTL").arg(&fence).query_async(con).await?;
-        ensure!(
-            fresh(pttl),
-            "master {i}: after the next grant the counter's PTTL is {pttl} ms"
-        );
-    }
+    all_fresh(&mut cons, &fence, "the next grant").await?;
     Ok(())
 }
