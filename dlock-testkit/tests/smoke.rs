@@ -179,6 +179,12 @@ async fn redis_single() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `key` read through a new connection (the old one died with the server), within [`ANSWER`].
+async fn redis_get_anew(url: &str, key: &str) -> anyhow::Result<Option<String>> {
+    let mut con = redis_connect(url).await?;
+    Ok(timeout(ANSWER, redis_get(&mut con, key)).await??)
+}
+
 async fn redis_persistence() -> anyhow::Result<()> {
     let server = RedisServer::start_with(RedisOptions::default().with_persistence(true)).await?;
     let url = server.url();
@@ -190,22 +196,19 @@ async fn redis_persistence() -> anyhow::Result<()> {
     let member = server.member()?;
     member.kill().await?;
     member.start().await?;
-    let mut con = redis_connect(&url).await?;
-    let after_crash = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    let after_crash = redis_get_anew(&url, "kept").await?;
     ensure!(
         after_crash == Some("1".into()),
         "fsync=always lost a key in a crash: {after_crash:?}"
     );
     member.restart_keep_data().await?;
-    let mut con = redis_connect(&url).await?;
-    let after_restart = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    let after_restart = redis_get_anew(&url, "kept").await?;
     ensure!(
         after_restart == Some("1".into()),
         "restart_keep_data lost a key: {after_restart:?}"
     );
     member.restart_wipe_data().await?;
-    let mut con = redis_connect(&url).await?;
-    let after_wipe = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    let after_wipe = redis_get_anew(&url, "kept").await?;
     ensure!(
         after_wipe.is_none(),
         "restart_wipe_data kept a key: {after_wipe:?}"
