@@ -112,7 +112,9 @@ fn main() {
             dlock_core::Capabilities::new(dlock_core::FencingGuarantee::Monotonic),
             || async { anyhow::bail!("DLOCK_TEST_NO_DOCKER=1") },
         );
-        trials::run_ignored(&args, suite::trials(&subject));
+        let mut trials = suite::trials(&subject);
+        trials.extend(trials::placeholders(etcd_cases::names()));
+        trials::run_ignored(&args, trials);
     }
     let runtime = trials::fixture_runtime();
     let (shared, dedicated) = trials::start(&runtime, "two single-member etcd clusters", async {

@@ -44,6 +44,11 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
     ]
 }
 
+/// The etcd-specific trial names, for a run that opted out of Docker.
+pub fn names() -> Vec<String> {
+    trials::names("etcd", &cases())
+}
+
 /// The etcd-specific trials against the shared cluster.
 pub fn etcd_trials(cluster: &EtcdCluster) -> Vec<Trial> {
     let env = Env {
