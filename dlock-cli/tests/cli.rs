@@ -527,14 +527,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
         "status printed {stdout:?}"
     );
 
-    redis.handle.block_on(lease.release())?;
-    drop(locks);
-    let output = dlock_status(&redis.url, &key);
-    ensure!(
-        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
-        "status after release: {output:?}"
-    );
-    Ok(())
+    released_then_free(redis, &redis.url, &key, locks, lease)
 }
 
 /// Starts `dlock run` with `script` (which must write `started` to `log` first), deletes the
@@ -641,8 +634,7 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
         &["sh", "-c", &script],
     ))?;
     wait_for(&log, "started")?;
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    sigterm(&child)?;
     let output = finish(child)?;
     exits(&output, 3)?;
     ensure!(
@@ -662,6 +654,41 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
 /// (exit 75), then free (exit 0) after the release. Looking takes nothing: the holder keeps it.
 fn status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
     status_shows_holder_then_free(servers, &servers.etcd_url, "etcd", "")
+}
+
+/// Releases the holder's `lease` and drops its handle; `status` on `url` then finds `key` free
+/// (exit 0): nothing the test did left the lock held.
+fn released_then_free(
+    servers: &Servers,
+    url: &str,
+    key: &str,
+    locks: dlock::Locks,
+    lease: dlock::Lease,
+) -> Result<(), Failed> {
+    servers.handle.block_on(lease.release())?;
+    drop(locks);
+    let output = dlock_status(url, key);
+    ensure!(
+        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
+        "status after the holder's release: {output:?}"
+    );
+    Ok(())
+}
+
+/// Fails if the command of a `dlock run` left its `marker`: it ran without the lock.
+fn never_ran(marker: &str) -> Result<(), Failed> {
+    ensure!(
+        !Path::new(marker).exists(),
+        "the command ran without the lock"
+    );
+    Ok(())
+}
+
+/// Sends SIGTERM to a child process, as a service manager stopping it would.
+fn sigterm(child: &Child) -> Result<(), Failed> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    Ok(())
 }
 
 /// Holds `key` through the library on `url`: the handle and the lease.
@@ -701,16 +728,7 @@ fn status_shows_holder_then_free(
         "looking took the lock from its holder: {:?}",
         lease.state()
     );
-    servers.handle.block_on(lease.release())?;
-    drop(locks);
-    let output = dlock_status(url, &key);
-    exits(&output, 0)?;
-    ensure!(
-        text(&output.stdout) == format!("{key}: free\n"),
-        "status after release: {:?}",
-        text(&output.stdout)
-    );
-    Ok(())
+    released_then_free(servers, url, &key, locks, lease)
 }
 
 /// SIGTERM to a `dlock run` waiting for a busy lock: it exits with 143 without running the
@@ -729,23 +747,11 @@ fn interrupted_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     ))?;
     // Time to connect and queue up behind the holder (generous on a loaded machine).
     std::thread::sleep(Duration::from_secs(2));
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(waiter.id())?);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    sigterm(&waiter)?;
     let output = finish(waiter)?;
     exits(&output, 143)?;
-    ensure!(
-        !Path::new(&marker).exists(),
-        "the command ran without the lock"
-    );
-    servers.handle.block_on(lease.release())?;
-    drop(locks);
-    let output = dlock_status(&servers.etcd_url, &key);
-    ensure!(
-        text(&output.stdout) == format!("{key}: free\n"),
-        "after the holder's release: {:?}",
-        text(&output.stdout)
-    );
-    Ok(())
+    never_ran(&marker)?;
+    released_then_free(servers, &servers.etcd_url, &key, locks, lease)
 }
 
 /// `dlock run --wait` that runs out behind a holder exits 75 only after withdrawing its place in
@@ -782,10 +788,7 @@ fn timed_out_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     };
     let output = finish(waiter)?;
     exits(&output, 75)?;
-    ensure!(
-        !Path::new(&marker).exists(),
-        "the command ran without the lock"
-    );
+    never_ran(&marker)?;
     let released = Instant::now();
     servers.handle.block_on(lease.release())?;
     let (held, next) = servers.handle.block_on(next)??;
