@@ -201,6 +201,21 @@ impl StateLog {
     }
 }
 
+/// Waits up to 20 s for `lease` to count as held again (its session recovered); fails with
+/// `failure` and the states seen as soon as it is lost, or when the time is up.
+async fn held_again(lease: &Lease, states: &StateLog, failure: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !lease.is_held() {
+        ensure!(
+            Instant::now() < deadline && !lease.state().is_lost(),
+            "{failure}: {}",
+            states.summary()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 impl Drop for StateLog {
     fn drop(&mut self) {
         self.task.abort();
@@ -253,15 +268,12 @@ async fn follower_stops_and_locks_keep_working(cx: Ctx) -> anyhow::Result<()> {
         "the held lock was free while a follower was down"
     );
     // The holder reconnected to another member in the same session.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !lease.is_held() {
-        ensure!(
-            Instant::now() < deadline && !lease.state().is_lost(),
-            "the lease did not recover after the follower stopped: {}",
-            states.summary()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    held_again(
+        &lease,
+        &states,
+        "the lease did not recover after the follower stopped",
+    )
+    .await?;
     ensure!(
         holder.session_id() == session,
         "the holder's session changed"
@@ -321,15 +333,7 @@ async fn leader_stops_and_the_lease_survives_the_election(cx: Ctx) -> anyhow::Re
         probe.fencing_token()
     );
     probe.release().await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !lease.is_held() {
-        ensure!(
-            Instant::now() < deadline && !lease.state().is_lost(),
-            "the lease did not survive the election: {}",
-            states.summary()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    held_again(&lease, &states, "the lease did not survive the election").await?;
     ensure!(
         holder.session_id() == session,
         "the holder's session did not survive"
