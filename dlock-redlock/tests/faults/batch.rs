@@ -210,8 +210,7 @@ pub async fn a_mixed_batch_with_one_master_down_answers_like_extend(
 pub async fn three_of_five_masters_down_answer_unavailable_per_lease(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    support::all_serving(&masters).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+    let client = support::serving_client(&masters).await?;
     let held = held_leases(&client, 3).await?;
     let never = Lease::new("never")?;
     for i in 0..3 {

@@ -38,8 +38,7 @@ async fn cycle(client: &Arc<RedlockLock>, key: &str) -> anyhow::Result<FencingTo
 pub async fn one_or_two_of_five_masters_down_still_lock(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    support::all_serving(&masters).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+    let client = support::serving_client(&masters).await?;
     let key = unique("down");
     let mut last = cycle(&client, &key).await?;
     for down in [0, 1] {
@@ -66,8 +65,7 @@ pub async fn one_or_two_of_five_masters_down_still_lock(
 pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    support::all_serving(&masters).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+    let client = support::serving_client(&masters).await?;
     let key = unique("three-down");
     cycle(&client, &key).await?;
     for i in 0..3 {
@@ -135,8 +133,7 @@ pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed(
 pub async fn a_frozen_master_costs_at_most_the_node_timeout(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    support::all_serving(&masters).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+    let client = support::serving_client(&masters).await?;
     let key = unique("frozen");
     cycle(&client, &key).await?;
     let frozen = masters.member(2)?;

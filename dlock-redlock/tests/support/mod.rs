@@ -2,9 +2,10 @@
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_redlock::RedlockBuilder;
+use dlock_redlock::{RedlockBuilder, RedlockLock};
 use dlock_testkit::fixtures::RedisMasters;
 use redis::aio::MultiplexedConnection;
 
@@ -37,6 +38,13 @@ pub async fn all_serving(masters: &RedisMasters) -> anyhow::Result<()> {
         member.start().await?;
     }
     Ok(())
+}
+
+/// A client of every master once [`all_serving`] brought them all back: how most fault cases
+/// begin.
+pub async fn serving_client(masters: &RedisMasters) -> anyhow::Result<Arc<RedlockLock>> {
+    all_serving(masters).await?;
+    Ok(Arc::new(builder(&masters.urls()).connect().await?))
 }
 
 /// A plain connection to one master, for looking at and planting keys.
