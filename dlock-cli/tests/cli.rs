@@ -182,6 +182,11 @@ fn dlock_run(url: &str, key: &str, options: &[&str], command: &[&str]) -> Comman
     run
 }
 
+/// [`dlock_run`], run to its end.
+fn dlock_run_to_end(url: &str, key: &str, options: &[&str], command: &[&str]) -> Output {
+    run_to_end(&mut dlock_run(url, key, options, command))
+}
+
 /// `dlock status --url URL --key KEY`, run to its end.
 fn dlock_status(url: &str, key: &str) -> Output {
     run_to_end(dlock().args(["status", "--url", url, "--key", key]))
@@ -383,12 +388,12 @@ fn usage_errors_are_one_line_64() -> Result<(), Failed> {
 }
 
 fn memory_run_exports_the_token() -> Result<(), Failed> {
-    let output = run_to_end(&mut dlock_run(
+    let output = dlock_run_to_end(
         "memory://",
         "jobs/a",
         &[],
         &["sh", "-c", "echo \"$DLOCK_KEY $DLOCK_FENCING_TOKEN\""],
-    ));
+    );
     exits(&output, 0)?;
     ensure!(
         text(&output.stdout) == "jobs/a 1\n",
@@ -404,23 +409,18 @@ fn memory_run_exports_the_token() -> Result<(), Failed> {
 }
 
 fn missing_command_is_127() -> Result<(), Failed> {
-    let output = run_to_end(&mut dlock_run(
-        "memory://",
-        "k",
-        &[],
-        &["/nonexistent/command"],
-    ));
+    let output = dlock_run_to_end("memory://", "k", &[], &["/nonexistent/command"]);
     exits(&output, 127)?;
     one_line_error(&output, "/nonexistent/command")
 }
 
 fn unreachable_server_is_69() -> Result<(), Failed> {
-    let output = run_to_end(&mut dlock_run(
+    let output = dlock_run_to_end(
         "redis://u:hunter2@127.0.0.1:1?connect_timeout=300ms",
         "k",
         &[],
         &["true"],
-    ));
+    );
     exits(&output, 69)?;
     one_line_error(&output, "unavailable")?;
     ensure!(
@@ -495,12 +495,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
 
     for wait in ["0", "300ms"] {
         let touch = marker.display().to_string();
-        let output = run_to_end(&mut dlock_run(
-            &redis.url,
-            &key,
-            &["--wait", wait],
-            &["touch", &touch],
-        ));
+        let output = dlock_run_to_end(&redis.url, &key, &["--wait", wait], &["touch", &touch]);
         ensure!(
             code(&output) == 75,
             "--wait {wait} exited {}",
@@ -597,12 +592,7 @@ fn exit_status_passes_through(redis: &Servers) -> Result<(), Failed> {
         ("exit 0".to_owned(), 0),
         ("kill -9 $$".to_owned(), 137),
     ] {
-        let output = run_to_end(&mut dlock_run(
-            &redis.url,
-            &key,
-            &["--wait", "30s"],
-            &["sh", "-c", &script],
-        ));
+        let output = dlock_run_to_end(&redis.url, &key, &["--wait", "30s"], &["sh", "-c", &script]);
         ensure!(
             code(&output) == expected,
             "{script:?} exited {}, expected {expected}",
@@ -812,7 +802,7 @@ fn redlock_status_names_the_holders_token(servers: &Servers) -> Result<(), Faile
 fn fence_ttl_from_the_url_reaches_the_counter(redis: &Servers) -> Result<(), Failed> {
     let key = format!("cli-fence-ttl-{}", std::process::id());
     let url = format!("{}?fence_ttl=1d", redis.url);
-    let output = run_to_end(&mut dlock_run(&url, &key, &[], &["true"]));
+    let output = dlock_run_to_end(&url, &key, &[], &["true"]);
     exits(&output, 0)?;
     let fence = format!("{{{key}}}:dlock:fence");
     let server = redis.url.clone();

@@ -16,7 +16,9 @@ use dlock_testkit::trials::{self, Case};
 use libtest_mimic::Trial;
 use tokio::time::Instant;
 
-use crate::support::{self, client, contenders, eventually, raw, Exec, NAMESPACE, TRIAL_BUDGET};
+use crate::support::{
+    self, client, contenders, contenders_until, eventually, raw, Exec, NAMESPACE, TRIAL_BUDGET,
+};
 use crate::SESSION_TTL;
 
 /// What the cases need to know about the shared cluster.
@@ -171,11 +173,14 @@ async fn etcdctl_holds_and_dlock_waits(
         support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
     )
     .await?;
-    eventually("etcdctl holds the lock", Duration::from_secs(10), || {
-        let (locks, key) = (locks.clone(), key.clone());
-        let raw = raw.clone();
-        async move { Ok(!contenders(&raw, &locks, &key).await?.is_empty()) }
-    })
+    contenders_until(
+        "etcdctl holds the lock",
+        Duration::from_secs(10),
+        &raw,
+        &locks,
+        &key,
+        |n| n > 0,
+    )
     .await?;
     let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(15));
     ensure!(
@@ -224,11 +229,14 @@ async fn dlock_holds_and_etcdctl_waits(
         support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
     )
     .await?;
-    eventually("etcdctl queues behind us", Duration::from_secs(10), || {
-        let (locks, key) = (locks.clone(), key.clone());
-        let raw = raw.clone();
-        async move { Ok(contenders(&raw, &locks, &key).await?.len() == 2) }
-    })
+    contenders_until(
+        "etcdctl queues behind us",
+        Duration::from_secs(10),
+        &raw,
+        &locks,
+        &key,
+        |n| n == 2,
+    )
     .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let early = raw.get(marker.as_str(), None).await?;
@@ -272,11 +280,14 @@ async fn waiter_whose_session_ends_fails_its_acquire(
         let (waiter, key, opts) = (waiter.clone(), key.clone(), opts.clone());
         tokio::spawn(async move { waiter.acquire(&key, &opts).await })
     };
-    eventually("the waiter queues", Duration::from_secs(5), || {
-        let (locks, key) = (holder.clone(), key.clone());
-        let raw = raw.clone();
-        async move { Ok(contenders(&raw, &locks, &key).await?.len() == 2) }
-    })
+    contenders_until(
+        "the waiter queues",
+        Duration::from_secs(5),
+        &raw,
+        &holder,
+        &key,
+        |n| n == 2,
+    )
     .await?;
     let doomed = waiter.session_lease().context("waiter has no session")?;
     let revoked_at = Instant::now();

@@ -96,6 +96,23 @@ where
     }
 }
 
+/// Waits up to `within` until the number of contender keys stored for lock `key` is `wanted`
+/// of it; `what` names the wait in the error.
+pub async fn contenders_until(
+    what: &str,
+    within: Duration,
+    raw: &etcd_client::Client,
+    locks: &EtcdLock,
+    key: &str,
+    wanted: impl Fn(usize) -> bool,
+) -> anyhow::Result<()> {
+    let wanted = &wanted;
+    eventually(what, within, || async move {
+        Ok(wanted(contenders(raw, locks, key).await?.len()))
+    })
+    .await
+}
+
 /// A freeze switch that keeps its proxy alive.
 pub struct ProxyFreeze {
     switch: Arc<dyn Freeze>,
