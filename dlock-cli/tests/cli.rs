@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use dlock::{DistributedLockExt, LockOptions};
 use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster, RedisMasters, RedisServer};
+use dlock_testkit::trials;
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Handle;
 
@@ -93,25 +94,15 @@ fn main() {
         libtest_mimic::run(&args, trials).exit();
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let started = Instant::now();
-    let (server, masters, etcd) = runtime
-        .block_on(async {
+    let runtime = trials::fixture_runtime();
+    let (server, masters, etcd) =
+        trials::start(&runtime, "Redis, 3 Redlock masters and etcd", async {
             tokio::try_join!(
                 RedisServer::start(),
                 RedisMasters::start(3),
                 EtcdCluster::start(1)
             )
-        })
-        .unwrap_or_else(|e| panic!("cannot start the servers: {e}"));
-    eprintln!(
-        "[timing] Redis, 3 Redlock masters and etcd up in {:.2?}",
-        started.elapsed()
-    );
+        });
     let master_hosts: Vec<String> = masters
         .urls()
         .iter()
@@ -134,15 +125,11 @@ fn main() {
         let redis = redis.clone();
         trials.push(Trial::test(name, move || test(&redis)));
     }
-    let conclusion = libtest_mimic::run(&args, trials);
-    remove_scratch();
-    runtime.block_on(async {
+    trials::run_then(&args, trials, &runtime, || async {
+        remove_scratch();
         let (a, b, c) = tokio::join!(server.shutdown(), masters.shutdown(), etcd.shutdown());
-        a.and(b)
-            .and(c)
-            .unwrap_or_else(|e| eprintln!("removing the servers failed: {e}"));
-    });
-    conclusion.exit();
+        a.and(b).and(c)
+    })
 }
 
 /// A trial against the shared server.
@@ -193,6 +180,11 @@ fn dlock_run(url: &str, key: &str, options: &[&str], command: &[&str]) -> Comman
         .arg("--")
         .args(command);
     run
+}
+
+/// [`dlock_run`], run to its end.
+fn dlock_run_to_end(url: &str, key: &str, options: &[&str], command: &[&str]) -> Output {
+    run_to_end(&mut dlock_run(url, key, options, command))
 }
 
 /// `dlock status --url URL --key KEY`, run to its end.
@@ -396,12 +388,12 @@ fn usage_errors_are_one_line_64() -> Result<(), Failed> {
 }
 
 fn memory_run_exports_the_token() -> Result<(), Failed> {
-    let output = run_to_end(&mut dlock_run(
+    let output = dlock_run_to_end(
         "memory://",
         "jobs/a",
         &[],
         &["sh", "-c", "echo \"$DLOCK_KEY $DLOCK_FENCING_TOKEN\""],
-    ));
+    );
     exits(&output, 0)?;
     ensure!(
         text(&output.stdout) == "jobs/a 1\n",
@@ -417,23 +409,18 @@ fn memory_run_exports_the_token() -> Result<(), Failed> {
 }
 
 fn missing_command_is_127() -> Result<(), Failed> {
-    let output = run_to_end(&mut dlock_run(
-        "memory://",
-        "k",
-        &[],
-        &["/nonexistent/command"],
-    ));
+    let output = dlock_run_to_end("memory://", "k", &[], &["/nonexistent/command"]);
     exits(&output, 127)?;
     one_line_error(&output, "/nonexistent/command")
 }
 
 fn unreachable_server_is_69() -> Result<(), Failed> {
-    let output = run_to_end(&mut dlock_run(
+    let output = dlock_run_to_end(
         "redis://u:hunter2@127.0.0.1:1?connect_timeout=300ms",
         "k",
         &[],
         &["true"],
-    ));
+    );
     exits(&output, 69)?;
     one_line_error(&output, "unavailable")?;
     ensure!(
@@ -508,12 +495,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
 
     for wait in ["0", "300ms"] {
         let touch = marker.display().to_string();
-        let output = run_to_end(&mut dlock_run(
-            &redis.url,
-            &key,
-            &["--wait", wait],
-            &["touch", &touch],
-        ));
+        let output = dlock_run_to_end(&redis.url, &key, &["--wait", wait], &["touch", &touch]);
         ensure!(
             code(&output) == 75,
             "--wait {wait} exited {}",
@@ -540,14 +522,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
         "status printed {stdout:?}"
     );
 
-    redis.handle.block_on(lease.release())?;
-    drop(locks);
-    let output = dlock_status(&redis.url, &key);
-    ensure!(
-        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
-        "status after release: {output:?}"
-    );
-    Ok(())
+    released_then_free(redis, &redis.url, &key, locks, lease)
 }
 
 /// Starts `dlock run` with `script` (which must write `started` to `log` first), deletes the
@@ -617,12 +592,7 @@ fn exit_status_passes_through(redis: &Servers) -> Result<(), Failed> {
         ("exit 0".to_owned(), 0),
         ("kill -9 $$".to_owned(), 137),
     ] {
-        let output = run_to_end(&mut dlock_run(
-            &redis.url,
-            &key,
-            &["--wait", "30s"],
-            &["sh", "-c", &script],
-        ));
+        let output = dlock_run_to_end(&redis.url, &key, &["--wait", "30s"], &["sh", "-c", &script]);
         ensure!(
             code(&output) == expected,
             "{script:?} exited {}, expected {expected}",
@@ -654,8 +624,7 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
         &["sh", "-c", &script],
     ))?;
     wait_for(&log, "started")?;
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    sigterm(&child)?;
     let output = finish(child)?;
     exits(&output, 3)?;
     ensure!(
@@ -675,6 +644,41 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
 /// (exit 75), then free (exit 0) after the release. Looking takes nothing: the holder keeps it.
 fn status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
     status_shows_holder_then_free(servers, &servers.etcd_url, "etcd", "")
+}
+
+/// Releases the holder's `lease` and drops its handle; `status` on `url` then finds `key` free
+/// (exit 0): nothing the test did left the lock held.
+fn released_then_free(
+    servers: &Servers,
+    url: &str,
+    key: &str,
+    locks: dlock::Locks,
+    lease: dlock::Lease,
+) -> Result<(), Failed> {
+    servers.handle.block_on(lease.release())?;
+    drop(locks);
+    let output = dlock_status(url, key);
+    ensure!(
+        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
+        "status after the holder's release: {output:?}"
+    );
+    Ok(())
+}
+
+/// Fails if the command of a `dlock run` left its `marker`: it ran without the lock.
+fn never_ran(marker: &str) -> Result<(), Failed> {
+    ensure!(
+        !Path::new(marker).exists(),
+        "the command ran without the lock"
+    );
+    Ok(())
+}
+
+/// Sends SIGTERM to a child process, as a service manager stopping it would.
+fn sigterm(child: &Child) -> Result<(), Failed> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    Ok(())
 }
 
 /// Holds `key` through the library on `url`: the handle and the lease.
@@ -714,16 +718,7 @@ fn status_shows_holder_then_free(
         "looking took the lock from its holder: {:?}",
         lease.state()
     );
-    servers.handle.block_on(lease.release())?;
-    drop(locks);
-    let output = dlock_status(url, &key);
-    exits(&output, 0)?;
-    ensure!(
-        text(&output.stdout) == format!("{key}: free\n"),
-        "status after release: {:?}",
-        text(&output.stdout)
-    );
-    Ok(())
+    released_then_free(servers, url, &key, locks, lease)
 }
 
 /// SIGTERM to a `dlock run` waiting for a busy lock: it exits with 143 without running the
@@ -742,23 +737,11 @@ fn interrupted_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     ))?;
     // Time to connect and queue up behind the holder (generous on a loaded machine).
     std::thread::sleep(Duration::from_secs(2));
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(waiter.id())?);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    sigterm(&waiter)?;
     let output = finish(waiter)?;
     exits(&output, 143)?;
-    ensure!(
-        !Path::new(&marker).exists(),
-        "the command ran without the lock"
-    );
-    servers.handle.block_on(lease.release())?;
-    drop(locks);
-    let output = dlock_status(&servers.etcd_url, &key);
-    ensure!(
-        text(&output.stdout) == format!("{key}: free\n"),
-        "after the holder's release: {:?}",
-        text(&output.stdout)
-    );
-    Ok(())
+    never_ran(&marker)?;
+    released_then_free(servers, &servers.etcd_url, &key, locks, lease)
 }
 
 /// `dlock run --wait` that runs out behind a holder exits 75 only after withdrawing its place in
@@ -795,10 +778,7 @@ fn timed_out_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     };
     let output = finish(waiter)?;
     exits(&output, 75)?;
-    ensure!(
-        !Path::new(&marker).exists(),
-        "the command ran without the lock"
-    );
+    never_ran(&marker)?;
     let released = Instant::now();
     servers.handle.block_on(lease.release())?;
     let (held, next) = servers.handle.block_on(next)??;
@@ -822,7 +802,7 @@ fn redlock_status_names_the_holders_token(servers: &Servers) -> Result<(), Faile
 fn fence_ttl_from_the_url_reaches_the_counter(redis: &Servers) -> Result<(), Failed> {
     let key = format!("cli-fence-ttl-{}", std::process::id());
     let url = format!("{}?fence_ttl=1d", redis.url);
-    let output = run_to_end(&mut dlock_run(&url, &key, &[], &["true"]));
+    let output = dlock_run_to_end(&url, &key, &[], &["true"]);
     exits(&output, 0)?;
     let fence = format!("{{{key}}}:dlock:fence");
     let server = redis.url.clone();

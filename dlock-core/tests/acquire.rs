@@ -6,20 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{
-    DistributedLock, DistributedLockExt, Drift, Error, FencingToken, InMemoryLock, LockOptions,
-    LostReason,
-};
-use support::{settle, Scripted};
+use dlock_core::{DistributedLockExt, Drift, Error, FencingToken, LostReason};
+use support::{grants, memory, opts, settle, Scripted};
 use tokio::time::Instant;
-
-fn memory() -> Arc<dyn DistributedLock> {
-    Arc::new(InMemoryLock::new())
-}
-
-fn opts(ttl_ms: u64) -> LockOptions {
-    LockOptions::new(Duration::from_millis(ttl_ms))
-}
 
 #[tokio::test(start_paused = true)]
 async fn try_acquire_answers_busy_without_waiting() {
@@ -30,18 +19,10 @@ async fn try_acquire_answers_busy_without_waiting() {
         .unwrap()
         .unwrap();
     let start = Instant::now();
-    assert!(locks
-        .try_acquire("k", &opts(10_000))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(!grants(&locks, "k", &opts(10_000)).await);
     assert_eq!(start.elapsed(), Duration::ZERO);
     held.release().await.unwrap();
-    assert!(locks
-        .try_acquire("k", &opts(10_000))
-        .await
-        .unwrap()
-        .is_some());
+    assert!(grants(&locks, "k", &opts(10_000)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -130,7 +111,7 @@ async fn a_grant_that_arrives_too_late_is_released_not_returned() {
     backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
     settle().await;
     // Nothing is left held by the useless grant.
-    assert!(locks.try_acquire("k", &opts(400)).await.unwrap().is_some());
+    assert!(grants(&locks, "k", &opts(400)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -149,7 +130,7 @@ async fn a_waiting_acquire_retries_after_a_late_grant() {
     );
     backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
     settle().await;
-    assert!(locks.try_acquire("k", &opts(400)).await.unwrap().is_some());
+    assert!(grants(&locks, "k", &opts(400)).await);
 }
 
 #[tokio::test(start_paused = true)]

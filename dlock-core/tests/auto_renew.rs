@@ -2,28 +2,35 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{AutoRenew, DistributedLockExt, LeaseState, LockOptions, LostReason};
-use support::{settle, Scripted};
+use dlock_core::{
+    AutoRenew, DistributedLock, DistributedLockExt, Lease, LeaseState, LockOptions, LostReason,
+};
+use support::{grants, settle, Scripted};
 use tokio::time::Instant;
 
 fn renewing(ttl_ms: u64) -> LockOptions {
     LockOptions::new(Duration::from_millis(ttl_ms)).with_auto_renew()
 }
 
-#[tokio::test(start_paused = true)]
-async fn keeps_the_lock_past_several_ttls_and_stops_after_release() {
+/// A scripted backend and a lease of "k" on it, renewed automatically with a 900 ms TTL.
+async fn renewing_lease() -> (Scripted, Arc<dyn DistributedLock>, Lease) {
     let backend = Scripted::new();
     let locks = backend.shared();
-    let lease = locks.acquire("k", &renewing(900)).await.unwrap();
+    match locks.acquire("k", &renewing(900)).await {
+        Ok(lease) => (backend, locks, lease),
+        Err(e) => panic!("acquire: {e}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn keeps_the_lock_past_several_ttls_and_stops_after_release() {
+    let (backend, locks, lease) = renewing_lease().await;
     tokio::time::sleep(Duration::from_millis(900 * 5)).await;
     assert!(lease.is_held());
-    assert!(locks
-        .try_acquire("k", &renewing(900))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(!grants(&locks, "k", &renewing(900)).await);
     let renewals = Scripted::count(&backend.calls.extend);
     assert!(
         (14..=16).contains(&renewals),
@@ -40,9 +47,7 @@ async fn keeps_the_lock_past_several_ttls_and_stops_after_release() {
 
 #[tokio::test(start_paused = true)]
 async fn stops_when_the_lease_is_dropped() {
-    let backend = Scripted::new();
-    let locks = backend.shared();
-    let lease = locks.acquire("k", &renewing(900)).await.unwrap();
+    let (backend, _locks, lease) = renewing_lease().await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     drop(lease);
     settle().await;
@@ -53,9 +58,7 @@ async fn stops_when_the_lease_is_dropped() {
 
 #[tokio::test(start_paused = true)]
 async fn failing_renewals_make_it_uncertain_then_lost_at_the_deadline() {
-    let backend = Scripted::new();
-    let locks = backend.shared();
-    let lease = locks.acquire("k", &renewing(900)).await.unwrap();
+    let (backend, _locks, lease) = renewing_lease().await;
     Scripted::set(&backend.faults.fail_extend, true);
     let deadline = lease.valid_until();
     tokio::time::sleep(Duration::from_millis(301)).await;
@@ -71,9 +74,7 @@ async fn failing_renewals_make_it_uncertain_then_lost_at_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_recovers_in_time_returns_to_held() {
-    let backend = Scripted::new();
-    let locks = backend.shared();
-    let lease = locks.acquire("k", &renewing(900)).await.unwrap();
+    let (backend, _locks, lease) = renewing_lease().await;
     Scripted::set(&backend.faults.fail_extend, true);
     tokio::time::sleep(Duration::from_millis(301)).await;
     assert!(matches!(lease.state(), LeaseState::Uncertain { .. }));
@@ -86,9 +87,7 @@ async fn a_renewal_that_recovers_in_time_returns_to_held() {
 
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_finds_another_owner_marks_the_lease_lost_at_once() {
-    let backend = Scripted::new();
-    let locks = backend.shared();
-    let lease = locks.acquire("k", &renewing(900)).await.unwrap();
+    let (backend, _locks, lease) = renewing_lease().await;
     Scripted::set(&backend.faults.extend_taken_over, true);
     let start = Instant::now();
     assert_eq!(lease.lost().await, LostReason::TakenOver);
@@ -113,5 +112,5 @@ async fn max_hold_ends_renewal() {
     );
     // The server frees it too.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(locks.try_acquire("k", &opts).await.unwrap().is_some());
+    assert!(grants(&locks, "k", &opts).await);
 }

@@ -5,13 +5,9 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use dlock_core::{DistributedLockExt, LockOptions};
-use support::{settle, Scripted};
+use dlock_core::DistributedLockExt;
+use support::{grants, opts, settle, Scripted};
 use tokio::time::Instant;
-
-fn opts(ttl_ms: u64) -> LockOptions {
-    LockOptions::new(Duration::from_millis(ttl_ms))
-}
 
 #[tokio::test(start_paused = true)]
 async fn an_acquire_dropped_after_the_grant_releases_what_it_took() {
@@ -24,11 +20,7 @@ async fn an_acquire_dropped_after_the_grant_releases_what_it_took() {
     Scripted::set(&backend.faults.hang_after_grant, false);
     settle().await;
     let start = Instant::now();
-    assert!(locks
-        .try_acquire("k", &opts(60_000))
-        .await
-        .unwrap()
-        .is_some());
+    assert!(grants(&locks, "k", &opts(60_000)).await);
     assert_eq!(
         start.elapsed(),
         Duration::ZERO,
@@ -50,11 +42,7 @@ async fn a_try_acquire_dropped_after_the_grant_releases_too() {
     assert!(dropped.is_err());
     Scripted::set(&backend.faults.hang_after_grant, false);
     settle().await;
-    assert!(locks
-        .try_acquire("k", &opts(60_000))
-        .await
-        .unwrap()
-        .is_some());
+    assert!(grants(&locks, "k", &opts(60_000)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -70,11 +58,7 @@ async fn a_waiter_dropped_mid_wait_leaves_nothing_held() {
     assert!(waiting.is_err());
     holder.release().await.unwrap();
     settle().await;
-    assert!(locks
-        .try_acquire("k", &opts(60_000))
-        .await
-        .unwrap()
-        .is_some());
+    assert!(grants(&locks, "k", &opts(60_000)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -83,11 +67,7 @@ async fn a_busy_answer_costs_no_cleanup_round_trip() {
     let locks = backend.shared();
     let _holder = locks.acquire("k", &opts(60_000)).await.unwrap();
     for _ in 0..5 {
-        assert!(locks
-            .try_acquire("k", &opts(60_000))
-            .await
-            .unwrap()
-            .is_none());
+        assert!(!grants(&locks, "k", &opts(60_000)).await);
     }
     settle().await;
     assert_eq!(backend.calls.release.load(Ordering::SeqCst), 0);

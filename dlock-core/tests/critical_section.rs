@@ -1,15 +1,11 @@
 //! Guarded work: released afterwards, cancelled when the lease is lost.
 
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
-use dlock_core::{
-    DistributedLock, DistributedLockExt, InMemoryLock, LeaseEnd, LockOptions, LostReason, Released,
-};
-
-fn memory() -> Arc<dyn DistributedLock> {
-    Arc::new(InMemoryLock::new())
-}
+use dlock_core::{DistributedLockExt, LeaseEnd, LockOptions, LostReason, Released};
+use support::{grants, memory};
 
 #[tokio::test(start_paused = true)]
 async fn finished_work_is_released() {
@@ -24,7 +20,7 @@ async fn finished_work_is_released() {
     assert_eq!(done.output, Some(10));
     assert!(matches!(done.end, LeaseEnd::Released(Released::Released)));
     assert!(done.completed_under_lock());
-    assert!(locks.try_acquire("k", &opts).await.unwrap().is_some());
+    assert!(grants(&locks, "k", &opts).await);
 }
 
 #[tokio::test(start_paused = true)]

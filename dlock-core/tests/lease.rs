@@ -6,19 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{
-    DistributedLock, DistributedLockExt, Error, InMemoryLock, LeaseState, LockOptions, LostReason,
-    Released,
+    DistributedLock, DistributedLockExt, Error, InMemoryLock, LeaseState, LostReason, Released,
 };
-use support::settle;
+use support::{grants, memory, opts, settle};
 use tokio::time::Instant;
-
-fn memory() -> Arc<dyn DistributedLock> {
-    Arc::new(InMemoryLock::new())
-}
-
-fn opts(ttl_ms: u64) -> LockOptions {
-    LockOptions::new(Duration::from_millis(ttl_ms))
-}
 
 #[tokio::test(start_paused = true)]
 async fn held_until_the_validity_deadline_then_lost() {
@@ -72,11 +63,7 @@ async fn extend_prolongs_the_deadline() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(lease.is_held());
     // The server agrees: nobody else can take it.
-    assert!(locks
-        .try_acquire("k", &opts(1_000))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(!grants(&locks, "k", &opts(1_000)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -114,11 +101,7 @@ async fn extend_after_takeover_is_not_owner_and_leaves_the_successor_alone() {
     );
     assert_eq!(stale.release().await.unwrap(), Released::TakenOver);
     assert!(successor.is_held());
-    assert!(locks
-        .try_acquire("k", &opts(1_000))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(!grants(&locks, "k", &opts(1_000)).await);
     assert_eq!(successor.release().await.unwrap(), Released::Released);
 }
 
@@ -139,11 +122,7 @@ async fn dropping_a_lease_releases_it_promptly() {
     drop(lease);
     settle().await;
     let start = Instant::now();
-    assert!(locks
-        .try_acquire("k", &opts(1_000))
-        .await
-        .unwrap()
-        .is_some());
+    assert!(grants(&locks, "k", &opts(1_000)).await);
     assert_eq!(start.elapsed(), Duration::ZERO);
 }
 
@@ -163,7 +142,7 @@ fn dropping_a_lease_outside_a_runtime_never_blocks_and_the_ttl_frees_it() {
         .build()
         .unwrap();
     rt.block_on(async {
-        assert!(locks.try_acquire("k", &opts(200)).await.unwrap().is_none());
+        assert!(!grants(&locks, "k", &opts(200)).await);
         let lease = locks
             .acquire("k", &opts(200).with_wait(Duration::from_secs(5)))
             .await

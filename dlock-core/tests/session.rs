@@ -1,13 +1,16 @@
 //! Session-based leases follow their session: held, uncertain while suspended, lost on expiry.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, DistributedLockExt, Extension, InMemoryLock, LeaseRef,
-    LeaseState, LockOptions, LockRequest, LostReason, Released, Result, SessionState,
+    Attempt, Capabilities, DistributedLock, DistributedLockExt, Extension, InMemoryLock, Lease,
+    LeaseRef, LeaseState, LockOptions, LockRequest, LostReason, Released, Result, SessionState,
 };
+use support::settle;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -51,10 +54,18 @@ fn setup() -> (Arc<dyn DistributedLock>, watch::Sender<SessionState>) {
     (Arc::new(backend), tx)
 }
 
-async fn settle() {
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
+/// [`setup`], with "k" held for a minute and the session's first state taken in.
+async fn holding() -> (Arc<dyn DistributedLock>, watch::Sender<SessionState>, Lease) {
+    let (locks, session) = setup();
+    let lease = match locks
+        .acquire("k", &LockOptions::new(Duration::from_secs(60)))
+        .await
+    {
+        Ok(lease) => lease,
+        Err(e) => panic!("acquire: {e}"),
+    };
+    settle().await;
+    (locks, session, lease)
 }
 
 #[tokio::test(start_paused = true)]
@@ -107,12 +118,7 @@ async fn the_earlier_bound_wins_and_each_moves_on_its_own() {
 
 #[tokio::test(start_paused = true)]
 async fn a_suspended_session_is_uncertain_then_lost_at_its_bound() {
-    let (locks, session) = setup();
-    let lease = locks
-        .acquire("k", &LockOptions::new(Duration::from_secs(60)))
-        .await
-        .unwrap();
-    settle().await;
+    let (_locks, session, lease) = holding().await;
     let until = Instant::now() + Duration::from_secs(4);
     session.send_replace(SessionState::Suspended { until });
     settle().await;
@@ -128,12 +134,7 @@ async fn a_suspended_session_is_uncertain_then_lost_at_its_bound() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lock_taken_over_in_a_live_session_is_lost_as_taken_over() {
-    let (locks, session) = setup();
-    let lease = locks
-        .acquire("k", &LockOptions::new(Duration::from_secs(60)))
-        .await
-        .unwrap();
-    settle().await;
+    let (_locks, session, lease) = holding().await;
     session.send_replace(SessionState::TakenOver);
     settle().await;
     assert_eq!(lease.state(), LeaseState::Lost(LostReason::TakenOver));

@@ -16,18 +16,20 @@
 
 mod support;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{DistributedLockExt, Fenced, Lease, LeaseState, LockOptions, Released};
 use dlock_etcd::EtcdLock;
-use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster};
-use libtest_mimic::{Arguments, Trial};
+use dlock_testkit::case;
+use dlock_testkit::fixtures::{EtcdCluster, Member};
+use dlock_testkit::trials::{self, Case};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use support::{client, raw, trial};
+use support::{client, raw, TRIAL_BUDGET};
 
 /// Long enough to ride out an election (about 1–2 s with etcd's default timings).
 const SESSION_TTL: Duration = Duration::from_secs(5);
@@ -36,64 +38,23 @@ const BROKEN_FOR: Duration = Duration::from_secs(3);
 /// Generous bound for "promptly" on a loaded two-core machine.
 const PROMPT: Duration = Duration::from_secs(5);
 
+fn cases() -> Vec<(&'static str, Case<Arc<EtcdCluster>>)> {
+    vec![
+        case!(a_follower_stops),
+        case!(the_leader_stops),
+        case!(the_member_in_use_is_cut_off),
+        case!(the_session_lease_ends_behind_the_holders_back),
+    ]
+}
+
 fn main() {
-    let mut args = Arguments::from_args();
-    // The trials break the one cluster they share.
-    args.test_threads = Some(1);
-    let names = [
-        "etcd_faults::a_follower_stops",
-        "etcd_faults::the_leader_stops",
-        "etcd_faults::the_member_in_use_is_cut_off",
-        "etcd_faults::the_session_lease_ends_behind_the_holders_back",
-    ];
-    if EtcdCluster::needs_docker() && docker_opt_out() {
-        let trials = names
-            .iter()
-            .map(|n| Trial::test(*n, || Ok(())).with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
-    }
-    let runtime = support::fixture_runtime();
-    let started = std::time::Instant::now();
-    let cluster = match runtime.block_on(EtcdCluster::start(3)) {
-        Ok(cluster) => Arc::new(cluster),
-        Err(e) => {
-            eprintln!("cannot start etcd: {e}");
-            std::process::exit(101);
-        }
-    };
-    eprintln!(
-        "[timing] three-member etcd cluster: {:.2?}",
-        started.elapsed()
-    );
-    let c = || cluster.clone();
-    let trials = vec![
-        {
-            let cluster = c();
-            trial(names[0], move || a_follower_stops(cluster))
-        },
-        {
-            let cluster = c();
-            trial(names[1], move || the_leader_stops(cluster))
-        },
-        {
-            let cluster = c();
-            trial(names[2], move || the_member_in_use_is_cut_off(cluster))
-        },
-        {
-            let cluster = c();
-            trial(names[3], move || {
-                the_session_lease_ends_behind_the_holders_back(cluster)
-            })
-        },
-    ];
-    let conclusion = libtest_mimic::run(&args, trials);
-    if let Ok(cluster) = Arc::try_unwrap(cluster) {
-        runtime.block_on(async {
-            let _ = cluster.shutdown().await;
-        });
-    }
-    conclusion.exit();
+    trials::run_one_at_a_time(
+        "etcd_faults",
+        &cases(),
+        TRIAL_BUDGET,
+        "a three-member etcd cluster",
+        || EtcdCluster::start(3),
+    )
 }
 
 fn key(name: &str) -> String {
@@ -268,23 +229,18 @@ async fn a_follower_stops(cluster: Arc<EtcdCluster>) -> anyhow::Result<()> {
     let leader = cluster.leader().await?;
     let follower = cluster.member((leader + 1) % 3)?.clone();
     let scene = Scene::set(&cluster, "follower").await?;
-    follower.stop().await?;
-    let result = async {
+    while_stopped(&cluster, &follower, async {
         tokio::time::sleep(BROKEN_FOR).await;
         scene.check_and_hand_over(&cluster).await
-    }
-    .await;
-    follower.start().await?;
-    cluster.wait_ready(Duration::from_secs(60)).await?;
-    result
+    })
+    .await
 }
 
 async fn the_leader_stops(cluster: Arc<EtcdCluster>) -> anyhow::Result<()> {
     let leader = cluster.member(cluster.leader().await?)?.clone();
     let scene = Scene::set(&cluster, "leader").await?;
     let stopped = Instant::now();
-    leader.stop().await?;
-    let result = async {
+    while_stopped(&cluster, &leader, async {
         let new_leader = cluster.wait_for_leader(Duration::from_secs(30)).await?;
         eprintln!(
             "new leader (member {new_leader}) after {:?}",
@@ -292,9 +248,20 @@ async fn the_leader_stops(cluster: Arc<EtcdCluster>) -> anyhow::Result<()> {
         );
         tokio::time::sleep(BROKEN_FOR).await;
         scene.check_and_hand_over(&cluster).await
-    }
-    .await;
-    leader.start().await?;
+    })
+    .await
+}
+
+/// Runs `broken` while `member` is stopped, then starts it again and waits until the cluster is
+/// whole, whatever `broken` found: the next case starts from a whole cluster.
+async fn while_stopped(
+    cluster: &EtcdCluster,
+    member: &Member,
+    broken: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    member.stop().await?;
+    let result = broken.await;
+    member.start().await?;
     cluster.wait_ready(Duration::from_secs(60)).await?;
     result
 }

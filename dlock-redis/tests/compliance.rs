@@ -1,5 +1,6 @@
 //! The Redis backend against real Redis servers in containers: the whole compliance suite, then
-//! the faults, interoperability, waiting and connection behaviour specific to Redis.
+//! the interoperability, storage, waiting, renewal and connection behaviour specific to Redis.
+//! (Servers and links that break are in the faults binary, `tests/faults.rs`.)
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
@@ -7,7 +8,7 @@
 //! ```
 //!
 //! The suite shares one server (every case works in its own key namespace); its outage case gets a
-//! dedicated one. Trials that break a server or count its connections start their own. With
+//! dedicated one. Trials that count a server's connections or scripts start their own. With
 //! `DLOCK_TEST_NO_DOCKER=1` every trial is reported as ignored; without Docker and without that
 //! opt-out the binary fails.
 
@@ -15,22 +16,19 @@
 
 #[path = "compliance/connecting.rs"]
 mod connecting;
-#[path = "compliance/faults.rs"]
-mod faults;
 #[path = "compliance/interop.rs"]
 mod interop;
 #[path = "compliance/renewing.rs"]
 mod renewing;
 #[path = "compliance/storage.rs"]
 mod storage;
-#[path = "compliance/support.rs"]
 mod support;
 #[path = "compliance/waiting.rs"]
 mod waiting;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
@@ -38,7 +36,7 @@ use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_redis::RedisLock;
 use dlock_testkit::fixtures::{docker_opt_out, Member, RedisServer};
-use dlock_testkit::{url_target, url_via, ServerControl};
+use dlock_testkit::{trials, url_target, url_via, ServerControl};
 use libtest_mimic::{Arguments, Trial};
 use tokio::runtime::Handle;
 
@@ -46,36 +44,36 @@ fn main() {
     let args = Arguments::from_args();
     if RedisServer::needs_docker() && docker_opt_out() {
         let mut trials = suite::trials(&placeholder_subject());
-        trials.extend(support::own_trials(String::new()));
-        let trials = trials
-            .into_iter()
-            .map(|t| t.with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
+        trials.extend(own_trials(String::new()));
+        trials::run_ignored(&args, trials);
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let started = Instant::now();
-    let (shared, outage) = runtime
-        .block_on(async { tokio::try_join!(RedisServer::start(), RedisServer::start()) })
-        .unwrap_or_else(|e| panic!("cannot start the Redis servers: {e}"));
-    eprintln!("[timing] two Redis servers up in {:.2?}", started.elapsed());
+    let runtime = trials::fixture_runtime();
+    let (shared, outage) = trials::start(&runtime, "two Redis servers", async {
+        tokio::try_join!(RedisServer::start(), RedisServer::start())
+    });
 
     let subject = subject(&shared, &outage, runtime.handle().clone());
     let mut trials: Vec<Trial> = suite::trials(&subject);
-    trials.extend(support::own_trials(shared.url()));
-    let conclusion = libtest_mimic::run(&args, trials);
-
-    runtime.block_on(async {
+    trials.extend(own_trials(shared.url()));
+    trials::run_then(&args, trials, &runtime, || async {
         let (a, b) = tokio::join!(shared.shutdown(), outage.shutdown());
         a.and(b)
-            .unwrap_or_else(|e| eprintln!("removing the servers failed: {e}"));
-    });
-    conclusion.exit();
+    })
+}
+
+/// The Redis-specific trials, each given the shared server's URL.
+fn own_trials(url: String) -> Vec<Trial> {
+    [
+        ("redis::interop", interop::cases()),
+        ("redis::storage", storage::cases()),
+        ("redis::waiting", waiting::cases()),
+        ("redis::renewing", renewing::cases()),
+        ("redis::connecting", connecting::cases()),
+    ]
+    .iter()
+    .flat_map(|(prefix, cases)| trials::cases(prefix, cases, &url, support::TRIAL_BUDGET))
+    .collect()
 }
 
 fn connect_to(url: String) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {

@@ -1,7 +1,7 @@
 //! The Redlock backend against real Redis masters in containers: the whole compliance suite on
-//! five masters, then the faults the algorithm is about — masters down, a frozen master, a master
-//! restarted without its data (with and without the delayed-restart rule) — fencing, and looking at
-//! a lock without taking it.
+//! five masters, then fencing turned off, fence counters' expiry, and looking at a lock without
+//! taking it. (The faults the algorithm is about — masters down, frozen, restarted without their
+//! data — are in the faults binary, `tests/faults.rs`.)
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
@@ -9,33 +9,28 @@
 //! ```
 //!
 //! The suite shares five masters (every case works in its own key namespace); its outage case
-//! gets three dedicated ones, all stopped at once. Trials that break masters start their own.
-//! `DLOCK_TEST_REDLOCK_URLS` (comma-separated) replaces the shared masters; the fault trials need
-//! containers. With `DLOCK_TEST_NO_DOCKER=1` every trial is reported as ignored; without Docker
+//! gets three dedicated ones, all stopped at once. The Redlock-specific trials use the shared
+//! masters too. `DLOCK_TEST_REDLOCK_URLS` (comma-separated) replaces the shared masters. With `DLOCK_TEST_NO_DOCKER=1` every trial is reported as ignored; without Docker
 //! and without that opt-out the binary fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "compliance/batch.rs"]
-mod batch;
-#[path = "compliance/faults.rs"]
-mod faults;
+mod support;
+
 #[path = "compliance/fencing.rs"]
 mod fencing;
 #[path = "compliance/inspect.rs"]
 mod inspect;
-#[path = "compliance/support.rs"]
-mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, Member, RedisMasters};
-use dlock_testkit::{url_target, url_via, ServerControl};
+use dlock_testkit::{trials, url_target, url_via, ServerControl};
 use libtest_mimic::{Arguments, Trial};
 use tokio::runtime::Handle;
 
@@ -43,39 +38,33 @@ fn main() {
     let args = Arguments::from_args();
     if RedisMasters::needs_docker() && docker_opt_out() {
         let mut trials = suite::trials(&placeholder_subject());
-        trials.extend(support::own_trials());
-        let trials = trials
-            .into_iter()
-            .map(|t| t.with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
+        trials.extend(own_trials(Vec::new()));
+        trials::run_ignored(&args, trials);
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let started = Instant::now();
-    let (shared, outage) = runtime
-        .block_on(async { tokio::try_join!(RedisMasters::start(5), RedisMasters::start(3)) })
-        .unwrap_or_else(|e| panic!("cannot start the Redis masters: {e}"));
-    eprintln!(
-        "[timing] 5 + 3 Redis masters up in {:.2?}",
-        started.elapsed()
-    );
+    let runtime = trials::fixture_runtime();
+    let (shared, outage) = trials::start(&runtime, "5 + 3 Redis masters", async {
+        tokio::try_join!(RedisMasters::start(5), RedisMasters::start(3))
+    });
 
     let subject = subject(&shared, &outage, runtime.handle().clone());
     let mut trials: Vec<Trial> = suite::trials(&subject);
-    trials.extend(support::own_trials());
-    let conclusion = libtest_mimic::run(&args, trials);
-
-    runtime.block_on(async {
+    trials.extend(own_trials(shared.urls()));
+    trials::run_then(&args, trials, &runtime, || async {
         let (a, b) = tokio::join!(shared.shutdown(), outage.shutdown());
         a.and(b)
-            .unwrap_or_else(|e| eprintln!("removing the masters failed: {e}"));
-    });
-    conclusion.exit();
+    })
+}
+
+/// The Redlock-specific trials, each given the shared masters' URLs.
+fn own_trials(urls: Vec<String>) -> Vec<Trial> {
+    [
+        ("redlock::fencing", fencing::cases()),
+        ("redlock::inspect", inspect::cases()),
+    ]
+    .iter()
+    .flat_map(|(prefix, cases)| trials::cases(prefix, cases, &urls, support::TRIAL_BUDGET))
+    .collect()
 }
 
 fn connect_to(urls: Vec<String>) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {

@@ -5,9 +5,9 @@
 //! owns that: [`fixtures`] start Redis, etcd and ZooKeeper in Docker containers (or use servers
 //! named in `DLOCK_TEST_*` variables) and remove them however the run ends; [`FreezeProxy`] and
 //! [`Freezable`] freeze one client's link; [`History`] records what every client observed and
-//! [`Analysis`] counts what went wrong. The [`registry`] is the one table of backends — fixture,
-//! URL, declared capabilities, expected safety classes per [`Scenario`] — that every harness
-//! reads.
+//! [`Analysis`] counts what went wrong; [`trials`] is the frame of the test binaries that run
+//! all of this. The [`registry`] is the one table of backends — fixture, URL, declared
+//! capabilities, expected safety classes per [`Scenario`] — that every harness reads.
 
 #![deny(missing_docs)]
 
@@ -19,6 +19,7 @@ pub mod history;
 pub mod proxy;
 pub mod registry;
 pub mod scenario;
+pub mod trials;
 
 pub use analysis::Analysis;
 pub use control::{Freeze, ServerControl};

@@ -17,11 +17,13 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use anyhow::ensure;
 use dlock_testkit::fixtures::{
     docker_opt_out, four_letter_word, EtcdCluster, RedisMasters, RedisOptions, RedisServer,
     ZkEnsemble, ZkOptions,
 };
-use libtest_mimic::{Arguments, Failed, Trial};
+use dlock_testkit::trials;
+use libtest_mimic::{Arguments, Trial};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio::time::timeout;
@@ -36,14 +38,6 @@ const ANSWER: Duration = Duration::from_secs(10);
 
 /// How long a request to a frozen server is given before we call it "timed out".
 const FROZEN: Duration = Duration::from_secs(1);
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(Failed::from(format!($($msg)+)));
-        }
-    };
-}
 
 fn main() {
     let args = Arguments::from_args();
@@ -73,30 +67,17 @@ fn main() {
 fn trial<F, Fut>(name: &'static str, needs_docker: bool, body: F) -> Trial
 where
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), Failed>>,
+    Fut: Future<Output = anyhow::Result<()>>,
 {
     let ignored = needs_docker && docker_opt_out();
-    Trial::test(name, move || {
-        if ignored {
-            return Err("DLOCK_TEST_NO_DOCKER=1: this trial needs Docker".into());
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        let started = Instant::now();
-        let result = runtime.block_on(async {
-            timeout(TRIAL_TIMEOUT, body())
-                .await
-                .map_err(|_| Failed::from(format!("{name} did not finish in {TRIAL_TIMEOUT:?}")))?
-        });
-        eprintln!("[timing] {name}: whole trial {:.2?}", started.elapsed());
-        result
+    trials::trial(name, TRIAL_TIMEOUT, move || async move {
+        anyhow::ensure!(!ignored, "DLOCK_TEST_NO_DOCKER=1: this trial needs Docker");
+        body().await
     })
     .with_ignored_flag(ignored)
 }
 
-async fn redis_connect(url: &str) -> Result<MultiplexedConnection, Failed> {
+async fn redis_connect(url: &str) -> anyhow::Result<MultiplexedConnection> {
     // No client-side response timeout: the tests decide with tokio timeouts what "no answer" is.
     let config = AsyncConnectionConfig::new()
         .set_response_timeout(None)
@@ -122,7 +103,7 @@ async fn redis_set(
     redis::cmd("SET").arg(key).arg(value).query_async(con).await
 }
 
-async fn redis_single() -> Result<(), Failed> {
+async fn redis_single() -> anyhow::Result<()> {
     let started = Instant::now();
     let server = RedisServer::start().await?;
     eprintln!("[timing] RedisServer::start: {:.2?}", started.elapsed());
@@ -154,7 +135,9 @@ async fn redis_single() -> Result<(), Failed> {
     member.disconnect().await?;
     let cut_off = timeout(ANSWER, async {
         let mut con = redis_connect(&url).await?;
-        redis_get(&mut con, "smoke").await.map_err(Failed::from)
+        redis_get(&mut con, "smoke")
+            .await
+            .map_err(anyhow::Error::from)
     })
     .await;
     // Docker drops the published port with the network endpoint: refused at once, not a hang.
@@ -196,7 +179,13 @@ async fn redis_single() -> Result<(), Failed> {
     Ok(())
 }
 
-async fn redis_persistence() -> Result<(), Failed> {
+/// `key` read through a new connection (the old one died with the server), within [`ANSWER`].
+async fn redis_get_anew(url: &str, key: &str) -> anyhow::Result<Option<String>> {
+    let mut con = redis_connect(url).await?;
+    Ok(timeout(ANSWER, redis_get(&mut con, key)).await??)
+}
+
+async fn redis_persistence() -> anyhow::Result<()> {
     let server = RedisServer::start_with(RedisOptions::default().with_persistence(true)).await?;
     let url = server.url();
     let mut con = redis_connect(&url).await?;
@@ -207,22 +196,19 @@ async fn redis_persistence() -> Result<(), Failed> {
     let member = server.member()?;
     member.kill().await?;
     member.start().await?;
-    let mut con = redis_connect(&url).await?;
-    let after_crash = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    let after_crash = redis_get_anew(&url, "kept").await?;
     ensure!(
         after_crash == Some("1".into()),
         "fsync=always lost a key in a crash: {after_crash:?}"
     );
     member.restart_keep_data().await?;
-    let mut con = redis_connect(&url).await?;
-    let after_restart = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    let after_restart = redis_get_anew(&url, "kept").await?;
     ensure!(
         after_restart == Some("1".into()),
         "restart_keep_data lost a key: {after_restart:?}"
     );
     member.restart_wipe_data().await?;
-    let mut con = redis_connect(&url).await?;
-    let after_wipe = timeout(ANSWER, redis_get(&mut con, "kept")).await??;
+    let after_wipe = redis_get_anew(&url, "kept").await?;
     ensure!(
         after_wipe.is_none(),
         "restart_wipe_data kept a key: {after_wipe:?}"
@@ -230,7 +216,7 @@ async fn redis_persistence() -> Result<(), Failed> {
     Ok(())
 }
 
-async fn redlock_masters() -> Result<(), Failed> {
+async fn redlock_masters() -> anyhow::Result<()> {
     let started = Instant::now();
     let masters = RedisMasters::start(RedisMasters::DEFAULT_COUNT).await?;
     eprintln!("[timing] RedisMasters::start(5): {:.2?}", started.elapsed());
@@ -250,7 +236,9 @@ async fn redlock_masters() -> Result<(), Failed> {
     for url in &urls {
         let outcome = timeout(FROZEN * 2, async {
             let mut con = redis_connect(url).await?;
-            redis_get(&mut con, "smoke").await.map_err(Failed::from)
+            redis_get(&mut con, "smoke")
+                .await
+                .map_err(anyhow::Error::from)
         })
         .await;
         answered.push(matches!(outcome, Ok(Ok(Some(ref v))) if v == url));
@@ -271,7 +259,7 @@ async fn redlock_masters() -> Result<(), Failed> {
     Ok(())
 }
 
-async fn zookeeper_ensemble() -> Result<(), Failed> {
+async fn zookeeper_ensemble() -> anyhow::Result<()> {
     let started = Instant::now();
     let options = ZkOptions::default().with_tick_time(Duration::from_millis(500));
     let ensemble = ZkEnsemble::start_with(3, options).await?;
@@ -321,7 +309,7 @@ async fn zookeeper_ensemble() -> Result<(), Failed> {
         match attempt {
             Ok(Ok(())) => break,
             other if Instant::now() > deadline => {
-                return Err(format!("no create after failover within 60 s: {other:?}").into())
+                anyhow::bail!("no create after failover within 60 s: {other:?}")
             }
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
@@ -346,12 +334,12 @@ async fn zookeeper_ensemble() -> Result<(), Failed> {
     Ok(())
 }
 
-async fn etcd_connect(endpoints: &[String]) -> Result<etcd_client::Client, Failed> {
+async fn etcd_connect(endpoints: &[String]) -> anyhow::Result<etcd_client::Client> {
     let options = etcd_client::ConnectOptions::new().with_connect_timeout(ANSWER);
     Ok(etcd_client::Client::connect(endpoints, Some(options)).await?)
 }
 
-async fn etcd_cluster() -> Result<(), Failed> {
+async fn etcd_cluster() -> anyhow::Result<()> {
     let started = Instant::now();
     let cluster = EtcdCluster::start(3).await?;
     eprintln!("[timing] EtcdCluster::start(3): {:.2?}", started.elapsed());
@@ -388,7 +376,7 @@ async fn etcd_cluster() -> Result<(), Failed> {
         match timeout(ANSWER, client.put("smoke", "4", None)).await {
             Ok(Ok(_)) => break,
             other if Instant::now() > deadline => {
-                return Err(format!("no put after unpause within 30 s: {other:?}").into())
+                anyhow::bail!("no put after unpause within 30 s: {other:?}")
             }
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }

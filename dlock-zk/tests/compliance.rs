@@ -28,12 +28,12 @@ use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::{Capabilities, DistributedLock};
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
-use dlock_testkit::{Freeze, FreezeProxy};
+use dlock_testkit::{trials, Freeze, FreezeProxy};
 use dlock_zk::{decode_key, ZkLock, DEFAULT_ROOT};
 use libtest_mimic::{Arguments, Trial};
 
 use support::proxied::Proxied;
-use support::{fixture_runtime, raw, shared, url, SESSION, SHORT_SESSION, TICK};
+use support::{raw, shared, url, SESSION, SHORT_SESSION, TICK};
 
 /// The connect timeout of the outage case's client.
 const OUTAGE_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -114,37 +114,18 @@ fn main() {
         let placeholder = Subject::new("zookeeper", declared(), || async {
             anyhow::bail!("DLOCK_TEST_NO_DOCKER=1")
         });
-        let trials: Vec<Trial> = suite::trials(&placeholder)
-            .into_iter()
-            .chain(
-                zk_cases::names()
-                    .into_iter()
-                    .map(|n| Trial::test(n, || Ok(()))),
-            )
-            .map(|t| t.with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
+        let mut trials = suite::trials(&placeholder);
+        trials.extend(trials::placeholders(zk_cases::names()));
+        trials::run_ignored(&args, trials);
     }
-    let runtime = fixture_runtime();
+    let runtime = trials::fixture_runtime();
     let options = || ZkOptions::default().with_tick_time(TICK);
-    let started = std::time::Instant::now();
-    let fixtures = runtime.block_on(async {
+    let (main_zk, outage_zk) = trials::start(&runtime, "two standalone ZooKeepers", async {
         tokio::try_join!(
             ZkEnsemble::start_with(1, options()),
             ZkEnsemble::start_with(1, options())
         )
     });
-    let (main_zk, outage_zk) = match fixtures {
-        Ok(pair) => pair,
-        Err(e) => {
-            eprintln!("cannot start the ZooKeeper fixtures: {e}");
-            std::process::exit(1);
-        }
-    };
-    eprintln!(
-        "[timing] two standalone ZooKeepers: {:.2?}",
-        started.elapsed()
-    );
     // The suite checks the backend's own declaration against its behaviour.
     let capabilities = match runtime.block_on(shared(&url(&main_zk.connect_string()), SESSION)) {
         Ok(client) if client.capabilities() == declared() => declared(),
@@ -165,13 +146,9 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let conclusion = libtest_mimic::run(&args, trials);
-    if let Err(e) =
-        runtime.block_on(async { tokio::try_join!(main_zk.shutdown(), outage_zk.shutdown()) })
-    {
-        eprintln!("fixture shutdown: {e}");
-    }
-    conclusion.exit();
+    trials::run_then(&args, trials, &runtime, || async {
+        tokio::try_join!(main_zk.shutdown(), outage_zk.shutdown()).map(|_| ())
+    })
 }
 
 fn build_trials(

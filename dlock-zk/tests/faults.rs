@@ -18,54 +18,31 @@ mod cases;
 use std::sync::Arc;
 
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
-use libtest_mimic::{Arguments, Trial};
+use dlock_testkit::trials;
+use libtest_mimic::Arguments;
 
-use support::{fixture_runtime, TICK};
+use support::TICK;
 
 fn main() {
     let mut args = Arguments::from_args();
     // The cases stop and cut off members of the one ensemble: never two at a time.
     args.test_threads = Some(1);
     if docker_opt_out() {
-        let trials: Vec<Trial> = cases::names()
-            .into_iter()
-            .map(|n| Trial::test(n, || Ok(())).with_ignored_flag(true))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
+        trials::run_ignored(&args, trials::placeholders(cases::names()));
     }
-    let runtime = fixture_runtime();
-    let started = std::time::Instant::now();
-    let ensemble = match runtime.block_on(ZkEnsemble::start_with(
-        3,
-        ZkOptions::default().with_tick_time(TICK),
-    )) {
-        Ok(ensemble) => Arc::new(ensemble),
-        Err(e) => {
-            eprintln!("cannot start the ZooKeeper ensemble: {e}");
-            std::process::exit(1);
-        }
-    };
-    eprintln!(
-        "[timing] three-member ZooKeeper ensemble: {:.2?}",
-        started.elapsed()
-    );
-    let emptied = match runtime.block_on(cases::empty_a_parent(&ensemble)) {
-        Ok(emptied) => emptied,
-        Err(e) => {
-            eprintln!("cannot take a first lock: {e:#}");
-            std::process::exit(1);
-        }
-    };
+    let runtime = trials::fixture_runtime();
+    let ensemble = Arc::new(trials::start(
+        &runtime,
+        "a three-member ZooKeeper ensemble",
+        ZkEnsemble::start_with(3, ZkOptions::default().with_tick_time(TICK)),
+    ));
+    let emptied = trials::start(&runtime, "a first lock", cases::empty_a_parent(&ensemble));
     let trials = cases::trials(&ensemble, runtime.handle().clone(), emptied);
-    let conclusion = libtest_mimic::run(&args, trials);
-    match Arc::try_unwrap(ensemble) {
-        Ok(ensemble) => {
-            if let Err(e) = runtime.block_on(ensemble.shutdown()) {
-                eprintln!("fixture shutdown: {e}");
-            }
+    trials::run_then(&args, trials, &runtime, || async move {
+        match Arc::try_unwrap(ensemble) {
+            Ok(ensemble) => ensemble.shutdown().await,
+            // A trial still holds it (it hung); dropping the last reference removes the containers.
+            Err(_) => Ok(()),
         }
-        // A trial still holds it (it hung); dropping the last reference removes the containers.
-        Err(shared) => drop(shared),
-    }
-    conclusion.exit();
+    })
 }

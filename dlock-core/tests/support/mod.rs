@@ -1,4 +1,6 @@
-//! A test wrapper around the in-process backend that counts calls and injects faults.
+//! What dlock-core's test binaries share: the in-process backend, options by TTL, a probe that
+//! asks whether a lock is free, and a test wrapper around the backend that counts calls and
+//! injects faults.
 #![allow(dead_code)]
 
 use std::collections::HashSet;
@@ -8,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Error, ExtendRequest, Extension, InMemoryLock,
-    LeaseRef, LockKey, LockRequest, Released, Result,
+    Attempt, Capabilities, DistributedLock, DistributedLockExt, Error, ExtendRequest, Extension,
+    InMemoryLock, LeaseRef, LockKey, LockOptions, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -140,5 +142,28 @@ impl DistributedLock for Scripted {
 pub async fn settle() {
     for _ in 0..10 {
         tokio::task::yield_now().await;
+    }
+}
+
+/// The in-process backend, as the trait object the tests use.
+pub fn memory() -> Arc<dyn DistributedLock> {
+    Arc::new(InMemoryLock::new())
+}
+
+/// Options for a lease of `ttl_ms` milliseconds.
+pub fn opts(ttl_ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(ttl_ms))
+}
+
+/// Whether one attempt on `key` is granted now: the lock is free. The lease it may get is
+/// dropped at once.
+pub async fn grants<L: DistributedLockExt + ?Sized>(
+    locks: &L,
+    key: &str,
+    opts: &LockOptions,
+) -> bool {
+    match locks.try_acquire(key, opts).await {
+        Ok(lease) => lease.is_some(),
+        Err(e) => panic!("try_acquire of {key}: {e}"),
     }
 }

@@ -1,5 +1,5 @@
 //! What the etcd test binaries share: clients, a raw etcd client for checking the server's side,
-//! a freezable client, `etcdctl` inside a member's container, and trials with their own runtime.
+//! a freezable client, `etcdctl` inside a member's container, and the runtime fixtures start on.
 
 #![allow(dead_code)]
 
@@ -13,7 +13,6 @@ use dlock_core::{DistributedLock, LockKey};
 use dlock_etcd::EtcdLock;
 use dlock_testkit::{Freeze, FreezeProxy};
 use futures::StreamExt;
-use libtest_mimic::{Failed, Trial};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -95,6 +94,23 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits up to `within` until the number of contender keys stored for lock `key` is `wanted`
+/// of it; `what` names the wait in the error.
+pub async fn contenders_until(
+    what: &str,
+    within: Duration,
+    raw: &etcd_client::Client,
+    locks: &EtcdLock,
+    key: &str,
+    wanted: impl Fn(usize) -> bool,
+) -> anyhow::Result<()> {
+    let wanted = &wanted;
+    eventually(what, within, || async move {
+        Ok(wanted(contenders(raw, locks, key).await?.len()))
+    })
+    .await
 }
 
 /// A freeze switch that keeps its proxy alive.
@@ -183,43 +199,4 @@ pub fn etcdctl(args: &[&str]) -> Vec<String> {
     ];
     cmd.extend(args.iter().map(|a| (*a).to_owned()));
     cmd
-}
-
-/// A trial with a runtime of its own, bounded by [`TRIAL_BUDGET`].
-pub fn trial<F, Fut>(name: impl Into<String>, body: F) -> Trial
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = anyhow::Result<()>>,
-{
-    let name = name.into();
-    Trial::test(name.clone(), move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        let started = std::time::Instant::now();
-        let result = runtime.block_on(async {
-            match tokio::time::timeout(TRIAL_BUDGET, body()).await {
-                Ok(result) => result,
-                Err(_) => Err(anyhow::anyhow!("hung: not done within {TRIAL_BUDGET:?}")),
-            }
-        });
-        eprintln!("[timing] {name}: {:.2?}", started.elapsed());
-        result.map_err(|e| Failed::from(format!("{e:#}")))
-    })
-}
-
-/// A runtime for starting and stopping fixtures in `main`.
-pub fn fixture_runtime() -> tokio::runtime::Runtime {
-    match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("cannot build a tokio runtime: {e}");
-            std::process::exit(101);
-        }
-    }
 }

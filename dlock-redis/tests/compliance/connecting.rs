@@ -1,83 +1,25 @@
-//! Connecting: unreachable and silent servers give errors in bounded time, the URL's credentials
-//! and database are used (and the password never shows), and one client keeps one connection
-//! however many tasks use it.
+//! Connecting: the URL's credentials and database are used (and the password never shows), and one
+//! client keeps one connection however many tasks use it. (Unreachable and silent servers are
+//! fault cases, in the faults binary.)
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{DistributedLockExt, Error, LockOptions};
+use dlock_core::{DistributedLockExt, LockOptions};
 use dlock_redis::RedisLock;
+use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
-use tokio::net::TcpListener;
+use dlock_testkit::trials::Case;
 
 use crate::support::{self, unique};
 
-const SLACK: Duration = Duration::from_secs(1);
-
-/// A port nobody listens on is refused at once; a port that accepts but never answers (a hung
-/// server, a black-holing proxy) fails by the connect or request timeout.
-pub async fn unreachable_servers_fail_in_bounded_time(_: String) -> anyhow::Result<()> {
-    let closed = {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        listener.local_addr()?.port()
-    };
-    let start = Instant::now();
-    match RedisLock::connect(&format!("redis://127.0.0.1:{closed}")).await {
-        Err(Error::Unavailable { .. }) => {}
-        Err(other) => bail!("a refused connection gave {other}"),
-        Ok(_) => bail!("connected to a closed port"),
-    }
-    let took = start.elapsed();
-    ensure!(
-        took <= dlock_redis::DEFAULT_CONNECT_TIMEOUT + SLACK,
-        "a refused connection took {took:?} to fail"
-    );
-
-    let silent = TcpListener::bind("127.0.0.1:0").await?;
-    let port = silent.local_addr()?.port();
-    let accepting = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            held.push(socket); // accept, then never answer
-        }
-    });
-    let timeout = Duration::from_millis(500);
-    let start = Instant::now();
-    let connected = RedisLock::builder(format!("redis://127.0.0.1:{port}"))
-        .with_connect_timeout(timeout)
-        .with_request_timeout(timeout)
-        .connect()
-        .await;
-    match connected {
-        Err(e) => {
-            ensure!(
-                e.is_temporary(),
-                "a silent server gave a permanent error: {e}"
-            );
-            ensure!(
-                start.elapsed() <= timeout + SLACK,
-                "connecting to a silent server took {:?} to fail",
-                start.elapsed()
-            );
-        }
-        Ok(client) => {
-            // The handshake needed no answer: then the first request must time out.
-            let client = Arc::new(client);
-            let start = Instant::now();
-            let attempt = client
-                .try_acquire("silent", &LockOptions::new(Duration::from_secs(10)))
-                .await;
-            ensure!(attempt.is_err(), "a silent server granted a lock");
-            ensure!(
-                start.elapsed() <= timeout + SLACK,
-                "a request to a silent server took {:?} to fail",
-                start.elapsed()
-            );
-        }
-    }
-    accepting.abort();
-    Ok(())
+/// The cases of this module, each given the shared server's URL.
+pub fn cases() -> Vec<(&'static str, Case<String>)> {
+    vec![
+        case!(credentials_and_database_come_from_the_url),
+        case!(one_connection_serves_many_concurrent_acquires),
+    ]
 }
 
 /// The database number of the URL is where the locks live; a user name and password are used

@@ -8,9 +8,20 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use dlock_core::{DistributedLockExt, Holding, LockKey, LockOptions, Released};
 use dlock_redis::RedisLock;
+use dlock_testkit::case;
+use dlock_testkit::trials::Case;
 use redis::aio::MultiplexedConnection;
 
 use crate::support::{self, unique};
+
+/// The cases of this module, each given the shared server's URL.
+pub fn cases() -> Vec<(&'static str, Case<String>)> {
+    vec![
+        case!(a_convention_lock_and_ours_exclude_each_other),
+        case!(holding_tells_held_or_free_and_the_ttl),
+        case!(the_key_layout_is_as_documented),
+    ]
+}
 
 /// redis-py's release script (`LUA_RELEASE_SCRIPT`), verbatim.
 const CONVENTION_RELEASE: &str = r#"

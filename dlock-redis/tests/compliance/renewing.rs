@@ -11,10 +11,20 @@ use dlock_core::{
     OwnerToken,
 };
 use dlock_redis::{RedisLock, EXTEND_BATCH};
+use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
+use dlock_testkit::trials::Case;
 use redis::aio::MultiplexedConnection;
 
 use crate::support::{self, unique};
+
+/// The cases of this module, each given the shared server's URL.
+pub fn cases() -> Vec<(&'static str, Case<String>)> {
+    vec![
+        case!(extend_many_answers_each_lease_in_one_script),
+        case!(many_renewing_leases_cost_a_few_scripts_per_tick),
+    ]
+}
 
 /// Scripts run by hash on the server so far (`INFO commandstats`).
 async fn scripts_run(con: &mut MultiplexedConnection) -> anyhow::Result<u64> {

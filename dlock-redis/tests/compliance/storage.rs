@@ -9,9 +9,16 @@ use anyhow::{ensure, Context};
 use dlock_core::{DistributedLockExt, FencingToken, LockOptions};
 use dlock_redis::protocol::keys::fence_key;
 use dlock_redis::RedisLock;
+use dlock_testkit::case;
+use dlock_testkit::trials::Case;
 use redis::aio::MultiplexedConnection;
 
 use crate::support::{self, unique};
+
+/// The cases of this module, each given the shared server's URL.
+pub fn cases() -> Vec<(&'static str, Case<String>)> {
+    vec![case!(fence_ttl_is_rearmed_by_each_grant)]
+}
 
 /// One grant of `name` on `locks`, released at once; its token.
 async fn grant(locks: &Arc<RedisLock>, name: &str) -> anyhow::Result<FencingToken> {
@@ -22,6 +29,16 @@ async fn grant(locks: &Arc<RedisLock>, name: &str) -> anyhow::Result<FencingToke
     let token = lease.fencing_token();
     lease.release().await?;
     Ok(token)
+}
+
+/// Makes `key` expire in `ms` milliseconds, as if time had passed.
+async fn pexpire(con: &mut MultiplexedConnection, key: &str, ms: u64) -> anyhow::Result<()> {
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(ms)
+        .query_async(con)
+        .await?;
+    Ok(())
 }
 
 async fn pttl(con: &mut MultiplexedConnection, key: &str) -> anyhow::Result<i64> {
@@ -65,11 +82,7 @@ pub async fn fence_ttl_is_rearmed_by_each_grant(url: String) -> anyhow::Result<(
     );
 
     // As if most of the fence TTL had passed without a grant.
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&fence)
-        .arg(100_000)
-        .query_async(&mut con)
-        .await?;
+    pexpire(&mut con, &fence, 100_000).await?;
     let second = grant(&locks, &name).await?;
     ensure!(second > first, "token {second} after {first}");
     let left = pttl(&mut con, &fence).await?;
@@ -79,11 +92,7 @@ pub async fn fence_ttl_is_rearmed_by_each_grant(url: String) -> anyhow::Result<(
     );
 
     // The counter runs out: the next grant starts it again at the server's clock, above before.
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&fence)
-        .arg(1)
-        .query_async(&mut con)
-        .await?;
+    pexpire(&mut con, &fence, 1).await?;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let exists: bool = redis::cmd("EXISTS")
         .arg(&fence)

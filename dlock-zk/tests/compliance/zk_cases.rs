@@ -6,31 +6,17 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{DistributedLockExt, Error, Holding, LockOptions, Released};
-use dlock_testkit::FreezeProxy;
+use dlock_testkit::trials::{self, Case};
+use dlock_testkit::{case, FreezeProxy};
 use dlock_zk::ZkLock;
 use libtest_mimic::Trial;
 use tokio::time::Instant;
 
 use crate::support::lossy_proxy::LossyProxy;
-use crate::support::{client, raw, trial, url, SESSION, SHORT_SESSION};
-use crate::Env;
+use crate::support::{client, raw, url, SESSION, SHORT_SESSION, TRIAL_BUDGET};
+use crate::{kazoo, peers, Env};
 
-type Case =
-    fn(Env) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
-
-macro_rules! case {
-    ($module:ident :: $name:ident) => {
-        (
-            stringify!($name),
-            (|env| Box::pin($module::$name(env))) as Case,
-        )
-    };
-    ($name:ident) => {
-        (stringify!($name), (|env| Box::pin($name(env))) as Case)
-    };
-}
-
-fn cases() -> Vec<(&'static str, Case)> {
+fn cases() -> Vec<(&'static str, Case<Env>)> {
     vec![
         case!(kazoo::kazoo_and_dlock_exclude_each_other_on_one_path),
         case!(peers::dlock_waits_behind_a_curator_holder),
@@ -47,24 +33,15 @@ fn cases() -> Vec<(&'static str, Case)> {
     ]
 }
 
-use crate::{kazoo, peers};
+const PREFIX: &str = "zookeeper::zk";
 
 /// The trial names, for a run that opted out of Docker.
 pub fn names() -> Vec<String> {
-    cases()
-        .into_iter()
-        .map(|(name, _)| format!("zookeeper::zk::{name}"))
-        .collect()
+    trials::names(PREFIX, &cases())
 }
 
 pub fn trials(env: &Env) -> Vec<Trial> {
-    cases()
-        .into_iter()
-        .map(|(name, case)| {
-            let env = env.clone();
-            trial(format!("zookeeper::zk::{name}"), move || case(env))
-        })
-        .collect()
+    trials::cases(PREFIX, &cases(), env, TRIAL_BUDGET)
 }
 
 fn key(name: &str) -> String {

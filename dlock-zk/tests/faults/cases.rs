@@ -1,7 +1,6 @@
 //! The fault cases, in the order they run.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,13 +8,15 @@ use anyhow::{bail, ensure, Context};
 use dlock_core::{
     DistributedLockExt, Fenced, Lease, LeaseState, LockOptions, LostReason, Released,
 };
+use dlock_testkit::case;
 use dlock_testkit::fixtures::{four_letter_word, Member, ZkEnsemble};
+use dlock_testkit::trials::{self, Case};
 use dlock_zk::ZkLock;
 use libtest_mimic::Trial;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::support::{client, raw, trial, url, SHORT_SESSION};
+use crate::support::{client, raw, url, SHORT_SESSION, TRIAL_BUDGET};
 
 /// Session timeout of clients that must survive a leader election: the most a 500 ms tick
 /// allows (20 ticks).
@@ -23,9 +24,6 @@ const LONG_SESSION: Duration = Duration::from_secs(10);
 
 /// How long the ensemble may take to elect a leader and serve again.
 const ELECTION: Duration = Duration::from_secs(60);
-
-type Body = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
-type Case = fn(Ctx) -> Body;
 
 /// What every case gets: the ensemble, the runtime that owns its Docker connection (fault
 /// controls run there, not on the case's own runtime), and a lock parent emptied at start-up.
@@ -43,13 +41,9 @@ pub struct Emptied {
     pub at: Instant,
 }
 
-macro_rules! case {
-    ($name:ident) => {
-        (stringify!($name), (|cx| Box::pin($name(cx))) as Case)
-    };
-}
+const PREFIX: &str = "zookeeper-ensemble";
 
-fn cases() -> Vec<(&'static str, Case)> {
+fn cases() -> Vec<(&'static str, Case<Ctx>)> {
     vec![
         case!(follower_stops_and_locks_keep_working),
         case!(leader_stops_and_the_lease_survives_the_election),
@@ -60,10 +54,7 @@ fn cases() -> Vec<(&'static str, Case)> {
 }
 
 pub fn names() -> Vec<String> {
-    cases()
-        .into_iter()
-        .map(|(name, _)| format!("zookeeper-ensemble::{name}"))
-        .collect()
+    trials::names(PREFIX, &cases())
 }
 
 /// Takes and releases a lock, leaving an empty parent for the server's container sweep, which
@@ -89,13 +80,7 @@ pub fn trials(
         fixtures,
         emptied: Arc::new(emptied),
     };
-    cases()
-        .into_iter()
-        .map(|(name, case)| {
-            let cx = cx.clone();
-            trial(format!("zookeeper-ensemble::{name}"), move || case(cx))
-        })
-        .collect()
+    trials::cases(PREFIX, &cases(), &cx, TRIAL_BUDGET)
 }
 
 impl Ctx {
@@ -216,6 +201,21 @@ impl StateLog {
     }
 }
 
+/// Waits up to 20 s for `lease` to count as held again (its session recovered); fails with
+/// `failure` and the states seen as soon as it is lost, or when the time is up.
+async fn held_again(lease: &Lease, states: &StateLog, failure: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !lease.is_held() {
+        ensure!(
+            Instant::now() < deadline && !lease.state().is_lost(),
+            "{failure}: {}",
+            states.summary()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 impl Drop for StateLog {
     fn drop(&mut self) {
         self.task.abort();
@@ -268,15 +268,12 @@ async fn follower_stops_and_locks_keep_working(cx: Ctx) -> anyhow::Result<()> {
         "the held lock was free while a follower was down"
     );
     // The holder reconnected to another member in the same session.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !lease.is_held() {
-        ensure!(
-            Instant::now() < deadline && !lease.state().is_lost(),
-            "the lease did not recover after the follower stopped: {}",
-            states.summary()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    held_again(
+        &lease,
+        &states,
+        "the lease did not recover after the follower stopped",
+    )
+    .await?;
     ensure!(
         holder.session_id() == session,
         "the holder's session changed"
@@ -336,15 +333,7 @@ async fn leader_stops_and_the_lease_survives_the_election(cx: Ctx) -> anyhow::Re
         probe.fencing_token()
     );
     probe.release().await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !lease.is_held() {
-        ensure!(
-            Instant::now() < deadline && !lease.state().is_lost(),
-            "the lease did not survive the election: {}",
-            states.summary()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    held_again(&lease, &states, "the lease did not survive the election").await?;
     ensure!(
         holder.session_id() == session,
         "the holder's session did not survive"

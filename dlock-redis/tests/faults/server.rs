@@ -1,5 +1,5 @@
 //! Faults of the server: a pause (GC, VM stall, silent partition), a restart that loses every key,
-//! and a flushed script cache. Each trial breaks a server of its own.
+//! and a flushed script cache. Each case breaks the binary's one server and leaves it serving.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,18 +11,27 @@ use anyhow::{bail, ensure, Context};
 use dlock_core::{AutoRenew, DistributedLockExt, Error, LockOptions, Released};
 use dlock_redis::protocol::scripts;
 use dlock_redis::RedisLock;
+use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
+use dlock_testkit::trials::Case;
 
-use crate::support::{self, unique};
+use crate::support::{self, unique, SLACK};
 
-/// How late past a promised bound an answer may come on this noisy machine.
-const SLACK: Duration = Duration::from_secs(1);
+/// The cases of this module, in the order they run.
+pub fn cases() -> Vec<(&'static str, Case<Arc<RedisServer>>)> {
+    vec![
+        case!(paused_server_ends_a_waiting_acquire_by_its_deadline),
+        case!(restart_without_persistence_errors_then_recovers_and_loses_leases),
+        case!(flushed_script_cache_is_reloaded),
+    ]
+}
 
 /// The server freezes while a client waits for a held lock: the acquire ends by its deadline (with
 /// a timeout or an unavailability error), a request in the meantime fails within the request
 /// timeout, a renewed lease stops counting as held, and everything works again after the thaw.
-pub async fn paused_server_ends_a_waiting_acquire_by_its_deadline(_: String) -> anyhow::Result<()> {
-    let server = RedisServer::start().await?;
+pub async fn paused_server_ends_a_waiting_acquire_by_its_deadline(
+    server: Arc<RedisServer>,
+) -> anyhow::Result<()> {
     let member = server.member()?;
     let holder = Arc::new(RedisLock::connect(&server.url()).await?);
     let waiter = Arc::new(RedisLock::connect(&server.url()).await?);
@@ -118,7 +127,6 @@ pub async fn paused_server_ends_a_waiting_acquire_by_its_deadline(_: String) -> 
         .context("acquire after the pause")?;
     lease.release().await?;
     drop(renewed);
-    server.shutdown().await?;
     Ok(())
 }
 
@@ -126,9 +134,8 @@ pub async fn paused_server_ends_a_waiting_acquire_by_its_deadline(_: String) -> 
 /// same client; a renewed lease is reported lost by its next renewal (not silently held until its
 /// TTL), and a new holder gets a larger fencing token than the lost one.
 pub async fn restart_without_persistence_errors_then_recovers_and_loses_leases(
-    _: String,
+    server: Arc<RedisServer>,
 ) -> anyhow::Result<()> {
-    let server = RedisServer::start().await?;
     let member = server.member()?;
     let client = Arc::new(RedisLock::connect(&server.url()).await?);
     let key = unique("wiped");
@@ -220,14 +227,12 @@ pub async fn restart_without_persistence_errors_then_recovers_and_loses_leases(
         successor.release().await? == Released::Released,
         "successor release"
     );
-    server.shutdown().await?;
     Ok(())
 }
 
 /// `SCRIPT FLUSH` between operations: acquire, extend and release still work, and put their
 /// scripts back in the cache.
-pub async fn flushed_script_cache_is_reloaded(_: String) -> anyhow::Result<()> {
-    let server = RedisServer::start().await?;
+pub async fn flushed_script_cache_is_reloaded(server: Arc<RedisServer>) -> anyhow::Result<()> {
     let client = Arc::new(RedisLock::connect(&server.url()).await?);
     let mut raw = support::raw(&server.url()).await?;
     let flush = |raw: &mut redis::aio::MultiplexedConnection| {
@@ -292,6 +297,5 @@ pub async fn flushed_script_cache_is_reloaded(_: String) -> anyhow::Result<()> {
         "the acquire script was not put back in the cache"
     );
     again.release().await?;
-    server.shutdown().await?;
     Ok(())
 }

@@ -1,19 +1,28 @@
-//! Masters that fail: some down, one frozen, one restarted without its data. Each trial starts
-//! masters of its own.
+//! Masters that fail: some down, one frozen, one restarted without its data.
 
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{DistributedLockExt, Error, FencingToken, LockOptions};
 use dlock_redlock::RedlockLock;
+use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;
+use dlock_testkit::trials::Case;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use crate::support::{self, unique, NODE_TIMEOUT};
+use crate::support::{self, unique, NODE_TIMEOUT, SLACK};
 
-/// How late past a promised bound an answer may come on this noisy machine.
-const SLACK: Duration = Duration::from_secs(1);
+/// The cases of this module, in the order they run.
+pub fn cases() -> Vec<(&'static str, Case<Arc<RedisMasters>>)> {
+    vec![
+        case!(one_or_two_of_five_masters_down_still_lock),
+        case!(three_of_five_masters_down_fail_fast_naming_reached_and_needed),
+        case!(a_frozen_master_costs_at_most_the_node_timeout),
+        case!(restart_without_persistence_with_delayed_restart_has_one_holder),
+        case!(restart_without_persistence_without_delayed_restart_has_two_holders),
+    ]
+}
 
 /// Acquires and releases `key` once, returning the token; fails on busy.
 async fn cycle(client: &Arc<RedlockLock>, key: &str) -> anyhow::Result<FencingToken> {
@@ -26,9 +35,10 @@ async fn cycle(client: &Arc<RedlockLock>, key: &str) -> anyhow::Result<FencingTo
 
 /// With one and then two of five masters stopped, locks are still taken and released (3 of 5 is
 /// a quorum), and tokens keep growing.
-pub async fn one_or_two_of_five_masters_down_still_lock() -> anyhow::Result<()> {
-    let masters = RedisMasters::start(5).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+pub async fn one_or_two_of_five_masters_down_still_lock(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    let client = support::serving_client(&masters).await?;
     let key = unique("down");
     let mut last = cycle(&client, &key).await?;
     for down in [0, 1] {
@@ -46,17 +56,16 @@ pub async fn one_or_two_of_five_masters_down_still_lock() -> anyhow::Result<()> 
         ensure!(token > last, "token {token} after {last}");
         last = token;
     }
-    masters.shutdown().await?;
     Ok(())
 }
 
 /// With three of five masters stopped no quorum is possible: try_acquire and a waiting acquire
 /// both fail at once with `Unavailable` saying "reached 2 of 5 nodes, needed 3", and work again
 /// once the masters are back.
-pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed() -> anyhow::Result<()>
-{
-    let masters = RedisMasters::start(5).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    let client = support::serving_client(&masters).await?;
     let key = unique("three-down");
     cycle(&client, &key).await?;
     for i in 0..3 {
@@ -115,16 +124,16 @@ pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed() ->
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
-    masters.shutdown().await?;
     Ok(())
 }
 
 /// One master frozen (`docker pause`: a GC pause, a stalled VM, a silent partition): every
 /// acquire still succeeds, and none takes longer than the per-node timeout (plus slack) — the
 /// frozen master costs at most its timeout, never a TCP timeout.
-pub async fn a_frozen_master_costs_at_most_the_node_timeout() -> anyhow::Result<()> {
-    let masters = RedisMasters::start(5).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+pub async fn a_frozen_master_costs_at_most_the_node_timeout(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    let client = support::serving_client(&masters).await?;
     let key = unique("frozen");
     cycle(&client, &key).await?;
     let frozen = masters.member(2)?;
@@ -163,7 +172,6 @@ pub async fn a_frozen_master_costs_at_most_the_node_timeout() -> anyhow::Result<
     .await;
     frozen.unpause().await?;
     outcome?;
-    masters.shutdown().await?;
     Ok(())
 }
 
@@ -172,17 +180,19 @@ pub async fn a_frozen_master_costs_at_most_the_node_timeout() -> anyhow::Result<
 /// lock expires; master 2 restarts and forgets A's key; B asks while A's lease is still valid.
 /// Returns A's and B's outcome, with A's lease still held.
 async fn double_holder_scenario(
+    masters: &RedisMasters,
     delayed_restart: Option<Duration>,
 ) -> anyhow::Result<(bool, Option<dlock_core::Lease>, dlock_core::Lease)> {
     let ttl = Duration::from_secs(12);
-    let masters = RedisMasters::start(5).await?;
+    support::all_serving(masters).await?;
     let urls = masters.urls();
     let with_rule = |builder: dlock_redlock::RedlockBuilder| match delayed_restart {
         Some(max_ttl) => builder.with_delayed_restart(max_ttl),
         None => builder,
     };
     let a = Arc::new(with_rule(support::builder(&urls)).connect().await?);
-    // Freshly started masters are excluded under the rule until their uptime passes it.
+    // Masters started lately (by this binary, or by a case before) are excluded under the rule
+    // until their uptime passes it.
     let settled = Instant::now();
     while !a.excluded().is_empty() {
         ensure!(
@@ -228,16 +238,16 @@ async fn double_holder_scenario(
         "A's lease ended before B's attempt was over: the scenario took too long ({:?})",
         holder_a.state()
     );
-    masters.shutdown().await?;
     Ok((b_excluded_master_2, holder_b, holder_a))
 }
 
 /// With the delayed-restart rule, the restarted master does not count: B is refused while A holds
 /// the lock.
-pub async fn restart_without_persistence_with_delayed_restart_has_one_holder() -> anyhow::Result<()>
-{
+pub async fn restart_without_persistence_with_delayed_restart_has_one_holder(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
     let (excluded, holder_b, holder_a) =
-        double_holder_scenario(Some(Duration::from_secs(12))).await?;
+        double_holder_scenario(&masters, Some(Duration::from_secs(12))).await?;
     ensure!(excluded, "B did not leave the restarted master out");
     if let Some(b) = holder_b {
         bail!(
@@ -255,8 +265,9 @@ pub async fn restart_without_persistence_with_delayed_restart_has_one_holder() -
 /// masters 2, 3, 4 while A's lease on 0, 1, 2 is still valid. (The fencing token still orders
 /// them: B's is larger, so a fenced resource rejects A's writes from now on.)
 pub async fn restart_without_persistence_without_delayed_restart_has_two_holders(
+    masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    let (_, holder_b, holder_a) = double_holder_scenario(None).await?;
+    let (_, holder_b, holder_a) = double_holder_scenario(&masters, None).await?;
     let Some(b) = holder_b else {
         bail!("B was refused: the double holder the algorithm predicts did not happen");
     };

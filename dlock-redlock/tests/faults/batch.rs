@@ -1,5 +1,5 @@
 //! Batched renewal (`extend_many`) while masters are down: each lease of a batch gets the answer
-//! a single `extend` gives it. Each trial starts masters of its own.
+//! a single `extend` gives it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +10,20 @@ use dlock_core::{
     OwnerToken, Result,
 };
 use dlock_redlock::RedlockLock;
+use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;
+use dlock_testkit::trials::Case;
 use tokio::time::Instant;
 
-use crate::support::{self, unique, NODE_TIMEOUT};
+use crate::support::{self, unique, NODE_TIMEOUT, SLACK};
 
-/// How late past a promised bound an answer may come on this noisy machine.
-const SLACK: Duration = Duration::from_secs(1);
+/// The cases of this module, in the order they run.
+pub fn cases() -> Vec<(&'static str, Case<Arc<RedisMasters>>)> {
+    vec![
+        case!(a_mixed_batch_with_one_master_down_answers_like_extend),
+        case!(three_of_five_masters_down_answer_unavailable_per_lease),
+    ]
+}
 
 /// The TTL the leases are taken with, and the longer one the batch re-arms them with.
 const HELD_TTL: Duration = Duration::from_secs(10);
@@ -109,8 +116,10 @@ async fn pttl(url: &str, key: &LockKey) -> anyhow::Result<i64> {
 /// With one of five masters stopped, a batch mixing held, expired, taken-over and never-held
 /// leases (and one TTL the client refuses) answers each lease as one `extend` does, and really
 /// re-arms the held ones on the masters still up.
-pub async fn a_mixed_batch_with_one_master_down_answers_like_extend() -> anyhow::Result<()> {
-    let masters = RedisMasters::start(5).await?;
+pub async fn a_mixed_batch_with_one_master_down_answers_like_extend(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    support::all_serving(&masters).await?;
     let urls = masters.urls();
     let client = Arc::new(support::builder(&urls).connect().await?);
 
@@ -193,15 +202,15 @@ pub async fn a_mixed_batch_with_one_master_down_answers_like_extend() -> anyhow:
         "one extend each {each:?}, expected {expected:?}"
     );
 
-    masters.shutdown().await?;
     Ok(())
 }
 
 /// With three of five masters stopped no lease of a batch can be decided: each answers
 /// `Unavailable` with 2 reached and 3 needed, as one `extend` does, and at once.
-pub async fn three_of_five_masters_down_answer_unavailable_per_lease() -> anyhow::Result<()> {
-    let masters = RedisMasters::start(5).await?;
-    let client = Arc::new(support::builder(&masters.urls()).connect().await?);
+pub async fn three_of_five_masters_down_answer_unavailable_per_lease(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    let client = support::serving_client(&masters).await?;
     let held = held_leases(&client, 3).await?;
     let never = Lease::new("never")?;
     for i in 0..3 {
@@ -239,6 +248,5 @@ pub async fn three_of_five_masters_down_answer_unavailable_per_lease() -> anyhow
         "one extend each {each:?}, expected {expected:?}"
     );
 
-    masters.shutdown().await?;
     Ok(())
 }

@@ -1,0 +1,586 @@
+//! etcd-specific cases, beyond the shared suite: the Go recipe's key layout, exclusion with
+//! `etcdctl lock` in both directions, a waiter whose session ends, closing, local turns, a key
+//! deleted behind the holder's back, unanswered keep-alives, and configuration errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use dlock_core::{
+    DistributedLockExt, Error, FencingToken, Holding, LeaseState, LockOptions, LostReason, Released,
+};
+use dlock_etcd::EtcdLock;
+use dlock_testkit::case;
+use dlock_testkit::fixtures::EtcdCluster;
+use dlock_testkit::trials::{self, Case};
+use libtest_mimic::Trial;
+use tokio::time::Instant;
+
+use crate::support::{
+    self, client, contenders, contenders_until, eventually, raw, Exec, NAMESPACE, TRIAL_BUDGET,
+};
+use crate::SESSION_TTL;
+
+/// What the cases need to know about the shared cluster.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// The shared member's client endpoints.
+    endpoints: Vec<String>,
+    /// Its container, for `docker exec`.
+    container: String,
+}
+
+fn cases() -> Vec<(&'static str, Case<Env>)> {
+    vec![
+        case!(holding_reads_the_holder_without_taking_it),
+        case!(contender_keys_follow_the_go_layout),
+        case!(etcdctl_holds_and_dlock_waits),
+        case!(dlock_holds_and_etcdctl_waits),
+        case!(waiter_whose_session_ends_fails_its_acquire),
+        case!(close_loses_leases_and_frees_locks_at_once),
+        case!(tasks_of_one_client_queue_locally),
+        case!(bad_configuration_fails_fast),
+        case!(a_holder_learns_at_once_that_its_key_was_deleted),
+        case!(hot_key_hand_offs_never_stall),
+        case!(unanswered_keep_alives_make_the_lease_uncertain_then_lost),
+    ]
+}
+
+/// The etcd-specific trial names, for a run that opted out of Docker.
+pub fn names() -> Vec<String> {
+    trials::names("etcd", &cases())
+}
+
+/// The etcd-specific trials against the shared cluster.
+pub fn etcd_trials(cluster: &EtcdCluster) -> Vec<Trial> {
+    let env = Env {
+        endpoints: cluster.endpoints(),
+        container: cluster
+            .member(0)
+            .map(|m| m.name().to_owned())
+            .unwrap_or_default(),
+    };
+    trials::cases("etcd", &cases(), &env, TRIAL_BUDGET)
+}
+
+fn key(name: &str) -> String {
+    format!("etcd-cases/{:016x}/{name}", rand_u64())
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+/// `holding` reads who holds a key — free, then the holder's token — and changes nothing: the
+/// lock is still the holder's afterwards, and no contender key was added.
+async fn holding_reads_the_holder_without_taking_it(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let observer = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let raw = raw(&endpoints).await?;
+    let key = key("holding");
+    ensure!(
+        observer.holding(&key).await? == Holding::Free,
+        "a new key is not free"
+    );
+    let lease = locks
+        .try_acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await?
+        .context("a free key was busy")?;
+    let seen = observer.holding(&key).await?;
+    ensure!(
+        seen == Holding::Held {
+            fencing: Some(lease.fencing_token()),
+            expires_in: None
+        },
+        "holding() saw {seen:?}, the holder has token {}",
+        lease.fencing_token()
+    );
+    ensure!(
+        contenders(&raw, &locks, &key).await?.len() == 1,
+        "looking added a contender"
+    );
+    lease.release().await?;
+    ensure!(
+        observer.holding(&key).await? == Holding::Free,
+        "a released key is not free"
+    );
+    Ok(())
+}
+
+/// Our contender key is `<name>/<session lease in hex>`, attached to the session lease, holding
+/// the owner token, and its create revision is the fencing token.
+async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let locks = client(&endpoints, SESSION_TTL).await?;
+    let raw = raw(&endpoints).await?;
+    let key = key("layout/with/slashes");
+    let lease = Arc::new(locks.clone())
+        .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await?;
+    let session = locks.session_lease().context("no session")?;
+    let name = locks.lock_name(&key)?;
+    ensure!(
+        name.starts_with(NAMESPACE) && !name[NAMESPACE.len()..].contains('/'),
+        "lock name {name:?}"
+    );
+    let stored = contenders(&raw, &locks, &key).await?;
+    ensure!(stored.len() == 1, "contenders: {stored:?}");
+    let (k, value, create_revision, key_lease) = &stored[0];
+    ensure!(
+        *k == format!("{name}/{session:x}"),
+        "key {k:?}, session {session:x}"
+    );
+    ensure!(*key_lease == session, "attached to lease {key_lease:x}");
+    ensure!(
+        *value == lease.owner().to_hex(),
+        "value is not the owner token"
+    );
+    ensure!(
+        lease.fencing_token().get() == u64::try_from(*create_revision)?,
+        "token {} but create revision {create_revision}",
+        lease.fencing_token()
+    );
+    ensure!(lease.release().await? == Released::Released);
+    ensure!(contenders(&raw, &locks, &key).await?.is_empty());
+    Ok(())
+}
+
+/// `etcdctl lock` holds: dlock reports busy, waits, and gets the lock only after etcdctl's
+/// critical section (which ends by writing a marker) is over.
+async fn etcdctl_holds_and_dlock_waits(
+    Env {
+        endpoints,
+        container,
+    }: Env,
+) -> anyhow::Result<()> {
+    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let mut raw = raw(&endpoints).await?;
+    let key = key("etcdctl-first");
+    let name = locks.lock_name(&key)?;
+    let marker = format!("{name}-marker");
+    let script = format!("sleep 2; etcdctl --endpoints=http://127.0.0.1:2379 put {marker} done");
+    let etcdctl = Exec::start(
+        &container,
+        support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
+    )
+    .await?;
+    contenders_until(
+        "etcdctl holds the lock",
+        Duration::from_secs(10),
+        &raw,
+        &locks,
+        &key,
+        |n| n > 0,
+    )
+    .await?;
+    let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(15));
+    ensure!(
+        locks.try_acquire(&key, &opts).await?.is_none(),
+        "try_acquire took a lock etcdctl holds"
+    );
+    // A read-only look names etcdctl's key's create revision as the holder's token.
+    let etcdctl_revision = contenders(&raw, &locks, &key).await?[0].2;
+    let seen = locks.holding(&key).await?;
+    ensure!(
+        matches!(seen, Holding::Held { fencing: Some(FencingToken(t)), .. } if t == etcdctl_revision.unsigned_abs()),
+        "holding() saw {seen:?}; etcdctl's key was created at revision {etcdctl_revision}"
+    );
+    let lease = locks.acquire(&key, &opts).await?;
+    let seen = raw.get(marker.as_str(), None).await?;
+    ensure!(
+        seen.kvs().first().map(|kv| kv.value()) == Some(b"done".as_slice()),
+        "dlock got the lock before etcdctl's critical section ended"
+    );
+    let output = etcdctl.finish(Duration::from_secs(10)).await?;
+    ensure!(!output.contains("Error"), "etcdctl: {output}");
+    lease.release().await?;
+    raw.delete(marker, None).await?;
+    Ok(())
+}
+
+/// dlock holds: `etcdctl lock` waits until dlock releases, then runs its command.
+async fn dlock_holds_and_etcdctl_waits(
+    Env {
+        endpoints,
+        container,
+    }: Env,
+) -> anyhow::Result<()> {
+    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let mut raw = raw(&endpoints).await?;
+    let key = key("dlock-first");
+    let name = locks.lock_name(&key)?;
+    let marker = format!("{name}-marker");
+    let lease = locks
+        .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await?;
+    let script =
+        format!("etcdctl --endpoints=http://127.0.0.1:2379 put {marker} \"$ETCD_LOCK_KEY\"");
+    let etcdctl = Exec::start(
+        &container,
+        support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
+    )
+    .await?;
+    contenders_until(
+        "etcdctl queues behind us",
+        Duration::from_secs(10),
+        &raw,
+        &locks,
+        &key,
+        |n| n == 2,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = raw.get(marker.as_str(), None).await?;
+    ensure!(
+        early.kvs().is_empty(),
+        "etcdctl ran its command while dlock held the lock"
+    );
+    let token = lease.fencing_token().get();
+    ensure!(lease.release().await? == Released::Released);
+    let output = etcdctl.finish(Duration::from_secs(15)).await?;
+    let after = raw.get(marker.as_str(), None).await?;
+    let Some(kv) = after.kvs().first() else {
+        bail!("etcdctl never ran its command: {output}");
+    };
+    let etcdctl_key = kv.value_str()?.to_owned();
+    ensure!(
+        etcdctl_key.starts_with(&format!("{name}/")),
+        "etcdctl locked {etcdctl_key:?}"
+    );
+    ensure!(
+        u64::try_from(kv.mod_revision())? > token,
+        "etcdctl's critical section predates our token"
+    );
+    raw.delete(marker, None).await?;
+    Ok(())
+}
+
+/// A waiter whose session lease is revoked behind its back fails its acquire at once; the
+/// holder is unaffected, and the next contender does not wait for the dead waiter.
+async fn waiter_whose_session_ends_fails_its_acquire(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let holder = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let waiter = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let third = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let mut raw = raw(&endpoints).await?;
+    let key = key("doomed-waiter");
+    let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(30));
+    let lease = holder.acquire(&key, &opts).await?;
+    let waiting = {
+        let (waiter, key, opts) = (waiter.clone(), key.clone(), opts.clone());
+        tokio::spawn(async move { waiter.acquire(&key, &opts).await })
+    };
+    contenders_until(
+        "the waiter queues",
+        Duration::from_secs(5),
+        &raw,
+        &holder,
+        &key,
+        |n| n == 2,
+    )
+    .await?;
+    let doomed = waiter.session_lease().context("waiter has no session")?;
+    let revoked_at = Instant::now();
+    raw.lease_revoke(doomed).await?;
+    let outcome = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .context("the waiter kept waiting after its session ended")??;
+    match outcome {
+        Err(Error::Lost {
+            reason: LostReason::SessionEnded,
+            ..
+        }) => {}
+        Err(other) => bail!("the waiter failed with {other}, not a lost session"),
+        Ok(_) => bail!("the waiter was granted the lock with its session gone"),
+    }
+    eprintln!(
+        "waiter failed {:?} after its lease was revoked",
+        revoked_at.elapsed()
+    );
+    ensure!(lease.is_held(), "the holder's lease is {:?}", lease.state());
+    ensure!(lease.release().await? == Released::Released);
+    let start = Instant::now();
+    let next = third
+        .acquire(&key, &opts.clone().with_wait(Duration::from_secs(3)))
+        .await?;
+    ensure!(
+        start.elapsed() < Duration::from_secs(1),
+        "the dead waiter was in the way"
+    );
+    next.release().await?;
+    // The waiter's client recovers with a new session.
+    let again = waiter.acquire(&key, &opts).await?;
+    ensure!(
+        waiter.session_lease() != Some(doomed),
+        "the dead session was reused"
+    );
+    again.release().await?;
+    Ok(())
+}
+
+/// Closing a client loses its leases at once and revokes its session, so others get its locks
+/// without waiting for any TTL.
+async fn close_loses_leases_and_frees_locks_at_once(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let closing = Arc::new(client(&endpoints, Duration::from_secs(30)).await?);
+    let other = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let opts = LockOptions::new(Duration::from_secs(60));
+    let keys = [key("closed/a"), key("closed/b")];
+    let mut leases = Vec::new();
+    for k in &keys {
+        leases.push(closing.acquire(k, &opts).await?);
+    }
+    let signals: Vec<_> = leases.iter().map(|l| l.lost()).collect();
+    closing.close().await?;
+    for signal in signals {
+        let reason = tokio::time::timeout(Duration::from_secs(1), signal)
+            .await
+            .context("a lease of a closed client did not report its loss")?;
+        ensure!(reason == LostReason::SessionEnded, "lost because {reason}");
+    }
+    for k in &keys {
+        let lease = other.try_acquire(k, &opts).await?;
+        ensure!(lease.is_some(), "{k} is still held after close");
+    }
+    match closing.try_acquire(&keys[0], &opts).await {
+        Err(Error::Backend {
+            temporary: false, ..
+        }) => {}
+        other => bail!("acquire on a closed client gave {other:?}"),
+    }
+    Ok(())
+}
+
+/// Many tasks of one client on one key: one at a time, tokens growing, and only one contender
+/// key of this client on the server at any moment (no local herd).
+async fn tasks_of_one_client_queue_locally(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let key = key("local-queue");
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(60));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (locks, key, opts, inside, tokens) = (
+            locks.clone(),
+            key.clone(),
+            opts.clone(),
+            inside.clone(),
+            tokens.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let lease = locks.acquire(&key, &opts).await?;
+                ensure!(
+                    inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0,
+                    "overlap"
+                );
+                tokens.lock().unwrap().push(lease.fencing_token());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                lease.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let raw = raw(&endpoints).await?;
+    let mut most = 0;
+    while tasks.iter().any(|t| !t.is_finished()) {
+        most = most.max(contenders(&raw, &locks, &key).await?.len());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for task in tasks {
+        task.await??;
+    }
+    ensure!(most <= 1, "{most} contender keys of one client at once");
+    let tokens = tokens.lock().unwrap().clone();
+    ensure!(tokens.len() == 40, "{} acquisitions", tokens.len());
+    ensure!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens did not grow: {tokens:?}"
+    );
+    Ok(())
+}
+
+/// Bad settings are rejected by name before anything is sent; an unreachable endpoint fails
+/// within the connect timeout; a password never shows.
+async fn bad_configuration_fails_fast(_: Env) -> anyhow::Result<()> {
+    for (url, field) in [
+        ("http://127.0.0.1:2379", "url"),
+        ("etcd://", "url"),
+        ("etcd://user:hunter2@127.0.0.1:notaport", "endpoints"),
+        ("etcd://127.0.0.1:2379?session_ttl=0", "session_ttl"),
+        ("etcd://127.0.0.1:2379?lease=5", "url"),
+    ] {
+        match EtcdLock::connect(url).await {
+            Err(Error::InvalidInput { field: f, message }) => {
+                ensure!(f == field, "{url}: field {f}, expected {field}");
+                ensure!(!message.contains("hunter2"), "{message}");
+            }
+            other => bail!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+    // A port nobody listens on: an error, within the connect timeout.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let start = Instant::now();
+    let result = EtcdLock::builder()
+        .with_endpoint(dead.to_string())
+        .with_credentials("app", "hunter2")
+        .with_connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    let took = start.elapsed();
+    match result {
+        Err(e) => {
+            ensure!(e.is_temporary(), "unreachable endpoint: {e}");
+            ensure!(!format!("{e} {e:?}").contains("hunter2"), "{e:?}");
+        }
+        Ok(locks) => bail!("connected to nothing: {locks:?}"),
+    }
+    ensure!(took < Duration::from_secs(4), "took {took:?} to fail");
+    Ok(())
+}
+
+/// etcd's server-side `Unlock` deletes whatever key it is given. When someone uses it (or
+/// `etcdctl del`) on our key, the holder's lost signal fires at once — not at the next
+/// keep-alive, which would never tell, since the session lives on — and its late fenced write is
+/// rejected after the next holder's.
+async fn a_holder_learns_at_once_that_its_key_was_deleted(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let holder = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let next = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let raw = raw(&endpoints).await?;
+    let key = key("deleted-behind-its-back");
+    let opts = LockOptions::new(Duration::from_secs(60)).with_wait(Duration::from_secs(10));
+    let lease = holder.acquire(&key, &opts).await?;
+    let resource = dlock_core::Fenced::new(Vec::new());
+    resource.write(lease.fencing_token(), |log| log.push("holder"))?;
+    let waiting = {
+        let (next, key, opts) = (next.clone(), key.clone(), opts.clone());
+        tokio::spawn(async move { next.acquire(&key, &opts).await })
+    };
+    let stored = contenders(&raw, &holder, &key).await?;
+    let (ours, ..) = stored.first().context("no contender key")?.clone();
+    let signal = lease.lost();
+    let deleted_at = Instant::now();
+    raw.lock_client().unlock(ours).await?;
+    let reason = tokio::time::timeout(Duration::from_secs(1), signal)
+        .await
+        .context("the holder did not learn that its key was deleted")?;
+    eprintln!(
+        "lost signal {:?} after the deletion ({reason})",
+        deleted_at.elapsed()
+    );
+    let successor = waiting.await??;
+    resource.write(successor.fencing_token(), |log| log.push("successor"))?;
+    ensure!(
+        resource
+            .write(lease.fencing_token(), |log| log.push("late"))
+            .is_err(),
+        "the old holder's late write was admitted"
+    );
+    ensure!(lease.release().await? != Released::Released);
+    ensure!(successor.release().await? == Released::Released);
+    Ok(())
+}
+
+/// Four clients hand one hot key round and round, so that releases race with waiters arming
+/// their watches. A lost wake-up would leave a waiter stuck until its (short) deadline.
+async fn hot_key_hand_offs_never_stall(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    const CLIENTS: usize = 4;
+    const ROUNDS: usize = 60;
+    let key = key("hot");
+    let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(10));
+    let mut tasks = Vec::new();
+    for id in 0..CLIENTS {
+        let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+        let (key, opts) = (key.clone(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let lease = locks
+                    .acquire(&key, &opts)
+                    .await
+                    .with_context(|| format!("client {id}, round {round}"))?;
+                lease.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+/// The holder's connection freezes (a partition between it and the cluster): its keep-alives go
+/// unanswered, so the lease turns uncertain, then lost when the session's confirmed end passes —
+/// before the server lets anyone else take the lock. Thawing does not revive it, and the client
+/// carries on with a new session.
+async fn unanswered_keep_alives_make_the_lease_uncertain_then_lost(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let endpoint = endpoints.first().context("no endpoint")?.clone();
+    let (holder, freeze) = support::freezable_client(&endpoint, SESSION_TTL).await?;
+    let other = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let key = key("uncertain");
+    let opts = LockOptions::new(Duration::from_secs(60)).with_wait(Duration::from_secs(15));
+    let lease = holder.acquire(&key, &opts).await?;
+    ensure!(lease.is_held(), "fresh lease is {:?}", lease.state());
+    let lost = lease.lost();
+    let lost_at = tokio::spawn(async move { (lost.await, Instant::now()) });
+    freeze.freeze();
+    let frozen_at = Instant::now();
+    eventually("the lease turns uncertain", SESSION_TTL * 2, || {
+        let uncertain = matches!(
+            lease.state(),
+            LeaseState::Uncertain { .. } | LeaseState::Lost(_)
+        );
+        async move { Ok(uncertain) }
+    })
+    .await?;
+    ensure!(
+        matches!(lease.state(), LeaseState::Uncertain { .. }),
+        "went straight to {:?}",
+        lease.state()
+    );
+    let uncertain_after = frozen_at.elapsed();
+    let next = other.acquire(&key, &opts).await?;
+    let taken_at = Instant::now();
+    let (reason, lost_at) = tokio::time::timeout(Duration::from_secs(1), lost_at)
+        .await
+        .context("another client holds the lock but the lease is not lost")??;
+    ensure!(
+        lost_at <= taken_at,
+        "lost ({reason}) {:?} after another client took the lock",
+        lost_at - taken_at
+    );
+    eprintln!(
+        "uncertain {uncertain_after:?} after the freeze, lost after {:?}, taken over after {:?}",
+        lost_at - frozen_at,
+        taken_at - frozen_at
+    );
+    freeze.thaw();
+    tokio::time::sleep(SESSION_TTL / 2).await;
+    ensure!(
+        lease.state().is_lost(),
+        "thawed lease is {:?}",
+        lease.state()
+    );
+    ensure!(lease.release().await? != Released::Released);
+    ensure!(next.release().await? == Released::Released);
+    let again = holder.acquire(&key, &opts).await?;
+    again.release().await?;
+    Ok(())
+}
