@@ -115,6 +115,17 @@ impl fmt::Debug for Subject {
     }
 }
 
+dlock_core::setters! {
+    Subject {
+        /// Sets the time scale.
+        with_timing(timing: Timing) => timing = timing;
+        /// Enables the outage case on a dedicated instance of the service.
+        with_outage(outage: Outage) => outage = Some(outage);
+        /// Enables the "no state left behind" check of the invalid-input case.
+        with_inspect(inspect: Arc<dyn Inspect>) => inspect = Some(inspect);
+    }
+}
+
 impl Subject {
     /// A subject named `name` (used as the test-name prefix) whose clients come from `connect`,
     /// declaring `capabilities` (normally the backend's own [`DistributedLock::capabilities`]).
@@ -133,24 +144,6 @@ impl Subject {
             freezable: None,
             proxied: None,
         }
-    }
-
-    /// Sets the time scale.
-    pub fn with_timing(mut self, timing: Timing) -> Self {
-        self.timing = timing;
-        self
-    }
-
-    /// Enables the outage case on a dedicated instance of the service.
-    pub fn with_outage(mut self, outage: Outage) -> Self {
-        self.outage = Some(outage);
-        self
-    }
-
-    /// Enables the "no state left behind" check of the invalid-input case.
-    pub fn with_inspect(mut self, inspect: Arc<dyn Inspect>) -> Self {
-        self.inspect = Some(inspect);
-        self
     }
 
     /// Makes freezable clients with `connect` instead of the default, which holds back the

@@ -1,9 +1,69 @@
-//! Per-acquire options and their validation, in one place for every backend.
+//! Per-acquire options and their validation, in one place for every backend, and the macro that
+//! writes the `with_*` setters of every settings builder in dlock.
 
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::retry::Backoff;
+
+/// Writes the `with_*` setters of a settings builder, one line each, so that every builder in
+/// dlock ([`LockOptions`], each backend's `…Builder`) has setters of one shape: `with_` and the
+/// setting's name, `self` by value, one field set, `self` returned for chaining.
+///
+/// Each entry is `setter(argument: Type) => field = value;` after the setter's doc comments:
+/// the setter becomes an inherent method of the builder (callers import nothing, and
+/// `Builder::with_x` still serves as a plain function), documented by those comments, and stores
+/// `value`, an expression of `argument`, in `field`. Setters that do more than set one field
+/// (append an endpoint, take a user and a password) stay hand-written beside it.
+///
+/// Why a macro and not a builder-generating crate (`derive_builder`, `bon`): in dlock the
+/// builders are the public types themselves, each with its own constructors (`new`, `from_url`,
+/// `from_urls`), validation that names the field at fault, and a `Debug` that hides passwords.
+/// A derive would add a second struct of `Option`s (or type-state generics, with which
+/// `Builder::with_x` is no longer one function) and an error type of its own between the fields
+/// and that validation; what repeats across the builders is only the setters, and that is all
+/// this writes.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// #[derive(Default)]
+/// pub struct ExampleBuilder {
+///     prefix: String,
+///     timeout: Option<Duration>,
+/// }
+///
+/// dlock_core::setters! {
+///     ExampleBuilder {
+///         /// Puts `prefix` before every lock name.
+///         with_prefix(prefix: impl Into<String>) => prefix = prefix.into();
+///         /// Bounds every request (none by default).
+///         with_timeout(timeout: Duration) => timeout = Some(timeout);
+///     }
+/// }
+///
+/// let builder = ExampleBuilder::default()
+///     .with_prefix("billing:")
+///     .with_timeout(Duration::from_secs(1));
+/// assert_eq!(builder.prefix, "billing:");
+/// assert_eq!(builder.timeout, Some(Duration::from_secs(1)));
+/// ```
+#[macro_export]
+macro_rules! setters {
+    ($builder:ty {
+        $( $(#[$attr:meta])* $setter:ident($arg:ident: $ty:ty) => $field:ident = $value:expr; )*
+    }) => {
+        impl $builder {
+            $(
+                $(#[$attr])*
+                pub fn $setter(mut self, $arg: $ty) -> Self {
+                    self.$field = $value;
+                    self
+                }
+            )*
+        }
+    };
+}
 
 /// The shortest TTL accepted. Shorter leases expire before a network round trip completes.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -141,39 +201,9 @@ impl LockOptions {
         }
     }
 
-    /// Sets the TTL.
-    pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Limits how long `acquire` waits.
-    pub fn with_wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
-        self
-    }
-
-    /// Sets the backoff between attempts.
-    pub fn with_retry(mut self, retry: Backoff) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Sets the drift allowance.
-    pub fn with_drift(mut self, drift: Drift) -> Self {
-        self.drift = drift;
-        self
-    }
-
     /// Turns on auto-renew with its defaults.
     pub fn with_auto_renew(mut self) -> Self {
         self.auto_renew = Some(AutoRenew::default());
-        self
-    }
-
-    /// Turns on auto-renew with the given settings.
-    pub fn with_renewal(mut self, renew: AutoRenew) -> Self {
-        self.auto_renew = Some(renew);
         self
     }
 
@@ -213,6 +243,21 @@ impl LockOptions {
             }
         }
         Ok(())
+    }
+}
+
+crate::setters! {
+    LockOptions {
+        /// Sets the TTL.
+        with_ttl(ttl: Duration) => ttl = ttl;
+        /// Limits how long `acquire` waits.
+        with_wait(wait: Duration) => wait = Some(wait);
+        /// Sets the backoff between attempts.
+        with_retry(retry: Backoff) => retry = retry;
+        /// Sets the drift allowance.
+        with_drift(drift: Drift) => drift = drift;
+        /// Turns on auto-renew with the given settings.
+        with_renewal(renew: AutoRenew) => auto_renew = Some(renew);
     }
 }
 

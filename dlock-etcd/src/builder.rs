@@ -56,7 +56,9 @@ impl fmt::Debug for Secret {
 ///     .await?;
 /// # drop(locks); Ok(()) }
 /// ```
-#[derive(Clone)]
+///
+/// `Debug` shows every setting but the password, which it holds as a `Secret` that hides it.
+#[derive(Clone, Debug)]
 pub struct EtcdLockBuilder {
     endpoints: Vec<String>,
     namespace: String,
@@ -66,20 +68,19 @@ pub struct EtcdLockBuilder {
     credentials: Option<(String, Secret)>,
 }
 
-impl fmt::Debug for EtcdLockBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdLockBuilder")
-            .field("endpoints", &self.endpoints)
-            .field("namespace", &self.namespace)
-            .field("session_ttl", &self.session_ttl)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
-            .field(
-                "password",
-                &self.credentials.as_ref().map(|(_, password)| password),
-            )
-            .finish()
+dlock_core::setters! {
+    EtcdLockBuilder {
+        /// Sets the namespace every lock name starts with (default `dlock/`); see
+        /// [`KeyLayout`](crate::KeyLayout).
+        with_namespace(namespace: impl Into<String>) => namespace = namespace.into();
+        /// Sets the TTL of the client's session lease (whole seconds, rounded up). It bounds how
+        /// long a client that dies or is cut off keeps its locks; a live client keeps the lease
+        /// alive.
+        with_session_ttl(ttl: Duration) => session_ttl = ttl;
+        /// Sets how long one request may wait for an answer before it fails as unavailable.
+        with_request_timeout(timeout: Duration) => request_timeout = timeout;
+        /// Sets how long [`connect`](Self::connect) may take in total.
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
     }
 }
 
@@ -135,32 +136,6 @@ impl EtcdLockBuilder {
         S: Into<String>,
     {
         self.endpoints.extend(endpoints.into_iter().map(Into::into));
-        self
-    }
-
-    /// Sets the namespace every lock name starts with (default `dlock/`); see
-    /// [`KeyLayout`](crate::KeyLayout).
-    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// Sets the TTL of the client's session lease (whole seconds, rounded up). It bounds how long
-    /// a client that dies or is cut off keeps its locks; a live client keeps the lease alive.
-    pub fn with_session_ttl(mut self, ttl: Duration) -> Self {
-        self.session_ttl = ttl;
-        self
-    }
-
-    /// Sets how long one request may wait for an answer before it fails as unavailable.
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Sets how long [`connect`](Self::connect) may take in total.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
         self
     }
 

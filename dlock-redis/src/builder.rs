@@ -57,6 +57,30 @@ pub struct RedisLockBuilder {
     fence_ttl: Option<Duration>,
 }
 
+dlock_core::setters! {
+    RedisLockBuilder {
+        /// Puts `prefix` before every lock name to form its key. Empty by default, so that a lock
+        /// named `n` is the key `n` that other single-instance clients (redis-py's `Lock`,
+        /// redsync) use too.
+        with_prefix(prefix: impl Into<String>) => prefix = prefix.into();
+        /// Bounds every request, including waiting for a reconnection
+        /// ([`DEFAULT_REQUEST_TIMEOUT`]). A request that gets no answer in time fails with
+        /// [`Error::Unavailable`](dlock_core::Error::Unavailable); its effect on the server is
+        /// then unknown.
+        with_request_timeout(timeout: Duration) => request_timeout = timeout;
+        /// Bounds establishing a connection ([`DEFAULT_CONNECT_TIMEOUT`]).
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
+        /// Lets each key's fencing counter expire once the key has gone unused (no grant) for
+        /// `ttl`, between [`MIN_FENCE_TTL`] and [`MAX_FENCE_TTL`]; by default counters never
+        /// expire, and one stays behind for every lock name ever granted. Every grant re-arms the
+        /// expiry in the acquire script. Tokens stay strictly increasing while no key is idle
+        /// longer than `ttl`; after that the counter restarts from the server's clock, above the
+        /// earlier tokens unless the clock went back (see
+        /// [`scripts`](crate::protocol::scripts#the-fencing-counters-expiry)).
+        with_fence_ttl(ttl: Duration) => fence_ttl = Some(ttl);
+    }
+}
+
 impl RedisLockBuilder {
     /// Settings for the server at `url` (see the crate docs for the URL forms), with an empty key
     /// prefix and the default timeouts.
@@ -68,39 +92,6 @@ impl RedisLockBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             fence_ttl: None,
         }
-    }
-
-    /// Puts `prefix` before every lock name to form its key. Empty by default, so that a lock
-    /// named `n` is the key `n` that other single-instance clients (redis-py's `Lock`, redsync)
-    /// use too.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Bounds every request, including waiting for a reconnection
-    /// ([`DEFAULT_REQUEST_TIMEOUT`]). A request that gets no answer in time fails with
-    /// [`Error::Unavailable`](dlock_core::Error::Unavailable); its effect on the server is then unknown.
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Bounds establishing a connection ([`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Lets each key's fencing counter expire once the key has gone unused (no grant) for `ttl`,
-    /// between [`MIN_FENCE_TTL`] and [`MAX_FENCE_TTL`]; by default counters never expire, and
-    /// one stays behind for every lock name ever granted. Every grant re-arms the expiry in the
-    /// acquire script. Tokens stay strictly increasing while no key is idle longer than `ttl`;
-    /// after that the counter restarts from the server's clock, above the earlier tokens unless
-    /// the clock went back (see [`scripts`](crate::protocol::scripts#the-fencing-counters-expiry)).
-    pub fn with_fence_ttl(mut self, ttl: Duration) -> Self {
-        self.fence_ttl = Some(ttl);
-        self
     }
 
     /// Checks every setting, connects and returns the client.

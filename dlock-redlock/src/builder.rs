@@ -68,6 +68,52 @@ pub struct RedlockBuilder {
     fence_ttl: Option<Duration>,
 }
 
+dlock_core::setters! {
+    RedlockBuilder {
+        /// Puts `prefix` before every lock name to form its key on every master (empty by
+        /// default).
+        with_prefix(prefix: impl Into<String>) => prefix = prefix.into();
+        /// How many masters must agree (default `N/2 + 1`). Anything from a majority to all `N`
+        /// is accepted; less than a majority would let two clients hold the lock at once.
+        with_quorum(quorum: usize) => quorum = Some(quorum);
+        /// Bounds each request to each master, including waiting for a reconnection. By default
+        /// it is derived from the request's TTL: `ttl / 200`, between
+        /// [`MIN_DERIVED_NODE_TIMEOUT`] and [`MAX_DERIVED_NODE_TIMEOUT`] (50 ms for TTLs of 10 s
+        /// and more), small against the TTL so that a frozen master costs little of the lease's
+        /// validity.
+        with_node_timeout(timeout: Duration) => node_timeout = Some(timeout);
+        /// Bounds opening a connection to one master ([`DEFAULT_CONNECT_TIMEOUT`]).
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
+        /// The clock-drift allowance the client subtracts from a lease's validity when it counts
+        /// a quorum (default [`Drift::default`], the same as
+        /// [`LockOptions`](dlock_core::LockOptions)'s). The lease itself then uses the options'
+        /// drift; set both alike (see the crate docs).
+        with_drift(drift: Drift) => drift = drift;
+        /// The upper bound of a random amount by which every wait between attempts is shortened
+        /// ([`DEFAULT_RETRY_JITTER`]), so that contenders woken by the same expiry do not split
+        /// the masters between them again and again. Zero turns it off (the caller's backoff
+        /// still has its own jitter).
+        with_retry_jitter(jitter: Duration) => retry_jitter = jitter;
+        /// Turns fencing tokens on (the default) or off. Off saves the write-back round trip that
+        /// happens when the masters' counters disagree, and declares
+        /// [`FencingGuarantee::None`](dlock_core::FencingGuarantee::None): tokens are then still
+        /// handed out but may repeat or go back.
+        with_fencing(on: bool) => fencing = on;
+        /// Turns on the delayed-restart rule with `max_ttl`, the longest TTL any client will use
+        /// on these masters: a master whose server process started less than `max_ttl` (plus the
+        /// drift allowance) ago does not count towards a quorum. Requests with a longer TTL are
+        /// refused. See the crate docs for when it is needed.
+        with_delayed_restart(max_ttl: Duration) => delayed_restart = Some(max_ttl);
+        /// Lets each key's fencing counter expire on every master once the key has gone unused
+        /// (no grant) for `ttl`, as
+        /// [`RedisLockBuilder::with_fence_ttl`](dlock_redis::RedisLockBuilder::with_fence_ttl)
+        /// does on one server: the acquire script and the fencing write-back re-arm the expiry.
+        /// By default counters never expire. See the crate docs for what it keeps of the fencing
+        /// guarantee.
+        with_fence_ttl(ttl: Duration) => fence_ttl = Some(ttl);
+    }
+}
+
 impl RedlockBuilder {
     /// Settings for the masters at `urls` (each a `redis://`, `rediss://` or `redis+unix://` URL as
     /// [`dlock_redis`] accepts it), with the defaults: majority quorum, per-node timeout derived
@@ -89,79 +135,6 @@ impl RedlockBuilder {
             delayed_restart: None,
             fence_ttl: None,
         }
-    }
-
-    /// Puts `prefix` before every lock name to form its key on every master (empty by default).
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// How many masters must agree (default `N/2 + 1`). Anything from a majority to all `N` is
-    /// accepted; less than a majority would let two clients hold the lock at once.
-    pub fn with_quorum(mut self, quorum: usize) -> Self {
-        self.quorum = Some(quorum);
-        self
-    }
-
-    /// Bounds each request to each master, including waiting for a reconnection. By default it
-    /// is derived from the request's TTL: `ttl / 200`, between [`MIN_DERIVED_NODE_TIMEOUT`] and
-    /// [`MAX_DERIVED_NODE_TIMEOUT`] (50 ms for TTLs of 10 s and more), small against the TTL so
-    /// that a frozen master costs little of the lease's validity.
-    pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = Some(timeout);
-        self
-    }
-
-    /// Bounds opening a connection to one master ([`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The clock-drift allowance the client subtracts from a lease's validity when it counts a
-    /// quorum (default [`Drift::default`], the same as [`LockOptions`](dlock_core::LockOptions)'s).
-    /// The lease itself then uses the options' drift; set both alike (see the crate docs).
-    pub fn with_drift(mut self, drift: Drift) -> Self {
-        self.drift = drift;
-        self
-    }
-
-    /// The upper bound of a random amount by which every wait between attempts is shortened
-    /// ([`DEFAULT_RETRY_JITTER`]), so that contenders woken by the same expiry do not split the
-    /// masters between them again and again. Zero turns it off (the caller's backoff still has
-    /// its own jitter).
-    pub fn with_retry_jitter(mut self, jitter: Duration) -> Self {
-        self.retry_jitter = jitter;
-        self
-    }
-
-    /// Turns fencing tokens on (the default) or off. Off saves the write-back round trip that
-    /// happens when the masters' counters disagree, and declares
-    /// [`FencingGuarantee::None`](dlock_core::FencingGuarantee::None): tokens are then still
-    /// handed out but may repeat or go back.
-    pub fn with_fencing(mut self, on: bool) -> Self {
-        self.fencing = on;
-        self
-    }
-
-    /// Turns on the delayed-restart rule with `max_ttl`, the longest TTL any client will use on
-    /// these masters: a master whose server process started less than `max_ttl` (plus the drift
-    /// allowance) ago does not count towards a quorum. Requests with a longer TTL are refused.
-    /// See the crate docs for when it is needed.
-    pub fn with_delayed_restart(mut self, max_ttl: Duration) -> Self {
-        self.delayed_restart = Some(max_ttl);
-        self
-    }
-
-    /// Lets each key's fencing counter expire on every master once the key has gone unused (no
-    /// grant) for `ttl`, as [`RedisLockBuilder::with_fence_ttl`](dlock_redis::RedisLockBuilder::with_fence_ttl)
-    /// does on one server: the acquire script and the fencing write-back re-arm the expiry. By
-    /// default counters never expire. See the crate docs for what it keeps of the fencing
-    /// guarantee.
-    pub fn with_fence_ttl(mut self, ttl: Duration) -> Self {
-        self.fence_ttl = Some(ttl);
-        self
     }
 
     /// Checks every setting, connects to every master in parallel and returns the client.

@@ -85,6 +85,38 @@ impl fmt::Debug for ZkLockBuilder {
     }
 }
 
+dlock_core::setters! {
+    ZkLockBuilder {
+        /// The session timeout to ask the server for (default 10 s).
+        ///
+        /// It is the server-side bound of every lock this client holds: if the process dies or is
+        /// cut off, the server ends the session this long after it last heard from it, and the
+        /// lock nodes vanish. It also bounds how long a disconnected holder's lease stays
+        /// [uncertain](dlock_core::LeaseState::Uncertain) before it counts as lost. The server
+        /// clamps it to between 2 and 20 ticks; the negotiated value is the one used.
+        with_session_timeout(timeout: Duration) => session_timeout = timeout;
+        /// How long opening a session, or waiting for a lost connection to come back, may take
+        /// before the call fails with [`Error::Unavailable`] (default: the session timeout). A
+        /// waiting acquire whose connection stays down this long fails too, rather than waiting
+        /// on.
+        with_connect_timeout(timeout: Duration) => connect_timeout = Some(timeout);
+        /// How long one call waits for a connection and an answer before it fails with
+        /// [`Error::Unavailable`] (default: the session timeout, after which a disconnected
+        /// session has expired anyway).
+        with_operation_timeout(timeout: Duration) => operation_timeout = Some(timeout);
+        /// The node under which lock keys live (default `/dlock`), below the chroot if the URL has
+        /// one. Created on first use.
+        with_root(root: impl Into<String>) => root = root.into();
+        /// The data written into each lock node (default `dlock`), e.g. a host name and process
+        /// id, so that operators (and kazoo's `Lock.contenders()`) can see who holds or waits.
+        with_identifier(identifier: impl Into<String>) => identifier = identifier.into();
+        /// How dlock names its own lock nodes (default [`Naming::Kazoo`]), which decides whether
+        /// kazoo's `Lock` or Curator's `InterProcessMutex` on the same path waits behind a dlock
+        /// holder. dlock waits behind both under either naming; see [`Naming`].
+        with_naming(naming: Naming) => naming = naming;
+    }
+}
+
 impl ZkLockBuilder {
     /// A builder for the ensemble at `url` (`zk://host:port[,host:port…][/chroot]`; see
     /// [`ConnectString::parse`]). A malformed URL is reported by [`connect`](Self::connect).
@@ -112,56 +144,6 @@ impl ZkLockBuilder {
                 ..ZkLockBuilder::new("zk://localhost")
             },
         }
-    }
-
-    /// The session timeout to ask the server for (default 10 s).
-    ///
-    /// It is the server-side bound of every lock this client holds: if the process dies or is cut
-    /// off, the server ends the session this long after it last heard from it, and the lock nodes
-    /// vanish. It also bounds how long a disconnected holder's lease stays
-    /// [uncertain](dlock_core::LeaseState::Uncertain) before it counts as lost. The server clamps
-    /// it to between 2 and 20 ticks; the negotiated value is the one used.
-    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
-        self.session_timeout = timeout;
-        self
-    }
-
-    /// How long opening a session, or waiting for a lost connection to come back, may take before
-    /// the call fails with [`Error::Unavailable`] (default: the session timeout). A waiting
-    /// acquire whose connection stays down this long fails too, rather than waiting on.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = Some(timeout);
-        self
-    }
-
-    /// How long one call waits for a connection and an answer before it fails with
-    /// [`Error::Unavailable`] (default: the session timeout, after which a disconnected session
-    /// has expired anyway).
-    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = Some(timeout);
-        self
-    }
-
-    /// The node under which lock keys live (default `/dlock`), below the chroot if the URL has
-    /// one. Created on first use.
-    pub fn with_root(mut self, root: impl Into<String>) -> Self {
-        self.root = root.into();
-        self
-    }
-
-    /// The data written into each lock node (default `dlock`), e.g. a host name and process id,
-    /// so that operators (and kazoo's `Lock.contenders()`) can see who holds or waits.
-    pub fn with_identifier(mut self, identifier: impl Into<String>) -> Self {
-        self.identifier = identifier.into();
-        self
-    }
-
-    /// How dlock names its own lock nodes (default [`Naming::Kazoo`]), which decides whether
-    /// kazoo's `Lock` or Curator's `InterProcessMutex` on the same path waits behind a dlock holder.
-    /// dlock waits behind both under either naming; see [`Naming`].
-    pub fn with_naming(mut self, naming: Naming) -> Self {
-        self.naming = naming;
-        self
     }
 
     /// Checks every setting (an [`Error::InvalidInput`] names the first one at fault) without
