@@ -15,7 +15,6 @@ use crate::key::LockKey;
 use crate::lease::{Lease, LeaseParts};
 use crate::options::LockOptions;
 use crate::pending::PendingAcquire;
-use crate::renew::Renewal;
 use crate::state::{LeaseWatch, LostReason};
 use crate::token::OwnerToken;
 use crate::waiting::withdraw;
@@ -279,17 +278,7 @@ async fn take(
                 sent_at: grant.sent_at,
             });
             if let Some(config) = opts.auto_renew {
-                let renewal = Renewal {
-                    key: key.clone(),
-                    owner,
-                    fencing: grant.fencing,
-                    ttl: opts.ttl,
-                    drift: opts.drift,
-                    acquired_at: grant.sent_at,
-                    config,
-                    status: lease.status_sender(),
-                };
-                lease.attach_renewal(renewal.start(backend));
+                lease.start_renewal(config);
             }
             if let Some(session) = grant.session {
                 lease.attach(crate::session::follow(lease.status_sender(), session));

@@ -11,12 +11,27 @@ use tracing::Instrument;
 use crate::backend::{DistributedLock, Extension, LeaseRef, Outcome, Released};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::options::{validate_ttl, Drift};
-use crate::renew::Scheduled;
+use crate::options::{validate_ttl, AutoRenew, Drift};
+use crate::renew::{self, Scheduled};
 use crate::state::{
     self, Condition, LeaseState, LeaseWatch, LostReason, Status, StatusCell, StatusSender,
 };
 use crate::token::{FencingToken, OwnerToken};
+
+/// The span of one operation on a lease (`"dlock.extend"`, `"dlock.release"`): its key, backend
+/// and fencing token, and the outcome recorded when the backend answers. A macro, since a span's
+/// name must be a literal.
+macro_rules! lease_span {
+    ($lease:expr, $name:literal) => {
+        tracing::debug_span!(
+            $name,
+            key = %$lease.key,
+            backend = $lease.backend.backend_name(),
+            fencing = $lease.fencing.0,
+            outcome = tracing::field::Empty,
+        )
+    };
+}
 
 /// A held lock.
 ///
@@ -82,9 +97,14 @@ impl Lease {
         self.tasks.push(task);
     }
 
-    /// Keeps the lease on its backend's renewal schedule for as long as it lives.
-    pub(crate) fn attach_renewal(&mut self, renewal: Scheduled) {
-        self.renewal = Some(renewal);
+    /// Renews the lease as `config` says, on its backend's renewal schedule, for as long as it
+    /// lives.
+    pub(crate) fn start_renewal(&mut self, config: AutoRenew) {
+        self.renewal = Some(renew::schedule(self, config));
+    }
+
+    pub(crate) fn backend(&self) -> &Arc<dyn DistributedLock> {
+        &self.backend
     }
 
     pub(crate) fn status_sender(&self) -> StatusSender {
@@ -186,13 +206,7 @@ impl Lease {
     pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
         validate_ttl(ttl)?;
         self.drift.validate(ttl)?;
-        let span = tracing::debug_span!(
-            "dlock.extend",
-            key = %self.key,
-            backend = self.backend.backend_name(),
-            fencing = self.fencing.0,
-            outcome = tracing::field::Empty,
-        );
+        let span = lease_span!(self, "dlock.extend");
         async {
             if let LeaseState::Lost(reason) = self.state() {
                 tracing::Span::current().record("outcome", "lost");
@@ -234,13 +248,7 @@ impl Lease {
     pub async fn release(mut self) -> Result<Released> {
         self.stop_tasks();
         self.status.mark_lost(LostReason::Released);
-        let span = tracing::debug_span!(
-            "dlock.release",
-            key = %self.key,
-            backend = self.backend.backend_name(),
-            fencing = self.fencing.0,
-            outcome = tracing::field::Empty,
-        );
+        let span = lease_span!(self, "dlock.release");
         let result = self
             .backend
             .as_ref()

@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use crate::backend::{DistributedLock, ExtendRequest, LeaseRef};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::lease::apply_extension;
-use crate::options::{AutoRenew, Drift};
+use crate::lease::{apply_extension, Lease};
+use crate::options::AutoRenew;
 use crate::state::{self, StatusSender};
 use crate::token::{FencingToken, OwnerToken};
 use crate::Extension;
@@ -37,46 +37,34 @@ use crate::Extension;
 /// on.
 const EARLY_FRACTION: u32 = 8;
 
-/// Everything a lease's renewal needs, owned.
-pub(crate) struct Renewal {
-    pub(crate) key: LockKey,
-    pub(crate) owner: OwnerToken,
-    pub(crate) fencing: FencingToken,
-    pub(crate) ttl: Duration,
-    pub(crate) drift: Drift,
-    pub(crate) acquired_at: Instant,
-    pub(crate) config: AutoRenew,
-    pub(crate) status: StatusSender,
-}
-
-impl Renewal {
-    /// Puts the lease on the schedule of `backend`'s scheduler (starting one on the current runtime
-    /// if there is none). The lease stays on it until the returned handle is dropped.
-    pub(crate) fn start(self, backend: &Arc<dyn DistributedLock>) -> Scheduled {
-        let scheduler = Scheduler::for_backend(backend);
-        let interval = self.config.interval_for(self.ttl);
-        let entry = Entry {
-            next: self.acquired_at + interval,
-            interval,
-            validity: self.drift.validity(self.ttl),
-            stop_at: self.config.max_hold.map(|m| self.acquired_at + m),
-            in_flight: false,
-            key: self.key,
-            owner: self.owner,
-            fencing: self.fencing,
-            ttl: self.ttl,
-            status: self.status,
-        };
-        let id = {
-            let mut book = scheduler.book();
-            let id = book.next_id;
-            book.next_id += 1;
-            book.entries.insert(id, entry);
-            id
-        };
-        scheduler.changed.notify_one();
-        Scheduled { scheduler, id }
-    }
+/// Puts `lease` on the schedule of its backend's scheduler (starting one on the current runtime
+/// if there is none), renewed as `config` says. The lease stays on it until the returned handle
+/// is dropped.
+pub(crate) fn schedule(lease: &Lease, config: AutoRenew) -> Scheduled {
+    let scheduler = Scheduler::for_backend(lease.backend());
+    let interval = config.interval_for(lease.ttl());
+    let acquired_at = lease.acquired_at();
+    let entry = Entry {
+        next: acquired_at + interval,
+        interval,
+        validity: lease.drift().validity(lease.ttl()),
+        stop_at: config.max_hold.map(|m| acquired_at + m),
+        in_flight: false,
+        key: lease.lock_key().clone(),
+        owner: lease.owner(),
+        fencing: lease.fencing_token(),
+        ttl: lease.ttl(),
+        status: lease.status_sender(),
+    };
+    let id = {
+        let mut book = scheduler.book();
+        let id = book.next_id;
+        book.next_id += 1;
+        book.entries.insert(id, entry);
+        id
+    };
+    scheduler.changed.notify_one();
+    Scheduled { scheduler, id }
 }
 
 /// A lease's place on its scheduler; dropping it takes the lease off the schedule.

@@ -114,56 +114,19 @@ mod tests {
 
     #[test]
     fn every_bad_setting_is_named() {
+        let with = |change: fn(&mut Backoff)| {
+            let mut b = Backoff::default();
+            change(&mut b);
+            b
+        };
         let cases = [
-            (
-                Backoff {
-                    initial: Duration::ZERO,
-                    ..Backoff::default()
-                },
-                "retry.initial",
-            ),
-            (
-                Backoff {
-                    max: Duration::from_millis(1),
-                    ..Backoff::default()
-                },
-                "retry.max",
-            ),
-            (
-                Backoff {
-                    max: Duration::from_secs(3600),
-                    ..Backoff::default()
-                },
-                "retry.max",
-            ),
-            (
-                Backoff {
-                    multiplier: 0.5,
-                    ..Backoff::default()
-                },
-                "retry.multiplier",
-            ),
-            (
-                Backoff {
-                    multiplier: f64::NAN,
-                    ..Backoff::default()
-                },
-                "retry.multiplier",
-            ),
-            (
-                Backoff {
-                    jitter: 1.5,
-                    ..Backoff::default()
-                },
-                "retry.jitter",
-            ),
-            (
-                Backoff {
-                    jitter: -0.1,
-                    ..Backoff::default()
-                },
-                "retry.jitter",
-            ),
+            (with(|b| b.initial = Duration::ZERO), "retry.initial"),
+            (with(|b| b.max = Duration::from_millis(1)), "retry.max"),
+            (with(|b| b.max = Duration::from_secs(3600)), "retry.max"),
+            (with(|b| b.multiplier = 0.5), "retry.multiplier"),
+            (with(|b| b.multiplier = f64::NAN), "retry.multiplier"),
+            (with(|b| b.jitter = 1.5), "retry.jitter"),
+            (with(|b| b.jitter = -0.1), "retry.jitter"),
         ];
         for (b, field) in cases {
             match b.validate() {

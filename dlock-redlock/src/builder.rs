@@ -386,12 +386,7 @@ mod tests {
             ),
             "{error}"
         );
-        let text = format!(
-            "{error} / {}",
-            std::error::Error::source(&error)
-                .map(ToString::to_string)
-                .unwrap_or_default()
-        );
+        let text = crate::quorum::message_and_source(&error);
         assert!(text.contains("reached 0 of 5 nodes, needed 3"), "{text}");
     }
 }

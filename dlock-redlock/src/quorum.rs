@@ -199,6 +199,18 @@ impl QuorumFailure {
     }
 }
 
+/// An error's message and its source's, as the quorum failures tell them: the counts are in the
+/// source.
+#[cfg(test)]
+pub(crate) fn message_and_source(error: &Error) -> String {
+    format!(
+        "{error} / {}",
+        std::error::Error::source(error)
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,12 +234,7 @@ mod tests {
                 ..
             }
         ));
-        let text = format!(
-            "{error} / {}",
-            std::error::Error::source(&error)
-                .map(ToString::to_string)
-                .unwrap_or_default()
-        );
+        let text = message_and_source(&error);
         assert!(text.contains("reached 2 of 5 nodes, needed 3"), "{text}");
         assert!(text.contains("1 left out for a delayed restart"), "{text}");
     }
