@@ -48,9 +48,9 @@ pub const MAX_FENCE_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 ///     .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RedisLockBuilder {
-    url: String,
+    url: ServerUrl,
     prefix: String,
     request_timeout: Duration,
     connect_timeout: Duration,
@@ -86,7 +86,7 @@ impl RedisLockBuilder {
     /// prefix and the default timeouts.
     pub fn new(url: impl Into<String>) -> Self {
         RedisLockBuilder {
-            url: url.into(),
+            url: ServerUrl::new(url),
             prefix: String::new(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -106,7 +106,7 @@ impl RedisLockBuilder {
     /// # Cancel safety
     /// Cancel safe: nothing is left behind but a closed connection.
     pub async fn connect(self) -> Result<RedisLock> {
-        let endpoint = Endpoint::parse(&self.url)?;
+        let endpoint = self.url.parse()?;
         let layout = KeyLayout::new(self.prefix)?;
         check_timeout("request_timeout", self.request_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
@@ -136,6 +136,33 @@ impl RedisLockBuilder {
     }
 }
 
+/// A server URL as given, checked when the client connects. Its `Debug` never shows the password
+/// (the URL without it, or `"<invalid URL>"` if it does not parse), so that this builder and the
+/// Redlock client's derive theirs.
+#[derive(Clone)]
+pub struct ServerUrl(String);
+
+impl ServerUrl {
+    /// Keeps `url` as given.
+    pub fn new(url: impl Into<String>) -> Self {
+        ServerUrl(url.into())
+    }
+
+    /// Checks the URL; see [`Endpoint::parse`].
+    pub fn parse(&self) -> Result<Endpoint> {
+        Endpoint::parse(&self.0)
+    }
+}
+
+impl fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.parse() {
+            Ok(endpoint) => fmt::Debug::fmt(endpoint.redacted(), f),
+            Err(_) => fmt::Debug::fmt("<invalid URL>", f),
+        }
+    }
+}
+
 /// Checks a fence TTL against [`MIN_FENCE_TTL`]..=[`MAX_FENCE_TTL`] (the Redlock client too).
 pub fn check_fence_ttl(ttl: Duration) -> Result<()> {
     check_within("fence_ttl", ttl, MIN_FENCE_TTL..=MAX_FENCE_TTL)
@@ -153,22 +180,6 @@ fn install_crypto_provider() {
     #[cfg(feature = "tls")]
     {
         let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-impl fmt::Debug for RedisLockBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let url = match Endpoint::parse(&self.url) {
-            Ok(endpoint) => endpoint.redacted().to_owned(),
-            Err(_) => "<invalid URL>".to_owned(),
-        };
-        f.debug_struct("RedisLockBuilder")
-            .field("url", &url)
-            .field("prefix", &self.prefix)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("fence_ttl", &self.fence_ttl)
-            .finish()
     }
 }
 

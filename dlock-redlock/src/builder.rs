@@ -1,12 +1,11 @@
 //! Settings of a Redlock client, checked before anything is sent.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{check_within, Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
 use dlock_redis::protocol::keys::KeyLayout;
-use dlock_redis::protocol::{check_fence_ttl, check_timeout};
+use dlock_redis::protocol::{check_fence_ttl, check_timeout, ServerUrl};
 use dlock_redis::Endpoint;
 use tracing::Instrument;
 
@@ -54,9 +53,9 @@ pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(10);
 /// .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RedlockBuilder {
-    urls: Vec<String>,
+    urls: Vec<ServerUrl>,
     prefix: String,
     quorum: Option<usize>,
     node_timeout: Option<Duration>,
@@ -124,7 +123,7 @@ impl RedlockBuilder {
         S: Into<String>,
     {
         RedlockBuilder {
-            urls: urls.into_iter().map(Into::into).collect(),
+            urls: urls.into_iter().map(ServerUrl::new).collect(),
             prefix: String::new(),
             quorum: None,
             node_timeout: None,
@@ -234,10 +233,10 @@ impl RedlockBuilder {
 ///
 /// Public through [`RedlockBuilder`] only; kept apart so that a URL scheme listing several hosts
 /// can reuse it.
-pub(crate) fn parse_urls(urls: &[String]) -> Result<Vec<Endpoint>> {
+pub(crate) fn parse_urls(urls: &[ServerUrl]) -> Result<Vec<Endpoint>> {
     let mut endpoints: Vec<Endpoint> = Vec::with_capacity(urls.len());
     for url in urls {
-        let endpoint = Endpoint::parse(url)?;
+        let endpoint = url.parse()?;
         if let Some(twice) = endpoints
             .iter()
             .find(|e| e.connection_info().addr() == endpoint.connection_info().addr())
@@ -254,31 +253,6 @@ pub(crate) fn parse_urls(urls: &[String]) -> Result<Vec<Endpoint>> {
         endpoints.push(endpoint);
     }
     Ok(endpoints)
-}
-
-impl fmt::Debug for RedlockBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let urls: Vec<String> = self
-            .urls
-            .iter()
-            .map(|url| match Endpoint::parse(url) {
-                Ok(endpoint) => endpoint.redacted().to_owned(),
-                Err(_) => "<invalid URL>".to_owned(),
-            })
-            .collect();
-        f.debug_struct("RedlockBuilder")
-            .field("urls", &urls)
-            .field("prefix", &self.prefix)
-            .field("quorum", &self.quorum)
-            .field("node_timeout", &self.node_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("drift", &self.drift)
-            .field("retry_jitter", &self.retry_jitter)
-            .field("fencing", &self.fencing)
-            .field("delayed_restart", &self.delayed_restart)
-            .field("fence_ttl", &self.fence_ttl)
-            .finish()
-    }
 }
 
 #[cfg(test)]

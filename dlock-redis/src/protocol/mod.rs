@@ -10,5 +10,5 @@
 pub mod keys;
 pub mod scripts;
 
-pub use crate::builder::{check_fence_ttl, check_timeout};
+pub use crate::builder::{check_fence_ttl, check_timeout, ServerUrl};
 pub use crate::error::from_redis as error_from_redis;
