@@ -208,6 +208,17 @@ fn run_to_end(command: &mut Command) -> Output {
         .expect("the dlock binary runs")
 }
 
+/// `dlock status` on `url` finds `key` free: exit 0 and "KEY: free". `when` says at what point
+/// of the test, for the failure message.
+fn ensure_free(url: &str, key: &str, when: &str) -> Result<(), Failed> {
+    let output = dlock_status(url, key);
+    ensure!(
+        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
+        "status {when}: {output:?}"
+    );
+    Ok(())
+}
+
 fn code(output: &Output) -> i32 {
     output.status.code().unwrap_or(-1)
 }
@@ -400,12 +411,7 @@ fn memory_run_exports_the_token() -> Result<(), Failed> {
         "printed {:?}",
         text(&output.stdout)
     );
-    let output = dlock_status("memory://", "k");
-    ensure!(
-        code(&output) == 0 && text(&output.stdout) == "k: free\n",
-        "status: {output:?}"
-    );
-    Ok(())
+    ensure_free("memory://", "k", "after the run")
 }
 
 fn missing_command_is_127() -> Result<(), Failed> {
@@ -600,13 +606,7 @@ fn exit_status_passes_through(redis: &Servers) -> Result<(), Failed> {
         );
     }
     // Released after each run.
-    let output = dlock_status(&redis.url, &key);
-    ensure!(
-        code(&output) == 0,
-        "the lock was left held: {}",
-        text(&output.stdout)
-    );
-    Ok(())
+    ensure_free(&redis.url, &key, "after the runs (the lock was left held)")
 }
 
 fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
@@ -631,13 +631,11 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
         read(&log).contains("got-term"),
         "the command got no SIGTERM"
     );
-    let output = dlock_status(&redis.url, &key);
-    ensure!(
-        code(&output) == 0,
-        "the lock was left held: {}",
-        text(&output.stdout)
-    );
-    Ok(())
+    ensure_free(
+        &redis.url,
+        &key,
+        "after the signalled run (the lock was left held)",
+    )
 }
 
 /// `status` on etcd, which can tell the holder's token: held with the token the lease has
@@ -657,12 +655,7 @@ fn released_then_free(
 ) -> Result<(), Failed> {
     servers.handle.block_on(lease.release())?;
     drop(locks);
-    let output = dlock_status(url, key);
-    ensure!(
-        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
-        "status after the holder's release: {output:?}"
-    );
-    Ok(())
+    ensure_free(url, key, "after the holder's release")
 }
 
 /// Fails if the command of a `dlock run` left its `marker`: it ran without the lock.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{DistributedLockExt, Drift, Error, FencingToken, LostReason};
-use support::{grants, memory, opts, settle, Scripted};
+use support::{grants, grants_once_settled, memory, opts, Scripted};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]
@@ -109,9 +109,8 @@ async fn a_grant_that_arrives_too_late_is_released_not_returned() {
         "{err}"
     );
     backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
-    settle().await;
     // Nothing is left held by the useless grant.
-    assert!(grants(&locks, "k", &opts(400)).await);
+    assert!(grants_once_settled(&locks, "k", &opts(400)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -129,8 +128,7 @@ async fn a_waiting_acquire_retries_after_a_late_grant() {
         "it retried"
     );
     backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
-    settle().await;
-    assert!(grants(&locks, "k", &opts(400)).await);
+    assert!(grants_once_settled(&locks, "k", &opts(400)).await);
 }
 
 #[tokio::test(start_paused = true)]

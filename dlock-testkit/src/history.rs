@@ -412,14 +412,19 @@ mod tests {
     use super::sample::{acq, ev};
     use super::*;
 
+    /// Client 1 holds `first` and releases at 10 ms; client 2 takes `second` at `taken_ms`.
+    fn released_then_taken(first: u64, second: u64, taken_ms: u64) -> Vec<Event> {
+        vec![
+            acq(0, 1, first, 1000),
+            ev(10, 1, first, EventKind::Releasing),
+            acq(taken_ms, 2, second, 1000),
+        ]
+    }
+
     #[test]
     fn sequential_holds_pass() {
-        let events = vec![
-            acq(0, 1, 1, 1000),
-            ev(10, 1, 1, EventKind::Releasing),
-            acq(11, 2, 2, 1000),
-            ev(20, 2, 2, EventKind::Releasing),
-        ];
+        let mut events = released_then_taken(1, 2, 11);
+        events.push(ev(20, 2, 2, EventKind::Releasing));
         assert!(check_events(&events, true).is_ok());
     }
 
@@ -479,11 +484,7 @@ mod tests {
 
     #[test]
     fn repeated_or_decreasing_tokens_are_caught() {
-        let events = vec![
-            acq(0, 1, 5, 1000),
-            ev(10, 1, 5, EventKind::Releasing),
-            acq(20, 2, 5, 1000),
-        ];
+        let events = released_then_taken(5, 5, 20);
         let v = check_events(&events, true).unwrap_err();
         assert!(v.what.contains("fencing"), "{v}");
         assert!(check_events(&events, false).is_ok());

@@ -22,6 +22,16 @@ fn lease(key: &LockKey, owner: OwnerToken) -> LeaseRef<'_> {
     }
 }
 
+/// A fresh lock, the key "k" and two owners.
+fn two_owners() -> (InMemoryLock, LockKey, OwnerToken, OwnerToken) {
+    (
+        InMemoryLock::new(),
+        key("k"),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    )
+}
+
 fn granted(a: Attempt) -> Grant {
     match a {
         Attempt::Acquired(g) => g,
@@ -31,9 +41,7 @@ fn granted(a: Attempt) -> Grant {
 
 #[tokio::test(start_paused = true)]
 async fn second_owner_is_busy_until_expiry() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    let (m, k, a, b) = two_owners();
     let first = granted(m.try_lock(&req(&k, a, 1000)).await.unwrap());
     match m.try_lock(&req(&k, b, 1000)).await.unwrap() {
         Attempt::Busy { retry_after } => assert_eq!(retry_after, Some(Duration::from_millis(1000))),
@@ -46,9 +54,7 @@ async fn second_owner_is_busy_until_expiry() {
 
 #[tokio::test(start_paused = true)]
 async fn release_and_extend_check_ownership() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    let (m, k, a, b) = two_owners();
     granted(m.try_lock(&req(&k, a, 1000)).await.unwrap());
     assert_eq!(m.release(&lease(&k, b)).await.unwrap(), Released::TakenOver);
     assert_eq!(
@@ -79,9 +85,7 @@ async fn release_and_extend_check_ownership() {
 
 #[tokio::test(start_paused = true)]
 async fn expired_lease_cannot_be_extended_or_released_over_the_successor() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    let (m, k, a, b) = two_owners();
     granted(m.try_lock(&req(&k, a, 100)).await.unwrap());
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(

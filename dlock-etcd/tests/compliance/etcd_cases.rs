@@ -88,23 +88,8 @@ async fn holding_reads_the_holder_without_taking_it(
     let observer = Arc::new(client(&endpoints, SESSION_TTL).await?);
     let raw = raw(&endpoints).await?;
     let key = key("holding");
-    ensure!(
-        observer.holding(&key).await? == Holding::Free,
-        "a new key is not free"
-    );
-    let lease = locks
-        .try_acquire(&key, &LockOptions::new(Duration::from_secs(30)))
-        .await?
-        .context("a free key was busy")?;
-    let seen = observer.holding(&key).await?;
-    ensure!(
-        seen == Holding::Held {
-            fencing: Some(lease.fencing_token()),
-            expires_in: None
-        },
-        "holding() saw {seen:?}, the holder has token {}",
-        lease.fencing_token()
-    );
+    let opts = LockOptions::new(Duration::from_secs(30));
+    let lease = trials::ensure_holding_sees(&locks, &observer, &key, &opts).await?;
     ensure!(
         contenders(&raw, &locks, &key).await?.len() == 1,
         "looking added a contender"
@@ -154,6 +139,41 @@ async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyh
     Ok(())
 }
 
+/// What a case against `etcdctl lock` works with: a dlock client, a raw client, the case's key,
+/// the etcd lock name etcdctl is given for it, and a marker key named after that lock, which
+/// etcdctl's command writes.
+struct Interop {
+    locks: Arc<EtcdLock>,
+    raw: etcd_client::Client,
+    key: String,
+    name: String,
+    marker: String,
+}
+
+async fn interop(endpoints: &[String], key_name: &str) -> anyhow::Result<Interop> {
+    let locks = Arc::new(client(endpoints, SESSION_TTL).await?);
+    let raw = raw(endpoints).await?;
+    let key = key(key_name);
+    let name = locks.lock_name(&key)?;
+    let marker = format!("{name}-marker");
+    Ok(Interop {
+        locks,
+        raw,
+        key,
+        name,
+        marker,
+    })
+}
+
+/// Starts `etcdctl lock <name> -- sh -c <script>` in the server's `container`.
+async fn etcdctl_lock(container: &str, name: &str, script: &str) -> anyhow::Result<Exec> {
+    Exec::start(
+        container,
+        support::etcdctl(&["lock", name, "--", "sh", "-c", script]),
+    )
+    .await
+}
+
 /// `etcdctl lock` holds: dlock reports busy, waits, and gets the lock only after etcdctl's
 /// critical section (which ends by writing a marker) is over.
 async fn etcdctl_holds_and_dlock_waits(
@@ -162,17 +182,15 @@ async fn etcdctl_holds_and_dlock_waits(
         container,
     }: Env,
 ) -> anyhow::Result<()> {
-    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let mut raw = raw(&endpoints).await?;
-    let key = key("etcdctl-first");
-    let name = locks.lock_name(&key)?;
-    let marker = format!("{name}-marker");
+    let Interop {
+        locks,
+        mut raw,
+        key,
+        name,
+        marker,
+    } = interop(&endpoints, "etcdctl-first").await?;
     let script = format!("sleep 2; etcdctl --endpoints=http://127.0.0.1:2379 put {marker} done");
-    let etcdctl = Exec::start(
-        &container,
-        support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
-    )
-    .await?;
+    let etcdctl = etcdctl_lock(&container, &name, &script).await?;
     contenders_until(
         "etcdctl holds the lock",
         Duration::from_secs(10),
@@ -214,21 +232,19 @@ async fn dlock_holds_and_etcdctl_waits(
         container,
     }: Env,
 ) -> anyhow::Result<()> {
-    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let mut raw = raw(&endpoints).await?;
-    let key = key("dlock-first");
-    let name = locks.lock_name(&key)?;
-    let marker = format!("{name}-marker");
+    let Interop {
+        locks,
+        mut raw,
+        key,
+        name,
+        marker,
+    } = interop(&endpoints, "dlock-first").await?;
     let lease = locks
         .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
         .await?;
     let script =
         format!("etcdctl --endpoints=http://127.0.0.1:2379 put {marker} \"$ETCD_LOCK_KEY\"");
-    let etcdctl = Exec::start(
-        &container,
-        support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
-    )
-    .await?;
+    let etcdctl = etcdctl_lock(&container, &name, &script).await?;
     contenders_until(
         "etcdctl queues behind us",
         Duration::from_secs(10),
@@ -572,13 +588,7 @@ async fn unanswered_keep_alives_make_the_lease_uncertain_then_lost(
         taken_at - frozen_at
     );
     freeze.thaw();
-    tokio::time::sleep(SESSION_TTL / 2).await;
-    ensure!(
-        lease.state().is_lost(),
-        "thawed lease is {:?}",
-        lease.state()
-    );
-    ensure!(lease.release().await? != Released::Released);
+    trials::ensure_stays_lost(lease, SESSION_TTL / 2).await?;
     ensure!(next.release().await? == Released::Released);
     let again = holder.acquire(&key, &opts).await?;
     again.release().await?;
