@@ -7,17 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{DistributedLockExt, Drift, Error, FencingToken, LostReason};
-use support::{grants, grants_once_settled, memory, opts, Scripted};
+use support::{grants, grants_once_settled, memory, opts, take, Scripted};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]
 async fn try_acquire_answers_busy_without_waiting() {
     let locks = memory();
-    let held = locks
-        .try_acquire("k", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = take(&locks, "k", &opts(10_000)).await;
     let start = Instant::now();
     assert!(!grants(&locks, "k", &opts(10_000)).await);
     assert_eq!(start.elapsed(), Duration::ZERO);
@@ -150,21 +146,9 @@ async fn fencing_tokens_strictly_increase_across_release_and_expiry() {
 #[tokio::test(start_paused = true)]
 async fn independent_keys_do_not_block_each_other() {
     let locks = memory();
-    let _a = locks
-        .try_acquire("a", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
-    let _b = locks
-        .try_acquire("b", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
-    let _c = locks
-        .try_acquire("a/b", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
+    let _a = take(&locks, "a", &opts(10_000)).await;
+    let _b = take(&locks, "b", &opts(10_000)).await;
+    let _c = take(&locks, "a/b", &opts(10_000)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

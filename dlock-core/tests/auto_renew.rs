@@ -37,12 +37,8 @@ async fn keeps_the_lock_past_several_ttls_and_stops_after_release() {
         "about every ttl/3: {renewals}"
     );
     lease.release().await.unwrap();
-    assert_no_more_calls(
-        &backend.calls.extend,
-        renewals,
-        Duration::from_millis(900 * 5),
-    )
-    .await;
+    let wait = Duration::from_millis(900 * 5);
+    assert_no_more_calls(&backend.calls.extend, renewals, wait).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -52,12 +48,8 @@ async fn stops_when_the_lease_is_dropped() {
     drop(lease);
     settle().await;
     let renewals = Scripted::count(&backend.calls.extend);
-    assert_no_more_calls(
-        &backend.calls.extend,
-        renewals,
-        Duration::from_millis(5_000),
-    )
-    .await;
+    let wait = Duration::from_millis(5_000);
+    assert_no_more_calls(&backend.calls.extend, renewals, wait).await;
 }
 
 #[tokio::test(start_paused = true)]

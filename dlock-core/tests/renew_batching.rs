@@ -44,12 +44,8 @@ async fn leases_taken_together_renew_in_one_batch_per_tick_on_one_timer() {
         lease.release().await.unwrap();
     }
     settle().await;
-    assert_no_more_calls(
-        &backend.calls.extend_many,
-        batches,
-        Duration::from_millis(900 * 3),
-    )
-    .await;
+    let wait = Duration::from_millis(900 * 3);
+    assert_no_more_calls(&backend.calls.extend_many, batches, wait).await;
 }
 
 #[tokio::test(start_paused = true)]

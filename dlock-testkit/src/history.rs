@@ -282,13 +282,19 @@ impl History {
     }
 }
 
-/// Checks a list of events (see [`History::check`]).
-pub fn check_events(events: &[Event], fencing: bool) -> Result<(), Violation> {
+/// Each key with its events, in key order: every check is per key.
+pub(crate) fn by_key(events: &[Event]) -> Vec<(&str, Vec<&Event>)> {
     let mut keys: Vec<&str> = events.iter().map(|e| e.key.as_str()).collect();
     keys.sort_unstable();
     keys.dedup();
-    for key in keys {
-        let of_key: Vec<&Event> = events.iter().filter(|e| e.key == key).collect();
+    keys.into_iter()
+        .map(|key| (key, events.iter().filter(|e| e.key == key).collect()))
+        .collect()
+}
+
+/// Checks a list of events (see [`History::check`]).
+pub fn check_events(events: &[Event], fencing: bool) -> Result<(), Violation> {
+    for (key, of_key) in by_key(events) {
         let holds = holds_of(&of_key);
         for pair in holds.windows(2) {
             let (a, b) = (pair[0], pair[1]);

@@ -17,7 +17,8 @@ use libtest_mimic::Trial;
 use tokio::time::Instant;
 
 use crate::support::{
-    self, client, contenders, contenders_until, eventually, raw, Exec, NAMESPACE, TRIAL_BUDGET,
+    self, client, clients, contenders, contenders_until, eventually, raw, Exec, NAMESPACE,
+    TRIAL_BUDGET,
 };
 use crate::SESSION_TTL;
 
@@ -84,8 +85,7 @@ fn rand_u64() -> u64 {
 async fn holding_reads_the_holder_without_taking_it(
     Env { endpoints, .. }: Env,
 ) -> anyhow::Result<()> {
-    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let observer = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let [locks, observer] = clients(&endpoints, SESSION_TTL).await?;
     let raw = raw(&endpoints).await?;
     let key = key("holding");
     let opts = LockOptions::new(Duration::from_secs(30));
@@ -142,13 +142,7 @@ async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyh
 /// What a case against `etcdctl lock` works with: a dlock client, a raw client, the case's key,
 /// the etcd lock name etcdctl is given for it, and a marker key named after that lock, which
 /// etcdctl's command writes.
-struct Interop {
-    locks: Arc<EtcdLock>,
-    raw: etcd_client::Client,
-    key: String,
-    name: String,
-    marker: String,
-}
+type Interop = (Arc<EtcdLock>, etcd_client::Client, String, String, String);
 
 async fn interop(endpoints: &[String], key_name: &str) -> anyhow::Result<Interop> {
     let locks = Arc::new(client(endpoints, SESSION_TTL).await?);
@@ -156,13 +150,7 @@ async fn interop(endpoints: &[String], key_name: &str) -> anyhow::Result<Interop
     let key = key(key_name);
     let name = locks.lock_name(&key)?;
     let marker = format!("{name}-marker");
-    Ok(Interop {
-        locks,
-        raw,
-        key,
-        name,
-        marker,
-    })
+    Ok((locks, raw, key, name, marker))
 }
 
 /// Starts `etcdctl lock <name> -- sh -c <script>` in the server's `container`.
@@ -176,21 +164,10 @@ async fn etcdctl_lock(container: &str, name: &str, script: &str) -> anyhow::Resu
 
 /// `etcdctl lock` holds: dlock reports busy, waits, and gets the lock only after etcdctl's
 /// critical section (which ends by writing a marker) is over.
-async fn etcdctl_holds_and_dlock_waits(
-    Env {
-        endpoints,
-        container,
-    }: Env,
-) -> anyhow::Result<()> {
-    let Interop {
-        locks,
-        mut raw,
-        key,
-        name,
-        marker,
-    } = interop(&endpoints, "etcdctl-first").await?;
+async fn etcdctl_holds_and_dlock_waits(env: Env) -> anyhow::Result<()> {
+    let (locks, mut raw, key, name, marker) = interop(&env.endpoints, "etcdctl-first").await?;
     let script = format!("sleep 2; etcdctl --endpoints=http://127.0.0.1:2379 put {marker} done");
-    let etcdctl = etcdctl_lock(&container, &name, &script).await?;
+    let etcdctl = etcdctl_lock(&env.container, &name, &script).await?;
     contenders_until(
         "etcdctl holds the lock",
         Duration::from_secs(10),
@@ -226,25 +203,14 @@ async fn etcdctl_holds_and_dlock_waits(
 }
 
 /// dlock holds: `etcdctl lock` waits until dlock releases, then runs its command.
-async fn dlock_holds_and_etcdctl_waits(
-    Env {
-        endpoints,
-        container,
-    }: Env,
-) -> anyhow::Result<()> {
-    let Interop {
-        locks,
-        mut raw,
-        key,
-        name,
-        marker,
-    } = interop(&endpoints, "dlock-first").await?;
+async fn dlock_holds_and_etcdctl_waits(env: Env) -> anyhow::Result<()> {
+    let (locks, mut raw, key, name, marker) = interop(&env.endpoints, "dlock-first").await?;
     let lease = locks
         .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
         .await?;
     let script =
         format!("etcdctl --endpoints=http://127.0.0.1:2379 put {marker} \"$ETCD_LOCK_KEY\"");
-    let etcdctl = etcdctl_lock(&container, &name, &script).await?;
+    let etcdctl = etcdctl_lock(&env.container, &name, &script).await?;
     contenders_until(
         "etcdctl queues behind us",
         Duration::from_secs(10),
@@ -285,9 +251,7 @@ async fn dlock_holds_and_etcdctl_waits(
 async fn waiter_whose_session_ends_fails_its_acquire(
     Env { endpoints, .. }: Env,
 ) -> anyhow::Result<()> {
-    let holder = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let waiter = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let third = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let [holder, waiter, third] = clients(&endpoints, SESSION_TTL).await?;
     let mut raw = raw(&endpoints).await?;
     let key = key("doomed-waiter");
     let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(30));
@@ -475,8 +439,7 @@ async fn bad_configuration_fails_fast(_: Env) -> anyhow::Result<()> {
 async fn a_holder_learns_at_once_that_its_key_was_deleted(
     Env { endpoints, .. }: Env,
 ) -> anyhow::Result<()> {
-    let holder = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let next = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let [holder, next] = clients(&endpoints, SESSION_TTL).await?;
     let raw = raw(&endpoints).await?;
     let key = key("deleted-behind-its-back");
     let opts = LockOptions::new(Duration::from_secs(60)).with_wait(Duration::from_secs(10));
