@@ -208,6 +208,17 @@ fn run_to_end(command: &mut Command) -> Output {
         .expect("the dlock binary runs")
 }
 
+/// `dlock status` on `url` finds `key` free: exit 0 and "KEY: free". `when` says at what point
+/// of the test, for the failure message.
+fn ensure_free(url: &str, key: &str, when: &str) -> Result<(), Failed> {
+    let output = dlock_status(url, key);
+    ensure!(
+        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
+        "status {when}: {output:?}"
+    );
+    Ok(())
+}
+
 fn code(output: &Output) -> i32 {
     output.status.code().unwrap_or(-1)
 }
@@ -282,6 +293,13 @@ fn finish(mut child: Child) -> Result<Output, Failed> {
 }
 
 /// Checks dlock's exit code, showing its stderr if it is not `expected`.
+/// Fails unless the command's stderr mentions `needle`.
+fn stderr_says(output: &Output, needle: &str) -> Result<(), Failed> {
+    let stderr = text(&output.stderr);
+    ensure!(stderr.contains(needle), "stderr: {stderr}");
+    Ok(())
+}
+
 fn exits(output: &Output, expected: i32) -> Result<(), Failed> {
     ensure!(
         code(output) == expected,
@@ -400,12 +418,7 @@ fn memory_run_exports_the_token() -> Result<(), Failed> {
         "printed {:?}",
         text(&output.stdout)
     );
-    let output = dlock_status("memory://", "k");
-    ensure!(
-        code(&output) == 0 && text(&output.stdout) == "k: free\n",
-        "status: {output:?}"
-    );
-    Ok(())
+    ensure_free("memory://", "k", "after the run")
 }
 
 fn missing_command_is_127() -> Result<(), Failed> {
@@ -558,12 +571,7 @@ fn lost_lease_stops_the_command(redis: &Servers) -> Result<(), Failed> {
         "the command got no SIGTERM: {:?}",
         read(&log)
     );
-    ensure!(
-        text(&output.stderr).contains("is lost"),
-        "stderr: {}",
-        text(&output.stderr)
-    );
-    Ok(())
+    stderr_says(&output, "is lost")
 }
 
 fn lost_lease_kills_a_stubborn_command(redis: &Servers) -> Result<(), Failed> {
@@ -577,12 +585,7 @@ fn lost_lease_kills_a_stubborn_command(redis: &Servers) -> Result<(), Failed> {
         !Path::new(&format!("/proc/{pid}")).exists(),
         "the command (pid {pid}) is still running"
     );
-    ensure!(
-        text(&output.stderr).contains("SIGKILL"),
-        "stderr: {}",
-        text(&output.stderr)
-    );
-    Ok(())
+    stderr_says(&output, "SIGKILL")
 }
 
 fn exit_status_passes_through(redis: &Servers) -> Result<(), Failed> {
@@ -600,13 +603,7 @@ fn exit_status_passes_through(redis: &Servers) -> Result<(), Failed> {
         );
     }
     // Released after each run.
-    let output = dlock_status(&redis.url, &key);
-    ensure!(
-        code(&output) == 0,
-        "the lock was left held: {}",
-        text(&output.stdout)
-    );
-    Ok(())
+    ensure_free(&redis.url, &key, "after the runs (the lock was left held)")
 }
 
 fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
@@ -631,13 +628,11 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
         read(&log).contains("got-term"),
         "the command got no SIGTERM"
     );
-    let output = dlock_status(&redis.url, &key);
-    ensure!(
-        code(&output) == 0,
-        "the lock was left held: {}",
-        text(&output.stdout)
-    );
-    Ok(())
+    ensure_free(
+        &redis.url,
+        &key,
+        "after the signalled run (the lock was left held)",
+    )
 }
 
 /// `status` on etcd, which can tell the holder's token: held with the token the lease has
@@ -657,12 +652,7 @@ fn released_then_free(
 ) -> Result<(), Failed> {
     servers.handle.block_on(lease.release())?;
     drop(locks);
-    let output = dlock_status(url, key);
-    ensure!(
-        code(&output) == 0 && text(&output.stdout) == format!("{key}: free\n"),
-        "status after the holder's release: {output:?}"
-    );
-    Ok(())
+    ensure_free(url, key, "after the holder's release")
 }
 
 /// Fails if the command of a `dlock run` left its `marker`: it ran without the lock.
@@ -729,19 +719,25 @@ fn interrupted_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     let marker = dir.join("ran").display().to_string();
     let key = format!("cli-etcd-interrupted-{}", std::process::id());
     let (locks, lease) = hold(servers, &servers.etcd_url, &key)?;
-    let waiter = spawn(&mut dlock_run(
-        &servers.etcd_url,
-        &key,
-        &["--wait", "60s"],
-        &["touch", &marker],
-    ))?;
-    // Time to connect and queue up behind the holder (generous on a loaded machine).
-    std::thread::sleep(Duration::from_secs(2));
+    let waiter = queued_waiter(servers, &key, "60s", &marker)?;
     sigterm(&waiter)?;
     let output = finish(waiter)?;
     exits(&output, 143)?;
     never_ran(&marker)?;
     released_then_free(servers, &servers.etcd_url, &key, locks, lease)
+}
+
+/// Starts `dlock run --wait <wait>` of `touch <marker>` on etcd's `key` and gives it time to
+/// connect and queue up behind the holder (generous on a loaded machine).
+fn queued_waiter(servers: &Servers, key: &str, wait: &str, marker: &str) -> Result<Child, Failed> {
+    let waiter = spawn(&mut dlock_run(
+        &servers.etcd_url,
+        key,
+        &["--wait", wait],
+        &["touch", marker],
+    ))?;
+    std::thread::sleep(Duration::from_secs(2));
+    Ok(waiter)
 }
 
 /// `dlock run --wait` that runs out behind a holder exits 75 only after withdrawing its place in
@@ -758,15 +754,8 @@ fn timed_out_wait_leaves_nothing(servers: &Servers) -> Result<(), Failed> {
     let lease = servers
         .handle
         .block_on(holder.acquire(&key, &LockOptions::new(Duration::from_secs(60))))?;
-    let waiter = spawn(&mut dlock_run(
-        &servers.etcd_url,
-        &key,
-        &["--wait", "4s"],
-        &["touch", &marker],
-    ))?;
-    // Time for the command to connect and queue up (generous on a loaded machine); the next
-    // waiter queues behind it.
-    std::thread::sleep(Duration::from_secs(2));
+    let waiter = queued_waiter(servers, &key, "4s", &marker)?;
+    // The next waiter queues behind it.
     let next = {
         let key = key.clone();
         servers.handle.spawn(async move {

@@ -7,17 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{DistributedLockExt, Drift, Error, FencingToken, LostReason};
-use support::{grants, memory, opts, settle, Scripted};
+use support::{grants, grants_once_settled, memory, opts, take, Scripted};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]
 async fn try_acquire_answers_busy_without_waiting() {
     let locks = memory();
-    let held = locks
-        .try_acquire("k", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = take(&locks, "k", &opts(10_000)).await;
     let start = Instant::now();
     assert!(!grants(&locks, "k", &opts(10_000)).await);
     assert_eq!(start.elapsed(), Duration::ZERO);
@@ -109,9 +105,8 @@ async fn a_grant_that_arrives_too_late_is_released_not_returned() {
         "{err}"
     );
     backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
-    settle().await;
     // Nothing is left held by the useless grant.
-    assert!(grants(&locks, "k", &opts(400)).await);
+    assert!(grants_once_settled(&locks, "k", &opts(400)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -129,8 +124,7 @@ async fn a_waiting_acquire_retries_after_a_late_grant() {
         "it retried"
     );
     backend.faults.reply_delay_ms.store(0, Ordering::SeqCst);
-    settle().await;
-    assert!(grants(&locks, "k", &opts(400)).await);
+    assert!(grants_once_settled(&locks, "k", &opts(400)).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -152,21 +146,9 @@ async fn fencing_tokens_strictly_increase_across_release_and_expiry() {
 #[tokio::test(start_paused = true)]
 async fn independent_keys_do_not_block_each_other() {
     let locks = memory();
-    let _a = locks
-        .try_acquire("a", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
-    let _b = locks
-        .try_acquire("b", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
-    let _c = locks
-        .try_acquire("a/b", &opts(10_000))
-        .await
-        .unwrap()
-        .unwrap();
+    let _a = take(&locks, "a", &opts(10_000)).await;
+    let _b = take(&locks, "b", &opts(10_000)).await;
+    let _c = take(&locks, "a/b", &opts(10_000)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

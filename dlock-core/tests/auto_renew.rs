@@ -8,7 +8,7 @@ use std::time::Duration;
 use dlock_core::{
     AutoRenew, DistributedLock, DistributedLockExt, Lease, LeaseState, LockOptions, LostReason,
 };
-use support::{grants, settle, Scripted};
+use support::{assert_no_more_calls, grants, settle, Scripted};
 use tokio::time::Instant;
 
 fn renewing(ttl_ms: u64) -> LockOptions {
@@ -37,12 +37,8 @@ async fn keeps_the_lock_past_several_ttls_and_stops_after_release() {
         "about every ttl/3: {renewals}"
     );
     lease.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(900 * 5)).await;
-    assert_eq!(
-        Scripted::count(&backend.calls.extend),
-        renewals,
-        "no renewal after release"
-    );
+    let wait = Duration::from_millis(900 * 5);
+    assert_no_more_calls(&backend.calls.extend, renewals, wait).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -52,8 +48,8 @@ async fn stops_when_the_lease_is_dropped() {
     drop(lease);
     settle().await;
     let renewals = Scripted::count(&backend.calls.extend);
-    tokio::time::sleep(Duration::from_millis(5_000)).await;
-    assert_eq!(Scripted::count(&backend.calls.extend), renewals);
+    let wait = Duration::from_millis(5_000);
+    assert_no_more_calls(&backend.calls.extend, renewals, wait).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -3,11 +3,23 @@
 mod support;
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::DistributedLockExt;
-use support::{grants, opts, settle, Scripted};
+use dlock_core::{DistributedLock, DistributedLockExt, Lease};
+use support::{grants, grants_once_settled, opts, settle, Scripted};
 use tokio::time::Instant;
+
+/// A scripted backend whose key "k" is held for a minute, and that lease.
+async fn k_held() -> (Scripted, Arc<dyn DistributedLock>, Lease) {
+    let backend = Scripted::new();
+    let locks = backend.shared();
+    let holder = locks
+        .acquire("k", &opts(60_000))
+        .await
+        .expect("the free key \"k\"");
+    (backend, locks, holder)
+}
 
 #[tokio::test(start_paused = true)]
 async fn an_acquire_dropped_after_the_grant_releases_what_it_took() {
@@ -41,15 +53,12 @@ async fn a_try_acquire_dropped_after_the_grant_releases_too() {
     .await;
     assert!(dropped.is_err());
     Scripted::set(&backend.faults.hang_after_grant, false);
-    settle().await;
-    assert!(grants(&locks, "k", &opts(60_000)).await);
+    assert!(grants_once_settled(&locks, "k", &opts(60_000)).await);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_dropped_mid_wait_leaves_nothing_held() {
-    let backend = Scripted::new();
-    let locks = backend.shared();
-    let holder = locks.acquire("k", &opts(60_000)).await.unwrap();
+    let (_backend, locks, holder) = k_held().await;
     let waiting = tokio::time::timeout(
         Duration::from_millis(300),
         locks.acquire("k", &opts(60_000)),
@@ -57,15 +66,12 @@ async fn a_waiter_dropped_mid_wait_leaves_nothing_held() {
     .await;
     assert!(waiting.is_err());
     holder.release().await.unwrap();
-    settle().await;
-    assert!(grants(&locks, "k", &opts(60_000)).await);
+    assert!(grants_once_settled(&locks, "k", &opts(60_000)).await);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_busy_answer_costs_no_cleanup_round_trip() {
-    let backend = Scripted::new();
-    let locks = backend.shared();
-    let _holder = locks.acquire("k", &opts(60_000)).await.unwrap();
+    let (backend, locks, _holder) = k_held().await;
     for _ in 0..5 {
         assert!(!grants(&locks, "k", &opts(60_000)).await);
     }

@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use dlock_core::{DistributedLockExt, Lease, LockOptions, LostReason};
-use support::{settle, Scripted};
+use support::{assert_no_more_calls, settle, Scripted};
 
 fn renewing(ttl_ms: u64) -> LockOptions {
     LockOptions::new(Duration::from_millis(ttl_ms)).with_auto_renew()
@@ -44,12 +44,8 @@ async fn leases_taken_together_renew_in_one_batch_per_tick_on_one_timer() {
         lease.release().await.unwrap();
     }
     settle().await;
-    tokio::time::sleep(Duration::from_millis(900 * 3)).await;
-    assert_eq!(
-        Scripted::count(&backend.calls.extend_many),
-        batches,
-        "no renewal after release"
-    );
+    let wait = Duration::from_millis(900 * 3);
+    assert_no_more_calls(&backend.calls.extend_many, batches, wait).await;
 }
 
 #[tokio::test(start_paused = true)]

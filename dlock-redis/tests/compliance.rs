@@ -35,8 +35,8 @@ use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_redis::RedisLock;
-use dlock_testkit::fixtures::{docker_opt_out, Member, RedisServer};
-use dlock_testkit::{trials, url_target, url_via, ServerControl};
+use dlock_testkit::fixtures::{docker_opt_out, RedisServer};
+use dlock_testkit::{trials, url_target, url_via, Members};
 use libtest_mimic::{Arguments, Trial};
 use tokio::runtime::Handle;
 
@@ -92,10 +92,7 @@ fn subject(shared: &RedisServer, outage: &RedisServer, main: Handle) -> Subject 
         .member()
         .expect("a container-backed outage server")
         .clone();
-    let control = Arc::new(OnMainRuntime {
-        handle: main,
-        member,
-    });
+    let control = Arc::new(Members::new(main, vec![member]));
     Subject::new("redis", capabilities, connect_to(shared.url()))
         .with_timing(Timing {
             ttl: Duration::from_millis(1_000),
@@ -130,49 +127,10 @@ fn declared() -> dlock_core::Capabilities {
 /// The same trial names, for a run that opted out of Docker.
 fn placeholder_subject() -> Subject {
     let capabilities = declared();
-    let outage = Outage::new(Arc::new(NoServer), connect_to(String::new()));
+    let outage = Outage::new(Arc::new(Members::none()), connect_to(String::new()));
     Subject::new("redis", capabilities, connect_to(String::new()))
         .with_outage(outage)
         .with_proxied(Vec::new(), via(String::new()))
-}
-
-/// Runs the fixture's Docker calls on the runtime that created it, whichever runtime the
-/// suite's outage case calls from.
-struct OnMainRuntime {
-    handle: Handle,
-    member: Member,
-}
-
-#[async_trait]
-impl ServerControl for OnMainRuntime {
-    async fn stop(&self) -> anyhow::Result<()> {
-        let member = self.member.clone();
-        self.handle
-            .spawn(async move { member.stop().await })
-            .await??;
-        Ok(())
-    }
-
-    async fn start(&self) -> anyhow::Result<()> {
-        let member = self.member.clone();
-        self.handle
-            .spawn(async move { member.start().await })
-            .await??;
-        Ok(())
-    }
-}
-
-struct NoServer;
-
-#[async_trait]
-impl ServerControl for NoServer {
-    async fn stop(&self) -> anyhow::Result<()> {
-        anyhow::bail!("no server in a run without Docker")
-    }
-
-    async fn start(&self) -> anyhow::Result<()> {
-        anyhow::bail!("no server in a run without Docker")
-    }
 }
 
 /// Counts the keys of a namespace: lock keys start with it, counters contain it.

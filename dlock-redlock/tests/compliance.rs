@@ -29,8 +29,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
-use dlock_testkit::fixtures::{docker_opt_out, Member, RedisMasters};
-use dlock_testkit::{trials, url_target, url_via, ServerControl};
+use dlock_testkit::fixtures::{docker_opt_out, RedisMasters};
+use dlock_testkit::{trials, url_target, url_via, Members};
 use libtest_mimic::{Arguments, Trial};
 use tokio::runtime::Handle;
 
@@ -88,10 +88,7 @@ fn subject(shared: &RedisMasters, outage: &RedisMasters, main: Handle) -> Subjec
         .members()
         .expect("container-backed outage masters")
         .to_vec();
-    let control = Arc::new(AllMasters {
-        handle: Some(main),
-        members,
-    });
+    let control = Arc::new(Members::new(main, members));
     Subject::new("redlock", capabilities(), connect_to(shared.urls()))
         .with_timing(Timing {
             ttl: Duration::from_millis(1_000),
@@ -134,57 +131,10 @@ fn via(
 
 /// The same trial names, for a run that opted out of Docker.
 fn placeholder_subject() -> Subject {
-    let outage = Outage::new(
-        Arc::new(AllMasters {
-            handle: None,
-            members: Vec::new(),
-        }),
-        connect_to(Vec::new()),
-    );
+    let outage = Outage::new(Arc::new(Members::none()), connect_to(Vec::new()));
     Subject::new("redlock", capabilities(), connect_to(Vec::new()))
         .with_outage(outage)
         .with_proxied(Vec::new(), via(Vec::new()))
-}
-
-/// Stops and starts every master of the outage set, on the runtime that created the fixture
-/// (none in a run without Docker).
-struct AllMasters {
-    handle: Option<Handle>,
-    members: Vec<Member>,
-}
-
-impl AllMasters {
-    async fn each(&self, start: bool) -> anyhow::Result<()> {
-        let Some(handle) = &self.handle else {
-            anyhow::bail!("no masters in a run without Docker");
-        };
-        let mut tasks = Vec::new();
-        for member in self.members.clone() {
-            tasks.push(handle.spawn(async move {
-                if start {
-                    member.start().await
-                } else {
-                    member.stop().await
-                }
-            }));
-        }
-        anyhow::ensure!(!tasks.is_empty(), "no masters to control");
-        for task in tasks {
-            task.await??;
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl ServerControl for AllMasters {
-    async fn stop(&self) -> anyhow::Result<()> {
-        self.each(false).await
-    }
-
-    async fn start(&self) -> anyhow::Result<()> {
-        self.each(true).await
-    }
 }
 
 /// Counts the keys of a namespace on every master: lock keys start with it, counters contain it.

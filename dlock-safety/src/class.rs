@@ -60,6 +60,15 @@ mod tests {
         ]
     }
 
+    /// Client 1 holds `t1` until 100 ms and releases at 50 ms; client 2 takes `t2` at 60 ms.
+    fn released_then_taken(t1: u64, t2: u64) -> Vec<Event> {
+        vec![
+            acquired(0, 1, t1, 100),
+            at(50, 1, t1, EventKind::Releasing),
+            acquired(60, 2, t2, 1000),
+        ]
+    }
+
     #[test]
     fn an_overlap_whose_stale_write_is_admitted_is_not_caught() {
         let a = analyze(&overlap_then_stale_write(0, 0, true), false);
@@ -80,12 +89,8 @@ mod tests {
 
     #[test]
     fn a_lost_update_is_not_caught_even_without_overlap() {
-        let events = vec![
-            acquired(0, 1, 1, 100),
-            at(50, 1, 1, EventKind::Releasing),
-            acquired(60, 2, 2, 1000),
-            fenced_write(70, 2, 2, true, true),
-        ];
+        let mut events = released_then_taken(1, 2);
+        events.push(fenced_write(70, 2, 2, true, true));
         assert_eq!(fenced_class(&events), Class::NotCaught);
     }
 
@@ -102,11 +107,7 @@ mod tests {
 
     #[test]
     fn tokens_going_backwards_are_a_violation_even_if_nothing_overlapped() {
-        let events = vec![
-            acquired(0, 1, 9, 100),
-            at(50, 1, 9, EventKind::Releasing),
-            acquired(60, 2, 3, 1000),
-        ];
+        let events = released_then_taken(9, 3);
         assert_eq!(fenced_class(&events), Class::CaughtByFencing);
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::history::{holds_of, Event, EventKind, Hold};
+use crate::history::{by_key, holds_of, Event, EventKind, Hold};
 
 /// What a history shows, counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -52,11 +52,7 @@ impl Analysis {
 /// Counts the anomalies of `events`; token order is judged only if `fencing` is promised.
 pub fn analyze(events: &[Event], fencing: bool) -> Analysis {
     let mut out = Analysis::default();
-    let mut keys: Vec<&str> = events.iter().map(|e| e.key.as_str()).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    for key in keys {
-        let of_key: Vec<&Event> = events.iter().filter(|e| e.key == key).collect();
+    for (_, of_key) in by_key(events) {
         let holds = holds_of(&of_key);
         count_holds(&holds, fencing, &mut out);
         for e in &of_key {

@@ -282,13 +282,19 @@ impl History {
     }
 }
 
-/// Checks a list of events (see [`History::check`]).
-pub fn check_events(events: &[Event], fencing: bool) -> Result<(), Violation> {
+/// Each key with its events, in key order: every check is per key.
+pub(crate) fn by_key(events: &[Event]) -> Vec<(&str, Vec<&Event>)> {
     let mut keys: Vec<&str> = events.iter().map(|e| e.key.as_str()).collect();
     keys.sort_unstable();
     keys.dedup();
-    for key in keys {
-        let of_key: Vec<&Event> = events.iter().filter(|e| e.key == key).collect();
+    keys.into_iter()
+        .map(|key| (key, events.iter().filter(|e| e.key == key).collect()))
+        .collect()
+}
+
+/// Checks a list of events (see [`History::check`]).
+pub fn check_events(events: &[Event], fencing: bool) -> Result<(), Violation> {
+    for (key, of_key) in by_key(events) {
         let holds = holds_of(&of_key);
         for pair in holds.windows(2) {
             let (a, b) = (pair[0], pair[1]);
@@ -412,14 +418,19 @@ mod tests {
     use super::sample::{acq, ev};
     use super::*;
 
+    /// Client 1 holds `first` and releases at 10 ms; client 2 takes `second` at `taken_ms`.
+    fn released_then_taken(first: u64, second: u64, taken_ms: u64) -> Vec<Event> {
+        vec![
+            acq(0, 1, first, 1000),
+            ev(10, 1, first, EventKind::Releasing),
+            acq(taken_ms, 2, second, 1000),
+        ]
+    }
+
     #[test]
     fn sequential_holds_pass() {
-        let events = vec![
-            acq(0, 1, 1, 1000),
-            ev(10, 1, 1, EventKind::Releasing),
-            acq(11, 2, 2, 1000),
-            ev(20, 2, 2, EventKind::Releasing),
-        ];
+        let mut events = released_then_taken(1, 2, 11);
+        events.push(ev(20, 2, 2, EventKind::Releasing));
         assert!(check_events(&events, true).is_ok());
     }
 
@@ -479,11 +490,7 @@ mod tests {
 
     #[test]
     fn repeated_or_decreasing_tokens_are_caught() {
-        let events = vec![
-            acq(0, 1, 5, 1000),
-            ev(10, 1, 5, EventKind::Releasing),
-            acq(20, 2, 5, 1000),
-        ];
+        let events = released_then_taken(5, 5, 20);
         let v = check_events(&events, true).unwrap_err();
         assert!(v.what.contains("fencing"), "{v}");
         assert!(check_events(&events, false).is_ok());

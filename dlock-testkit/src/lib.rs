@@ -22,7 +22,7 @@ pub mod scenario;
 pub mod trials;
 
 pub use analysis::Analysis;
-pub use control::{Freeze, ServerControl};
+pub use control::{Freeze, Members, ServerControl};
 pub use freeze::Freezable;
 pub use history::{History, Violation};
 pub use proxy::{url_target, url_via, DroppingProxies, FreezeProxy};

@@ -11,6 +11,7 @@
 //! connection stays open, nothing sent in the silence ever arrives, and a client that keeps
 //! waiting for those answers on the same connection waits forever.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -38,6 +39,25 @@ pub struct FreezeProxy {
     acceptor: JoinHandle<()>,
 }
 
+/// Accepts connections on `listener` until it fails, each handled by `link` on a task of its
+/// own: the accept loop every proxy here runs. Aborting the returned task stops accepting.
+pub fn accept_links<F, Fut>(listener: TcpListener, mut link: F) -> JoinHandle<()>
+where
+    F: FnMut(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut links = Vec::new();
+        while let Ok((client, _)) = listener.accept().await {
+            links.push(tokio::spawn(link(client)));
+            links.retain(|l: &JoinHandle<()>| !l.is_finished());
+        }
+        for link in links {
+            link.abort();
+        }
+    })
+}
+
 impl FreezeProxy {
     /// Listens on a free loopback port and forwards to `target`; a frozen link holds its bytes.
     pub async fn start(target: SocketAddr) -> std::io::Result<Self> {
@@ -55,25 +75,18 @@ impl FreezeProxy {
         let addr = listener.local_addr()?;
         let frozen = Arc::new(watch::channel(false).0);
         let gate = frozen.clone();
-        let acceptor = tokio::spawn(async move {
-            let mut links = Vec::new();
-            while let Ok((client, _)) = listener.accept().await {
-                let gate = gate.clone();
-                links.push(tokio::spawn(async move {
-                    if let Ok(server) = TcpStream::connect(target).await {
-                        let _ = client.set_nodelay(true);
-                        let _ = server.set_nodelay(true);
-                        let (cr, cw) = client.into_split();
-                        let (sr, sw) = server.into_split();
-                        let up = tokio::spawn(pump(cr, sw, gate.subscribe(), mode));
-                        let down = tokio::spawn(pump(sr, cw, gate.subscribe(), mode));
-                        let _ = tokio::join!(up, down);
-                    }
-                }));
-                links.retain(|l: &JoinHandle<()>| !l.is_finished());
-            }
-            for link in links {
-                link.abort();
+        let acceptor = accept_links(listener, move |client| {
+            let gate = gate.clone();
+            async move {
+                if let Ok(server) = TcpStream::connect(target).await {
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let up = tokio::spawn(pump(cr, sw, gate.subscribe(), mode));
+                    let down = tokio::spawn(pump(sr, cw, gate.subscribe(), mode));
+                    let _ = tokio::join!(up, down);
+                }
             }
         });
         Ok(FreezeProxy {

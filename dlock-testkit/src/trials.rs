@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use dlock_core::{DistributedLockExt, FencingToken, Holding, Lease, LockOptions, Released};
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Runtime;
 
@@ -220,4 +221,64 @@ fn new_runtime() -> std::io::Result<Runtime> {
 fn exit(message: std::fmt::Arguments<'_>) -> ! {
     eprintln!("{message}");
     std::process::exit(1)
+}
+
+/// Fails unless `lease`'s fencing token is above `before`, the token of an earlier holder;
+/// `after` says what came between, for the message.
+pub fn ensure_token_above(lease: &Lease, before: FencingToken, after: &str) -> anyhow::Result<()> {
+    let token = lease.fencing_token();
+    anyhow::ensure!(
+        token > before,
+        "token {token} after {after} is not above {before}"
+    );
+    Ok(())
+}
+
+/// `observer`'s `holding` follows `holder` without taking anything: `key` reads free, then —
+/// once `holder` took it with `opts` — held with the lease's token and no expiry, as a lock that
+/// lives as long as the holder's session. Returns the lease, for the backend's own checks.
+pub async fn ensure_holding_sees<H, O>(
+    holder: &H,
+    observer: &O,
+    key: &str,
+    opts: &LockOptions,
+) -> anyhow::Result<Lease>
+where
+    H: DistributedLockExt,
+    O: DistributedLockExt,
+{
+    anyhow::ensure!(
+        observer.holding(key).await? == Holding::Free,
+        "a new key is not free"
+    );
+    let lease = holder
+        .try_acquire(key, opts)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("a free key was busy"))?;
+    let seen = observer.holding(key).await?;
+    anyhow::ensure!(
+        seen == Holding::Held {
+            fencing: Some(lease.fencing_token()),
+            expires_in: None
+        },
+        "holding() saw {seen:?}, the holder has token {}",
+        lease.fencing_token()
+    );
+    Ok(lease)
+}
+
+/// A lost `lease` stays lost once whatever cut it off is over: `wait` later it still says lost,
+/// and releasing it does not release the lock another client took since.
+pub async fn ensure_stays_lost(lease: Lease, wait: Duration) -> anyhow::Result<()> {
+    tokio::time::sleep(wait).await;
+    anyhow::ensure!(
+        lease.state().is_lost(),
+        "the lease came back: {:?}",
+        lease.state()
+    );
+    anyhow::ensure!(
+        lease.release().await? != Released::Released,
+        "the lost lease released the successor's lock"
+    );
+    Ok(())
 }

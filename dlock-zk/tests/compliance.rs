@@ -29,11 +29,11 @@ use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::{Capabilities, DistributedLock};
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
 use dlock_testkit::{trials, Freeze, FreezeProxy};
-use dlock_zk::{decode_key, ZkLock, DEFAULT_ROOT};
+use dlock_zk::{decode_key, ZkLockBuilder, DEFAULT_ROOT};
 use libtest_mimic::{Arguments, Trial};
 
 use support::proxied::Proxied;
-use support::{raw, shared, url, SESSION, SHORT_SESSION, TICK};
+use support::{client_with, raw, shared, url, SESSION, SHORT_SESSION, TICK};
 
 /// The connect timeout of the outage case's client.
 const OUTAGE_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -111,10 +111,7 @@ fn subject(
 fn main() {
     let args = Arguments::from_args();
     if docker_opt_out() {
-        let placeholder = Subject::new("zookeeper", declared(), || async {
-            anyhow::bail!("DLOCK_TEST_NO_DOCKER=1")
-        });
-        let mut trials = suite::trials(&placeholder);
+        let mut trials = suite::placeholder_trials("zookeeper", declared());
         trials.extend(trials::placeholders(zk_cases::names()));
         trials::run_ignored(&args, trials);
     }
@@ -163,13 +160,8 @@ fn build_trials(
         async move {
             // A connect timeout below the case's wait (1 s): with the server down, calls fail as
             // unavailable after the connect timeout, before the wait runs out.
-            let client: Arc<dyn DistributedLock> = Arc::new(
-                ZkLock::builder(&url)
-                    .with_session_timeout(SESSION)
-                    .with_connect_timeout(OUTAGE_CONNECT_TIMEOUT)
-                    .connect()
-                    .await?,
-            );
+            let settings = |b: ZkLockBuilder| b.with_connect_timeout(OUTAGE_CONNECT_TIMEOUT);
+            let client: Arc<dyn DistributedLock> = client_with(&url, SESSION, settings).await?;
             Ok(client)
         }
     });

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure};
 use dlock_core::{DistributedLockExt, Released};
+use dlock_testkit::trials::ensure_token_above;
 use tokio::time::Instant;
 
 use super::{expect_timeout, release_held, Ctx};
@@ -28,8 +29,7 @@ pub(crate) async fn try_acquire_answers_busy_fast(cx: Ctx) -> anyhow::Result<()>
 /// A waiting `acquire` gives up with `Timeout` at its deadline, not much later.
 pub(crate) async fn acquire_respects_its_deadline(cx: Ctx) -> anyhow::Result<()> {
     let [holder, other] = cx.clients().await?;
-    let key = cx.key("deadline");
-    let lease = holder.acquire(&key, &cx.opts(cx.long_ttl())).await?;
+    let (key, lease) = cx.hold(&holder, "deadline").await?;
     let wait = cx.ttl();
     let start = Instant::now();
     let result = other
@@ -76,11 +76,7 @@ pub(crate) async fn release_frees_promptly_for_a_waiter(cx: Ctx) -> anyhow::Resu
         "the waiter took {gap:?} to notice the release"
     );
     if cx.fenced() {
-        ensure!(
-            second.fencing_token() > first,
-            "token did not grow: {first} then {}",
-            second.fencing_token()
-        );
+        ensure_token_above(&second, first, "the hand-over")?;
     }
     second.release().await?;
     Ok(())

@@ -43,8 +43,7 @@ pub(crate) async fn dropped_acquire_leaves_nothing_held(cx: Ctx) -> anyhow::Resu
 /// Dropping a lease without releasing it frees the lock promptly (a background release).
 pub(crate) async fn dropped_lease_is_released_promptly(cx: Ctx) -> anyhow::Result<()> {
     let [holder, other] = cx.clients().await?;
-    let key = cx.key("dropped-lease");
-    let lease = holder.acquire(&key, &cx.opts(cx.long_ttl())).await?;
+    let (key, lease) = cx.hold(&holder, "dropped-lease").await?;
     let dropped_at = Instant::now();
     drop(lease);
     let next = cx

@@ -4,7 +4,7 @@ use anyhow::{bail, ensure};
 use dlock_core::{DistributedLockExt, Error, Extension, LeaseRef};
 use tokio::time::Instant;
 
-use super::{release_held, Ctx};
+use super::Ctx;
 
 /// A holder that vanishes without releasing blocks others for about its TTL, never less.
 pub(crate) async fn abandoned_lock_is_acquirable_after_its_ttl(cx: Ctx) -> anyhow::Result<()> {
@@ -53,13 +53,14 @@ pub(crate) async fn extend_prolongs_the_lease(cx: Ctx) -> anyhow::Result<()> {
         "not held after extend: {:?}",
         lease.state()
     );
-    cx.ensure_busy(
+    cx.release_still_held(
+        lease,
         &other,
         &key,
         "the server let the lock go at the original TTL despite the extension",
+        "release after extend failed",
     )
-    .await?;
-    release_held(lease, "release after extend failed").await
+    .await
 }
 
 /// Once expired, a lease cannot be extended: the lease says lost, the server refuses.

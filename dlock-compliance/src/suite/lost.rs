@@ -2,7 +2,8 @@
 //! and renewal keeps a lock exactly as long as it should.
 
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLockExt, Released};
+use dlock_core::DistributedLockExt;
+use dlock_testkit::trials::ensure_stays_lost;
 use tokio::time::Instant;
 
 use super::{expect_timeout, release_held, Ctx};
@@ -48,19 +49,15 @@ pub(crate) async fn lost_signal_fires_when_the_lease_ends_behind_the_holders_bac
         lease.valid_until() - taken_at
     );
     freezable.thaw();
-    tokio::time::sleep(ttl / 2).await;
-    ensure!(
-        lease.state().is_lost(),
-        "thawed renewal revived the lease: {:?}",
-        lease.state()
-    );
-    ensure!(
-        lease.release().await? != Released::Released,
-        "the lost lease released the successor's lock"
-    );
-    cx.ensure_busy(&third, &key, "the successor's lock is gone")
-        .await?;
-    release_held(successor, "successor could not release").await
+    ensure_stays_lost(lease, ttl / 2).await?;
+    cx.release_still_held(
+        successor,
+        &third,
+        &key,
+        "the successor's lock is gone",
+        "successor could not release",
+    )
+    .await
 }
 
 /// Auto-renew holds a lock across several TTLs while others wait in vain, and stops with release.
@@ -90,7 +87,12 @@ pub(crate) async fn auto_renew_keeps_the_lock_and_stops_after_release(
     // If renewal outlived the release it would fight the successor now.
     tokio::time::sleep(ttl).await;
     ensure!(successor.is_held(), "successor is {:?}", successor.state());
-    cx.ensure_busy(&third, &key, "successor lost the lock")
-        .await?;
-    release_held(successor, "successor could not release").await
+    cx.release_still_held(
+        successor,
+        &third,
+        &key,
+        "successor lost the lock",
+        "successor could not release",
+    )
+    .await
 }

@@ -168,6 +168,15 @@ pub fn trials(subject: &Subject) -> Vec<Trial> {
         .collect()
 }
 
+/// The trials of a subject named `name` that declares `capabilities` and nothing more, for a
+/// run that opted out of Docker: it lists the names and reports them ignored, so the subject
+/// never connects.
+pub fn placeholder_trials(name: &str, capabilities: dlock_core::Capabilities) -> Vec<Trial> {
+    trials(&Subject::new(name, capabilities, || async {
+        bail!("DLOCK_TEST_NO_DOCKER=1")
+    }))
+}
+
 /// What a case works with: the subject, a key namespace of its own, and helpers.
 #[derive(Clone)]
 pub struct Ctx {
@@ -250,6 +259,32 @@ impl Ctx {
         let lease = client.try_acquire(key, &self.opts(self.ttl())).await?;
         ensure!(lease.is_none(), "{what}");
         Ok(())
+    }
+
+    /// `client` takes a fresh key `name` of this case for the long TTL; returns the key and
+    /// the lease.
+    pub(crate) async fn hold(
+        &self,
+        client: &Arc<dyn DistributedLock>,
+        name: &str,
+    ) -> anyhow::Result<(String, Lease)> {
+        let key = self.key(name);
+        let lease = client.acquire(&key, &self.opts(self.long_ttl())).await?;
+        Ok((key, lease))
+    }
+
+    /// `lease` still holds `key` at the end of a case: `other` finds it busy (else fails with
+    /// `busy`), and releasing `lease` finds it held (else fails with `release`).
+    pub(crate) async fn release_still_held(
+        &self,
+        lease: Lease,
+        other: &Arc<dyn DistributedLock>,
+        key: &str,
+        busy: &str,
+        release: &str,
+    ) -> anyhow::Result<()> {
+        self.ensure_busy(other, key, busy).await?;
+        release_held(lease, release).await
     }
 
     /// Takes the free `key` with `client` and releases it: the service works (before a fault,

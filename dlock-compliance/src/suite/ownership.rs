@@ -43,8 +43,7 @@ pub(crate) async fn stale_lease_cannot_release_or_extend(cx: Ctx) -> anyhow::Res
 /// An owner token that never held the lock cannot release or extend it.
 pub(crate) async fn foreign_owner_cannot_release_or_extend(cx: Ctx) -> anyhow::Result<()> {
     let [holder, stranger] = cx.clients().await?;
-    let key = cx.key("foreign");
-    let lease = holder.acquire(&key, &cx.opts(cx.long_ttl())).await?;
+    let (key, lease) = cx.hold(&holder, "foreign").await?;
     let lock_key = LockKey::new(&key)?;
     let foreign = LeaseRef {
         key: &lock_key,
@@ -61,13 +60,14 @@ pub(crate) async fn foreign_owner_cannot_release_or_extend(cx: Ctx) -> anyhow::R
         extended != Extension::Extended,
         "a stranger extended the lock"
     );
-    cx.ensure_busy(
+    cx.release_still_held(
+        lease,
         &stranger,
         &key,
         "the lock is free after a stranger's release",
+        "the owner could not release",
     )
-    .await?;
-    release_held(lease, "the owner could not release").await
+    .await
 }
 
 /// A batch of extensions (what auto-renew sends) answers each lease as `extend` would: the

@@ -22,8 +22,19 @@ fn lease(key: &LockKey, owner: OwnerToken) -> LeaseRef<'_> {
     }
 }
 
-fn granted(a: Attempt) -> Grant {
-    match a {
+/// A fresh lock, the key "k" and two owners.
+fn two_owners() -> (InMemoryLock, LockKey, OwnerToken, OwnerToken) {
+    (
+        InMemoryLock::new(),
+        key("k"),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    )
+}
+
+/// `owner` takes the free `key` for `ttl_ms`: the grant.
+async fn take(m: &InMemoryLock, key: &LockKey, owner: OwnerToken, ttl_ms: u64) -> Grant {
+    match m.try_lock(&req(key, owner, ttl_ms)).await.unwrap() {
         Attempt::Acquired(g) => g,
         Attempt::Busy { .. } => panic!("expected a grant, got busy"),
     }
@@ -31,25 +42,21 @@ fn granted(a: Attempt) -> Grant {
 
 #[tokio::test(start_paused = true)]
 async fn second_owner_is_busy_until_expiry() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b) = (OwnerToken::random(), OwnerToken::random());
-    let first = granted(m.try_lock(&req(&k, a, 1000)).await.unwrap());
+    let (m, k, a, b) = two_owners();
+    let first = take(&m, &k, a, 1000).await;
     match m.try_lock(&req(&k, b, 1000)).await.unwrap() {
         Attempt::Busy { retry_after } => assert_eq!(retry_after, Some(Duration::from_millis(1000))),
         other => panic!("{other:?}"),
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let second = granted(m.try_lock(&req(&k, b, 1000)).await.unwrap());
+    let second = take(&m, &k, b, 1000).await;
     assert!(second.fencing > first.fencing);
 }
 
 #[tokio::test(start_paused = true)]
 async fn release_and_extend_check_ownership() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b) = (OwnerToken::random(), OwnerToken::random());
-    granted(m.try_lock(&req(&k, a, 1000)).await.unwrap());
+    let (m, k, a, b) = two_owners();
+    take(&m, &k, a, 1000).await;
     assert_eq!(m.release(&lease(&k, b)).await.unwrap(), Released::TakenOver);
     assert_eq!(
         m.extend(&lease(&k, b), Duration::from_secs(5))
@@ -79,10 +86,8 @@ async fn release_and_extend_check_ownership() {
 
 #[tokio::test(start_paused = true)]
 async fn expired_lease_cannot_be_extended_or_released_over_the_successor() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b) = (OwnerToken::random(), OwnerToken::random());
-    granted(m.try_lock(&req(&k, a, 100)).await.unwrap());
+    let (m, k, a, b) = two_owners();
+    take(&m, &k, a, 100).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         m.extend(&lease(&k, a), Duration::from_secs(1))
@@ -91,7 +96,7 @@ async fn expired_lease_cannot_be_extended_or_released_over_the_successor() {
         Extension::Expired,
         "extend must not revive an expired lock"
     );
-    granted(m.try_lock(&req(&k, b, 1000)).await.unwrap());
+    take(&m, &k, b, 1000).await;
     assert_eq!(m.release(&lease(&k, a)).await.unwrap(), Released::TakenOver);
     assert!(matches!(
         m.try_lock(&req(&k, a, 10)).await.unwrap(),
@@ -106,7 +111,7 @@ async fn tokens_increase_across_keys_and_holders() {
     for i in 0..50 {
         let k = key(if i % 2 == 0 { "even" } else { "odd" });
         let owner = OwnerToken::random();
-        let g = granted(m.try_lock(&req(&k, owner, 1000)).await.unwrap());
+        let g = take(&m, &k, owner, 1000).await;
         assert!(g.fencing > last);
         last = g.fencing;
         m.release(&lease(&k, owner)).await.unwrap();
@@ -118,7 +123,7 @@ async fn release_wakes_a_waiter_at_once() {
     let m = InMemoryLock::new();
     let k = key("k");
     let a = OwnerToken::random();
-    granted(m.try_lock(&req(&k, a, 60_000)).await.unwrap());
+    take(&m, &k, a, 60_000).await;
     let waiter = {
         let m = m.clone();
         let k = k.clone();
@@ -140,11 +145,7 @@ async fn release_wakes_a_waiter_at_once() {
 async fn waiter_wakes_at_the_holders_expiry() {
     let m = InMemoryLock::new();
     let k = key("k");
-    granted(
-        m.try_lock(&req(&k, OwnerToken::random(), 700))
-            .await
-            .unwrap(),
-    );
+    take(&m, &k, OwnerToken::random(), 700).await;
     let start = Instant::now();
     m.wait_for_release(&k, start + Duration::from_secs(30))
         .await
@@ -157,11 +158,7 @@ async fn abandoned_entries_are_swept() {
     let m = InMemoryLock::new();
     for i in 0..(SWEEP_EVERY as usize) {
         let k = key(&format!("k{i}"));
-        granted(
-            m.try_lock(&req(&k, OwnerToken::random(), 10))
-                .await
-                .unwrap(),
-        );
+        take(&m, &k, OwnerToken::random(), 10).await;
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(
@@ -172,7 +169,7 @@ async fn abandoned_entries_are_swept() {
     let k = key("busy");
     for _ in 0..SWEEP_EVERY {
         let owner = OwnerToken::random();
-        granted(m.try_lock(&req(&k, owner, 10)).await.unwrap());
+        take(&m, &k, owner, 10).await;
         m.release(&lease(&k, owner)).await.unwrap();
     }
     assert!(m.entries() <= 1, "{} entries left", m.entries());
@@ -183,12 +180,7 @@ async fn inspect_reads_the_holder_without_taking_the_lock() {
     let locks = InMemoryLock::new();
     let k = key("k");
     assert_eq!(locks.inspect(&k).await.unwrap(), Holding::Free);
-    let grant = granted(
-        locks
-            .try_lock(&req(&k, OwnerToken::random(), 100))
-            .await
-            .unwrap(),
-    );
+    let grant = take(&locks, &k, OwnerToken::random(), 100).await;
     match locks.inspect(&k).await.unwrap() {
         Holding::Held {
             fencing,
@@ -202,11 +194,6 @@ async fn inspect_reads_the_holder_without_taking_the_lock() {
     // Looking did not take anything: once the TTL passes the key is free for the next owner.
     tokio::time::advance(Duration::from_millis(101)).await;
     assert_eq!(locks.inspect(&k).await.unwrap(), Holding::Free);
-    let next = granted(
-        locks
-            .try_lock(&req(&k, OwnerToken::random(), 100))
-            .await
-            .unwrap(),
-    );
+    let next = take(&locks, &k, OwnerToken::random(), 100).await;
     assert_eq!(next.fencing.0, grant.fencing.0 + 1);
 }

@@ -145,6 +145,41 @@ pub async fn settle() {
     }
 }
 
+/// Takes the free `key` at once (no wait): the lease; panics when it was busy or failed.
+pub async fn take<L: DistributedLockExt + ?Sized>(
+    locks: &L,
+    key: &str,
+    opts: &LockOptions,
+) -> dlock_core::Lease {
+    match locks.try_acquire(key, opts).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => panic!("{key} was busy"),
+        Err(e) => panic!("try_acquire of {key}: {e}"),
+    }
+}
+
+/// Whether `key` is free once spawned background work (drop releases, releases of late
+/// grants) has run: nothing was left held behind the caller's back.
+pub async fn grants_once_settled<L: DistributedLockExt + ?Sized>(
+    locks: &L,
+    key: &str,
+    opts: &LockOptions,
+) -> bool {
+    settle().await;
+    grants(locks, key, opts).await
+}
+
+/// Waits `wait` and asserts `counter` still reads `before`: no renewal (or other call) went
+/// out after the lease ended.
+pub async fn assert_no_more_calls(counter: &AtomicUsize, before: usize, wait: Duration) {
+    tokio::time::sleep(wait).await;
+    assert_eq!(
+        Scripted::count(counter),
+        before,
+        "calls went on after the lease ended"
+    );
+}
+
 /// The in-process backend, as the trait object the tests use.
 pub fn memory() -> Arc<dyn DistributedLock> {
     Arc::new(InMemoryLock::new())

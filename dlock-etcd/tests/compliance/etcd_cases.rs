@@ -17,7 +17,8 @@ use libtest_mimic::Trial;
 use tokio::time::Instant;
 
 use crate::support::{
-    self, client, contenders, contenders_until, eventually, raw, Exec, NAMESPACE, TRIAL_BUDGET,
+    self, client, clients, contenders, contenders_until, eventually, raw, Exec, NAMESPACE,
+    TRIAL_BUDGET,
 };
 use crate::SESSION_TTL;
 
@@ -84,27 +85,11 @@ fn rand_u64() -> u64 {
 async fn holding_reads_the_holder_without_taking_it(
     Env { endpoints, .. }: Env,
 ) -> anyhow::Result<()> {
-    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let observer = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let [locks, observer] = clients(&endpoints, SESSION_TTL).await?;
     let raw = raw(&endpoints).await?;
     let key = key("holding");
-    ensure!(
-        observer.holding(&key).await? == Holding::Free,
-        "a new key is not free"
-    );
-    let lease = locks
-        .try_acquire(&key, &LockOptions::new(Duration::from_secs(30)))
-        .await?
-        .context("a free key was busy")?;
-    let seen = observer.holding(&key).await?;
-    ensure!(
-        seen == Holding::Held {
-            fencing: Some(lease.fencing_token()),
-            expires_in: None
-        },
-        "holding() saw {seen:?}, the holder has token {}",
-        lease.fencing_token()
-    );
+    let opts = LockOptions::new(Duration::from_secs(30));
+    let lease = trials::ensure_holding_sees(&locks, &observer, &key, &opts).await?;
     ensure!(
         contenders(&raw, &locks, &key).await?.len() == 1,
         "looking added a contender"
@@ -154,25 +139,35 @@ async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyh
     Ok(())
 }
 
-/// `etcdctl lock` holds: dlock reports busy, waits, and gets the lock only after etcdctl's
-/// critical section (which ends by writing a marker) is over.
-async fn etcdctl_holds_and_dlock_waits(
-    Env {
-        endpoints,
-        container,
-    }: Env,
-) -> anyhow::Result<()> {
-    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let mut raw = raw(&endpoints).await?;
-    let key = key("etcdctl-first");
+/// What a case against `etcdctl lock` works with: a dlock client, a raw client, the case's key,
+/// the etcd lock name etcdctl is given for it, and a marker key named after that lock, which
+/// etcdctl's command writes.
+type Interop = (Arc<EtcdLock>, etcd_client::Client, String, String, String);
+
+async fn interop(endpoints: &[String], key_name: &str) -> anyhow::Result<Interop> {
+    let locks = Arc::new(client(endpoints, SESSION_TTL).await?);
+    let raw = raw(endpoints).await?;
+    let key = key(key_name);
     let name = locks.lock_name(&key)?;
     let marker = format!("{name}-marker");
-    let script = format!("sleep 2; etcdctl --endpoints=http://127.0.0.1:2379 put {marker} done");
-    let etcdctl = Exec::start(
-        &container,
-        support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
+    Ok((locks, raw, key, name, marker))
+}
+
+/// Starts `etcdctl lock <name> -- sh -c <script>` in the server's `container`.
+async fn etcdctl_lock(container: &str, name: &str, script: &str) -> anyhow::Result<Exec> {
+    Exec::start(
+        container,
+        support::etcdctl(&["lock", name, "--", "sh", "-c", script]),
     )
-    .await?;
+    .await
+}
+
+/// `etcdctl lock` holds: dlock reports busy, waits, and gets the lock only after etcdctl's
+/// critical section (which ends by writing a marker) is over.
+async fn etcdctl_holds_and_dlock_waits(env: Env) -> anyhow::Result<()> {
+    let (locks, mut raw, key, name, marker) = interop(&env.endpoints, "etcdctl-first").await?;
+    let script = format!("sleep 2; etcdctl --endpoints=http://127.0.0.1:2379 put {marker} done");
+    let etcdctl = etcdctl_lock(&env.container, &name, &script).await?;
     contenders_until(
         "etcdctl holds the lock",
         Duration::from_secs(10),
@@ -208,27 +203,14 @@ async fn etcdctl_holds_and_dlock_waits(
 }
 
 /// dlock holds: `etcdctl lock` waits until dlock releases, then runs its command.
-async fn dlock_holds_and_etcdctl_waits(
-    Env {
-        endpoints,
-        container,
-    }: Env,
-) -> anyhow::Result<()> {
-    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let mut raw = raw(&endpoints).await?;
-    let key = key("dlock-first");
-    let name = locks.lock_name(&key)?;
-    let marker = format!("{name}-marker");
+async fn dlock_holds_and_etcdctl_waits(env: Env) -> anyhow::Result<()> {
+    let (locks, mut raw, key, name, marker) = interop(&env.endpoints, "dlock-first").await?;
     let lease = locks
         .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
         .await?;
     let script =
         format!("etcdctl --endpoints=http://127.0.0.1:2379 put {marker} \"$ETCD_LOCK_KEY\"");
-    let etcdctl = Exec::start(
-        &container,
-        support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
-    )
-    .await?;
+    let etcdctl = etcdctl_lock(&env.container, &name, &script).await?;
     contenders_until(
         "etcdctl queues behind us",
         Duration::from_secs(10),
@@ -269,9 +251,7 @@ async fn dlock_holds_and_etcdctl_waits(
 async fn waiter_whose_session_ends_fails_its_acquire(
     Env { endpoints, .. }: Env,
 ) -> anyhow::Result<()> {
-    let holder = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let waiter = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let third = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let [holder, waiter, third] = clients(&endpoints, SESSION_TTL).await?;
     let mut raw = raw(&endpoints).await?;
     let key = key("doomed-waiter");
     let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(30));
@@ -459,8 +439,7 @@ async fn bad_configuration_fails_fast(_: Env) -> anyhow::Result<()> {
 async fn a_holder_learns_at_once_that_its_key_was_deleted(
     Env { endpoints, .. }: Env,
 ) -> anyhow::Result<()> {
-    let holder = Arc::new(client(&endpoints, SESSION_TTL).await?);
-    let next = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let [holder, next] = clients(&endpoints, SESSION_TTL).await?;
     let raw = raw(&endpoints).await?;
     let key = key("deleted-behind-its-back");
     let opts = LockOptions::new(Duration::from_secs(60)).with_wait(Duration::from_secs(10));
@@ -572,13 +551,7 @@ async fn unanswered_keep_alives_make_the_lease_uncertain_then_lost(
         taken_at - frozen_at
     );
     freeze.thaw();
-    tokio::time::sleep(SESSION_TTL / 2).await;
-    ensure!(
-        lease.state().is_lost(),
-        "thawed lease is {:?}",
-        lease.state()
-    );
-    ensure!(lease.release().await? != Released::Released);
+    trials::ensure_stays_lost(lease, SESSION_TTL / 2).await?;
     ensure!(next.release().await? == Released::Released);
     let again = holder.acquire(&key, &opts).await?;
     again.release().await?;

@@ -22,6 +22,21 @@ pub const NAMESPACE: &str = "dlock-test/";
 /// Upper bound for one whole etcd-specific trial, to end a hung one.
 pub const TRIAL_BUDGET: Duration = Duration::from_secs(120);
 
+/// `N` independent clients of `endpoints` (each with its own session of `session_ttl`), shared
+/// as the cases hand them to tasks.
+pub async fn clients<const N: usize>(
+    endpoints: &[String],
+    session_ttl: Duration,
+) -> anyhow::Result<[Arc<EtcdLock>; N]> {
+    let mut clients = Vec::with_capacity(N);
+    for _ in 0..N {
+        clients.push(Arc::new(client(endpoints, session_ttl).await?));
+    }
+    clients
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("not {N} clients"))
+}
+
 /// A client of `endpoints` with test timings: a short session TTL, so that the server frees the
 /// locks of a frozen client within a few seconds.
 pub async fn client(endpoints: &[String], session_ttl: Duration) -> anyhow::Result<EtcdLock> {

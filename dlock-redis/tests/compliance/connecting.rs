@@ -150,8 +150,7 @@ pub async fn one_connection_serves_many_concurrent_acquires(_: String) -> anyhow
     let info = || redis::cmd("INFO").arg("clients").clone();
     let before = clients(info().query_async(&mut raw).await?)?;
 
-    let client = Arc::new(RedisLock::connect(&server.url()).await?);
-    let blocker = Arc::new(RedisLock::connect(&server.url()).await?);
+    let [client, blocker] = support::clients(&server.url()).await?;
     let busy = unique("busy");
     let held = blocker
         .acquire(&busy, &LockOptions::new(Duration::from_secs(30)))

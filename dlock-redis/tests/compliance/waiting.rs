@@ -5,16 +5,14 @@
 //! The waiters here poll so slowly (a fixed 30 s backoff) that only a notification or the holder's
 //! TTL can explain a prompt hand-over.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use dlock_core::{DistributedLockExt, LockOptions, Released};
-use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
 
-use crate::support::{no_polling, unique, PROMPT};
+use crate::support::{clients, unique, waiting_without_polling, PROMPT};
 
 /// The cases of this module, each given the shared server's URL.
 pub fn cases() -> Vec<(&'static str, Case<String>)> {
@@ -27,12 +25,9 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
 
 /// Five hand-overs between two clients, each long before any poll could happen.
 pub async fn a_release_wakes_a_waiter_without_polling(url: String) -> anyhow::Result<()> {
-    let a = Arc::new(RedisLock::connect(&url).await?);
-    let b = Arc::new(RedisLock::connect(&url).await?);
+    let [a, b] = clients(&url).await?;
     let key = unique("wake");
-    let opts = LockOptions::new(Duration::from_secs(60))
-        .with_retry(no_polling())
-        .with_wait(Duration::from_secs(20));
+    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
     let mut holder = a.acquire(&key, &opts).await?;
     let mut clients = [a, b];
     for round in 0..5 {
@@ -66,12 +61,9 @@ pub async fn a_release_wakes_a_waiter_without_polling(url: String) -> anyhow::Re
 /// Four tasks of one client wait for one key; each release hands it to exactly the next of them,
 /// promptly, until all four held it once.
 pub async fn waiters_of_one_client_are_woken_one_per_release(url: String) -> anyhow::Result<()> {
-    let holder_client = Arc::new(RedisLock::connect(&url).await?);
-    let waiters = Arc::new(RedisLock::connect(&url).await?);
+    let [holder_client, waiters] = clients(&url).await?;
     let key = unique("queue");
-    let opts = LockOptions::new(Duration::from_secs(60))
-        .with_retry(no_polling())
-        .with_wait(Duration::from_secs(20));
+    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
     let first = holder_client.acquire(&key, &opts).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for id in 0..4 {
@@ -112,16 +104,13 @@ pub async fn waiters_of_one_client_are_woken_one_per_release(url: String) -> any
 /// A holder that vanishes without releasing is followed when its TTL ends, although nothing is
 /// announced and the waiter does not poll.
 pub async fn an_expiring_holder_is_followed_at_its_ttl(url: String) -> anyhow::Result<()> {
-    let crashed = Arc::new(RedisLock::connect(&url).await?);
-    let next = Arc::new(RedisLock::connect(&url).await?);
+    let [crashed, next] = clients(&url).await?;
     let key = unique("expiring");
     let ttl = Duration::from_millis(800);
     let lease = crashed.acquire(&key, &LockOptions::new(ttl)).await?;
     let sent = lease.acquired_at();
     std::mem::forget(lease);
-    let opts = LockOptions::new(Duration::from_secs(10))
-        .with_retry(no_polling())
-        .with_wait(Duration::from_secs(10));
+    let opts = waiting_without_polling(Duration::from_secs(10), Duration::from_secs(10));
     let successor = next.acquire(&key, &opts).await?;
     let after = sent.elapsed();
     ensure!(

@@ -95,8 +95,7 @@ pub async fn a_lost_subscriber_connection_costs_only_latency(
     server: Arc<RedisServer>,
 ) -> anyhow::Result<()> {
     let url = server.url();
-    let holder_client = Arc::new(RedisLock::connect(&url).await?);
-    let waiter = Arc::new(RedisLock::connect(&url).await?);
+    let [holder_client, waiter] = support::clients(&url).await?;
     let mut raw = support::raw(&url).await?;
     let key = unique("resubscribe");
     let long = LockOptions::new(Duration::from_secs(60));

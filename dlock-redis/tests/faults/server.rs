@@ -33,9 +33,7 @@ pub async fn paused_server_ends_a_waiting_acquire_by_its_deadline(
     server: Arc<RedisServer>,
 ) -> anyhow::Result<()> {
     let member = server.member()?;
-    let holder = Arc::new(RedisLock::connect(&server.url()).await?);
-    let waiter = Arc::new(RedisLock::connect(&server.url()).await?);
-    let prober = Arc::new(RedisLock::connect(&server.url()).await?);
+    let [holder, waiter, prober] = support::clients(&server.url()).await?;
     let key = unique("paused");
     let held = holder
         .acquire(&key, &LockOptions::new(Duration::from_secs(30)))

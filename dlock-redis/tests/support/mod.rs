@@ -2,9 +2,11 @@
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_core::Backoff;
+use dlock_core::{Backoff, LockOptions};
+use dlock_redis::RedisLock;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 
@@ -28,6 +30,25 @@ pub fn no_polling() -> Backoff {
         multiplier: 1.0,
         jitter: 0.0,
     }
+}
+
+/// Options for a waiter that waits up to `wait` for a lease of `ttl` and never polls within a
+/// trial (see [`no_polling`]).
+pub fn waiting_without_polling(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::new(ttl)
+        .with_retry(no_polling())
+        .with_wait(wait)
+}
+
+/// `N` independent clients of the server at `url`, each with connections of its own.
+pub async fn clients<const N: usize>(url: &str) -> anyhow::Result<[Arc<RedisLock>; N]> {
+    let mut clients = Vec::with_capacity(N);
+    for _ in 0..N {
+        clients.push(Arc::new(RedisLock::connect(url).await?));
+    }
+    clients
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("not {N} clients"))
 }
 
 /// A plain connection with no client-side timeout: the trials decide what "no answer" is.

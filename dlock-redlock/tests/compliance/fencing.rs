@@ -1,7 +1,6 @@
 //! Fencing turned off, and the expiry of the fence counters. (Tokens while masters fail are fault
 //! cases, in the faults binary.)
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
@@ -23,12 +22,7 @@ pub fn cases() -> Vec<(&'static str, Case<Vec<String>>)> {
 
 /// With fencing off the client declares no ordering, and locks work the same.
 pub async fn fencing_off_declares_no_guarantee(urls: Vec<String>) -> anyhow::Result<()> {
-    let client = Arc::new(
-        support::builder(&urls)
-            .with_fencing(false)
-            .connect()
-            .await?,
-    );
+    let client = support::client_with(&urls, |b| b.with_fencing(false)).await?;
     ensure!(
         client.capabilities().fencing == FencingGuarantee::None,
         "declares {:?}",
@@ -81,7 +75,7 @@ pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(
     }
     let opts = LockOptions::new(Duration::from_secs(10));
 
-    let forever = Arc::new(support::builder(&urls).connect().await?);
+    let forever = support::client_with(&urls, |b| b).await?;
     let key = unique("fence-forever");
     let lease = forever.try_acquire(&key, &opts).await?.context("busy")?;
     lease.release().await?;
@@ -96,12 +90,7 @@ pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(
         );
     }
 
-    let client = Arc::new(
-        support::builder(&urls)
-            .with_fence_ttl(FENCE_TTL)
-            .connect()
-            .await?,
-    );
+    let client = support::client_with(&urls, |b| b.with_fence_ttl(FENCE_TTL)).await?;
     let key = unique("fence-ttl");
     let fence = fence_key(&key);
     // Masters start a new counter at their own clock, so they disagree and the write-back runs.

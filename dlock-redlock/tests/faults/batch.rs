@@ -121,7 +121,7 @@ pub async fn a_mixed_batch_with_one_master_down_answers_like_extend(
 ) -> anyhow::Result<()> {
     support::all_serving(&masters).await?;
     let urls = masters.urls();
-    let client = Arc::new(support::builder(&urls).connect().await?);
+    let client = support::client_with(&urls, |b| b).await?;
 
     let expired: Vec<Lease> = (0..2)
         .map(|i| Lease::new(&format!("expired-{i}")))

@@ -33,14 +33,24 @@ async fn cycle(client: &Arc<RedlockLock>, key: &str) -> anyhow::Result<FencingTo
     Ok(token)
 }
 
+/// A client of all five masters serving, a fresh key named after `name`, and the token of one
+/// [`cycle`] on it: every master case starts from a lock that works.
+async fn working_lock(
+    masters: &RedisMasters,
+    name: &str,
+) -> anyhow::Result<(Arc<RedlockLock>, String, FencingToken)> {
+    let client = support::serving_client(masters).await?;
+    let key = unique(name);
+    let token = cycle(&client, &key).await?;
+    Ok((client, key, token))
+}
+
 /// With one and then two of five masters stopped, locks are still taken and released (3 of 5 is
 /// a quorum), and tokens keep growing.
 pub async fn one_or_two_of_five_masters_down_still_lock(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    let client = support::serving_client(&masters).await?;
-    let key = unique("down");
-    let mut last = cycle(&client, &key).await?;
+    let (client, key, mut last) = working_lock(&masters, "down").await?;
     for down in [0, 1] {
         masters.member(down)?.stop().await?;
         for round in 0..3 {
@@ -65,9 +75,7 @@ pub async fn one_or_two_of_five_masters_down_still_lock(
 pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    let client = support::serving_client(&masters).await?;
-    let key = unique("three-down");
-    cycle(&client, &key).await?;
+    let (client, key, _) = working_lock(&masters, "three-down").await?;
     for i in 0..3 {
         masters.member(i)?.stop().await?;
     }
@@ -133,9 +141,7 @@ pub async fn three_of_five_masters_down_fail_fast_naming_reached_and_needed(
 pub async fn a_frozen_master_costs_at_most_the_node_timeout(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
-    let client = support::serving_client(&masters).await?;
-    let key = unique("frozen");
-    cycle(&client, &key).await?;
+    let (client, key, _) = working_lock(&masters, "frozen").await?;
     let frozen = masters.member(2)?;
     frozen.pause().await?;
     let outcome = async {
@@ -190,7 +196,7 @@ async fn double_holder_scenario(
         Some(max_ttl) => builder.with_delayed_restart(max_ttl),
         None => builder,
     };
-    let a = Arc::new(with_rule(support::builder(&urls)).connect().await?);
+    let a = support::client_with(&urls, with_rule).await?;
     // Masters started lately (by this binary, or by a case before) are excluded under the rule
     // until their uptime passes it.
     let settled = Instant::now();
@@ -225,7 +231,7 @@ async fn double_holder_scenario(
         "[timing] master 2 restarted without data in {:.2?}",
         restarted.elapsed()
     );
-    let b = Arc::new(with_rule(support::builder(&urls)).connect().await?);
+    let b = support::client_with(&urls, with_rule).await?;
     let b_excluded_master_2 = b.excluded() == [2];
     let opts = LockOptions::new(ttl).with_wait(Duration::from_secs(2));
     let holder_b = match b.acquire(&key, &opts).await {

@@ -31,6 +31,14 @@ pub fn builder(urls: &[String]) -> RedlockBuilder {
     RedlockBuilder::from_urls(urls.iter().cloned()).with_node_timeout(NODE_TIMEOUT)
 }
 
+/// A client of `urls` with the trials' per-node timeout and whatever `settings` change.
+pub async fn client_with(
+    urls: &[String],
+    settings: impl FnOnce(RedlockBuilder) -> RedlockBuilder,
+) -> anyhow::Result<Arc<RedlockLock>> {
+    Ok(Arc::new(settings(builder(urls)).connect().await?))
+}
+
 /// Starts every master that is down (a case before may have left some stopped) and waits until
 /// each answers: every fault case begins from five serving masters.
 pub async fn all_serving(masters: &RedisMasters) -> anyhow::Result<()> {
@@ -44,7 +52,7 @@ pub async fn all_serving(masters: &RedisMasters) -> anyhow::Result<()> {
 /// begin.
 pub async fn serving_client(masters: &RedisMasters) -> anyhow::Result<Arc<RedlockLock>> {
     all_serving(masters).await?;
-    Ok(Arc::new(builder(&masters.urls()).connect().await?))
+    client_with(&masters.urls(), |b| b).await
 }
 
 /// A plain connection to one master, for looking at and planting keys.

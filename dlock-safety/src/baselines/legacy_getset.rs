@@ -10,27 +10,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken, Grant,
-    LeaseRef, LockRequest, Released, Result,
+    Attempt, Extension, FencingToken, Grant, LeaseRef, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 
-use super::connection::Baseline;
-
-const NAME: &str = "legacy-setnx-getset";
+use super::connection::{Baseline, BaselineLock, Scheme};
 
 /// The legacy baseline (see the module docs).
-#[derive(Clone, Debug)]
-pub struct LegacyGetSetLock(Baseline);
+pub type LegacyGetSetLock = BaselineLock<LegacyGetSet>;
 
-impl LegacyGetSetLock {
-    /// Connects to the Redis server at `url`.
-    pub async fn connect(url: &str) -> Result<Self> {
-        Ok(LegacyGetSetLock(
-            Baseline::connect(NAME, "baseline:legacy:", url).await?,
-        ))
-    }
-}
+/// The legacy baseline's commands.
+pub struct LegacyGetSet;
 
 fn now_ms() -> u64 {
     let since = SystemTime::now()
@@ -50,34 +40,27 @@ fn parse(value: Option<String>) -> Option<u64> {
 }
 
 #[async_trait]
-impl DistributedLock for LegacyGetSetLock {
-    fn backend_name(&self) -> &'static str {
-        NAME
-    }
+impl Scheme for LegacyGetSet {
+    const NAME: &'static str = "legacy-setnx-getset";
+    const PREFIX: &'static str = "baseline:legacy:";
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::None)
-    }
-
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+    async fn try_lock(conn: &Baseline, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let key = self.0.key(req.key);
-        let set: bool = self
-            .0
+        let key = conn.key(req.key);
+        let set: bool = conn
             .query(redis::cmd("SETNX").arg(&key).arg(expiry(req.ttl)))
             .await?;
         if set {
             return Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)));
         }
-        let current: Option<String> = self.0.query(redis::cmd("GET").arg(&key)).await?;
+        let current: Option<String> = conn.query(redis::cmd("GET").arg(&key)).await?;
         let now = now_ms();
         match parse(current) {
             Some(until) if until > now => Ok(Attempt::Busy {
                 retry_after: Some(Duration::from_millis(until - now)),
             }),
             _ => {
-                let old: Option<String> = self
-                    .0
+                let old: Option<String> = conn
                     .query(redis::cmd("GETSET").arg(&key).arg(expiry(req.ttl)))
                     .await?;
                 if parse(old).is_none_or(|until| until <= now_ms()) {
@@ -89,24 +72,23 @@ impl DistributedLock for LegacyGetSetLock {
         }
     }
 
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+    async fn extend(conn: &Baseline, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         // The scheme has no extend; deployments rewrote the timestamp, whoever held the key.
-        let _: Option<String> = self
-            .0
+        let _: Option<String> = conn
             .query(
                 redis::cmd("GETSET")
-                    .arg(self.0.key(lease.key))
+                    .arg(conn.key(lease.key))
                     .arg(expiry(ttl)),
             )
             .await?;
         Ok(Extension::Extended)
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let key = self.0.key(lease.key);
-        let current: Option<String> = self.0.query(redis::cmd("GET").arg(&key)).await?;
+    async fn release(conn: &Baseline, lease: &LeaseRef<'_>) -> Result<Released> {
+        let key = conn.key(lease.key);
+        let current: Option<String> = conn.query(redis::cmd("GET").arg(&key)).await?;
         if parse(current).is_some_and(|until| until > now_ms()) {
-            let _: u64 = self.0.query(redis::cmd("DEL").arg(&key)).await?;
+            let _: u64 = conn.query(redis::cmd("DEL").arg(&key)).await?;
             Ok(Released::Released)
         } else {
             Ok(Released::Expired)

@@ -7,65 +7,47 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken, Grant,
-    LeaseRef, LockRequest, Released, Result,
+    Attempt, Extension, FencingToken, Grant, LeaseRef, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 
-use super::connection::Baseline;
-
-const NAME: &str = "naive-setnx-expire";
+use super::connection::{Baseline, BaselineLock, Scheme};
 
 /// The naive baseline (see the module docs).
-#[derive(Clone, Debug)]
-pub struct NaiveExpireLock(Baseline);
+pub type NaiveExpireLock = BaselineLock<NaiveExpire>;
 
-impl NaiveExpireLock {
-    /// Connects to the Redis server at `url`.
-    pub async fn connect(url: &str) -> Result<Self> {
-        Ok(NaiveExpireLock(
-            Baseline::connect(NAME, "baseline:naive:", url).await?,
-        ))
-    }
-}
+/// The naive baseline's commands.
+pub struct NaiveExpire;
 
 fn millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[async_trait]
-impl DistributedLock for NaiveExpireLock {
-    fn backend_name(&self) -> &'static str {
-        NAME
-    }
+impl Scheme for NaiveExpire {
+    const NAME: &'static str = "naive-setnx-expire";
+    const PREFIX: &'static str = "baseline:naive:";
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::None)
-    }
-
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+    async fn try_lock(conn: &Baseline, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let key = self.0.key(req.key);
-        let set: bool = self
-            .0
+        let key = conn.key(req.key);
+        let set: bool = conn
             .query(redis::cmd("SETNX").arg(&key).arg(req.owner.to_hex()))
             .await?;
         if !set {
             return Ok(Attempt::Busy { retry_after: None });
         }
-        let _: bool = self
-            .0
+        let _: bool = conn
             .query(redis::cmd("PEXPIRE").arg(&key).arg(millis(req.ttl)))
             .await?;
         Ok(Attempt::Acquired(Grant::new(FencingToken(0), sent)))
     }
 
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let armed: bool = self
-            .0
+    async fn extend(conn: &Baseline, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let armed: bool = conn
             .query(
                 redis::cmd("PEXPIRE")
-                    .arg(self.0.key(lease.key))
+                    .arg(conn.key(lease.key))
                     .arg(millis(ttl)),
             )
             .await?;
@@ -76,10 +58,9 @@ impl DistributedLock for NaiveExpireLock {
         })
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let deleted: u64 = self
-            .0
-            .query(redis::cmd("DEL").arg(self.0.key(lease.key)))
+    async fn release(conn: &Baseline, lease: &LeaseRef<'_>) -> Result<Released> {
+        let deleted: u64 = conn
+            .query(redis::cmd("DEL").arg(conn.key(lease.key)))
             .await?;
         Ok(if deleted > 0 {
             Released::Released

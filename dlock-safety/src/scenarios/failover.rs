@@ -32,10 +32,5 @@ async fn fail_over(pair: &dyn crate::targets::Replication, run: &Run) -> anyhow:
     let read = run.read();
     let promoted = pair.promote_replica().await?;
     let successor = run.acquire_retrying(1, &promoted, &long).await;
-    let (handed_on, note) = take_over::both_write(run, lease, read, successor).await;
-    Ok(Outcome {
-        handed_on,
-        note,
-        ..Outcome::default()
-    })
+    Ok(take_over::both_write(run, lease, read, successor).await)
 }

@@ -17,10 +17,5 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let read = run.read();
     target.expire_early(&run.key).await?;
     let successor = run.acquire(1, &next, &long).await;
-    let (handed_on, note) = take_over::both_write(run, lease, read, successor).await;
-    Ok(Outcome {
-        handed_on,
-        note,
-        ..Outcome::default()
-    })
+    Ok(take_over::both_write(run, lease, read, successor).await)
 }

@@ -27,10 +27,9 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let successor = run
         .acquire_retrying(1, &next, &LockOptions::new(long).with_wait(wait))
         .await;
-    let (handed_on, tokens) = take_over::both_write(run, lease, read, successor).await;
+    let outcome = take_over::both_write(run, lease, read, successor).await;
     Ok(Outcome {
-        handed_on,
-        note: format!("restart took {}; {tokens}", ms(restart)),
-        ..Outcome::default()
+        note: format!("restart took {}; {}", ms(restart), outcome.note),
+        ..outcome
     })
 }

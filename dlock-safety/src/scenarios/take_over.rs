@@ -4,17 +4,13 @@
 
 use dlock_core::Lease;
 
+use super::Outcome;
 use crate::run::Run;
 
 /// `successor` (client 1, if it got the lock) writes, then the holder (client 0) writes what it
-/// read before the fault if its lease still says held; both release. Returns whether the lock
-/// was handed on, and the two tokens for the note.
-pub async fn both_write(
-    run: &Run,
-    holder: Lease,
-    read: u64,
-    successor: Option<Lease>,
-) -> (bool, String) {
+/// read before the fault if its lease still says held; both release. The outcome says whether
+/// the lock was handed on, and its note the two tokens.
+pub async fn both_write(run: &Run, holder: Lease, read: u64, successor: Option<Lease>) -> Outcome {
     let token = holder.fencing_token();
     let handed_on = successor.is_some();
     let successor_token = successor.as_ref().map(|l| l.fencing_token());
@@ -34,5 +30,9 @@ pub async fn both_write(
         "tokens {token} then {}",
         successor_token.map_or("none".to_owned(), |t| t.to_string())
     );
-    (handed_on, tokens)
+    Outcome {
+        handed_on,
+        note: tokens,
+        ..Outcome::default()
+    }
 }

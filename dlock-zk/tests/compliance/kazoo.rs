@@ -1,17 +1,15 @@
 //! Interoperability with Python's kazoo `Lock` recipe (Debian's python3-kazoo, installed in the
 //! ZooKeeper image), run with `docker exec` inside the server's container.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::ensure;
 use dlock_core::{DistributedLockExt, LockOptions, Released};
 use dlock_testkit::fixtures::connect_docker;
-use dlock_zk::ZkLock;
 use tokio::time::Instant;
 
 use crate::support::exec::Exec;
-use crate::support::{url, SESSION};
+use crate::support::{client_with, url, SESSION};
 use crate::Env;
 
 /// Takes the lock at argv[1], prints `held`, holds it for argv[2] seconds, releases it.
@@ -61,13 +59,10 @@ pub fn python(script: &str, args: &[&str]) -> Vec<String> {
 /// A kazoo holder makes dlock wait, and a dlock holder makes kazoo wait, on one lock path.
 pub async fn kazoo_and_dlock_exclude_each_other_on_one_path(env: Env) -> anyhow::Result<()> {
     let docker = connect_docker().await?;
-    let lock = Arc::new(
-        ZkLock::builder(&url(&env.hosts))
-            .with_session_timeout(SESSION)
-            .with_identifier("dlock-interop")
-            .connect()
-            .await?,
-    );
+    let lock = client_with(&url(&env.hosts), SESSION, |b| {
+        b.with_identifier("dlock-interop")
+    })
+    .await?;
     // Characters that need encoding, so the path kazoo uses is the encoded one.
     let key = format!("kazoo/{:016x}/invoices 42", rand::random::<u64>());
     let path = lock.lock_path(&key)?;

@@ -19,7 +19,7 @@ use zookeeper_client as zk;
 
 use crate::kazoo::python;
 use crate::support::exec::Exec;
-use crate::support::{raw, url, SESSION};
+use crate::support::{client_with, raw, url, SESSION};
 use crate::Env;
 
 /// One try of kazoo's `Lock` at argv[1], without waiting.
@@ -37,13 +37,7 @@ zk.stop()
 "#;
 
 async fn dlock(env: &Env, naming: Naming) -> anyhow::Result<Arc<ZkLock>> {
-    Ok(Arc::new(
-        ZkLock::builder(&url(&env.hosts))
-            .with_session_timeout(SESSION)
-            .with_naming(naming)
-            .connect()
-            .await?,
-    ))
+    client_with(&url(&env.hosts), SESSION, |b| b.with_naming(naming)).await
 }
 
 fn key(name: &str) -> String {

@@ -1,7 +1,6 @@
 //! ZooKeeper-specific cases, beyond the shared suite.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
@@ -13,7 +12,7 @@ use libtest_mimic::Trial;
 use tokio::time::Instant;
 
 use crate::support::lossy_proxy::LossyProxy;
-use crate::support::{client, raw, url, SESSION, SHORT_SESSION, TRIAL_BUDGET};
+use crate::support::{client, client_with, raw, url, SESSION, SHORT_SESSION, TRIAL_BUDGET};
 use crate::{kazoo, peers, Env};
 
 fn cases() -> Vec<(&'static str, Case<Env>)> {
@@ -58,23 +57,7 @@ async fn holding_reads_the_holder_without_taking_it(env: Env) -> anyhow::Result<
     let holder = client(&url(&env.hosts), SESSION).await?;
     let observer = client(&url(&env.hosts), SESSION).await?;
     let key = key("holding");
-    ensure!(
-        observer.holding(&key).await? == Holding::Free,
-        "a new key is not free"
-    );
-    let lease = holder
-        .try_acquire(&key, &opts())
-        .await?
-        .context("a free key was busy")?;
-    let seen = observer.holding(&key).await?;
-    ensure!(
-        seen == Holding::Held {
-            fencing: Some(lease.fencing_token()),
-            expires_in: None
-        },
-        "holding() saw {seen:?}, the holder has token {}",
-        lease.fencing_token()
-    );
+    let lease = trials::ensure_holding_sees(&holder, &observer, &key, &opts()).await?;
     let observer_raw = raw::connect(&env.hosts).await?;
     let parent = holder.lock_path(&key)?;
     let queue = raw::children(&observer_raw, &parent).await?;
@@ -176,11 +159,7 @@ async fn fencing_token_grows_across_parent_recreation(env: Env) -> anyhow::Resul
         names.len() == 1 && names[0].ends_with("__lock__0000000000"),
         "the recreated parent's first node should restart the sequence: {names:?}"
     );
-    ensure!(
-        second.fencing_token() > before,
-        "token {} after parent recreation is not above {before}",
-        second.fencing_token()
-    );
+    trials::ensure_token_above(&second, before, "parent recreation")?;
     second.release().await?;
     Ok(())
 }
@@ -190,13 +169,7 @@ async fn fencing_token_grows_across_parent_recreation(env: Env) -> anyhow::Resul
 /// parents are container nodes the server removes is checked in the `faults` binary, which runs
 /// long enough for the server's container sweep.)
 async fn lock_nodes_are_session_ephemerals_named_like_kazoos(env: Env) -> anyhow::Result<()> {
-    let lock = Arc::new(
-        ZkLock::builder(&url(&env.hosts))
-            .with_session_timeout(SESSION)
-            .with_identifier("worker-7")
-            .connect()
-            .await?,
-    );
+    let lock = client_with(&url(&env.hosts), SESSION, |b| b.with_identifier("worker-7")).await?;
     let observer = raw::connect(&env.hosts).await?;
     let key = key("shape");
     let parent = lock.lock_path(&key)?;

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use dlock_testkit::proxy::accept_links;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -23,32 +24,25 @@ impl LossyProxy {
         let addr = listener.local_addr()?;
         let links: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         let registry = links.clone();
-        let acceptor = tokio::spawn(async move {
-            let mut tasks = Vec::new();
-            while let Ok((client, _)) = listener.accept().await {
-                let lose = Arc::new(AtomicBool::new(false));
-                registry
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(lose.clone());
-                tasks.push(tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let _ = client.set_nodelay(true);
-                    let _ = server.set_nodelay(true);
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    let never = Arc::new(AtomicBool::new(false));
-                    let up = tokio::spawn(pump(cr, sw, never));
-                    let down = tokio::spawn(pump(sr, cw, lose));
-                    let _ = up.await;
-                    down.abort();
-                }));
-                tasks.retain(|t: &JoinHandle<()>| !t.is_finished());
-            }
-            for task in tasks {
-                task.abort();
+        let acceptor = accept_links(listener, move |client| {
+            let lose = Arc::new(AtomicBool::new(false));
+            registry
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(lose.clone());
+            async move {
+                let Ok(server) = TcpStream::connect(target).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                let never = Arc::new(AtomicBool::new(false));
+                let up = tokio::spawn(pump(cr, sw, never));
+                let down = tokio::spawn(pump(sr, cw, lose));
+                let _ = up.await;
+                down.abort();
             }
         });
         Ok(LossyProxy {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::DistributedLock;
-use dlock_zk::ZkLock;
+use dlock_zk::{ZkLock, ZkLockBuilder};
 
 /// The tick time of the test ensembles: sessions from 1 s to 10 s are allowed.
 pub const TICK: Duration = Duration::from_millis(500);
@@ -27,12 +27,18 @@ pub const TRIAL_BUDGET: Duration = Duration::from_secs(180);
 
 /// A client of `url` with session timeout `session`.
 pub async fn client(url: &str, session: Duration) -> anyhow::Result<Arc<ZkLock>> {
-    Ok(Arc::new(
-        ZkLock::builder(url)
-            .with_session_timeout(session)
-            .connect()
-            .await?,
-    ))
+    client_with(url, session, |b| b).await
+}
+
+/// Like [`client`], with whatever `settings` change (an identifier, a naming scheme, a
+/// connect timeout).
+pub async fn client_with(
+    url: &str,
+    session: Duration,
+    settings: impl FnOnce(ZkLockBuilder) -> ZkLockBuilder,
+) -> anyhow::Result<Arc<ZkLock>> {
+    let builder = ZkLock::builder(url).with_session_timeout(session);
+    Ok(Arc::new(settings(builder).connect().await?))
 }
 
 /// Like [`client`], as the trait object the suite uses.
