@@ -63,7 +63,7 @@ impl fmt::Debug for ZkLock {
     }
 }
 
-/// Every lock call goes to the [`Queue`] on the shared state, traced.
+/// Every lock call goes to the recipe on the shared state, traced.
 impl Layer for ZkLock {
     fn inner(&self) -> &dyn DistributedLock {
         &self.service
