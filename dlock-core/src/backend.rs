@@ -59,6 +59,14 @@ impl Capabilities {
         }
     }
 
+    /// What a queue of contenders in a consensus store declares (ZooKeeper, etcd): tokens that
+    /// only grow, waiters woken by watches, and leases that live in the client's session.
+    pub fn session_queue() -> Self {
+        Capabilities::new(FencingGuarantee::Monotonic)
+            .with_notifications()
+            .with_sessions()
+    }
+
     /// Declares that releases wake waiters.
     pub fn with_notifications(mut self) -> Self {
         self.notifies_waiters = true;

@@ -121,14 +121,20 @@ impl Error {
         }
     }
 
-    /// Builds the [`Error::Unavailable`] of a request `what` that got no answer within `after`:
-    /// the one way every backend reports a request timeout.
-    pub fn no_answer(what: impl fmt::Display, after: Duration) -> Self {
+    /// Builds the [`Error::Unavailable`] of a backend that talks to one server and could not
+    /// reach it (none reached of the one needed), for the reason `source`.
+    pub fn unreachable(source: impl Into<BoxError>) -> Self {
         Error::Unavailable {
             reached: 0,
             needed: 1,
-            source: Some(format!("{what}: no answer within {after:?}").into()),
+            source: Some(source.into()),
         }
+    }
+
+    /// Builds the [`Error::Unavailable`] of a request `what` that got no answer within `after`:
+    /// the one way every backend reports a request timeout.
+    pub fn no_answer(what: impl fmt::Display, after: Duration) -> Self {
+        Error::unreachable(format!("{what}: no answer within {after:?}"))
     }
 
     /// Builds an [`Error::Backend`] from a client library's error.

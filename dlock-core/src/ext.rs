@@ -314,9 +314,7 @@ const OVERRUN_GRACE: Duration = Duration::from_millis(500);
 
 /// The error of a first attempt that got no answer within the lease's validity.
 fn no_answer(validity: Duration) -> Error {
-    Error::Unavailable {
-        reached: 0,
-        needed: 1,
-        source: Some(format!("no answer within the lease's validity ({validity:?})").into()),
-    }
+    Error::unreachable(format!(
+        "no answer within the lease's validity ({validity:?})"
+    ))
 }

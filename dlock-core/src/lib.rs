@@ -70,7 +70,7 @@ pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
 pub use inspect::Holding;
 pub use key::{LockKey, MAX_KEY_LEN};
-pub use layer::Layer;
+pub use layer::{Layer, Traced};
 pub use lease::Lease;
 pub use memory::InMemoryLock;
 pub use options::{validate_ttl, AutoRenew, Drift, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL};

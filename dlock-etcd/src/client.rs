@@ -1,4 +1,5 @@
-//! The etcd lock client, [`EtcdLock`], and its implementation of the lock contract.
+//! The etcd lock client, [`EtcdLock`], and its implementation of the lock contract (on the
+//! state its clones share, which the client serves traced).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,9 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    traced, Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingGuarantee,
-    FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, LostReason, Released, Result,
-    SessionState, Waiting,
+    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant,
+    Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, Released, Result, SessionState,
+    Traced, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
@@ -45,7 +46,7 @@ const LEFTOVER_ATTEMPTS: u32 = 3;
 /// documentation for the protocol and what each guarantee rests on.
 #[derive(Clone)]
 pub struct EtcdLock {
-    state: Arc<ClientState>,
+    state: Traced<Arc<ClientState>>,
 }
 
 /// What every clone of one [`EtcdLock`] shares: its connections, settings, session and the
@@ -73,6 +74,20 @@ impl fmt::Debug for EtcdLock {
             .field("keys", &s.local_queue.len())
             .field("closed", &s.closed.load(Ordering::Relaxed))
             .finish()
+    }
+}
+
+/// Every lock call goes to the shared state, traced.
+impl Layer for EtcdLock {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.state
+    }
+}
+
+/// The handle's `Debug` shows the state; this one only names it.
+impl fmt::Debug for ClientState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientState").finish_non_exhaustive()
     }
 }
 
@@ -177,7 +192,7 @@ impl EtcdLock {
             )
             .await?;
         Ok(EtcdLock {
-            state: Arc::new(state),
+            state: Traced::new(Arc::new(state)),
         })
     }
 
@@ -316,120 +331,6 @@ impl ClientState {
         Ok(Grant::new(FencingToken(revision.unsigned_abs()), granted.sent).with_session(view_rx))
     }
 
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let sent = Instant::now();
-        let Some(guard) = self.local_queue.try_turn(req.key) else {
-            // Another task of this client holds or is acquiring the key.
-            return Ok(Attempt::Busy { retry_after: None });
-        };
-        let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
-        let prefix = self.settings.layout.prefix(req.key);
-        let owner = req.owner.to_hex();
-        let mut fresh_session = false;
-        let mut leftovers = 0;
-        loop {
-            let session = self.session().await?;
-            let key = contender_key(&prefix, session.id());
-            let c = Contender {
-                prefix: &prefix,
-                key: &key,
-                owner: &owner,
-                lease: session.id(),
-            };
-            acquiring.may_write(&self.requests, &prefix, &key, &owner);
-            match take_if_free(&self.requests, &c).await {
-                Ok(Take::Taken { revision }) => {
-                    let granted = Granted {
-                        session,
-                        contender: key,
-                        revision,
-                        sent,
-                    };
-                    return self
-                        .hold(acquiring, req, granted, prefix)
-                        .map(Attempt::Acquired);
-                }
-                Ok(Take::Busy) => {
-                    acquiring.nothing_written();
-                    return Ok(Attempt::Busy { retry_after: None });
-                }
-                Ok(Take::Leftover { mod_revision }) if leftovers < LEFTOVER_ATTEMPTS => {
-                    acquiring.nothing_written();
-                    leftovers += 1;
-                    remove_leftover(&self.requests, &key, mod_revision).await?;
-                }
-                Ok(Take::Leftover { .. }) => {
-                    acquiring.nothing_written();
-                    return Ok(Attempt::Busy { retry_after: None });
-                }
-                Err(error) if error.is_lease_not_found() && !fresh_session => {
-                    acquiring.nothing_written();
-                    session.mark_expired();
-                    fresh_session = true;
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
-    }
-
-    async fn lock(
-        &self,
-        req: &LockRequest<'_>,
-        deadline: Option<Instant>,
-        retry: &Backoff,
-    ) -> Result<Grant> {
-        let mut waiting = Waiting::new(req.key, deadline, retry);
-        let Some(guard) = self.local_queue.turn(req.key, deadline).await else {
-            return Err(waiting.timeout());
-        };
-        let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
-        let prefix = self.settings.layout.prefix(req.key);
-        let owner = req.owner.to_hex();
-        let mut agains = 0u32;
-        let contended: Result<Granted> = async {
-            loop {
-                let error = match self
-                    .contend(&mut acquiring, req, &prefix, &owner, deadline)
-                    .await
-                {
-                    Ok(granted) => return Ok(granted),
-                    Err(ContendError::Fatal(error)) => return Err(error),
-                    Err(ContendError::Deadline) => return Err(waiting.timeout()),
-                    Err(ContendError::Restart) if agains < LEFTOVER_ATTEMPTS => {
-                        agains += 1;
-                        continue;
-                    }
-                    Err(ContendError::Restart) => Error::backend(
-                        BACKEND,
-                        true,
-                        "the contender key kept changing under this client",
-                    ),
-                    Err(ContendError::Temporary(error)) => error,
-                };
-                // A temporary failure: try again while a live session bounds the wait. If the
-                // cluster stays unreachable the session expires and the error is returned.
-                let now = Instant::now();
-                if self.sessions.usable().is_none() || waiting.is_over(now) {
-                    return Err(error);
-                }
-                let until = waiting.next_attempt(now, None);
-                tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
-                agains = 0;
-                tokio::time::sleep_until(until).await;
-            }
-        }
-        .await;
-        match contended {
-            Ok(granted) => self.hold(acquiring, req, granted, prefix),
-            // The `lock` contract: a wait that ran out leaves no contender key behind.
-            Err(error @ Error::Timeout { .. }) => {
-                acquiring.withdraw().await;
-                Err(error)
-            }
-            Err(error) => Err(error),
-        }
-    }
-
     /// Classifies a failed request of a waiting acquire.
     fn classify(error: RequestError, session: &Session) -> ContendError {
         if error.is_lease_not_found() {
@@ -563,7 +464,90 @@ impl ClientState {
             })
             .flatten()
     }
+}
 
+/// What release and extend need from a held lock's record.
+struct HeldView {
+    contender: Vec<u8>,
+    revision: i64,
+    session: Arc<Session>,
+    /// The TTL ran out: the watchdog deletes the key.
+    over: bool,
+}
+
+#[async_trait]
+impl DistributedLock for ClientState {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Fencing tokens are create revisions of a consensus store: they only grow. Waiters are
+    /// woken by watches; leases follow the client's session lease.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::session_queue()
+    }
+
+    /// # Cancel safety
+    /// Not cancel safe on its own: if dropped after the request was sent, the key is withdrawn in
+    /// the background, and a release by owner token (which the core issues) finds it too.
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let sent = Instant::now();
+        let Some(guard) = self.local_queue.try_turn(req.key) else {
+            // Another task of this client holds or is acquiring the key.
+            return Ok(Attempt::Busy { retry_after: None });
+        };
+        let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
+        let prefix = self.settings.layout.prefix(req.key);
+        let owner = req.owner.to_hex();
+        let mut fresh_session = false;
+        let mut leftovers = 0;
+        loop {
+            let session = self.session().await?;
+            let key = contender_key(&prefix, session.id());
+            let c = Contender {
+                prefix: &prefix,
+                key: &key,
+                owner: &owner,
+                lease: session.id(),
+            };
+            acquiring.may_write(&self.requests, &prefix, &key, &owner);
+            match take_if_free(&self.requests, &c).await {
+                Ok(Take::Taken { revision }) => {
+                    let granted = Granted {
+                        session,
+                        contender: key,
+                        revision,
+                        sent,
+                    };
+                    return self
+                        .hold(acquiring, req, granted, prefix)
+                        .map(Attempt::Acquired);
+                }
+                Ok(Take::Busy) => {
+                    acquiring.nothing_written();
+                    return Ok(Attempt::Busy { retry_after: None });
+                }
+                Ok(Take::Leftover { mod_revision }) if leftovers < LEFTOVER_ATTEMPTS => {
+                    acquiring.nothing_written();
+                    leftovers += 1;
+                    remove_leftover(&self.requests, &key, mod_revision).await?;
+                }
+                Ok(Take::Leftover { .. }) => {
+                    acquiring.nothing_written();
+                    return Ok(Attempt::Busy { retry_after: None });
+                }
+                Err(error) if error.is_lease_not_found() && !fresh_session => {
+                    acquiring.nothing_written();
+                    session.mark_expired();
+                    fresh_session = true;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// # Cancel safety
+    /// The extension may or may not have happened; ownership is unchanged either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let sent = Instant::now();
         let prefix = self.settings.layout.prefix(lease.key);
@@ -616,6 +600,8 @@ impl ClientState {
         }
     }
 
+    /// # Cancel safety
+    /// The release may or may not have happened; repeating it is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let prefix = self.settings.layout.prefix(lease.key);
         match self.held_by(lease) {
@@ -649,62 +635,6 @@ impl ClientState {
         }
     }
 
-    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        let prefix = self.settings.layout.prefix(key);
-        let Some(seen_at) = occupied(&self.requests, &prefix).await? else {
-            return Ok(());
-        };
-        let armed = arm(&self.requests, vec![prefix.clone()], true).await?;
-        if armed.at > seen_at && occupied(&self.requests, &prefix).await?.is_none() {
-            return Ok(());
-        }
-        armed.wait(None, Some(until)).await?;
-        Ok(())
-    }
-}
-
-/// What release and extend need from a held lock's record.
-struct HeldView {
-    contender: Vec<u8>,
-    revision: i64,
-    session: Arc<Session>,
-    /// The TTL ran out: the watchdog deletes the key.
-    over: bool,
-}
-
-#[async_trait]
-impl DistributedLock for EtcdLock {
-    fn backend_name(&self) -> &'static str {
-        BACKEND
-    }
-
-    /// Fencing tokens are create revisions of a consensus store: they only grow. Waiters are
-    /// woken by watches; leases follow the client's session lease.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::Monotonic)
-            .with_notifications()
-            .with_sessions()
-    }
-
-    /// # Cancel safety
-    /// Not cancel safe on its own: if dropped after the request was sent, the key is withdrawn in
-    /// the background, and a release by owner token (which the core issues) finds it too.
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        traced(BACKEND, "try_lock", req.key, self.state.try_lock(req)).await
-    }
-
-    /// # Cancel safety
-    /// The extension may or may not have happened; ownership is unchanged either way.
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        traced(BACKEND, "extend", lease.key, self.state.extend(lease, ttl)).await
-    }
-
-    /// # Cancel safety
-    /// The release may or may not have happened; repeating it is harmless.
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        traced(BACKEND, "release", lease.key, self.state.release(lease)).await
-    }
-
     /// Reads the oldest contender key of `key`: its create revision is the holder's fencing
     /// token, as for a dlock holder, so also for a Go `concurrency.Mutex` or `etcdctl lock`.
     /// The remaining time is not told: a holder's key lives as long as its session lease.
@@ -712,8 +642,8 @@ impl DistributedLock for EtcdLock {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
-        let prefix = self.layout().prefix(key);
-        Ok(match holder(&self.state.requests, &prefix).await? {
+        let prefix = self.settings.layout.prefix(key);
+        Ok(match holder(&self.requests, &prefix).await? {
             None => Holding::Free,
             Some(revision) => Holding::Held {
                 fencing: Some(FencingToken(revision.unsigned_abs())),
@@ -727,7 +657,16 @@ impl DistributedLock for EtcdLock {
     /// # Cancel safety
     /// Cancel safe.
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        self.state.wait_for_release(key, until).await
+        let prefix = self.settings.layout.prefix(key);
+        let Some(seen_at) = occupied(&self.requests, &prefix).await? else {
+            return Ok(());
+        };
+        let armed = arm(&self.requests, vec![prefix.clone()], true).await?;
+        if armed.at > seen_at && occupied(&self.requests, &prefix).await?.is_none() {
+            return Ok(());
+        }
+        armed.wait(None, Some(until)).await?;
+        Ok(())
     }
 
     /// Joins the queue of contenders and waits, watching only the contender just ahead, until
@@ -743,12 +682,55 @@ impl DistributedLock for EtcdLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        traced(
-            BACKEND,
-            "lock",
-            req.key,
-            self.state.lock(req, deadline, retry),
-        )
-        .await
+        let mut waiting = Waiting::new(req.key, deadline, retry);
+        let Some(guard) = self.local_queue.turn(req.key, deadline).await else {
+            return Err(waiting.timeout());
+        };
+        let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
+        let prefix = self.settings.layout.prefix(req.key);
+        let owner = req.owner.to_hex();
+        let mut agains = 0u32;
+        let contended: Result<Granted> = async {
+            loop {
+                let error = match self
+                    .contend(&mut acquiring, req, &prefix, &owner, deadline)
+                    .await
+                {
+                    Ok(granted) => return Ok(granted),
+                    Err(ContendError::Fatal(error)) => return Err(error),
+                    Err(ContendError::Deadline) => return Err(waiting.timeout()),
+                    Err(ContendError::Restart) if agains < LEFTOVER_ATTEMPTS => {
+                        agains += 1;
+                        continue;
+                    }
+                    Err(ContendError::Restart) => Error::backend(
+                        BACKEND,
+                        true,
+                        "the contender key kept changing under this client",
+                    ),
+                    Err(ContendError::Temporary(error)) => error,
+                };
+                // A temporary failure: try again while a live session bounds the wait. If the
+                // cluster stays unreachable the session expires and the error is returned.
+                let now = Instant::now();
+                if self.sessions.usable().is_none() || waiting.is_over(now) {
+                    return Err(error);
+                }
+                let until = waiting.next_attempt(now, None);
+                tracing::debug!(key = %req.key, %error, "etcd acquire: temporary failure; trying again");
+                agains = 0;
+                tokio::time::sleep_until(until).await;
+            }
+        }
+        .await;
+        match contended {
+            Ok(granted) => self.hold(acquiring, req, granted, prefix),
+            // The `lock` contract: a wait that ran out leaves no contender key behind.
+            Err(error @ Error::Timeout { .. }) => {
+                acquiring.withdraw().await;
+                Err(error)
+            }
+            Err(error) => Err(error),
+        }
     }
 }

@@ -18,11 +18,7 @@ pub(crate) const BACKEND: &str = "etcd";
 /// Converts an etcd client error into a dlock error.
 pub(crate) fn from_client(error: etcd_client::Error) -> Error {
     if is_temporary(&error) {
-        Error::Unavailable {
-            reached: 0,
-            needed: 1,
-            source: Some(Box::new(error)),
-        }
+        Error::unreachable(error)
     } else {
         Error::backend(BACKEND, false, error)
     }

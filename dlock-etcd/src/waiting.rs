@@ -72,11 +72,7 @@ fn wakes(response: &etcd_client::WatchResponse) -> bool {
 }
 
 fn broken(what: &str) -> WaitError {
-    WaitError::Broken(Error::Unavailable {
-        reached: 0,
-        needed: 1,
-        source: Some(format!("etcd watch: {what}").into()),
-    })
+    WaitError::Broken(Error::unreachable(format!("etcd watch: {what}")))
 }
 
 /// Watches `keys` (each a single key, or with `prefix` every key under it) for deletions from

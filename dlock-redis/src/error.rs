@@ -8,7 +8,6 @@
 //! [`Error::Backend`]; everything else (wrong type at the key, missing permission, failed
 //! authentication, an unexpected reply) is a permanent [`Error::Backend`].
 
-use std::fmt;
 use std::time::Duration;
 
 use dlock_core::Error;
@@ -16,23 +15,6 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// The backend's name in errors and tracing.
 pub(crate) const BACKEND: &str = "redis";
-
-/// A Redis error with the operation it interrupted.
-#[derive(Debug)]
-pub(crate) struct CallError {
-    op: &'static str,
-    source: RedisError,
-}
-
-impl fmt::Display for CallError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.op, self.source)
-    }
-}
-
-/// The Redis error's text is part of this one's, so it is not repeated as a `source`: error
-/// reports that print the whole chain would show it twice.
-impl std::error::Error for CallError {}
 
 /// The error for a call that got no answer in time.
 pub(crate) fn no_answer(op: &'static str, timeout: Duration) -> Error {
@@ -44,14 +26,10 @@ pub(crate) fn no_answer(op: &'static str, timeout: Duration) -> Error {
 /// else a permanent one.
 pub fn from_redis(op: &'static str, source: RedisError) -> Error {
     if unreachable(&source) {
-        return Error::Unavailable {
-            reached: 0,
-            needed: 1,
-            source: Some(Box::new(CallError { op, source })),
-        };
+        return Error::unreachable(format!("{op}: {source}"));
     }
     let temporary = temporary(&source);
-    Error::backend(BACKEND, temporary, CallError { op, source })
+    Error::backend(BACKEND, temporary, format!("{op}: {source}"))
 }
 
 /// The server could not be reached or stopped answering on this connection.

@@ -190,11 +190,7 @@ impl Node {
         }
         // Start a reconnection if there is none; this request does not wait for it.
         drop(self.link());
-        Err(Arc::new(Error::Unavailable {
-            reached: 0,
-            needed: 1,
-            source: Some("not connected; reconnecting".into()),
-        }))
+        Err(Arc::new(Error::unreachable("not connected; reconnecting")))
     }
 
     /// The current connection, or the shared reconnection in progress.

@@ -1,22 +1,38 @@
-//! The implementor contract of dlock-core, on top of the recipe.
+//! The implementor contract of dlock-core, on top of the recipe: [`Queue`], which a
+//! [`ZkLock`](crate::ZkLock) serves traced.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    traced, Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, Grant,
-    Holding, LeaseRef, LockKey, LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, Holding, LeaseRef, LockKey,
+    LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 
+use crate::client::Inner;
 use crate::errors::BACKEND;
 use crate::naming::queue;
 use crate::recipe::list_queue;
 use crate::request::call;
-use crate::ZkLock;
+
+/// The lock calls on one handle's shared state, untraced: what a [`ZkLock`](crate::ZkLock)
+/// serves behind [`Traced`](dlock_core::Traced). It holds the `Arc` because the calls hand it to
+/// background clean-ups.
+#[derive(Clone)]
+pub(crate) struct Queue(pub(crate) Arc<Inner>);
+
+/// The handle's `Debug` shows the state; this one only names it.
+impl fmt::Debug for Queue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue").finish_non_exhaustive()
+    }
+}
 
 #[async_trait]
-impl DistributedLock for ZkLock {
+impl DistributedLock for Queue {
     fn backend_name(&self) -> &'static str {
         BACKEND
     }
@@ -25,9 +41,7 @@ impl DistributedLock for ZkLock {
     /// are ordered for as long as the ensemble exists; a release wakes the next waiter through
     /// its watch; leases live in the ZooKeeper session.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::Monotonic)
-            .with_notifications()
-            .with_sessions()
+        Capabilities::session_queue()
     }
 
     /// Creates the own node and lists the queue: held if it is the lowest, otherwise the node is
@@ -38,13 +52,7 @@ impl DistributedLock for ZkLock {
     /// Not cancel safe on its own: the node may have been created. dlock-core's acquire then
     /// releases by owner token, which finds the node by its owner prefix.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        traced(
-            BACKEND,
-            "try_lock",
-            req.key,
-            crate::acquire::try_once(&self.inner, req),
-        )
-        .await
+        crate::acquire::try_once(&self.0, req).await
     }
 
     /// Confirms the own node on the server and moves its TTL to `ttl` from now. The session, the
@@ -54,13 +62,7 @@ impl DistributedLock for ZkLock {
     /// If cancelled after the check, the TTL may or may not have moved; the lease keeps its old
     /// deadline either way.
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        traced(
-            BACKEND,
-            "extend",
-            lease.key,
-            crate::extend::extend(&self.inner, lease, ttl),
-        )
-        .await
+        crate::extend::extend(&self.0, lease, ttl).await
     }
 
     /// Deletes the own node, found by owner token.
@@ -68,13 +70,7 @@ impl DistributedLock for ZkLock {
     /// # Cancel safety
     /// The node may or may not have been deleted; repeating the release is harmless.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        traced(
-            BACKEND,
-            "release",
-            lease.key,
-            crate::release::release(&self.inner, lease),
-        )
-        .await
+        crate::release::release(&self.0, lease).await
     }
 
     /// Reads the lowest contender node's creation zxid: the holder's fencing token, also for a
@@ -84,7 +80,7 @@ impl DistributedLock for ZkLock {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
-        crate::inspect::holding(&self.inner, key).await
+        crate::inspect::holding(&self.0, key).await
     }
 
     /// Returns when the current holder's node changes (or at `until`); at once if nobody holds
@@ -93,7 +89,7 @@ impl DistributedLock for ZkLock {
     /// # Cancel safety
     /// Cancel safe: it only reads and watches.
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        let inner = &self.inner;
+        let inner = &self.0;
         let session = inner.open_session(until).await?;
         let parent = inner.parent_path(key);
         let children = match list_queue(inner, &session, &parent, until).await {
@@ -134,7 +130,6 @@ impl DistributedLock for ZkLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let waited = crate::acquire::wait_in_queue(&self.inner, req, deadline, retry);
-        traced(BACKEND, "lock", req.key, waited).await
+        crate::acquire::wait_in_queue(&self.0, req, deadline, retry).await
     }
 }

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_core::{LockKey, Result};
+use dlock_core::{DistributedLock, Layer, LockKey, Result, Traced};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use crate::backend::Queue;
 use crate::builder::{Config, ZkLockBuilder};
 use crate::errors::Failure;
 use crate::naming::encode_key;
@@ -28,7 +29,7 @@ use crate::stats::{Counters, ZkStats};
 /// through it) closes the session, which deletes its lock nodes at once.
 #[derive(Clone)]
 pub struct ZkLock {
-    pub(crate) inner: Arc<Inner>,
+    service: Traced<Queue>,
 }
 
 /// What every clone of a [`ZkLock`] shares.
@@ -52,13 +53,20 @@ pub(crate) struct Inner {
 
 impl fmt::Debug for ZkLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let session = self.inner.current();
+        let inner = self.shared();
         f.debug_struct("ZkLock")
-            .field("connect", &self.inner.config.connect)
-            .field("base", &self.inner.config.base)
-            .field("session", &session)
-            .field("held", &self.inner.registry().len())
+            .field("connect", &inner.config.connect)
+            .field("base", &inner.config.base)
+            .field("session", &inner.current())
+            .field("held", &inner.registry().len())
             .finish()
+    }
+}
+
+/// Every lock call goes to the recipe on the shared state, traced.
+impl Layer for ZkLock {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.service
     }
 }
 
@@ -92,7 +100,14 @@ impl ZkLock {
         });
         inner.ensure_keeper()?;
         inner.open_session(Instant::now() + connect_timeout).await?;
-        Ok(ZkLock { inner })
+        Ok(ZkLock {
+            service: Traced::new(Queue(inner)),
+        })
+    }
+
+    /// What every clone shares.
+    fn shared(&self) -> &Inner {
+        &self.service.0
     }
 
     /// The path of `key`'s lock node: the children of this node are the contenders. Point
@@ -103,27 +118,27 @@ impl ZkLock {
     /// connects without one.
     pub fn lock_path(&self, key: &str) -> Result<String> {
         let key = LockKey::new(key)?;
-        Ok(self.inner.parent_path(&key))
+        Ok(self.shared().parent_path(&key))
     }
 
     /// The node every lock key's node is a child of (chroot plus root).
     pub fn base_path(&self) -> &str {
-        &self.inner.config.base
+        &self.shared().config.base
     }
 
     /// The negotiated timeout of the current session, if one is open.
     pub fn session_timeout(&self) -> Option<Duration> {
-        self.inner.current().map(|s| s.timeout)
+        self.shared().current().map(|s| s.timeout)
     }
 
     /// The id of the current session, if one is open (as ZooKeeper's `ephemeralOwner` shows it).
     pub fn session_id(&self) -> Option<i64> {
-        self.inner.current().map(|s| s.id)
+        self.shared().current().map(|s| s.id)
     }
 
     /// Counters since the handle was built.
     pub fn stats(&self) -> ZkStats {
-        self.inner.counters.snapshot()
+        self.shared().counters.snapshot()
     }
 }
 

@@ -65,58 +65,34 @@ impl Failure {
     /// The dlock error for a failed `op` (a short verb phrase such as `"create the lock node"`).
     pub(crate) fn into_error(self, op: &'static str) -> Error {
         match self {
-            Failure::NotConnected(waited) => Error::Unavailable {
-                reached: 0,
-                needed: 1,
-                source: Some(Box::new(Context {
-                    op,
-                    detail: format!("no connection to any ZooKeeper server within {waited:?}"),
-                })),
-            },
-            Failure::NoAnswer(waited) => Error::Unavailable {
-                reached: 0,
-                needed: 1,
-                source: Some(Box::new(Context {
-                    op,
-                    detail: format!("no answer within {waited:?}"),
-                })),
-            },
-            Failure::OutOfTime => Error::Unavailable {
-                reached: 0,
-                needed: 1,
-                source: Some(Box::new(Context {
-                    op,
-                    detail: "the time allowed ran out before the request could be sent".to_owned(),
-                })),
-            },
+            Failure::NotConnected(waited) => Error::unreachable(context(
+                op,
+                format!("no connection to any ZooKeeper server within {waited:?}"),
+            )),
+            Failure::NoAnswer(waited) => {
+                Error::unreachable(context(op, format!("no answer within {waited:?}")))
+            }
+            Failure::OutOfTime => Error::unreachable(context(
+                op,
+                "the time allowed ran out before the request could be sent",
+            )),
             Failure::NoRuntime => Error::backend(
                 BACKEND,
                 false,
-                Context {
-                    op,
-                    detail: "dlock-zk must be used inside a tokio runtime".to_owned(),
-                },
+                context(op, "dlock-zk must be used inside a tokio runtime"),
             ),
             Failure::SessionEnded => Error::backend(
                 BACKEND,
                 true,
-                Context {
+                context(
                     op,
-                    detail: "the ZooKeeper session ended (its ephemeral nodes are gone); the next \
-                             call opens a new session"
-                        .to_owned(),
-                },
+                    "the ZooKeeper session ended (its ephemeral nodes are gone); the next \
+                             call opens a new session",
+                ),
             ),
             Failure::Zk(error) => {
                 let temporary = is_temporary(&error);
-                Error::backend(
-                    BACKEND,
-                    temporary,
-                    Context {
-                        op,
-                        detail: error.to_string(),
-                    },
-                )
+                Error::backend(BACKEND, temporary, context(op, error))
             }
         }
     }
@@ -167,19 +143,9 @@ pub(crate) fn is_server_answer(error: &zk::Error) -> bool {
 
 /// The source of a converted error: what was attempted and what went wrong. It never contains a
 /// node path, since lock node names embed owner tokens.
-#[derive(Debug)]
-struct Context {
-    op: &'static str,
-    detail: String,
+fn context(op: &'static str, detail: impl fmt::Display) -> String {
+    format!("could not {op}: {detail}")
 }
-
-impl fmt::Display for Context {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "could not {}: {}", self.op, self.detail)
-    }
-}
-
-impl std::error::Error for Context {}
 
 #[cfg(test)]
 mod tests {

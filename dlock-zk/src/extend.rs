@@ -14,8 +14,7 @@ use tokio::time::Instant;
 
 use crate::client::Inner;
 use crate::errors::BACKEND;
-use crate::naming::{owner_prefix, queue};
-use crate::recipe::list_queue;
+use crate::recipe::{standing, Standing};
 use crate::request::read;
 
 /// Moves the TTL of `lease`'s lock to `ttl` from now, if this owner still holds it.
@@ -85,23 +84,14 @@ async fn not_held_here(
     until: Instant,
 ) -> Result<Extension> {
     let session = inner.open_session(until).await?;
-    let parent = inner.parent_path(lease.key);
-    let children = match list_queue(inner, &session, &parent, until).await {
-        Ok(children) => children,
-        Err(f) if f.session_ended() => return Ok(Extension::Expired),
-        Err(f) => return Err(f.into_error("list the lock's queue")),
-    };
-    let prefix = owner_prefix(inner.config.naming, lease.owner);
-    if children.iter().any(|c| c.starts_with(&prefix)) {
+    let found = standing(inner, &session, lease.key, lease.owner, until).await;
+    match found.map_err(|f| f.into_error("list the lock's queue"))? {
+        Standing::Expired => Ok(Extension::Expired),
         // The node exists, but its TTL is kept by the client that took it.
-        return Err(Error::Unsupported {
+        Standing::Queued(_) => Err(Error::Unsupported {
             backend: BACKEND,
             what: "extending a lease through another client than the one that acquired it",
-        });
+        }),
+        Standing::TakenOver => Ok(Extension::TakenOver),
     }
-    Ok(if queue(&children).is_empty() {
-        Extension::Expired
-    } else {
-        Extension::TakenOver
-    })
 }

@@ -8,13 +8,13 @@
 
 use std::sync::atomic::Ordering;
 
-use dlock_core::OwnerToken;
+use dlock_core::{LockKey, OwnerToken};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::Inner;
 use crate::errors::Failure;
-use crate::naming::owner_prefix;
+use crate::naming::{owner_prefix, queue};
 use crate::request::{call, read};
 use crate::session::Session;
 use crate::stats::Counters;
@@ -144,6 +144,42 @@ pub(crate) async fn find_own(
         })),
         None => Ok(None),
     }
+}
+
+/// Where an owner this client holds no lease for stands in its key's queue.
+pub(crate) enum Standing {
+    /// Nobody holds the key, or the session that had anything of ours ended.
+    Expired,
+    /// The owner's node exists, at this path.
+    Queued(String),
+    /// Another owner's node heads the queue.
+    TakenOver,
+}
+
+/// Looks for `owner`'s node among the contenders for `key` by its owner prefix, in `session`
+/// (whatever this client had in an ended session is gone with it).
+pub(crate) async fn standing(
+    inner: &Inner,
+    session: &Session,
+    key: &LockKey,
+    owner: OwnerToken,
+    until: Instant,
+) -> Result<Standing, Failure> {
+    let parent = inner.parent_path(key);
+    let children = match list_queue(inner, session, &parent, until).await {
+        Ok(children) => children,
+        Err(f) if f.session_ended() => return Ok(Standing::Expired),
+        Err(f) => return Err(f),
+    };
+    let prefix = owner_prefix(inner.config.naming, owner);
+    if let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) {
+        return Ok(Standing::Queued(format!("{parent}/{name}")));
+    }
+    Ok(if queue(&children).is_empty() {
+        Standing::Expired
+    } else {
+        Standing::TakenOver
+    })
 }
 
 /// The children of `parent` (none if it does not exist).

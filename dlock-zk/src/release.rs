@@ -12,8 +12,7 @@ use tokio::time::Instant;
 
 use crate::client::Inner;
 use crate::keeper::delete_in_background;
-use crate::naming::{owner_prefix, queue};
-use crate::recipe::{delete_node, list_queue, Deletion};
+use crate::recipe::{delete_node, standing, Deletion, Standing};
 
 /// Releases `lease`'s lock if this owner still holds it.
 pub(crate) async fn release(inner: &Arc<Inner>, lease: &LeaseRef<'_>) -> Result<Released> {
@@ -42,30 +41,20 @@ pub(crate) async fn release(inner: &Arc<Inner>, lease: &LeaseRef<'_>) -> Result<
     }
     // Not held here: an acquire that was abandoned before it became a lease, a lease whose TTL
     // ran out, or an owner token of another client.
-    let parent = inner.parent_path(lease.key);
-    let children = match list_queue(inner, &session, &parent, until).await {
-        Ok(children) => children,
-        // Whatever this client had in that session is gone with it.
-        Err(f) if f.session_ended() => return Ok(Released::Expired),
-        Err(f) => return Err(f.into_error("list the lock's queue")),
+    let found = standing(inner, &session, lease.key, lease.owner, until).await;
+    let path = match found.map_err(|f| f.into_error("list the lock's queue"))? {
+        Standing::Expired => return Ok(Released::Expired),
+        Standing::Queued(path) => path,
+        Standing::TakenOver => return Ok(Released::TakenOver),
     };
-    let prefix = owner_prefix(inner.config.naming, lease.owner);
-    if let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) {
-        let path = format!("{parent}/{name}");
-        // A lease whose TTL ran out a moment ago: its node is on its way out, and the lease
-        // ended before this release.
-        let retired = inner.registry().retired(lease.owner.as_u128());
-        return match delete_node(inner, &session, &path, until).await {
-            Ok(_) if retired => Ok(Released::Expired),
-            Ok(Deletion::Deleted | Deletion::Gone) => Ok(Released::Released),
-            Ok(Deletion::Missing) => Ok(Released::Expired),
-            Err(f) if f.session_ended() => Ok(Released::Expired),
-            Err(f) => Err(f.into_error("delete the lock node")),
-        };
-    }
-    if queue(&children).is_empty() {
-        Ok(Released::Expired)
-    } else {
-        Ok(Released::TakenOver)
+    // A lease whose TTL ran out a moment ago: its node is on its way out, and the lease ended
+    // before this release.
+    let retired = inner.registry().retired(lease.owner.as_u128());
+    match delete_node(inner, &session, &path, until).await {
+        Ok(_) if retired => Ok(Released::Expired),
+        Ok(Deletion::Deleted | Deletion::Gone) => Ok(Released::Released),
+        Ok(Deletion::Missing) => Ok(Released::Expired),
+        Err(f) if f.session_ended() => Ok(Released::Expired),
+        Err(f) => Err(f.into_error("delete the lock node")),
     }
 }
