@@ -14,7 +14,7 @@
 ///
 /// Following RFC 3986, the credentials end at the last `@` before the first `/`, `?` or `#`. The
 /// cut only cuts: each scheme's parser checks the parts it takes and refuses the others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Parts<'a> {
     /// The scheme as written, if the string has a `://`.
     pub scheme: Option<&'a str>,
@@ -112,6 +112,24 @@ impl Credentials {
     }
 }
 
+/// Never shows the password: the user info keeps only its user name.
+impl std::fmt::Debug for Parts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let userinfo = self.userinfo.map(|info| match info.split_once(':') {
+            Some((user, _)) => format!("{user}:***"),
+            None => info.to_owned(),
+        });
+        f.debug_struct("Parts")
+            .field("scheme", &self.scheme)
+            .field("userinfo", &userinfo)
+            .field("hosts", &self.hosts)
+            .field("path", &self.path)
+            .field("query", &self.query)
+            .field("fragment", &self.fragment)
+            .finish()
+    }
+}
+
 /// Never shows the password.
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -182,6 +200,16 @@ pub fn redact_password(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let parts = Parts::split("etcd://app:s%40cret@h1:2379/ns");
+        let shown = format!("{parts:?}");
+        assert!(!shown.contains("s%40cret"), "{shown}");
+        assert!(shown.contains("app:***"), "{shown}");
+        let credentials = Credentials::decode("app:s%40cret").expect("valid credentials");
+        assert!(!format!("{credentials:?}").contains("s@cret"));
+    }
 
     #[test]
     fn decoding_is_strict() {
