@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod analysis;
+pub mod certs;
 pub mod control;
 pub mod fixtures;
 pub mod freeze;
