@@ -234,7 +234,7 @@ impl ConnectUrl {
     }
 
     /// Reads parameter `name` with `read` (one of the `take_*` methods) and, if it was given,
-    /// applies it to `builder` with `set`. Backends list theirs with [`apply_parameters!`].
+    /// applies it to `builder` with `set`. Backends list theirs with [`apply_parameters!`](crate::apply_parameters).
     pub fn apply<B, T>(
         &mut self,
         builder: B,
