@@ -32,6 +32,7 @@ pub(crate) enum Failure {
     NoRuntime,
     /// No session came up because the TLS handshake failed, as said (a certificate the other
     /// side does not accept, or a server that does not speak TLS); nothing was sent.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     Tls(String),
 }
 
