@@ -26,6 +26,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(bad_files_fail_before_connecting_and_show_no_secret),
         case!(another_identity_sees_the_queue_but_cannot_touch_it),
         case!(kazoo_over_tls_as_another_identity_sees_the_holder_only),
+        case!(the_url_form_connects_locks_and_fences_over_tls),
     ]
 }
 
@@ -431,5 +432,41 @@ async fn kazoo_over_tls_as_another_identity_sees_the_holder_only(env: Env) -> an
     ensure!(set == "set refused", "{set}");
     kazoo.finish(wait).await?;
     lease.release().await?;
+    Ok(())
+}
+
+/// `zk+tls://user:password@hosts?ca=…&cert=…&key=…` (the form `dlock::connect` and the CLI take)
+/// connects, locks and fences like the builder.
+async fn the_url_form_connects_locks_and_fences_over_tls(env: Env) -> anyhow::Result<()> {
+    let certs = &env.certs;
+    let url = format!(
+        "zk+tls://{USER}:{PASSWORD}@{}?ca={}&cert={}&key={}&session_timeout=4s&identifier=by-url",
+        env.secure,
+        certs.ca.display(),
+        certs.client_cert.display(),
+        certs.client_key.display()
+    );
+    let builder = dlock_zk::ZkLockBuilder::from_url(&url)?;
+    shows_no_secret(&format!("{builder:?}"), certs)?;
+    let lock = Arc::new(builder.connect().await?);
+    let key = key("url");
+    let opts = LockOptions::new(Duration::from_secs(60));
+    let first = lock.acquire(&key, &opts).await?;
+    let token = first.fencing_token();
+    first.release().await?;
+    let second = lock.acquire(&key, &opts).await?;
+    ensure!(
+        second.fencing_token() > token,
+        "tokens did not grow: {token} then {}",
+        second.fencing_token()
+    );
+    second.release().await?;
+
+    // Without the files, the URL is refused before anything is sent.
+    let bare = format!("zk+tls://{USER}:{PASSWORD}@{}", env.secure);
+    match dlock_zk::ZkLockBuilder::from_url(&bare) {
+        Err(Error::InvalidInput { message, .. }) => shows_no_secret(&message, certs)?,
+        other => bail!("zk+tls:// without ca: {other:?}"),
+    }
     Ok(())
 }
