@@ -9,13 +9,20 @@ use std::fmt;
 use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
 
-use crate::ZkLockBuilder;
+use crate::{ZkLockBuilder, ZkTls};
 
 /// The scheme of a ZooKeeper connection string.
 pub const SCHEME: &str = "zk";
 
+/// The scheme of a ZooKeeper connection string over TLS (the servers' `secureClientPort`).
+pub const TLS_SCHEME: &str = "zk+tls";
+
 /// The client port ZooKeeper listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 2181;
+
+/// The secure client port `zk+tls://` assumes unless told otherwise (ZooKeeper's convention for
+/// `secureClientPort`).
+pub const DEFAULT_TLS_PORT: u16 = 2281;
 
 /// A parsed connection string.
 #[derive(Clone, PartialEq, Eq)]
@@ -69,10 +76,15 @@ impl ConnectString {
                 url.invalid("credentials before '@' must be user:password (digest authentication)")
             );
         }
+        let default_port = if url.scheme() == TLS_SCHEME {
+            DEFAULT_TLS_PORT
+        } else {
+            DEFAULT_PORT
+        };
         let servers = url
             .hosts()?
             .into_iter()
-            .map(parse_server)
+            .map(|entry| parse_server(entry, default_port))
             .collect::<Result<Vec<Server>>>()?;
         let chroot = parse_chroot(url.path())?;
         Ok(ConnectString {
@@ -144,7 +156,7 @@ fn printable(fragment: &str) -> String {
         .collect()
 }
 
-fn parse_server(entry: &str) -> Result<Server> {
+fn parse_server(entry: &str, default_port: u16) -> Result<Server> {
     let entry = entry.trim();
     if entry.is_empty() {
         return Err(invalid(
@@ -198,7 +210,7 @@ fn parse_server(entry: &str) -> Result<Server> {
         )));
     }
     let port = match port {
-        None => DEFAULT_PORT,
+        None => default_port,
         Some(p) => match p.parse::<u16>() {
             Ok(port) if port > 0 => port,
             _ => {
@@ -274,9 +286,10 @@ fn parse_chroot(path: &str) -> Result<String> {
 }
 
 /// `zk://[user:password@]host[:port][,…][/chroot][?parameters]`: the ensemble, then the
-/// builder's settings by name.
+/// builder's settings by name; `zk+tls://…?ca=PATH[&cert=PATH&key=PATH]` reaches every server
+/// over TLS ([`ZkTls`]; ports default to 2281).
 impl FromUrl for ZkLockBuilder {
-    const SCHEMES: &'static [&'static str] = &[SCHEME];
+    const SCHEMES: &'static [&'static str] = &[SCHEME, TLS_SCHEME];
     const PARAMETERS: &'static [&'static str] = &[
         "prefix",
         "session_timeout",
@@ -284,6 +297,9 @@ impl FromUrl for ZkLockBuilder {
         "connect_timeout",
         "identifier",
         "naming",
+        "ca",
+        "cert",
+        "key",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
@@ -295,10 +311,42 @@ impl FromUrl for ZkLockBuilder {
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "identifier" => take_text => Self::with_identifier,
         });
-        match url.take("naming") {
-            Some(naming) => Ok(builder.with_naming(naming.parse()?)),
-            None => Ok(builder),
-        }
+        let builder = match url.take("naming") {
+            Some(naming) => builder.with_naming(naming.parse()?),
+            None => builder,
+        };
+        let tls = tls_of(url)?;
+        Ok(match tls {
+            Some(tls) => builder.with_tls(tls),
+            None => builder,
+        })
+    }
+}
+
+/// The TLS settings of `zk+tls://` (`ca` required, `cert` and `key` together); `ca`, `cert` and
+/// `key` on `zk://` are refused rather than ignored, since the connection would be plaintext.
+fn tls_of(url: &mut ConnectUrl) -> Result<Option<ZkTls>> {
+    let ca = url.take_path("ca")?;
+    let cert = url.take_path("cert")?;
+    let key = url.take_path("key")?;
+    if url.scheme() != TLS_SCHEME {
+        return match (&ca, &cert, &key) {
+            (None, None, None) => Ok(None),
+            _ => Err(url.invalid(
+                "`ca`, `cert` and `key` are TLS settings: use zk+tls://host:2281 for TLS",
+            )),
+        };
+    }
+    let Some(ca) = ca else {
+        return Err(url.invalid(
+            "zk+tls:// needs `ca=PATH`, the authority the servers' certificates are checked against",
+        ));
+    };
+    let tls = ZkTls::new(ca);
+    match (cert, key) {
+        (None, None) => Ok(Some(tls)),
+        (Some(cert), Some(key)) => Ok(Some(tls.with_client_cert(cert, key))),
+        _ => Err(url.invalid("`cert` and `key` go together (the client certificate and its key)")),
     }
 }
 
@@ -372,6 +420,46 @@ mod tests {
             assert_eq!(f, "url", "{url}");
             assert!(!message.contains("hunter2"), "{message}");
             assert!(!message.contains("secret"), "{message}");
+        }
+    }
+
+    #[test]
+    fn tls_urls_take_their_files_and_default_to_port_2281() {
+        let b = ZkLockBuilder::from_url(
+            "zk+tls://app:hunter2@zk1,zk2:3281/app?ca=/etc/zk/ca.pem&cert=/etc/zk/c.pem&key=/etc/zk/k.pem",
+        )
+        .unwrap();
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        for part in [
+            "zk1:2281",
+            "zk2:3281",
+            "/etc/zk/ca.pem",
+            "/etc/zk/c.pem",
+            "/etc/zk/k.pem",
+        ] {
+            assert!(shown.contains(part), "{part}: {shown}");
+        }
+        let b = ZkLockBuilder::from_url("zk+tls://zk1?ca=/ca.pem").unwrap();
+        assert!(format!("{b:?}").contains("/ca.pem"));
+        let b = ZkLockBuilder::from_url("zk://zk1").unwrap();
+        assert!(format!("{b:?}").contains("zk1:2181"));
+
+        for (url, says) in [
+            ("zk+tls://u:hunter2@zk1", "needs `ca=PATH`"),
+            ("zk+tls://u:hunter2@zk1?ca=/a&cert=/c", "go together"),
+            ("zk+tls://u:hunter2@zk1?ca=/a&key=/k", "go together"),
+            ("zk://u:hunter2@zk1?ca=/a", "use zk+tls://"),
+            ("zk+tls://u:hunter2@zk1?ca=", "the path is empty"),
+        ] {
+            match ZkLockBuilder::from_url(url) {
+                Err(Error::InvalidInput { field, message }) => {
+                    assert_eq!(field, "url", "{url}");
+                    assert!(message.contains(says), "{url}: {message}");
+                    assert!(!message.contains("hunter2"), "{message}");
+                }
+                other => panic!("{url}: expected InvalidInput, got {other:?}"),
+            }
         }
     }
 

@@ -37,6 +37,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("rediss", "redis-tls"),
     ("redlock", "redlock"),
     ("zk", "zk"),
+    ("zk+tls", "zk-tls"),
     ("etcd", "etcd"),
 ];
 
@@ -52,6 +53,7 @@ type Backend = Arc<dyn DistributedLock>;
 /// | `rediss://…` (TLS; `#insecure` skips certificate checks) | one Redis server | `redis-tls` | as `redis://` |
 /// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `request_timeout` (each master's), `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use), `fence_ttl` |
 /// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `request_timeout`, `connect_timeout`, `identifier`, `naming` (`kazoo` or `curator`) |
+/// | `zk+tls://[user:password@]host[:port],…[/chroot]?ca=PATH[&cert=PATH&key=PATH]` (ports default to 2281) | a ZooKeeper ensemble over TLS | `zk-tls` | as `zk://`, and `ca`, `cert`, `key` (PEM files) |
 /// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_timeout` (the session lease's TTL), `request_timeout`, `connect_timeout` |
 ///
 /// Every scheme also takes the per-acquire defaults `ttl`, `wait`, `drift` (the fixed part of
@@ -94,7 +96,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "" => memory(&url)?,
         "redis" | "redis-tls" => redis(&mut url, feature).await?,
         "redlock" => redlock(&mut url).await?,
-        "zk" => zk(&mut url).await?,
+        "zk" | "zk-tls" => zk(&mut url, feature).await?,
         "etcd" => etcd(&mut url).await?,
         other => return Err(missing_feature(&url, other)),
     };
@@ -216,7 +218,10 @@ async fn redlock(url: &mut ConnectUrl) -> Result<Backend> {
 }
 
 #[cfg(feature = "zk")]
-async fn zk(url: &mut ConnectUrl) -> Result<Backend> {
+async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
+    if feature == "zk-tls" && !cfg!(feature = "zk-tls") {
+        return Err(missing_feature(url, feature));
+    }
     open(
         url,
         dlock_zk::ZkLockBuilder::connect,
@@ -226,8 +231,8 @@ async fn zk(url: &mut ConnectUrl) -> Result<Backend> {
 }
 
 #[cfg(not(feature = "zk"))]
-async fn zk(url: &mut ConnectUrl) -> Result<Backend> {
-    Err(missing_feature(url, "zk"))
+async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
+    Err(missing_feature(url, feature))
 }
 
 #[cfg(feature = "etcd")]

@@ -243,6 +243,28 @@ async fn zk_urls() {
     .await;
 }
 
+#[cfg(all(feature = "zk", not(feature = "zk-tls")))]
+#[tokio::test]
+async fn zk_tls_without_its_feature_names_it() {
+    rejected(&[(
+        "zk+tls://u:hunter2@zk1:2281?ca=/ca.pem",
+        "needs the `zk-tls` feature",
+    )])
+    .await;
+}
+
+#[cfg(feature = "zk-tls")]
+#[tokio::test]
+async fn zk_tls_urls() {
+    rejected(&[
+        ("zk+tls://u:hunter2@h", "needs `ca=PATH`"),
+        ("zk+tls://u:hunter2@h?ca=/a&cert=/c", "go together"),
+        ("zk://u:hunter2@h?ca=/a", "use zk+tls://"),
+        ("zk+tls://u:hunter2@h?ca=/no/such/ca.pem", "/no/such/ca.pem"),
+    ])
+    .await;
+}
+
 #[cfg(not(feature = "etcd"))]
 #[tokio::test]
 async fn etcd_without_its_feature_names_it() {
