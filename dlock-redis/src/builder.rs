@@ -6,7 +6,7 @@ use std::time::Duration;
 use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
-use crate::connection::{self, Connection};
+use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
 use crate::protocol::keys::KeyLayout;
@@ -120,7 +120,7 @@ impl RedisLockBuilder {
             check_fence_ttl(ttl)?;
         }
         install_crypto_provider();
-        let client = connection::client(&endpoint)?;
+        let client = endpoint.client()?;
         let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
         let connection =
             Connection::open(client.clone(), self.connect_timeout, self.request_timeout)
