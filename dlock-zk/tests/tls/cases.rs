@@ -93,6 +93,7 @@ async fn refused(
     );
     let text = format!("{error} / {error:?}");
     shows_no_secret(&text, certs)?;
+    eprintln!("[refused after {took:.2?}] {error}");
     Ok((error, text))
 }
 
