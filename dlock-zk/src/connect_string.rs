@@ -305,9 +305,9 @@ impl FromUrl for ZkLockBuilder {
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
         let builder = ZkLockBuilder::for_ensemble(ConnectString::from_url(url)?);
         let builder = dlock_core::apply_parameters!(url, builder, {
-            "prefix" => take_text => Self::with_root,
+            "prefix" => take_text => Self::with_prefix,
             "session_timeout" => take_duration => Self::with_session_timeout,
-            "request_timeout" => take_duration => Self::with_operation_timeout,
+            "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "identifier" => take_text => Self::with_identifier,
         });
@@ -465,10 +465,10 @@ mod tests {
 
     #[test]
     fn paths_follow_zookeeper_rules() {
-        assert!(check_path("/dlock", "root").is_ok());
-        assert!(check_path("/a/b-c/d.e", "root").is_ok());
+        assert!(check_path("/dlock", "prefix").is_ok());
+        assert!(check_path("/a/b-c/d.e", "prefix").is_ok());
         for bad in ["dlock", "/a/", "//", "/a//b", "/a/./b", "/a\u{1}b"] {
-            assert!(check_path(bad, "root").is_err(), "{bad:?}");
+            assert!(check_path(bad, "prefix").is_err(), "{bad:?}");
         }
     }
 }
