@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
 
@@ -323,27 +324,34 @@ impl FromUrl for ZkLockBuilder {
     }
 }
 
-/// The TLS settings of `zk+tls://` (`ca` required, `cert` and `key` together); `ca`, `cert` and
-/// `key` on `zk://` are refused rather than ignored, since the connection would be plaintext.
+/// The TLS settings of `zk+tls://`, from the parameters every backend names alike
+/// ([`TlsFiles::from_url`]): `ca` required, `cert` and `key` together. They are refused on
+/// `zk://` rather than ignored, since the connection would be plaintext, and so is
+/// `tls_server_name`: the client library checks the host name as written.
 fn tls_of(url: &mut ConnectUrl) -> Result<Option<ZkTls>> {
-    let ca = url.take_path("ca")?;
-    let cert = url.take_path("cert")?;
-    let key = url.take_path("key")?;
+    let files = TlsFiles::from_url(url)?;
     if url.scheme() != TLS_SCHEME {
-        return match (&ca, &cert, &key) {
-            (None, None, None) => Ok(None),
-            _ => Err(url.invalid(
+        return match files {
+            None => Ok(None),
+            Some(_) => Err(url.invalid(
                 "`ca`, `cert` and `key` are TLS settings: use zk+tls://host:2281 for TLS",
             )),
         };
     }
-    let Some(ca) = ca else {
+    let files = files.unwrap_or_default();
+    if files.server_name.is_some() {
+        return Err(url.invalid(
+            "tls_server_name is not supported for ZooKeeper (the host name as written is the \
+             name verified)",
+        ));
+    }
+    let Some(ca) = files.ca else {
         return Err(url.invalid(
             "zk+tls:// needs `ca=PATH`, the authority the servers' certificates are checked against",
         ));
     };
     let tls = ZkTls::new(ca);
-    match (cert, key) {
+    match (files.cert, files.key) {
         (None, None) => Ok(Some(tls)),
         (Some(cert), Some(key)) => Ok(Some(tls.with_client_cert(cert, key))),
         _ => Err(url.invalid("`cert` and `key` go together (the client certificate and its key)")),
@@ -451,6 +459,10 @@ mod tests {
             ("zk+tls://u:hunter2@zk1?ca=/a&key=/k", "go together"),
             ("zk://u:hunter2@zk1?ca=/a", "use zk+tls://"),
             ("zk+tls://u:hunter2@zk1?ca=", "the path is empty"),
+            (
+                "zk+tls://u:hunter2@zk1?ca=/a&tls_server_name=x",
+                "tls_server_name",
+            ),
         ] {
             match ZkLockBuilder::from_url(url) {
                 Err(Error::InvalidInput { field, message }) => {
