@@ -58,6 +58,12 @@ impl ConnectString {
         } else {
             ConnectUrl::parse(&format!("zk://{url}"))?
         };
+        if url.scheme() == TLS_SCHEME {
+            return Err(url.invalid(
+                "zk+tls:// names its TLS files as parameters: use ZkLockBuilder::from_url, or \
+                 zk:// with ZkLockBuilder::with_tls",
+            ));
+        }
         url.expect_scheme(&[SCHEME])?;
         url.finish(&[])?;
         ConnectString::from_url(&url)
@@ -429,6 +435,13 @@ mod tests {
             assert!(!message.contains("hunter2"), "{message}");
             assert!(!message.contains("secret"), "{message}");
         }
+    }
+
+    #[test]
+    fn the_plain_parser_points_tls_urls_to_from_url() {
+        let (f, message) = field(ConnectString::parse("zk+tls://zk1:2281?ca=/ca.pem"));
+        assert_eq!(f, "url");
+        assert!(message.contains("ZkLockBuilder::from_url"), "{message}");
     }
 
     #[test]
