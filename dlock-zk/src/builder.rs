@@ -294,11 +294,7 @@ mod tests {
         );
         match b.config() {
             Err(Error::InvalidInput { field, message }) => {
-                let expected = if cfg!(feature = "tls") {
-                    "tls_ca"
-                } else {
-                    "tls"
-                };
+                let expected = if cfg!(feature = "tls") { "ca" } else { "tls" };
                 assert_eq!(field, expected, "{message}");
                 assert!(!message.contains("topsecret"), "{message}");
             }
