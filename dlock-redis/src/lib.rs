@@ -132,6 +132,7 @@
 #![deny(missing_docs)]
 
 mod builder;
+mod cluster;
 mod connection;
 mod endpoint;
 mod error;
@@ -145,5 +146,8 @@ pub use builder::{
     RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_FENCE_TTL, MAX_TIMEOUT,
     MIN_FENCE_TTL, MIN_TIMEOUT,
 };
+#[cfg(feature = "tls")]
+pub use cluster::ClusterTls;
+pub use cluster::{ClusterSettings, RedisConnection};
 pub use endpoint::Endpoint;
 pub use lock::{RedisLock, EXTEND_BATCH};
