@@ -228,7 +228,8 @@ impl ClusterSettings {
         .response_timeout(request_timeout)
         // TRYAGAIN during a migration and MOVED after one are retried quickly: the request
         // timeout bounds the whole call anyway.
-        .min_retry_wait(5)
+        .retries(CLIENT_RETRIES)
+        .min_retry_wait(10)
         .max_retry_wait(100)
         .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         if let Some(username) = &self.username {
@@ -415,6 +416,12 @@ pub(crate) fn slot_batches(lock_keys: &[String], batch: usize) -> Vec<Vec<usize>
         })
         .collect()
 }
+
+/// How often the cluster client retries one request (after `MOVED`, `ASK`, `TRYAGAIN` or a
+/// reconnection), 10 to 100 ms apart: enough to outlast a slot migration's split moment, and
+/// bounded by the request timeout anyway. (The client computes `10 · 2^retry` ms before capping
+/// it, which overflows past about 60 retries.)
+const CLIENT_RETRIES: u32 = 40;
 
 /// How often channels that lost their subscription (a slot moved, a request failed) are
 /// subscribed again while tasks wait on them.
