@@ -119,7 +119,8 @@ impl RedisLockBuilder {
         install_crypto_provider();
         if let Some(cluster) = self.cluster {
             let (connect, request) = (self.connect_timeout, self.request_timeout);
-            return crate::cluster::connect(cluster, layout, connect, request, self.fence_ttl).await;
+            return crate::cluster::connect(cluster, layout, connect, request, self.fence_ttl)
+                .await;
         }
         let endpoint = self.url.parse()?;
         let client = connection::client(&endpoint)?;

@@ -115,7 +115,10 @@ impl ClusterTls {
     fn certificates(&self) -> Result<redis::TlsCertificates> {
         let read = |field: &'static str, path: &PathBuf| {
             std::fs::read(path).map_err(|e| {
-                Error::invalid(field, format!("cannot read {}: {}", path.display(), e.kind()))
+                Error::invalid(
+                    field,
+                    format!("cannot read {}: {}", path.display(), e.kind()),
+                )
             })
         };
         let root_cert = self.ca.as_ref().map(|p| read("ca", p)).transpose()?;
@@ -189,7 +192,11 @@ impl ClusterSettings {
         if self.seeds.is_empty() {
             return Err(Error::invalid("cluster_seeds", "no seed node given"));
         }
-        let scheme = if self.tls_enabled() { "rediss" } else { "redis" };
+        let scheme = if self.tls_enabled() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.seeds
             .iter()
             .map(|seed| {
@@ -349,12 +356,8 @@ pub(crate) async fn connect(
         .map_err(|e| error::from_redis("connect", e))?;
     let connection = Connection::cluster(con, request_timeout);
     let (pushes, received) = mpsc::unbounded_channel();
-    let listener_client = settings.client(
-        &endpoints,
-        connect_timeout,
-        request_timeout,
-        Some(pushes),
-    )?;
+    let listener_client =
+        settings.client(&endpoints, connect_timeout, request_timeout, Some(pushes))?;
     let listener = Listener {
         client: listener_client,
         pushes: received,
@@ -502,11 +505,10 @@ impl Listener {
         };
         match push.kind {
             PushKind::SMessage => feed.wake(&channel),
-            PushKind::SUnsubscribe => {
-                if feed.unconfirm(&channel) {
-                    tracing::debug!(channel, "release notifications: the shard ended a subscription; subscribing again");
-                }
-            }
+            PushKind::SUnsubscribe if feed.unconfirm(&channel) => tracing::debug!(
+                channel,
+                "release notifications: the shard ended a subscription; subscribing again"
+            ),
             _ => {}
         }
     }
@@ -546,7 +548,10 @@ mod tests {
     fn release_channels_share_the_lock_keys_slot() {
         for lock in ["jobs/nightly", "{t}:x", "a}b", "x{}y", "}", "{", "ключ"] {
             let channel = release_channel(lock);
-            assert!(channel.starts_with(keys::RELEASE_CHANNEL_PREFIX), "{channel}");
+            assert!(
+                channel.starts_with(keys::RELEASE_CHANNEL_PREFIX),
+                "{channel}"
+            );
             assert!(channel.contains(lock), "{channel}");
             assert_eq!(
                 keys::hash_slot(channel.as_bytes()),
@@ -554,7 +559,10 @@ mod tests {
                 "{lock:?} → {channel:?}"
             );
         }
-        assert_eq!(release_channel("jobs/nightly"), "dlock:released:{jobs/nightly}");
+        assert_eq!(
+            release_channel("jobs/nightly"),
+            "dlock:released:{jobs/nightly}"
+        );
         assert_eq!(release_channel("a:{t}:b"), "dlock:released:a:{t}:b");
     }
 
@@ -582,7 +590,10 @@ mod tests {
             Ok(_) => panic!("accepted"),
         };
         let none: [&str; 0] = [];
-        assert_eq!(field(RedisLockBuilder::cluster(none).connect().await), "cluster_seeds");
+        assert_eq!(
+            field(RedisLockBuilder::cluster(none).connect().await),
+            "cluster_seeds"
+        );
         assert_eq!(
             field(RedisLockBuilder::cluster(["redis://a:1"]).connect().await),
             "cluster_seeds"
@@ -610,6 +621,9 @@ mod tests {
         let shown = format!("{builder:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         let settings = builder.cluster.clone().unwrap_or_default();
-        assert_eq!(settings.redacted(), "redis+cluster://app:***@h1:7000,h2:7001");
+        assert_eq!(
+            settings.redacted(),
+            "redis+cluster://app:***@h1:7000,h2:7001"
+        );
     }
 }

@@ -46,9 +46,11 @@ fn main() {
     }
 
     let runtime = trials::fixture_runtime();
-    let (shared, outage) = trials::start(&runtime, "a Redis Cluster of three primaries and one of one", async {
-        tokio::try_join!(RedisCluster::start(3), RedisCluster::start(1))
-    });
+    let (shared, outage) = trials::start(
+        &runtime,
+        "a Redis Cluster of three primaries and one of one",
+        async { tokio::try_join!(RedisCluster::start(3), RedisCluster::start(1)) },
+    );
     let shared = Arc::new(shared);
 
     let subject = subject(&shared, &outage, runtime.handle().clone());
@@ -75,7 +77,9 @@ struct Cx(Arc<RedisCluster>);
 
 impl Cx {
     async fn client(&self) -> anyhow::Result<Arc<RedisLock>> {
-        Ok(Arc::new(RedisLockBuilder::cluster(self.0.seeds()).connect().await?))
+        Ok(Arc::new(
+            RedisLockBuilder::cluster(self.0.seeds()).connect().await?,
+        ))
     }
 }
 
@@ -87,9 +91,7 @@ fn cases() -> Vec<(&'static str, Case<Cx>)> {
     ]
 }
 
-fn connect_to(
-    seeds: Vec<String>,
-) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {
+fn connect_to(seeds: Vec<String>) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {
     move || {
         let seeds = seeds.clone();
         Box::pin(async move {
@@ -157,7 +159,12 @@ async fn locks_spread_over_every_shard_each_with_its_counter(cx: Cx) -> anyhow::
     let mut leases = Vec::new();
     for i in 0..60 {
         let key = format!("{namespace}/{i}");
-        leases.push(client.try_acquire(&key, &opts).await?.context("a fresh key was busy")?);
+        leases.push(
+            client
+                .try_acquire(&key, &opts)
+                .await?
+                .context("a fresh key was busy")?,
+        );
     }
     let mut per_node = Vec::new();
     for url in cx.0.urls() {
@@ -166,7 +173,10 @@ async fn locks_spread_over_every_shard_each_with_its_counter(cx: Cx) -> anyhow::
         let locks = support::scan(&mut con, &pattern).await?;
         for lock in &locks {
             let fence = keys::fence_key(lock);
-            let here: bool = redis::cmd("EXISTS").arg(&fence).query_async(&mut con).await?;
+            let here: bool = redis::cmd("EXISTS")
+                .arg(&fence)
+                .query_async(&mut con)
+                .await?;
             ensure!(here, "{lock} is on {url} but its counter {fence} is not");
         }
         per_node.push(locks.len());
@@ -223,7 +233,10 @@ async fn a_slot_migration_loses_no_lock_and_grants_no_duplicate(cx: Cx) -> anyho
                 };
                 let token = lease.fencing_token().0;
                 if held.swap(true, Ordering::AcqRel) {
-                    violations.lock().unwrap().push(format!("token {token} granted while held"));
+                    violations
+                        .lock()
+                        .unwrap()
+                        .push(format!("token {token} granted while held"));
                 }
                 let before = last_token.swap(token, Ordering::AcqRel);
                 if token <= before {
@@ -261,7 +274,10 @@ async fn a_slot_migration_loses_no_lock_and_grants_no_duplicate(cx: Cx) -> anyho
     let violations = violations.lock().unwrap().clone();
     let errors = errors.lock().unwrap().clone();
     let grants = grants.load(Ordering::Relaxed);
-    eprintln!("[cluster] {grants} grants; per migration {migrations:?}; {} errors: {errors:?}", errors.len());
+    eprintln!(
+        "[cluster] {grants} grants; per migration {migrations:?}; {} errors: {errors:?}",
+        errors.len()
+    );
     ensure!(violations.is_empty(), "{violations:?}");
     ensure!(owner == (home + 4) % 3, "the slot ended on {owner}");
     ensure!(grants >= 20, "only {grants} grants");
@@ -296,7 +312,9 @@ async fn a_release_wakes_a_waiter_on_every_shard_and_after_a_migration(
     }
     let keys: Vec<String> = per_node.into_iter().flatten().collect();
     for key in &keys {
-        hand_over(&a, &b, key, &opts).await.with_context(|| key.clone())?;
+        hand_over(&a, &b, key, &opts)
+            .await
+            .with_context(|| key.clone())?;
     }
     let moved = &keys[0];
     let slot = keys::hash_slot(moved.as_bytes());
@@ -336,7 +354,10 @@ async fn hand_over(
     let (lease, acquired) = waiting.await?;
     let lease = lease?;
     let took = acquired.saturating_duration_since(released);
-    ensure!(took <= PROMPT, "the waiter got the lock {took:?} after the release");
+    ensure!(
+        took <= PROMPT,
+        "the waiter got the lock {took:?} after the release"
+    );
     lease.release().await?;
     Ok(())
 }

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
+use dlock_redis::RedisConnection;
 use dlock_redis::{RedisLock, EXTEND_BATCH};
 use dlock_testkit::registry::Backend;
-use dlock_redis::RedisConnection;
 
 use super::Setup;
 use crate::locker::{self, Held, Locker, Release, Side};
