@@ -613,6 +613,34 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "tls")]
+    #[tokio::test]
+    async fn unreadable_tls_files_are_named_by_path_never_by_contents() {
+        let dir = std::env::temp_dir().join(format!("dlock-cluster-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("client.key");
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n").unwrap();
+        let missing = dir.join("missing-ca.pem");
+        let result = RedisLockBuilder::cluster(["127.0.0.1:1"])
+            .with_cluster_tls(
+                ClusterTls::new()
+                    .with_ca(&missing)
+                    .with_client_cert(&key, &key),
+            )
+            .connect()
+            .await;
+        let _ = std::fs::remove_dir_all(&dir);
+        match result {
+            Err(Error::InvalidInput { field, message }) => {
+                assert_eq!(field, "ca");
+                assert!(message.contains("missing-ca.pem"), "{message}");
+                assert!(!message.contains("secret-key-bytes"), "{message}");
+            }
+            Err(other) => panic!("expected InvalidInput, got {other}"),
+            Ok(_) => panic!("connected without a CA file"),
+        }
+    }
+
     #[test]
     fn debug_never_shows_the_password() {
         let builder = RedisLockBuilder::cluster(["h1:7000", "h2:7001"])
