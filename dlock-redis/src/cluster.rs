@@ -28,6 +28,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dlock_core::url::ConnectUrl;
 use dlock_core::{Error, Result};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -316,6 +317,77 @@ impl RedisLockBuilder {
         }
         self
     }
+}
+
+/// Whether `scheme` names a Redis Cluster (`redis+cluster`, `rediss+cluster`).
+pub(crate) fn is_cluster_scheme(scheme: &str) -> bool {
+    matches!(scheme, "redis+cluster" | "rediss+cluster")
+}
+
+/// The TLS file parameters, taken only by `rediss+cluster://`.
+const TLS_FILES: [&str; 3] = ["ca", "cert", "key"];
+
+/// Refuses `ca`, `cert` and `key` on a scheme that does not take them.
+pub(crate) fn refuse_tls_files(url: &mut ConnectUrl) -> Result<()> {
+    for name in TLS_FILES {
+        if url.take(name).is_some() {
+            return Err(url.invalid(format!("parameter `{name}` is only for rediss+cluster://")));
+        }
+    }
+    Ok(())
+}
+
+/// `redis+cluster://[user[:password]@]host:port[,host:port…][?parameters]` and
+/// `rediss+cluster://…?ca=PATH[&cert=PATH&key=PATH]`: the seeds, the credentials every node is
+/// logged in with, TLS files, then the settings every Redis URL takes.
+pub(crate) fn from_connect_url(url: &mut ConnectUrl) -> Result<RedisLockBuilder> {
+    let seeds: Vec<String> = url.hosts()?.into_iter().map(str::to_owned).collect();
+    if !matches!(url.path(), "" | "/" | "/0") {
+        return Err(url.invalid("a Redis Cluster has only database 0: no path"));
+    }
+    if url.fragment().is_some() {
+        return Err(url.invalid("a fragment is not taken here"));
+    }
+    let mut builder = RedisLockBuilder::cluster(seeds);
+    if let Some(credentials) = url.credentials() {
+        let (user, password) = (credentials.user.clone(), credentials.password.clone());
+        if !user.is_empty() {
+            builder = builder.with_cluster_username(user);
+        }
+        if let Some(password) = password {
+            builder = builder.with_cluster_password(password);
+        }
+    }
+    if url.scheme() == "rediss+cluster" {
+        builder = tls_from_url(url, builder)?;
+    } else {
+        refuse_tls_files(url)?;
+    }
+    Ok(dlock_core::apply_parameters!(url, builder, {
+        "prefix" => take_text => RedisLockBuilder::with_prefix,
+        "request_timeout" => take_duration => RedisLockBuilder::with_request_timeout,
+        "connect_timeout" => take_duration => RedisLockBuilder::with_connect_timeout,
+        "fence_ttl" => take_duration => RedisLockBuilder::with_fence_ttl,
+    }))
+}
+
+#[cfg(feature = "tls")]
+fn tls_from_url(url: &mut ConnectUrl, builder: RedisLockBuilder) -> Result<RedisLockBuilder> {
+    let mut tls = ClusterTls::new();
+    if let Some(ca) = url.take_path("ca")? {
+        tls = tls.with_ca(ca);
+    }
+    match (url.take_path("cert")?, url.take_path("key")?) {
+        (Some(cert), Some(key)) => tls = tls.with_client_cert(cert, key),
+        (None, None) => {}
+        _ => return Err(url.invalid("`cert` and `key` go together")),
+    }
+    Ok(builder.with_cluster_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_from_url(url: &mut ConnectUrl, _: RedisLockBuilder) -> Result<RedisLockBuilder> {
+    Err(url.invalid("rediss+cluster:// (TLS) needs the `tls` feature of dlock-redis"))
 }
 
 /// What a client knows of the cluster it talks to.
@@ -611,6 +683,76 @@ mod tests {
             ),
             "request_timeout"
         );
+    }
+
+    fn url_error(url: &str) -> String {
+        match RedisLockBuilder::from_url(url) {
+            Err(Error::InvalidInput {
+                field: "url",
+                message,
+            }) => message,
+            Err(other) => panic!("{url}: expected InvalidInput(url), got {other}"),
+            Ok(builder) => panic!("{url}: accepted as {builder:?}"),
+        }
+    }
+
+    #[test]
+    fn cluster_urls_give_the_seeds_credentials_and_settings() {
+        let builder = RedisLockBuilder::from_url(
+            "redis+cluster://app:s%40cret@h1:7000,h2:7001?prefix=billing:&request_timeout=2s",
+        )
+        .unwrap();
+        let settings = builder.cluster.clone().unwrap();
+        assert_eq!(settings.seeds, ["h1:7000", "h2:7001"]);
+        assert_eq!(settings.username.as_deref(), Some("app"));
+        assert_eq!(settings.password.as_deref(), Some("s@cret"));
+        let shown = format!("{builder:?}");
+        assert!(
+            shown.contains("billing:") && shown.contains("2s"),
+            "{shown}"
+        );
+        assert!(!shown.contains("cret"), "{shown}");
+        let no_user = RedisLockBuilder::from_url("redis+cluster://:pw@h:1").unwrap();
+        assert_eq!(no_user.cluster.clone().unwrap().username, None);
+    }
+
+    #[test]
+    fn bad_cluster_urls_say_what_is_wrong_without_the_password() {
+        for (url, expected) in [
+            ("redis+cluster://:hunter2@h:1/3", "database 0"),
+            (
+                "redis+cluster://:hunter2@h:1?ca=/ca.pem",
+                "only for rediss+cluster",
+            ),
+            (
+                "redis://:hunter2@h:1?cert=/c.pem",
+                "only for rediss+cluster",
+            ),
+            ("redis+cluster://:hunter2@h:1?db=2", "unknown parameter"),
+            ("redis+cluster://:hunter2@h:1,,h:2", "empty"),
+        ] {
+            let message = url_error(url);
+            assert!(message.contains(expected), "{url}: {message}");
+            assert!(!message.contains("hunter2"), "{url}: {message}");
+        }
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn a_tls_cluster_url_names_the_missing_feature() {
+        assert!(url_error("rediss+cluster://h:1").contains("`tls` feature"));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_tls_cluster_url_takes_its_files() {
+        let builder =
+            RedisLockBuilder::from_url("rediss+cluster://h:1?ca=/ca.pem&cert=/c.pem&key=/k.pem")
+                .unwrap();
+        let settings = builder.cluster.clone().unwrap();
+        assert!(settings.tls_enabled());
+        assert_eq!(settings.redacted(), "rediss+cluster://h:1");
+        assert!(url_error("rediss+cluster://h:1?cert=/c.pem").contains("go together"));
     }
 
     #[cfg(feature = "tls")]

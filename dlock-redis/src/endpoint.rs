@@ -120,13 +120,32 @@ impl fmt::Debug for Endpoint {
 }
 
 /// `redis://`, `rediss://` and `redis+unix://` with `?parameters`: the server address as the
-/// client library takes it, then the builder's settings by name.
+/// client library takes it, then the builder's settings by name. `redis+cluster://` and
+/// `rediss+cluster://` name a Redis Cluster's seed nodes (see [`crate::cluster`]).
 impl FromUrl for RedisLockBuilder {
-    const SCHEMES: &'static [&'static str] = &["redis", "rediss", "redis+unix", "unix"];
-    const PARAMETERS: &'static [&'static str] =
-        &["prefix", "request_timeout", "connect_timeout", "fence_ttl"];
+    const SCHEMES: &'static [&'static str] = &[
+        "redis",
+        "rediss",
+        "redis+unix",
+        "unix",
+        "redis+cluster",
+        "rediss+cluster",
+    ];
+    const PARAMETERS: &'static [&'static str] = &[
+        "prefix",
+        "request_timeout",
+        "connect_timeout",
+        "fence_ttl",
+        "ca",
+        "cert",
+        "key",
+    ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
+        if crate::cluster::is_cluster_scheme(url.scheme()) {
+            return crate::cluster::from_connect_url(url);
+        }
+        crate::cluster::refuse_tls_files(url)?;
         let builder = RedisLockBuilder::new(url.without_query());
         let builder = dlock_core::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,

@@ -88,6 +88,7 @@ fn cases() -> Vec<(&'static str, Case<Cx>)> {
         case!(locks_spread_over_every_shard_each_with_its_counter),
         case!(a_slot_migration_loses_no_lock_and_grants_no_duplicate),
         case!(a_release_wakes_a_waiter_on_every_shard_and_after_a_migration),
+        case!(a_cluster_url_connects_with_its_settings),
     ]
 }
 
@@ -358,6 +359,35 @@ async fn hand_over(
         took <= PROMPT,
         "the waiter got the lock {took:?} after the release"
     );
+    lease.release().await?;
+    Ok(())
+}
+
+/// `redis+cluster://h1,h2,h3?prefix=…` connects like the builder, and the prefix is applied on
+/// whichever node the key lands.
+async fn a_cluster_url_connects_with_its_settings(cx: Cx) -> anyhow::Result<()> {
+    let prefix = unique("url-prefix/");
+    let url = format!(
+        "redis+cluster://{}?prefix={prefix}&request_timeout=2s",
+        cx.0.seeds().join(",")
+    );
+    let client = Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?);
+    ensure!(client.is_cluster() && client.endpoint().starts_with("redis+cluster://"));
+    let lease = client
+        .try_acquire("job", &LockOptions::new(Duration::from_secs(30)))
+        .await?
+        .context("a fresh key was busy")?;
+    let mut found = 0;
+    for node in cx.0.urls() {
+        let mut con = support::raw(&node).await?;
+        // A node that does not own the key answers MOVED.
+        let exists: redis::RedisResult<bool> = redis::cmd("EXISTS")
+            .arg(format!("{prefix}job"))
+            .query_async(&mut con)
+            .await;
+        found += usize::from(exists.unwrap_or(false));
+    }
+    ensure!(found == 1, "the prefixed key is on {found} nodes");
     lease.release().await?;
     Ok(())
 }
