@@ -58,7 +58,7 @@ fn main() {
     trials.extend(trials::cases(
         "redis_cluster",
         &cases(),
-        &Cx(shared.clone()),
+        &Cx(shared.clone(), Arc::default()),
         support::TRIAL_BUDGET,
     ));
     trials::run_then(&args, trials, &runtime, || async {
@@ -71,9 +71,10 @@ fn main() {
     })
 }
 
-/// What the cluster trials share: the cluster, for its addresses and its slot migrations.
+/// What the cluster trials share: the cluster, for its addresses and its slot migrations, and a
+/// lock that lets one trial at a time move slots, so each sees only its own migrations.
 #[derive(Clone)]
-struct Cx(Arc<RedisCluster>);
+struct Cx(Arc<RedisCluster>, Arc<tokio::sync::Mutex<()>>);
 
 impl Cx {
     async fn client(&self) -> anyhow::Result<Arc<RedisLock>> {
@@ -256,6 +257,7 @@ async fn a_slot_migration_loses_no_lock_and_grants_no_duplicate(cx: Cx) -> anyho
         }));
     }
     // Let the hand-overs start, then move the slot around every primary and back.
+    let migrating = cx.1.lock().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let home = cx.0.owner_of(slot).await?;
     let mut migrations = Vec::new();
@@ -268,6 +270,7 @@ async fn a_slot_migration_loses_no_lock_and_grants_no_duplicate(cx: Cx) -> anyho
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let owner = cx.0.owner_of(slot).await?;
+    drop(migrating);
     stop.store(true, Ordering::Release);
     for worker in workers {
         worker.await?;
@@ -319,8 +322,10 @@ async fn a_release_wakes_a_waiter_on_every_shard_and_after_a_migration(
     }
     let moved = &keys[0];
     let slot = keys::hash_slot(moved.as_bytes());
+    let migrating = cx.1.lock().await;
     let to = (cx.0.owner_of(slot).await? + 1) % 3;
     cx.0.migrate_slot(slot, to).await?;
+    drop(migrating);
     // The first hand-over after the move may be found by the retried subscription; give the
     // listener its resubscription period, then every hand-over must be prompt.
     tokio::time::sleep(Duration::from_secs(1)).await;
