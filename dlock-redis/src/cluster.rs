@@ -425,7 +425,7 @@ pub(crate) async fn connect(
         .instrument(span)
         .await
         .map_err(|_| error::no_answer("connect", connect_timeout))?
-        .map_err(|e| error::from_redis("connect", e))?;
+        .map_err(connect_error)?;
     let connection = Connection::cluster(con, request_timeout);
     let (pushes, received) = mpsc::unbounded_channel();
     let listener_client =
@@ -450,6 +450,24 @@ pub(crate) async fn connect(
         fence_ttl,
         Some(ClusterInfo { redacted }),
     ))
+}
+
+/// Classifies a failed cluster connect. The cluster client reports a refusal of the first
+/// connections as an I/O error whose text names the cause, so refused credentials would look
+/// like an unreachable cluster; they are a permanent error instead (retrying will not help).
+fn connect_error(e: redis::RedisError) -> Error {
+    let refused = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.detail().is_some_and(|detail| {
+            detail.contains("AuthenticationFailed") || detail.contains("WRONGPASS")
+        });
+    if refused {
+        return Error::backend(
+            error::BACKEND,
+            false,
+            "connect: the cluster refused the user name or password",
+        );
+    }
+    error::from_redis("connect", e)
 }
 
 /// The channel a release of `lock_key` is announced on in a cluster: in the lock key's slot, so

@@ -26,7 +26,7 @@ use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
 use dlock_redis::protocol::keys;
 use dlock_redis::{RedisLock, RedisLockBuilder};
 use dlock_testkit::case;
-use dlock_testkit::fixtures::{docker_opt_out, RedisCluster};
+use dlock_testkit::fixtures::{docker_opt_out, RedisCluster, CLUSTER_PASSWORD, CLUSTER_USER};
 use dlock_testkit::trials::{self, Case};
 use dlock_testkit::Members;
 use libtest_mimic::{Arguments, Trial};
@@ -90,6 +90,7 @@ fn cases() -> Vec<(&'static str, Case<Cx>)> {
         case!(a_slot_migration_loses_no_lock_and_grants_no_duplicate),
         case!(a_release_wakes_a_waiter_on_every_shard_and_after_a_migration),
         case!(a_cluster_url_connects_with_its_settings),
+        case!(credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshown),
     ]
 }
 
@@ -394,5 +395,58 @@ async fn a_cluster_url_connects_with_its_settings(cx: Cx) -> anyhow::Result<()> 
     }
     ensure!(found == 1, "the prefixed key is on {found} nodes");
     lease.release().await?;
+    Ok(())
+}
+
+/// A client that logs in as an ACL user (through the URL's credentials) works on all three
+/// shards, waking included; a wrong password is refused as a permanent error that does not show
+/// it.
+async fn credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshown(
+    cx: Cx,
+) -> anyhow::Result<()> {
+    let seeds = cx.0.seeds().join(",");
+    let url = format!("redis+cluster://{CLUSTER_USER}:{CLUSTER_PASSWORD}@{seeds}");
+    let (a, b) = (
+        Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?),
+        Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?),
+    );
+    ensure!(!a.endpoint().contains(CLUSTER_PASSWORD), "{}", a.endpoint());
+    ensure!(!format!("{a:?}").contains(CLUSTER_PASSWORD));
+    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
+    let namespace = unique("auth");
+    let mut shards = [false; 3];
+    for i in 0.. {
+        let key = format!("{namespace}/{i}");
+        let owner = cx.0.owner_of(keys::hash_slot(key.as_bytes())).await?;
+        if !shards[owner] {
+            hand_over(&a, &b, &key, &opts)
+                .await
+                .with_context(|| key.clone())?;
+            shards[owner] = true;
+        }
+        if shards.iter().all(|&s| s) {
+            break;
+        }
+    }
+    let wrong = "not-the-password-0451";
+    let refused = RedisLockBuilder::cluster(cx.0.seeds())
+        .with_cluster_username(CLUSTER_USER)
+        .with_cluster_password(wrong)
+        .connect()
+        .await;
+    match refused {
+        Ok(_) => anyhow::bail!("a wrong password was accepted"),
+        Err(e) => {
+            let shown = format!("{e} {e:?}");
+            ensure!(
+                !e.is_temporary(),
+                "a wrong password looks temporary: {shown}"
+            );
+            ensure!(
+                !shown.contains(wrong),
+                "the error shows the password: {shown}"
+            );
+        }
+    }
     Ok(())
 }
