@@ -121,7 +121,7 @@ impl fmt::Debug for Endpoint {
 
 /// `redis://`, `rediss://` and `redis+unix://` with `?parameters`: the server address as the
 /// client library takes it, then the builder's settings by name. `redis+cluster://` and
-/// `rediss+cluster://` name a Redis Cluster's seed nodes (see [`crate::cluster`]).
+/// `rediss+cluster://` name a Redis Cluster's seed nodes (see [the crate docs](crate#redis-cluster)).
 impl FromUrl for RedisLockBuilder {
     const SCHEMES: &'static [&'static str] = &[
         "redis",

@@ -1,4 +1,4 @@
-//! dlock on a single Redis server: fenced leases, woken waiters, and bounded failures.
+//! dlock on a Redis server or a Redis Cluster: fenced leases, woken waiters, and bounded failures.
 //!
 //! ```no_run
 //! # async fn demo() -> dlock_core::Result<()> {
