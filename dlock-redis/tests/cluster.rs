@@ -26,6 +26,7 @@ use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
 use dlock_redis::protocol::keys;
 use dlock_redis::{RedisLock, RedisLockBuilder};
 use dlock_testkit::case;
+use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::{docker_opt_out, RedisCluster, CLUSTER_PASSWORD, CLUSTER_USER};
 use dlock_testkit::trials::{self, Case};
 use dlock_testkit::Members;
@@ -46,40 +47,63 @@ fn main() {
     }
 
     let runtime = trials::fixture_runtime();
-    let (shared, outage) = trials::start(
+    let certs = TestCerts::generate(&["127.0.0.1", "localhost"], "dlock-client")
+        .expect("test certificates");
+    let (shared, outage, tls) = trials::start(
         &runtime,
-        "a Redis Cluster of three primaries and one of one",
-        async { tokio::try_join!(RedisCluster::start(3), RedisCluster::start(1)) },
+        "Redis Clusters: three primaries, one, and three over TLS",
+        async {
+            tokio::try_join!(
+                RedisCluster::start(3),
+                RedisCluster::start(1),
+                RedisCluster::start_tls(3, &certs)
+            )
+        },
     );
     let shared = Arc::new(shared);
+    let tls = Arc::new(tls);
 
     let subject = subject(&shared, &outage, runtime.handle().clone());
     let mut trials: Vec<Trial> = suite::trials(&subject);
     trials.extend(trials::cases(
         "redis_cluster",
         &cases(),
-        &Cx(shared.clone(), Arc::default()),
+        &Cx {
+            cluster: shared.clone(),
+            migrating: Arc::default(),
+            tls: tls.clone(),
+            certs: Arc::new(certs),
+        },
         support::TRIAL_BUDGET,
     ));
     trials::run_then(&args, trials, &runtime, || async {
-        let shared = Arc::try_unwrap(shared).ok();
-        let a = match shared {
-            Some(shared) => shared.shutdown().await,
-            None => Ok(()),
-        };
-        a.and(outage.shutdown().await)
+        let mut result = outage.shutdown().await;
+        for cluster in [shared, tls] {
+            if let Ok(cluster) = Arc::try_unwrap(cluster) {
+                result = result.and(cluster.shutdown().await);
+            }
+        }
+        result
     })
 }
 
 /// What the cluster trials share: the cluster, for its addresses and its slot migrations, and a
 /// lock that lets one trial at a time move slots, so each sees only its own migrations.
 #[derive(Clone)]
-struct Cx(Arc<RedisCluster>, Arc<tokio::sync::Mutex<()>>);
+struct Cx {
+    cluster: Arc<RedisCluster>,
+    migrating: Arc<tokio::sync::Mutex<()>>,
+    /// A cluster that speaks TLS only, and its certificates.
+    tls: Arc<RedisCluster>,
+    certs: Arc<TestCerts>,
+}
 
 impl Cx {
     async fn client(&self) -> anyhow::Result<Arc<RedisLock>> {
         Ok(Arc::new(
-            RedisLockBuilder::cluster(self.0.seeds()).connect().await?,
+            RedisLockBuilder::cluster(self.cluster.seeds())
+                .connect()
+                .await?,
         ))
     }
 }
@@ -91,6 +115,7 @@ fn cases() -> Vec<(&'static str, Case<Cx>)> {
         case!(a_release_wakes_a_waiter_on_every_shard_and_after_a_migration),
         case!(a_cluster_url_connects_with_its_settings),
         case!(credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshown),
+        case!(a_tls_cluster_url_locks_and_wakes_on_every_shard),
     ]
 }
 
@@ -170,7 +195,7 @@ async fn locks_spread_over_every_shard_each_with_its_counter(cx: Cx) -> anyhow::
         );
     }
     let mut per_node = Vec::new();
-    for url in cx.0.urls() {
+    for url in cx.cluster.urls() {
         let mut con = support::raw(&url).await?;
         let pattern = format!("{}/*", support::glob_escape(&namespace));
         let locks = support::scan(&mut con, &pattern).await?;
@@ -210,7 +235,7 @@ async fn a_slot_migration_loses_no_lock_and_grants_no_duplicate(cx: Cx) -> anyho
     let mut workers = Vec::new();
     for _ in 0..6 {
         let client = Arc::new(
-            RedisLockBuilder::cluster(cx.0.seeds())
+            RedisLockBuilder::cluster(cx.cluster.seeds())
                 .with_request_timeout(Duration::from_secs(5))
                 .connect()
                 .await?,
@@ -258,19 +283,20 @@ async fn a_slot_migration_loses_no_lock_and_grants_no_duplicate(cx: Cx) -> anyho
         }));
     }
     // Let the hand-overs start, then move the slot around every primary and back.
-    let migrating = cx.1.lock().await;
+    let migrating = cx.migrating.lock().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let home = cx.0.owner_of(slot).await?;
+    let home = cx.cluster.owner_of(slot).await?;
     let mut migrations = Vec::new();
     for step in 1..=4 {
         let to = (home + step) % 3;
         let before = grants.load(Ordering::Relaxed);
-        cx.0.migrate_slot_pausing(slot, to, Duration::from_millis(300))
+        cx.cluster
+            .migrate_slot_pausing(slot, to, Duration::from_millis(300))
             .await?;
         migrations.push((to, grants.load(Ordering::Relaxed) - before));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let owner = cx.0.owner_of(slot).await?;
+    let owner = cx.cluster.owner_of(slot).await?;
     drop(migrating);
     stop.store(true, Ordering::Release);
     for worker in workers {
@@ -309,7 +335,7 @@ async fn a_release_wakes_a_waiter_on_every_shard_and_after_a_migration(
     let mut per_node: Vec<Option<String>> = vec![None; 3];
     for i in 0.. {
         let key = format!("{namespace}/{i}");
-        let owner = cx.0.owner_of(keys::hash_slot(key.as_bytes())).await?;
+        let owner = cx.cluster.owner_of(keys::hash_slot(key.as_bytes())).await?;
         per_node[owner].get_or_insert(key);
         if per_node.iter().all(Option::is_some) {
             break;
@@ -323,9 +349,9 @@ async fn a_release_wakes_a_waiter_on_every_shard_and_after_a_migration(
     }
     let moved = &keys[0];
     let slot = keys::hash_slot(moved.as_bytes());
-    let migrating = cx.1.lock().await;
-    let to = (cx.0.owner_of(slot).await? + 1) % 3;
-    cx.0.migrate_slot(slot, to).await?;
+    let migrating = cx.migrating.lock().await;
+    let to = (cx.cluster.owner_of(slot).await? + 1) % 3;
+    cx.cluster.migrate_slot(slot, to).await?;
     drop(migrating);
     // The first hand-over after the move may be found by the retried subscription; give the
     // listener its resubscription period, then every hand-over must be prompt.
@@ -375,7 +401,7 @@ async fn a_cluster_url_connects_with_its_settings(cx: Cx) -> anyhow::Result<()> 
     let prefix = unique("url-prefix/");
     let url = format!(
         "redis+cluster://{}?prefix={prefix}&request_timeout=2s",
-        cx.0.seeds().join(",")
+        cx.cluster.seeds().join(",")
     );
     let client = Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?);
     ensure!(client.is_cluster() && client.endpoint().starts_with("redis+cluster://"));
@@ -384,7 +410,7 @@ async fn a_cluster_url_connects_with_its_settings(cx: Cx) -> anyhow::Result<()> 
         .await?
         .context("a fresh key was busy")?;
     let mut found = 0;
-    for node in cx.0.urls() {
+    for node in cx.cluster.urls() {
         let mut con = support::raw(&node).await?;
         // A node that does not own the key answers MOVED.
         let exists: redis::RedisResult<bool> = redis::cmd("EXISTS")
@@ -404,7 +430,7 @@ async fn a_cluster_url_connects_with_its_settings(cx: Cx) -> anyhow::Result<()> 
 async fn credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshown(
     cx: Cx,
 ) -> anyhow::Result<()> {
-    let seeds = cx.0.seeds().join(",");
+    let seeds = cx.cluster.seeds().join(",");
     let url = format!("redis+cluster://{CLUSTER_USER}:{CLUSTER_PASSWORD}@{seeds}");
     let (a, b) = (
         Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?),
@@ -417,7 +443,7 @@ async fn credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshow
     let mut shards = [false; 3];
     for i in 0.. {
         let key = format!("{namespace}/{i}");
-        let owner = cx.0.owner_of(keys::hash_slot(key.as_bytes())).await?;
+        let owner = cx.cluster.owner_of(keys::hash_slot(key.as_bytes())).await?;
         if !shards[owner] {
             hand_over(&a, &b, &key, &opts)
                 .await
@@ -429,7 +455,7 @@ async fn credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshow
         }
     }
     let wrong = "not-the-password-0451";
-    let refused = RedisLockBuilder::cluster(cx.0.seeds())
+    let refused = RedisLockBuilder::cluster(cx.cluster.seeds())
         .with_cluster_username(CLUSTER_USER)
         .with_cluster_password(wrong)
         .connect()
@@ -448,5 +474,50 @@ async fn credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshow
             );
         }
     }
+    Ok(())
+}
+
+/// `rediss+cluster://…?ca=…&cert=…&key=…` reaches every node of a cluster that speaks TLS only
+/// (redirects included: the client verifies each node it is sent to), locks and hands over by
+/// notification on all three shards; without the authority (the system's roots) it cannot
+/// connect.
+async fn a_tls_cluster_url_locks_and_wakes_on_every_shard(cx: Cx) -> anyhow::Result<()> {
+    let seeds = cx.tls.seeds().join(",");
+    let url = format!(
+        "rediss+cluster://{seeds}?ca={}&cert={}&key={}",
+        cx.certs.ca.display(),
+        cx.certs.client_cert.display(),
+        cx.certs.client_key.display()
+    );
+    let (a, b) = (
+        Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?),
+        Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?),
+    );
+    ensure!(
+        a.endpoint().starts_with("rediss+cluster://"),
+        "{}",
+        a.endpoint()
+    );
+    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
+    let namespace = unique("tls");
+    let mut shards = [false; 3];
+    for i in 0.. {
+        let key = format!("{namespace}/{i}");
+        let owner = cx.tls.owner_of(keys::hash_slot(key.as_bytes())).await?;
+        if !shards[owner] {
+            hand_over(&a, &b, &key, &opts)
+                .await
+                .with_context(|| key.clone())?;
+            shards[owner] = true;
+        }
+        if shards.iter().all(|&s| s) {
+            break;
+        }
+    }
+    let untrusted = RedisLockBuilder::from_url(&format!("rediss+cluster://{seeds}"))?
+        .with_connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    ensure!(untrusted.is_err(), "connected without the authority");
     Ok(())
 }
