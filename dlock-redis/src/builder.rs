@@ -7,7 +7,7 @@ use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
 use crate::cluster::ClusterSettings;
-use crate::connection::{self, Connection};
+use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
 use crate::protocol::keys::KeyLayout;
@@ -129,7 +129,7 @@ impl RedisLockBuilder {
                 .await;
         }
         let endpoint = self.url.parse()?;
-        let client = connection::client(&endpoint)?;
+        let client = endpoint.client()?;
         let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
         let connection =
             Connection::open(client.clone(), self.connect_timeout, self.request_timeout)

@@ -113,26 +113,24 @@ impl ClusterTls {
         self
     }
 
+    /// Reads and checks the files (see [`TlsFiles::load`](dlock_core::tls::TlsFiles::load)):
+    /// errors name the setting and the path, never the contents.
     fn certificates(&self) -> Result<redis::TlsCertificates> {
-        let read = |field: &'static str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| {
-                Error::invalid(
-                    field,
-                    format!("cannot read {}: {}", path.display(), e.kind()),
-                )
-            })
+        let files = dlock_core::tls::TlsFiles {
+            ca: self.ca.clone(),
+            cert: self.client.as_ref().map(|(cert, _)| cert.clone()),
+            key: self.client.as_ref().map(|(_, key)| key.clone()),
+            server_name: None,
         };
-        let root_cert = self.ca.as_ref().map(|p| read("ca", p)).transpose()?;
-        let client_tls = match &self.client {
-            Some((cert, key)) => Some(redis::ClientTlsConfig {
-                client_cert: read("cert", cert)?,
-                client_key: read("key", key)?,
-            }),
-            None => None,
-        };
+        let pem = files.load()?;
         Ok(redis::TlsCertificates {
-            client_tls,
-            root_cert,
+            client_tls: pem
+                .identity
+                .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }),
+            root_cert: pem.ca,
         })
     }
 }
@@ -324,12 +322,9 @@ pub(crate) fn is_cluster_scheme(scheme: &str) -> bool {
     matches!(scheme, "redis+cluster" | "rediss+cluster")
 }
 
-/// The TLS file parameters, taken only by `rediss+cluster://`.
-const TLS_FILES: [&str; 3] = ["ca", "cert", "key"];
-
-/// Refuses `ca`, `cert` and `key` on a scheme that does not take them.
-pub(crate) fn refuse_tls_files(url: &mut ConnectUrl) -> Result<()> {
-    for name in TLS_FILES {
+/// Refuses the TLS parameters on `redis+cluster://`, which does not take them.
+fn refuse_tls_files(url: &mut ConnectUrl) -> Result<()> {
+    for name in dlock_core::tls::TLS_PARAMETERS {
         if url.take(name).is_some() {
             return Err(url.invalid(format!("parameter `{name}` is only for rediss+cluster://")));
         }
@@ -373,11 +368,18 @@ pub(crate) fn from_connect_url(url: &mut ConnectUrl) -> Result<RedisLockBuilder>
 
 #[cfg(feature = "tls")]
 fn tls_from_url(url: &mut ConnectUrl, builder: RedisLockBuilder) -> Result<RedisLockBuilder> {
+    let files = dlock_core::tls::TlsFiles::from_url(url)?.unwrap_or_default();
+    if files.server_name.is_some() {
+        return Err(url.invalid(
+            "tls_server_name is not supported for a Redis Cluster: each node's certificate is \
+             checked against the host the cluster announces for it",
+        ));
+    }
     let mut tls = ClusterTls::new();
-    if let Some(ca) = url.take_path("ca")? {
+    if let Some(ca) = files.ca {
         tls = tls.with_ca(ca);
     }
-    match (url.take_path("cert")?, url.take_path("key")?) {
+    match (files.cert, files.key) {
         (Some(cert), Some(key)) => tls = tls.with_client_cert(cert, key),
         (None, None) => {}
         _ => return Err(url.invalid("`cert` and `key` go together")),
@@ -742,10 +744,6 @@ mod tests {
                 "redis+cluster://:hunter2@h:1?ca=/ca.pem",
                 "only for rediss+cluster",
             ),
-            (
-                "redis://:hunter2@h:1?cert=/c.pem",
-                "only for rediss+cluster",
-            ),
             ("redis+cluster://:hunter2@h:1?db=2", "unknown parameter"),
             ("redis+cluster://:hunter2@h:1,,h:2", "empty"),
         ] {
@@ -781,24 +779,26 @@ mod tests {
         let key = dir.join("client.key");
         std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n").unwrap();
         let missing = dir.join("missing-ca.pem");
-        let result = RedisLockBuilder::cluster(["127.0.0.1:1"])
-            .with_cluster_tls(
-                ClusterTls::new()
-                    .with_ca(&missing)
-                    .with_client_cert(&key, &key),
-            )
-            .connect()
-            .await;
-        let _ = std::fs::remove_dir_all(&dir);
-        match result {
-            Err(Error::InvalidInput { field, message }) => {
-                assert_eq!(field, "ca");
-                assert!(message.contains("missing-ca.pem"), "{message}");
-                assert!(!message.contains("secret-key-bytes"), "{message}");
+        let attempt = |tls: ClusterTls| async move {
+            match RedisLockBuilder::cluster(["127.0.0.1:1"])
+                .with_cluster_tls(tls)
+                .connect()
+                .await
+            {
+                Err(Error::InvalidInput { field, message }) => (field, message),
+                Err(other) => panic!("expected InvalidInput, got {other}"),
+                Ok(_) => panic!("connected with unusable TLS files"),
             }
-            Err(other) => panic!("expected InvalidInput, got {other}"),
-            Ok(_) => panic!("connected without a CA file"),
-        }
+        };
+        let (field, message) = attempt(ClusterTls::new().with_ca(&missing)).await;
+        assert_eq!(field, "ca");
+        assert!(message.contains("missing-ca.pem"), "{message}");
+        // A key where a certificate belongs: named by its path, its contents never shown.
+        let (field, message) = attempt(ClusterTls::new().with_client_cert(&key, &key)).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(field, "cert");
+        assert!(message.contains("client.key"), "{message}");
+        assert!(!message.contains("secret-key-bytes"), "{message}");
     }
 
     #[test]
