@@ -6,6 +6,7 @@ use std::time::Duration;
 use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
+use crate::cluster::ClusterSettings;
 use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
@@ -55,6 +56,8 @@ pub struct RedisLockBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     fence_ttl: Option<Duration>,
+    /// Set by [`RedisLockBuilder::cluster`]: the URL is then unused.
+    pub(crate) cluster: Option<ClusterSettings>,
 }
 
 dlock_core::setters! {
@@ -91,6 +94,7 @@ impl RedisLockBuilder {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             fence_ttl: None,
+            cluster: None,
         }
     }
 
@@ -112,7 +116,6 @@ impl RedisLockBuilder {
     /// # Cancel safety
     /// Cancel safe: nothing is left behind but a closed connection.
     pub async fn connect(self) -> Result<RedisLock> {
-        let endpoint = self.url.parse()?;
         let layout = KeyLayout::new(self.prefix)?;
         check_timeout("request_timeout", self.request_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
@@ -120,6 +123,12 @@ impl RedisLockBuilder {
             check_fence_ttl(ttl)?;
         }
         install_crypto_provider();
+        if let Some(cluster) = self.cluster {
+            let (connect, request) = (self.connect_timeout, self.request_timeout);
+            return crate::cluster::connect(cluster, layout, connect, request, self.fence_ttl)
+                .await;
+        }
+        let endpoint = self.url.parse()?;
         let client = endpoint.client()?;
         let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
         let connection =
@@ -138,6 +147,7 @@ impl RedisLockBuilder {
             wakeups,
             endpoint,
             self.fence_ttl,
+            None,
         ))
     }
 }

@@ -30,6 +30,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::RedisResult;
 
+use crate::cluster::RedisConnection;
 use crate::endpoint::Endpoint;
 use crate::error;
 
@@ -63,7 +64,9 @@ pub(crate) struct Connection {
 
 /// What the clones of a [`Connection`] share: the current link and how to open the next one.
 struct Shared {
-    client: redis::Client,
+    /// `None` for a cluster connection, which reconnects to each node by itself and is not
+    /// replaced on a timeout.
+    client: Option<redis::Client>,
     config: ConnectionManagerConfig,
     /// Swapped for a new link when a request on it times out; loading it takes no lock.
     current: ArcSwap<Link>,
@@ -71,13 +74,13 @@ struct Shared {
 
 /// One connection manager, until a request on it times out.
 struct Link {
-    manager: ConnectionManager,
+    manager: RedisConnection,
     /// Set by the first timed-out request, which replaces the link; later ones leave it.
     retired: AtomicBool,
 }
 
 impl Link {
-    fn new(manager: ConnectionManager) -> Arc<Self> {
+    fn new(manager: RedisConnection) -> Arc<Self> {
         Arc::new(Link {
             manager,
             retired: AtomicBool::new(false),
@@ -90,13 +93,17 @@ impl Shared {
     /// next request (bounded by its request timeout, like any wait for a reconnection). Requests
     /// still running on `link` finish there; its socket closes when the last one ends.
     fn retire(&self, link: &Arc<Link>) {
+        let Some(client) = &self.client else {
+            return;
+        };
         if link.retired.swap(true, Ordering::AcqRel) {
             return;
         }
         // Fails only for a configuration the first connection was already opened with.
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+        match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(manager) => {
-                self.current.compare_and_swap(link, Link::new(manager));
+                self.current
+                    .compare_and_swap(link, Link::new(RedisConnection::Server(manager)));
                 tracing::debug!("redis: a request timed out; its connection is replaced");
             }
             Err(error) => {
@@ -158,6 +165,30 @@ impl Connection {
             .await
             .map_err(|_| error::no_answer("connect", connect_timeout))?
             .map_err(|e| error::from_redis("connect", e))?;
+        Ok(Self::assemble(
+            Some(client),
+            config,
+            RedisConnection::Server(manager),
+            request_timeout,
+        ))
+    }
+
+    /// Wraps an open cluster connection (see [`crate::cluster`]).
+    pub(crate) fn cluster(
+        connection: redis::cluster_async::ClusterConnection,
+        request_timeout: Duration,
+    ) -> Self {
+        let config = ConnectionManagerConfig::new();
+        let connection = RedisConnection::Cluster(connection);
+        Self::assemble(None, config, connection, request_timeout)
+    }
+
+    fn assemble(
+        client: Option<redis::Client>,
+        config: ConnectionManagerConfig,
+        manager: RedisConnection,
+        request_timeout: Duration,
+    ) -> Self {
         let alive = Arc::new(());
         if request_timeout >= MIN_KEEPER_TIMEOUT {
             let keeper = TimerKeeper {
@@ -166,7 +197,7 @@ impl Connection {
             };
             tokio::spawn(keeper.run());
         }
-        Ok(Connection {
+        Connection {
             shared: Arc::new(Shared {
                 client,
                 config,
@@ -174,7 +205,7 @@ impl Connection {
             }),
             request_timeout,
             _alive: alive,
-        })
+        }
     }
 
     /// Runs `call` on the connection, bounded by the request timeout; errors name `op`. A
@@ -184,7 +215,7 @@ impl Connection {
     /// Dropping it drops the request: it may or may not have reached the server.
     pub(crate) async fn run<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(RedisConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let link = self.shared.current.load_full();
@@ -200,7 +231,7 @@ impl Connection {
 
     /// A handle on the current multiplexed connection; it stays on that connection when a
     /// timed-out request makes the client move to a new one.
-    pub(crate) fn manager(&self) -> ConnectionManager {
+    pub(crate) fn manager(&self) -> RedisConnection {
         self.shared.current.load().manager.clone()
     }
 

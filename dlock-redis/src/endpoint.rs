@@ -184,9 +184,17 @@ impl fmt::Debug for Endpoint {
 }
 
 /// `redis://`, `rediss://` and `redis+unix://` with `?parameters`: the server address as the
-/// client library takes it, then the builder's settings by name.
+/// client library takes it, then the builder's settings by name. `redis+cluster://` and
+/// `rediss+cluster://` name a Redis Cluster's seed nodes (see [the crate docs](crate#redis-cluster)).
 impl FromUrl for RedisLockBuilder {
-    const SCHEMES: &'static [&'static str] = &["redis", "rediss", "redis+unix", "unix"];
+    const SCHEMES: &'static [&'static str] = &[
+        "redis",
+        "rediss",
+        "redis+unix",
+        "unix",
+        "redis+cluster",
+        "rediss+cluster",
+    ];
     const PARAMETERS: &'static [&'static str] = &[
         "prefix",
         "request_timeout",
@@ -198,6 +206,9 @@ impl FromUrl for RedisLockBuilder {
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
+        if crate::cluster::is_cluster_scheme(url.scheme()) {
+            return crate::cluster::from_connect_url(url);
+        }
         // The server's TLS files travel in its URL, as they do for each Redlock master.
         let mut address = url.without_query();
         if let Some(tls) = TlsFiles::from_url(url)? {

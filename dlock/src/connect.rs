@@ -35,6 +35,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis+unix", "redis"),
     ("unix", "redis"),
     ("rediss", "redis-tls"),
+    ("redis+cluster", "redis"),
+    ("rediss+cluster", "redis-tls"),
     ("redlock", "redlock"),
     ("zk", "zk"),
     ("zk+tls", "zk-tls"),
@@ -51,6 +53,8 @@ type Backend = Arc<dyn DistributedLock>;
 /// | `memory://` | [`InMemoryLock`], new for each call | — | — |
 /// | `redis://[user[:password]@]host[:port][/db]`, `redis+unix:///path` | one Redis server | `redis` | `prefix`, `request_timeout`, `connect_timeout`, `fence_ttl` (let idle keys' counters expire, e.g. `30d`) |
 /// | `rediss://…` (TLS; `#insecure` skips certificate checks) | one Redis server | `redis-tls` | as `redis://` |
+/// | `redis+cluster://[user[:password]@]host:port[,host:port…]` | a Redis Cluster (seed nodes) | `redis` | as `redis://` |
+/// | `rediss+cluster://…?ca=PATH[&cert=PATH&key=PATH]` | a Redis Cluster over TLS | `redis-tls` | as `redis://`, and `ca`, `cert`, `key` (PEM files) |
 /// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `request_timeout` (each master's), `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use), `fence_ttl` |
 /// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `request_timeout`, `connect_timeout`, `identifier`, `naming` (`kazoo` or `curator`) |
 /// | `zk+tls://[user:password@]host[:port],…[/chroot]?ca=PATH[&cert=PATH&key=PATH]` (ports default to 2281) | a ZooKeeper ensemble over TLS | `zk-tls` | as `zk://`, and `ca`, `cert`, `key` (PEM files) |
