@@ -232,7 +232,10 @@ async fn zk_urls() {
             "zk://u:hunter2@h?operation_timeout=1s",
             "unknown parameter `operation_timeout` for zk://",
         ),
-        ("zk://u:hunter2@h?prefix=locks", "prefix: \"locks\" must start with"),
+        (
+            "zk://u:hunter2@h?prefix=locks",
+            "prefix: \"locks\" must start with",
+        ),
         ("zk://u:hunter2@h?prefix=/zookeeper/x", "prefix:"),
         ("zk://u:hunter2@h?session_timeout=1ms", "session_timeout"),
         ("zk://u:hunter2@h1,,h2", "url"),
