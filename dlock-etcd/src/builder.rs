@@ -1,7 +1,10 @@
 //! Configuration of an etcd lock client, validated before anything is sent.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use etcd_client::{Certificate, Identity, TlsOptions};
 
 use dlock_core::url::redact_password;
 use dlock_core::{check_within, Error, Result};
@@ -41,7 +44,95 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Builds an [`EtcdLock`]: endpoints, namespace, session TTL, timeouts, credentials.
+/// The TLS files of a client: the authority the server is verified against, and optionally a
+/// client certificate and key for servers that require one (`--client-cert-auth`). Paths only:
+/// the files are read when the builder is validated, and their contents never shown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TlsFiles {
+    ca: PathBuf,
+    client: Option<(PathBuf, PathBuf)>,
+    server_name: Option<String>,
+}
+
+/// The loaded TLS configuration, whose `Debug` names the files but never shows the key.
+#[derive(Clone)]
+pub(crate) struct TlsConfig {
+    files: TlsFiles,
+    pub(crate) options: TlsOptions,
+}
+
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("ca", &self.files.ca)
+            .field("cert", &self.files.client.as_ref().map(|(cert, _)| cert))
+            .field("key", &self.files.client.as_ref().map(|(_, key)| key))
+            .field("tls_server_name", &self.files.server_name)
+            .finish()
+    }
+}
+
+/// What a PEM file must hold.
+#[derive(Clone, Copy)]
+enum Pem {
+    Certificate,
+    PrivateKey,
+}
+
+/// Reads a PEM file for setting `field`. A failure names the setting and the path, never what
+/// the file holds (it may be a private key).
+fn read_pem(field: &'static str, path: &Path, kind: Pem) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::invalid(field, format!("cannot read {}: {e}", path.display())))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let found = match kind {
+        Pem::Certificate => text.contains("-----BEGIN CERTIFICATE-----"),
+        Pem::PrivateKey => text
+            .lines()
+            .any(|line| line.starts_with("-----BEGIN ") && line.ends_with("PRIVATE KEY-----")),
+    };
+    if !found {
+        let what = match kind {
+            Pem::Certificate => "a PEM certificate (-----BEGIN CERTIFICATE-----)",
+            Pem::PrivateKey => "a PEM private key (-----BEGIN … PRIVATE KEY-----)",
+        };
+        return Err(Error::invalid(
+            field,
+            format!("{} does not hold {what}", path.display()),
+        ));
+    }
+    Ok(bytes)
+}
+
+impl TlsFiles {
+    fn load(&self) -> Result<TlsConfig> {
+        let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(read_pem(
+            "ca",
+            &self.ca,
+            Pem::Certificate,
+        )?));
+        if let Some((cert, key)) = &self.client {
+            let cert = read_pem("cert", cert, Pem::Certificate)?;
+            let key = read_pem("key", key, Pem::PrivateKey)?;
+            options = options.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.server_name {
+            if name.is_empty() || name.contains(['/', ' ', ':', '@']) {
+                return Err(Error::invalid(
+                    "tls_server_name",
+                    format!("{name:?} is not a host name"),
+                ));
+            }
+            options = options.domain_name(name.clone());
+        }
+        Ok(TlsConfig {
+            files: self.clone(),
+            options,
+        })
+    }
+}
+
+/// Builds an [`EtcdLock`]: endpoints, namespace, session TTL, timeouts, credentials, TLS.
 ///
 /// ```no_run
 /// # async fn demo() -> dlock_core::Result<()> {
@@ -57,7 +148,24 @@ impl fmt::Debug for Secret {
 /// # drop(locks); Ok(()) }
 /// ```
 ///
-/// `Debug` shows every setting but the password, which it holds as a `Secret` that hides it.
+/// Over TLS, with a client certificate and a user (the endpoints are dialled as `https://`):
+///
+/// ```no_run
+/// # async fn demo() -> dlock_core::Result<()> {
+/// use dlock_etcd::EtcdLock;
+///
+/// let locks = EtcdLock::builder()
+///     .with_endpoints(["etcd-1.internal:2379", "etcd-2.internal:2379", "etcd-3.internal:2379"])
+///     .with_tls("/etc/dlock/etcd-ca.pem")
+///     .with_client_cert("/etc/dlock/client.pem", "/etc/dlock/client-key.pem")
+///     .with_credentials("billing", "s3cret")
+///     .connect()
+///     .await?;
+/// # drop(locks); Ok(()) }
+/// ```
+///
+/// `Debug` shows every setting but the password, which it holds as a `Secret` that hides it;
+/// of the TLS files it shows the paths only.
 #[derive(Clone, Debug)]
 pub struct EtcdLockBuilder {
     endpoints: Vec<String>,
@@ -66,6 +174,11 @@ pub struct EtcdLockBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     credentials: Option<(String, Secret)>,
+    /// The CA file: TLS is on when it is set.
+    ca: Option<PathBuf>,
+    /// The client certificate and key files.
+    client_cert: Option<(PathBuf, PathBuf)>,
+    tls_server_name: Option<String>,
 }
 
 dlock_core::setters! {
@@ -93,6 +206,9 @@ impl Default for EtcdLockBuilder {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             credentials: None,
+            ca: None,
+            client_cert: None,
+            tls_server_name: None,
         }
     }
 }
@@ -106,6 +222,7 @@ pub(crate) struct Settings {
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) credentials: Option<(String, Secret)>,
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl EtcdLockBuilder {
@@ -149,6 +266,58 @@ impl EtcdLockBuilder {
         self
     }
 
+    /// Connects over TLS and verifies the server's certificate against the authority in the PEM
+    /// file `ca` (etcd's `--trusted-ca-file` side of the client). Endpoints are then dialled as
+    /// `https://`; a `http://` endpoint is refused. The file is read when the builder is
+    /// validated: a missing or non-PEM file is an [`Error::InvalidInput`] for field `ca` naming
+    /// the path.
+    pub fn with_tls(mut self, ca: impl Into<PathBuf>) -> Self {
+        self.ca = Some(ca.into());
+        self
+    }
+
+    /// Presents a client certificate (PEM file `cert`) with its private key (PEM file `key`),
+    /// for servers that require one (`--client-cert-auth`); needs [`with_tls`](Self::with_tls).
+    /// With auth enabled and no [`with_credentials`](Self::with_credentials), etcd takes the
+    /// certificate's common name as the user; with credentials, the user is the one named there.
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Verifies the server's certificate for `name` instead of the endpoint's host, e.g. when
+    /// dialling members by IP address whose certificates name a host; needs
+    /// [`with_tls`](Self::with_tls).
+    pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls_server_name = Some(name.into());
+        self
+    }
+
+    /// The TLS files as set, with the certificate and server name in place.
+    fn tls_files(&self) -> Result<Option<TlsFiles>> {
+        match (&self.ca, &self.client_cert, &self.tls_server_name) {
+            (None, None, None) => Ok(None),
+            (None, Some(_), _) => Err(Error::invalid(
+                "cert",
+                "a client certificate needs TLS: set the server's CA with with_tls",
+            )),
+            (None, None, Some(_)) => Err(Error::invalid(
+                "tls_server_name",
+                "a TLS server name needs TLS: set the server's CA with with_tls",
+            )),
+            (Some(ca), client, server_name) => {
+                if ca.as_os_str().is_empty() {
+                    return Err(Error::invalid("ca", "the CA file's path is empty"));
+                }
+                Ok(Some(TlsFiles {
+                    ca: ca.clone(),
+                    client: client.clone(),
+                    server_name: server_name.clone(),
+                }))
+            }
+        }
+    }
+
     /// Checks every setting, naming the first one at fault.
     pub(crate) fn validate(&self) -> Result<Settings> {
         if self.endpoints.is_empty() {
@@ -157,10 +326,11 @@ impl EtcdLockBuilder {
                 "at least one endpoint is needed",
             ));
         }
+        let tls_files = self.tls_files()?;
         let endpoints = self
             .endpoints
             .iter()
-            .map(|e| normalize_endpoint(e))
+            .map(|e| normalize_endpoint(e, tls_files.is_some()))
             .collect::<Result<Vec<_>>>()?;
         let layout = KeyLayout::new(self.namespace.clone())?;
         check_within(
@@ -177,6 +347,8 @@ impl EtcdLockBuilder {
                 return Err(Error::invalid("credentials", "the user name is empty"));
             }
         }
+        // Read last: every cheaper check comes first.
+        let tls = tls_files.as_ref().map(TlsFiles::load).transpose()?;
         Ok(Settings {
             endpoints,
             layout,
@@ -184,6 +356,7 @@ impl EtcdLockBuilder {
             request_timeout: self.request_timeout,
             connect_timeout: self.connect_timeout,
             credentials: self.credentials.clone(),
+            tls,
         })
     }
 
@@ -201,21 +374,36 @@ impl EtcdLockBuilder {
     }
 }
 
-/// Checks `host:port` or `http://host:port` and returns the `http://` form.
-fn normalize_endpoint(endpoint: &str) -> Result<String> {
+/// Checks `host:port`, `http://host:port` or (with TLS) `https://host:port` and returns the form
+/// with the scheme: `https://` with TLS, `http://` without.
+fn normalize_endpoint(endpoint: &str, tls: bool) -> Result<String> {
+    let (scheme, expected) = if tls {
+        ("https", "host:port or https://host:port")
+    } else {
+        ("http", "host:port or http://host:port")
+    };
     let bad = |why: &str| {
         Error::invalid(
             "endpoints",
             format!(
-                "{:?} {why} (expected host:port or http://host:port)",
+                "{:?} {why} (expected {expected})",
                 redact_password(endpoint)
             ),
         )
     };
-    if endpoint.starts_with("https://") {
-        return Err(bad("uses https, which this build does not support"));
-    }
-    let address = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+    let address = match (
+        endpoint.strip_prefix("https://"),
+        endpoint.strip_prefix("http://"),
+    ) {
+        (Some(_), _) if !tls => {
+            return Err(bad("uses https: set the server's CA with with_tls"));
+        }
+        (_, Some(_)) if tls => {
+            return Err(bad("uses plaintext http while TLS is set"));
+        }
+        (Some(address), _) | (_, Some(address)) => address,
+        (None, None) => endpoint,
+    };
     if address.contains('@') {
         return Err(bad("carries credentials; set them with credentials()"));
     }
@@ -234,7 +422,7 @@ fn normalize_endpoint(endpoint: &str) -> Result<String> {
         return Err(bad("has no valid host"));
     }
     match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(format!("http://{host}:{p}")),
+        Ok(p) if p > 0 => Ok(format!("{scheme}://{host}:{p}")),
         _ => Err(bad("has no valid port")),
     }
 }
@@ -312,6 +500,108 @@ mod tests {
             "credentials"
         );
         assert!(ok.validate().is_ok());
+    }
+
+    /// A directory of its own with `files` written into it, removed on drop.
+    struct Files(PathBuf);
+
+    impl Files {
+        fn new(files: &[(&str, &str)]) -> Files {
+            let dir = std::env::temp_dir().join(format!(
+                "dlock-etcd-builder-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            for (name, text) in files {
+                std::fs::write(dir.join(name), text).unwrap();
+            }
+            Files(dir)
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.0.join(name)
+        }
+    }
+
+    impl Drop for Files {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    const KEY: &str =
+        "-----BEGIN PRIVATE KEY-----\nsecret-key-material\n-----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn tls_dials_https_and_names_the_file_at_fault() {
+        let files = Files::new(&[
+            ("ca.pem", CERT),
+            ("client.pem", CERT),
+            ("client-key.pem", KEY),
+            ("garbage.pem", "secret-key-material, not PEM"),
+        ]);
+        let tls = EtcdLockBuilder::new()
+            .with_endpoints(["h1:2379", "https://h2:2379"])
+            .with_tls(files.path("ca.pem"))
+            .with_client_cert(files.path("client.pem"), files.path("client-key.pem"))
+            .with_tls_server_name("etcd.internal");
+        let settings = tls.validate().unwrap();
+        assert_eq!(settings.endpoints, ["https://h1:2379", "https://h2:2379"]);
+        let shown = format!("{tls:?} {settings:?}");
+        assert!(shown.contains("client-key.pem"), "{shown}");
+        assert!(!shown.contains("secret-key-material"), "{shown}");
+
+        let fails = |builder: EtcdLockBuilder, field: &str, path: &str| match builder.validate() {
+            Err(Error::InvalidInput { field: f, message }) => {
+                assert_eq!(f, field, "{message}");
+                assert!(message.contains(path), "{message}");
+                assert!(!message.contains("secret-key-material"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        };
+        fails(
+            tls.clone().with_tls(files.path("missing.pem")),
+            "ca",
+            "missing.pem",
+        );
+        fails(
+            tls.clone().with_tls(files.path("garbage.pem")),
+            "ca",
+            "garbage.pem",
+        );
+        fails(
+            tls.clone()
+                .with_client_cert(files.path("client.pem"), files.path("garbage.pem")),
+            "key",
+            "garbage.pem",
+        );
+        fails(
+            tls.clone()
+                .with_client_cert(files.path("client-key.pem"), files.path("client-key.pem")),
+            "cert",
+            "client-key.pem",
+        );
+        fails(
+            tls.clone().with_endpoint("http://h3:2379"),
+            "endpoints",
+            "h3",
+        );
+        fails(
+            tls.clone().with_tls_server_name("a b"),
+            "tls_server_name",
+            "a b",
+        );
+        let plain = EtcdLockBuilder::new().with_endpoint("h:2379");
+        assert_eq!(
+            field_of(plain.clone().with_client_cert("c.pem", "k.pem")),
+            "cert"
+        );
+        assert_eq!(
+            field_of(plain.clone().with_tls_server_name("etcd")),
+            "tls_server_name"
+        );
     }
 
     #[test]

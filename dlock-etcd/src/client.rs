@@ -66,6 +66,7 @@ impl fmt::Debug for EtcdLock {
         f.debug_struct("EtcdLock")
             .field("endpoints", &s.settings.endpoints)
             .field("namespace", &s.settings.layout.namespace())
+            .field("tls", &s.settings.tls)
             .field(
                 "user",
                 &s.settings.credentials.as_ref().map(|(user, _)| user),
@@ -161,7 +162,15 @@ impl EtcdLock {
             .with_keep_alive_while_idle(false)
             .with_require_leader(true);
         if let Some((user, password)) = &settings.credentials {
-            options = options.with_user(user.clone(), password.expose());
+            // etcd's auth tokens expire (`--auth-token-ttl`, 5 minutes by default, counted from
+            // their last use); etcd-client then authenticates again and repeats the request.
+            // Watches need more: see `waiting` and `keywatch`.
+            options = options
+                .with_user(user.clone(), password.expose())
+                .with_auto_token_refresh(true);
+        }
+        if let Some(tls) = &settings.tls {
+            options = options.with_tls(tls.options.clone());
         }
         let endpoints = Endpoints::new(
             settings.endpoints.clone(),

@@ -22,6 +22,7 @@ use etcd_client::{
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::error::is_token_refused;
 use crate::requests::Requests;
 
 /// What a watch on a held key reports.
@@ -183,7 +184,15 @@ async fn run(requests: Requests, mut commands: mpsc::UnboundedReceiver<Command>)
             message = next_message(&mut stream) => match message {
                 Some(Ok(response)) => {
                     let id = response.watch_id();
-                    if response.canceled() {
+                    if response.canceled() && is_token_refused(response.cancel_reason()) {
+                        // The stream carries the token it was opened with, which expired:
+                        // authenticate again and reopen it, with every watch armed anew.
+                        tracing::debug!("etcd key watch: the auth token expired; authenticating again");
+                        let _ = requests.refresh_token().await;
+                        stream = None;
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                    } else if response.canceled() {
                         if let Some(entry) = entries.remove(&id) {
                             let _ = entry.alarms.send(Alarm::Unsure);
                         }
