@@ -139,6 +139,29 @@ fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
     }
 }
 
+/// A plaintext client whose connection a server closes at once is most likely talking to a TLS
+/// port: the error says so, since the transport's own words ("broken pipe") do not.
+fn suggest_tls(error: Error) -> Error {
+    match error {
+        Error::Unavailable {
+            reached,
+            needed,
+            source: Some(source),
+        } if source.to_string().contains("transport error") => Error::Unavailable {
+            reached,
+            needed,
+            source: Some(
+                format!(
+                    "{source} (a server that requires TLS closes plaintext connections like \
+                     this: set its CA with with_tls)"
+                )
+                .into(),
+            ),
+        },
+        other => other,
+    }
+}
+
 impl EtcdLock {
     /// A builder for the endpoints, namespace, session TTL, timeouts and credentials.
     pub fn builder() -> EtcdLockBuilder {
@@ -192,14 +215,21 @@ impl EtcdLock {
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
-        state
+        let granted = state
             .sessions
             .get_or_grant(
                 &state.requests,
                 state.settings.session_ttl,
                 state.settings.connect_timeout,
             )
-            .await?;
+            .await;
+        if let Err(error) = granted {
+            return Err(if state.settings.tls.is_none() {
+                suggest_tls(error)
+            } else {
+                error
+            });
+        }
         Ok(EtcdLock {
             state: Traced::new(Arc::new(state)),
         })
