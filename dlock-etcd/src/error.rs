@@ -147,6 +147,21 @@ mod tests {
     }
 
     #[test]
+    fn refused_tokens_are_recognised() {
+        assert!(is_token_refused(
+            "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+        ));
+        assert!(!is_token_refused("etcdserver: permission denied"));
+    }
+
+    #[test]
+    fn plain_transport_errors_are_not_tls_failures() {
+        let e = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("connection refused"));
+        assert_eq!(tls_failure(&e), None);
+        assert!(is_temporary(&e));
+    }
+
+    #[test]
     fn timeouts_name_the_operation() {
         let e = timed_out("txn", Duration::from_secs(2));
         assert!(e.is_temporary());
