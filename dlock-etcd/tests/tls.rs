@@ -201,6 +201,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_wrong_authority_is_a_clear_error),
         case!(a_missing_client_certificate_is_a_clear_error),
         case!(a_plaintext_client_fails_clearly),
+        case!(the_server_name_override_is_what_is_verified),
         case!(the_certificate_names_the_user_without_a_password),
         case!(no_error_or_debug_shows_a_secret),
     ]
@@ -377,6 +378,39 @@ async fn a_plaintext_client_fails_clearly(env: Env) -> anyhow::Result<()> {
         error.to_string().contains("TLS"),
         "the error does not suggest TLS: {error}"
     );
+    Ok(())
+}
+
+/// `tls_server_name` replaces the endpoint's host in the check of the server's certificate:
+/// a name the certificate carries connects, another one fails as a TLS error.
+async fn the_server_name_override_is_what_is_verified(env: Env) -> anyhow::Result<()> {
+    let locks = env
+        .builder(&env.endpoints)
+        .with_tls_server_name("localhost")
+        .connect()
+        .await?;
+    locks.close().await?;
+    let outcome = env
+        .builder(&env.endpoints)
+        .with_tls_server_name("etcd.elsewhere.example")
+        .connect()
+        .await;
+    let error = match outcome {
+        Ok(_) => bail!("connected although the certificate does not name the server name"),
+        Err(error) => error,
+    };
+    eprintln!("other server name: {error}");
+    ensure!(
+        matches!(
+            error,
+            Error::Backend {
+                temporary: false,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    ensure!(error.to_string().contains("TLS"), "unclear: {error}");
     Ok(())
 }
 
