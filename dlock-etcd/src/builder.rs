@@ -61,6 +61,13 @@ pub(crate) struct TlsConfig {
     pub(crate) options: TlsOptions,
 }
 
+impl TlsConfig {
+    /// Whether a client certificate is presented.
+    pub(crate) fn has_client_cert(&self) -> bool {
+        self.files.client.is_some()
+    }
+}
+
 impl fmt::Debug for TlsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsConfig")

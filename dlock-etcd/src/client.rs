@@ -139,24 +139,46 @@ fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
     }
 }
 
-/// A plaintext client whose connection a server closes at once is most likely talking to a TLS
-/// port: the error says so, since the transport's own words ("broken pipe") do not.
-fn suggest_tls(error: Error) -> Error {
+/// Whether a transport error is a connection the server closed as the request went out (not one
+/// refused or unanswered).
+fn closed_at_once(error: &str) -> bool {
+    [
+        "BrokenPipe",
+        "broken pipe",
+        "ConnectionReset",
+        "connection reset",
+        "connection closed",
+    ]
+    .iter()
+    .any(|word| error.contains(word))
+}
+
+/// Explains a connection that the server closed at once, which the transport reports in its own
+/// words ("broken pipe", "connection closed"): a plaintext client talking to a TLS port, or a
+/// TLS client without the client certificate the server requires. (With TLS 1.3 the server
+/// checks the client's certificate after the client has sent its first request, so its refusal
+/// may arrive as a closed connection rather than as a certificate alert.)
+fn explain_closed(error: Error, settings: &Settings) -> Error {
+    let hint = match &settings.tls {
+        None => {
+            "a server that requires TLS closes plaintext connections like this: set its CA \
+                 with with_tls"
+        }
+        Some(tls) if !tls.has_client_cert() => {
+            "TLS: a server that requires a client certificate closes connections without one \
+             like this: set it with with_client_cert"
+        }
+        Some(_) => return error,
+    };
     match error {
         Error::Unavailable {
             reached,
             needed,
             source: Some(source),
-        } if source.to_string().contains("transport error") => Error::Unavailable {
+        } if closed_at_once(&source.to_string()) => Error::Unavailable {
             reached,
             needed,
-            source: Some(
-                format!(
-                    "{source} (a server that requires TLS closes plaintext connections like \
-                     this: set its CA with with_tls)"
-                )
-                .into(),
-            ),
+            source: Some(format!("{source} ({hint})").into()),
         },
         other => other,
     }
@@ -224,11 +246,7 @@ impl EtcdLock {
             )
             .await;
         if let Err(error) = granted {
-            return Err(if state.settings.tls.is_none() {
-                suggest_tls(error)
-            } else {
-                error
-            });
+            return Err(explain_closed(error, &state.settings));
         }
         Ok(EtcdLock {
             state: Traced::new(Arc::new(state)),
@@ -771,5 +789,25 @@ impl DistributedLock for ClientState {
             }
             Err(error) => Err(error),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_closed_at_once_says_what_may_be_missing() {
+        let plain = EtcdLockBuilder::new()
+            .with_endpoint("h:2379")
+            .validate()
+            .unwrap();
+        let closed =
+            || Error::unreachable("transport error: stream closed because of a broken pipe");
+        let explained = explain_closed(closed(), &plain).to_string();
+        assert!(explained.contains("with_tls"), "{explained}");
+        let refused = explain_closed(Error::unreachable("Connection refused"), &plain).to_string();
+        assert!(!refused.contains("with_tls"), "{refused}");
     }
 }

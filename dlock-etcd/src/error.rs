@@ -50,14 +50,10 @@ pub(crate) fn tls_failure(error: &etcd_client::Error) -> Option<String> {
         source = e.source();
     }
     let innermost = innermost?;
-    let tls = [
-        "certificate",
-        "fatal alert",
-        "CertificateRequired",
-        "handshake",
-    ]
-    .iter()
-    .any(|word| innermost.contains(word));
+    // Only what a retry cannot fix: a handshake cut short (a member restarting) is temporary.
+    let tls = ["certificate", "Certificate", "fatal alert"]
+        .iter()
+        .any(|word| innermost.contains(word));
     tls.then_some(innermost)
 }
 

@@ -148,6 +148,8 @@ async fn run(requests: Requests, mut commands: mpsc::UnboundedReceiver<Command>)
     let mut stream: Option<Stream> = None;
     let mut backoff = Duration::from_millis(50);
     let mut generation = requests.generation();
+    // Watches refused in a row for an expired token.
+    let mut refusals = 0u32;
     loop {
         if stream.is_none() && !entries.is_empty() {
             generation.borrow_and_update();
@@ -190,8 +192,11 @@ async fn run(requests: Requests, mut commands: mpsc::UnboundedReceiver<Command>)
                         tracing::debug!("etcd key watch: the auth token expired; authenticating again");
                         let _ = requests.refresh_token().await;
                         stream = None;
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        // Opening succeeds whatever the token, so pause here: a refresh that
+                        // keeps failing (a changed password) must not spin.
+                        refusals = refusals.saturating_add(1);
+                        let pause = Duration::from_millis(50) * 2u32.pow(refusals.min(5));
+                        tokio::time::sleep(pause).await;
                     } else if response.canceled() {
                         if let Some(entry) = entries.remove(&id) {
                             let _ = entry.alarms.send(Alarm::Unsure);
@@ -205,6 +210,7 @@ async fn run(requests: Requests, mut commands: mpsc::UnboundedReceiver<Command>)
                             let _ = entry.alarms.send(Alarm::Deleted);
                         }
                     } else if response.created() {
+                        refusals = 0;
                         let at = response.header().map_or(0, |h| h.revision());
                         if let Some(entry) = entries.get(&id) {
                             let _ = entry.alarms.send(Alarm::Armed(at));
