@@ -1,11 +1,12 @@
 //! Configuration of an etcd lock client, validated before anything is sent.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use etcd_client::{Certificate, Identity, TlsOptions};
 
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::redact_password;
 use dlock_core::{check_within, Error, Result};
 
@@ -44,16 +45,6 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// The TLS files of a client: the authority the server is verified against, and optionally a
-/// client certificate and key for servers that require one (`--client-cert-auth`). Paths only:
-/// the files are read when the builder is validated, and their contents never shown.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct TlsFiles {
-    ca: PathBuf,
-    client: Option<(PathBuf, PathBuf)>,
-    server_name: Option<String>,
-}
-
 /// The loaded TLS configuration, whose `Debug` names the files but never shows the key.
 #[derive(Clone)]
 pub(crate) struct TlsConfig {
@@ -62,9 +53,32 @@ pub(crate) struct TlsConfig {
 }
 
 impl TlsConfig {
+    /// Reads the files (errors name the setting and the path, never the contents) into
+    /// etcd-client's options. `ca` is required: this build has no default trust store.
+    fn load(files: &TlsFiles) -> Result<TlsConfig> {
+        let pem = files.load()?;
+        let ca = pem.ca.ok_or_else(|| {
+            Error::invalid(
+                "ca",
+                "TLS needs the authority to verify the server against (with_tls, or ca=PATH)",
+            )
+        })?;
+        let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some((cert, key)) = pem.identity {
+            options = options.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = pem.server_name {
+            options = options.domain_name(name);
+        }
+        Ok(TlsConfig {
+            files: files.clone(),
+            options,
+        })
+    }
+
     /// Whether a client certificate is presented.
     pub(crate) fn has_client_cert(&self) -> bool {
-        self.files.client.is_some()
+        self.files.cert.is_some()
     }
 }
 
@@ -72,70 +86,10 @@ impl fmt::Debug for TlsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsConfig")
             .field("ca", &self.files.ca)
-            .field("cert", &self.files.client.as_ref().map(|(cert, _)| cert))
-            .field("key", &self.files.client.as_ref().map(|(_, key)| key))
+            .field("cert", &self.files.cert)
+            .field("key", &self.files.key)
             .field("tls_server_name", &self.files.server_name)
             .finish()
-    }
-}
-
-/// What a PEM file must hold.
-#[derive(Clone, Copy)]
-enum Pem {
-    Certificate,
-    PrivateKey,
-}
-
-/// Reads a PEM file for setting `field`. A failure names the setting and the path, never what
-/// the file holds (it may be a private key).
-fn read_pem(field: &'static str, path: &Path, kind: Pem) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::invalid(field, format!("cannot read {}: {e}", path.display())))?;
-    let text = String::from_utf8_lossy(&bytes);
-    let found = match kind {
-        Pem::Certificate => text.contains("-----BEGIN CERTIFICATE-----"),
-        Pem::PrivateKey => text
-            .lines()
-            .any(|line| line.starts_with("-----BEGIN ") && line.ends_with("PRIVATE KEY-----")),
-    };
-    if !found {
-        let what = match kind {
-            Pem::Certificate => "a PEM certificate (-----BEGIN CERTIFICATE-----)",
-            Pem::PrivateKey => "a PEM private key (-----BEGIN … PRIVATE KEY-----)",
-        };
-        return Err(Error::invalid(
-            field,
-            format!("{} does not hold {what}", path.display()),
-        ));
-    }
-    Ok(bytes)
-}
-
-impl TlsFiles {
-    fn load(&self) -> Result<TlsConfig> {
-        let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(read_pem(
-            "ca",
-            &self.ca,
-            Pem::Certificate,
-        )?));
-        if let Some((cert, key)) = &self.client {
-            let cert = read_pem("cert", cert, Pem::Certificate)?;
-            let key = read_pem("key", key, Pem::PrivateKey)?;
-            options = options.identity(Identity::from_pem(cert, key));
-        }
-        if let Some(name) = &self.server_name {
-            if name.is_empty() || name.contains(['/', ' ', ':', '@']) {
-                return Err(Error::invalid(
-                    "tls_server_name",
-                    format!("{name:?} is not a host name"),
-                ));
-            }
-            options = options.domain_name(name.clone());
-        }
-        Ok(TlsConfig {
-            files: self.clone(),
-            options,
-        })
     }
 }
 
@@ -181,11 +135,8 @@ pub struct EtcdLockBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     credentials: Option<(String, Secret)>,
-    /// The CA file: TLS is on when it is set.
-    ca: Option<PathBuf>,
-    /// The client certificate and key files.
-    client_cert: Option<(PathBuf, PathBuf)>,
-    tls_server_name: Option<String>,
+    /// Paths only; TLS is on when any is set (and then needs `ca`).
+    tls: TlsFiles,
 }
 
 dlock_core::setters! {
@@ -213,9 +164,7 @@ impl Default for EtcdLockBuilder {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             credentials: None,
-            ca: None,
-            client_cert: None,
-            tls_server_name: None,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -238,12 +187,14 @@ impl EtcdLockBuilder {
         EtcdLockBuilder::default()
     }
 
-    /// Parses a connection string `etcd://[user[:password]@]host:port[,host:port…][/namespace]`
-    /// with optional `?session_ttl=…&request_timeout=…&connect_timeout=…` (seconds, or with an
-    /// `s`/`ms` suffix). A malformed string is an [`Error::InvalidInput`] for field `url` that
-    /// never repeats the password.
+    /// Parses a connection string `etcd://[user[:password]@]host:port[,host:port…][/prefix]`
+    /// with optional `?prefix=…&session_timeout=…&request_timeout=…&connect_timeout=…`
+    /// (durations such as `10s` or `1500ms`), or over TLS
+    /// `etcd+https://…?ca=PATH[&cert=PATH&key=PATH][&tls_server_name=NAME]` (see
+    /// [`with_tls`](Self::with_tls)). A malformed string is an [`Error::InvalidInput`] for field
+    /// `url` that never repeats the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        crate::url::parse(url)
+        <Self as dlock_core::url::FromUrl>::from_url(url)
     }
 
     /// Adds an endpoint: `host:port` or `http://host:port`. The client spreads requests over all
@@ -279,7 +230,7 @@ impl EtcdLockBuilder {
     /// validated: a missing or non-PEM file is an [`Error::InvalidInput`] for field `ca` naming
     /// the path.
     pub fn with_tls(mut self, ca: impl Into<PathBuf>) -> Self {
-        self.ca = Some(ca.into());
+        self.tls.ca = Some(ca.into());
         self
     }
 
@@ -288,7 +239,8 @@ impl EtcdLockBuilder {
     /// With auth enabled and no [`with_credentials`](Self::with_credentials), etcd takes the
     /// certificate's common name as the user; with credentials, the user is the one named there.
     pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client_cert = Some((cert.into(), key.into()));
+        self.tls.cert = Some(cert.into());
+        self.tls.key = Some(key.into());
         self
     }
 
@@ -296,32 +248,34 @@ impl EtcdLockBuilder {
     /// dialling members by IP address whose certificates name a host; needs
     /// [`with_tls`](Self::with_tls).
     pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
-        self.tls_server_name = Some(name.into());
+        self.tls.server_name = Some(name.into());
         self
     }
 
-    /// The TLS files as set, with the certificate and server name in place.
-    fn tls_files(&self) -> Result<Option<TlsFiles>> {
-        match (&self.ca, &self.client_cert, &self.tls_server_name) {
-            (None, None, None) => Ok(None),
-            (None, Some(_), _) => Err(Error::invalid(
+    /// Sets every TLS file at once (what a connection string's `ca`, `cert`, `key` and
+    /// `tls_server_name` give); see [`with_tls`](Self::with_tls).
+    pub fn with_tls_files(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
+    /// The TLS files, if TLS is on; a certificate or server name without the CA is refused.
+    fn tls_files(&self) -> Result<Option<&TlsFiles>> {
+        let tls = &self.tls;
+        match (&tls.ca, &tls.cert, &tls.key, &tls.server_name) {
+            (None, None, None, None) => Ok(None),
+            (None, Some(_), _, _) | (None, _, Some(_), _) => Err(Error::invalid(
                 "cert",
-                "a client certificate needs TLS: set the server's CA with with_tls",
+                "a client certificate needs TLS: set the server's CA with with_tls (ca=PATH)",
             )),
-            (None, None, Some(_)) => Err(Error::invalid(
+            (None, None, None, Some(_)) => Err(Error::invalid(
                 "tls_server_name",
-                "a TLS server name needs TLS: set the server's CA with with_tls",
+                "a TLS server name needs TLS: set the server's CA with with_tls (ca=PATH)",
             )),
-            (Some(ca), client, server_name) => {
-                if ca.as_os_str().is_empty() {
-                    return Err(Error::invalid("ca", "the CA file's path is empty"));
-                }
-                Ok(Some(TlsFiles {
-                    ca: ca.clone(),
-                    client: client.clone(),
-                    server_name: server_name.clone(),
-                }))
+            (Some(ca), ..) if ca.as_os_str().is_empty() => {
+                Err(Error::invalid("ca", "the CA file's path is empty"))
             }
+            (Some(_), ..) => Ok(Some(tls)),
         }
     }
 
@@ -355,7 +309,7 @@ impl EtcdLockBuilder {
             }
         }
         // Read last: every cheaper check comes first.
-        let tls = tls_files.as_ref().map(TlsFiles::load).transpose()?;
+        let tls = tls_files.map(TlsConfig::load).transpose()?;
         Ok(Settings {
             endpoints,
             layout,

@@ -162,11 +162,11 @@ fn explain_closed(error: Error, settings: &Settings) -> Error {
     let hint = match &settings.tls {
         None => {
             "a server that requires TLS closes plaintext connections like this: set its CA \
-                 with with_tls"
+             with with_tls, or use etcd+https://…?ca=PATH"
         }
         Some(tls) if !tls.has_client_cert() => {
             "TLS: a server that requires a client certificate closes connections without one \
-             like this: set it with with_client_cert"
+             like this: set it with with_client_cert, or cert=PATH&key=PATH"
         }
         Some(_) => return error,
     };
@@ -191,8 +191,8 @@ impl EtcdLock {
     }
 
     /// Connects with a connection string,
-    /// `etcd://[user[:password]@]host:port[,host:port…][/namespace][?session_ttl=10&…]`
-    /// (see [`EtcdLockBuilder::from_url`]).
+    /// `etcd://[user[:password]@]host:port[,host:port…][/namespace][?session_timeout=10s&…]`, or
+    /// `etcd+https://…?ca=PATH…` over TLS (see [`EtcdLockBuilder::from_url`]).
     ///
     /// # Cancel safety
     /// If cancelled after the session lease was granted, the lease expires after its TTL.

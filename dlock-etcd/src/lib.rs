@@ -130,4 +130,4 @@ pub use builder::{
 };
 pub use client::EtcdLock;
 pub use layout::{KeyLayout, DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN};
-pub use url::SCHEME;
+pub use url::{SCHEME, TLS_SCHEME};

@@ -196,6 +196,7 @@ fn subject(shared: &Env, dedicated: &EtcdTlsServer) -> anyhow::Result<Subject> {
 
 fn cases() -> Vec<(&'static str, Case<Env>)> {
     vec![
+        case!(the_url_form_connects_locks_and_fences),
         case!(a_lease_outlives_many_token_expiries),
         case!(watches_survive_token_expiries),
         case!(a_wrong_authority_is_a_clear_error),
@@ -215,6 +216,46 @@ fn key(name: &str) -> String {
             .map(|d| d.as_nanos())
             .unwrap_or(0)
     )
+}
+
+/// `etcd+https://user:password@host:port/prefix?ca=…&cert=…&key=…` connects like the builder:
+/// two clients exclude each other and their fencing tokens grow.
+async fn the_url_form_connects_locks_and_fences(env: Env) -> anyhow::Result<()> {
+    let hosts: Vec<&str> = env
+        .endpoints
+        .iter()
+        .map(|e| e.trim_start_matches("https://"))
+        .collect();
+    let url = format!(
+        "etcd+https://{}:{}@{}/{NAMESPACE}?ca={}&cert={}&key={}&tls_server_name=localhost&session_timeout=2s",
+        EtcdTlsServer::APP_USER,
+        EtcdTlsServer::APP_PASSWORD,
+        hosts.join(","),
+        env.ca.display(),
+        env.cert.display(),
+        env.key.display()
+    );
+    let (a, b) = (
+        Arc::new(EtcdLock::connect(&url).await?),
+        Arc::new(EtcdLock::connect(&url).await?),
+    );
+    ensure!(a.endpoint_in_use().starts_with("https://"));
+    let key = key("url");
+    let opts = LockOptions::new(Duration::from_secs(10));
+    let first = a.acquire(&key, &opts).await?;
+    ensure!(
+        b.try_acquire(&key, &opts).await?.is_none(),
+        "the second client took a held lock"
+    );
+    let token = first.fencing_token();
+    ensure!(first.release().await? == Released::Released);
+    let second = b.acquire(&key, &opts).await?;
+    ensure!(
+        second.fencing_token() > token,
+        "the fencing token did not grow"
+    );
+    ensure!(second.release().await? == Released::Released);
+    Ok(())
 }
 
 /// A lock held with auto-renew for several token lifetimes stays held, and its key stays on the

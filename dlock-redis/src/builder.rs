@@ -6,7 +6,7 @@ use std::time::Duration;
 use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
-use crate::connection::{self, Connection};
+use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
 use crate::protocol::keys::KeyLayout;
@@ -94,6 +94,12 @@ impl RedisLockBuilder {
         }
     }
 
+    /// Settings from a connection string with `?parameters` (`prefix`, `request_timeout`,
+    /// `connect_timeout`, `fence_ttl`), checked before anything is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        <Self as dlock_core::url::FromUrl>::from_url(url)
+    }
+
     /// Checks every setting, connects and returns the client.
     ///
     /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) naming the field (`url`, `prefix`, `request_timeout`,
@@ -114,7 +120,7 @@ impl RedisLockBuilder {
             check_fence_ttl(ttl)?;
         }
         install_crypto_provider();
-        let client = connection::client(&endpoint)?;
+        let client = endpoint.client()?;
         let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
         let connection =
             Connection::open(client.clone(), self.connect_timeout, self.request_timeout)

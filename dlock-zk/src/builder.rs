@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use dlock_core::{check_len, check_within, Error, Result};
 
+use crate::acl::NodeAcl;
 use crate::connect_string::{check_path, ConnectString};
 use crate::naming::Naming;
+use crate::tls::{Loaded, ZkTls};
 use crate::ZkLock;
 
 /// The environment variable [`ZkLockBuilder::from_env`] reads the connection string from.
@@ -43,6 +45,10 @@ pub(crate) struct Config {
     pub(crate) operation_timeout: Duration,
     pub(crate) identifier: Vec<u8>,
     pub(crate) naming: Naming,
+    /// The ACL of every node the backend creates (see the `acl` module).
+    pub(crate) acl: NodeAcl,
+    /// TLS to every server, if set.
+    pub(crate) tls: Option<Loaded>,
 }
 
 /// Builds a [`ZkLock`]; see [`ZkLock::builder`].
@@ -66,6 +72,7 @@ pub struct ZkLockBuilder {
     root: String,
     identifier: String,
     naming: Naming,
+    tls: Option<ZkTls>,
 }
 
 impl fmt::Debug for ZkLockBuilder {
@@ -81,6 +88,7 @@ impl fmt::Debug for ZkLockBuilder {
             .field("root", &self.root)
             .field("identifier", &self.identifier)
             .field("naming", &self.naming)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -114,6 +122,10 @@ dlock_core::setters! {
         /// kazoo's `Lock` or Curator's `InterProcessMutex` on the same path waits behind a dlock
         /// holder. dlock waits behind both under either naming; see [`Naming`].
         with_naming(naming: Naming) => naming = naming;
+        /// Connects to every server over TLS ([`ZkTls`]: the certificate authority, and a client
+        /// certificate for servers that require one). Needs the `tls` feature; the files are read
+        /// and checked by [`connect`](Self::connect), once.
+        with_tls(tls: ZkTls) => tls = Some(tls);
     }
 }
 
@@ -129,7 +141,22 @@ impl ZkLockBuilder {
             root: DEFAULT_ROOT.to_owned(),
             identifier: DEFAULT_IDENTIFIER.to_owned(),
             naming: Naming::default(),
+            tls: None,
         }
+    }
+
+    /// A builder for an ensemble already parsed from a URL.
+    pub(crate) fn for_ensemble(ensemble: ConnectString) -> Self {
+        ZkLockBuilder {
+            url: Ok(ensemble),
+            ..ZkLockBuilder::new("zk://localhost")
+        }
+    }
+
+    /// A builder for the connection string `url` with `?parameters` (see the README's table),
+    /// checked before anything is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        <Self as dlock_core::url::FromUrl>::from_url(url)
     }
 
     /// A builder for the URL in the environment variable [`URL_ENV`] (`DLOCK_ZK_URL`).
@@ -167,6 +194,11 @@ impl ZkLockBuilder {
         }
         check_len("identifier", &self.identifier, MAX_IDENTIFIER_LEN)?;
         let base = format!("{}{}", connect.chroot(), self.root);
+        let tls = match &self.tls {
+            Some(tls) => Some(tls.load(connect.servers())?),
+            None => None,
+        };
+        let acl = NodeAcl::for_credentials(connect.credentials());
         Ok(Config {
             connect,
             base,
@@ -175,6 +207,8 @@ impl ZkLockBuilder {
             operation_timeout,
             identifier: self.identifier.into_bytes(),
             naming: self.naming,
+            acl,
+            tls,
         })
     }
 
@@ -247,6 +281,29 @@ mod tests {
             field_of(ok().with_identifier("x".repeat(2000))),
             "identifier"
         );
+    }
+
+    #[test]
+    fn tls_files_are_checked_before_connecting_and_named_by_path() {
+        let b = ZkLockBuilder::new("zk://bob:topsecret@a:2281")
+            .with_tls(ZkTls::new("/nonexistent/ca.pem").with_client_cert("/c.pem", "/k.pem"));
+        let shown = format!("{b:?}");
+        assert!(
+            shown.contains("/k.pem") && !shown.contains("topsecret"),
+            "{shown}"
+        );
+        match b.config() {
+            Err(Error::InvalidInput { field, message }) => {
+                let expected = if cfg!(feature = "tls") {
+                    "tls_ca"
+                } else {
+                    "tls"
+                };
+                assert_eq!(field, expected, "{message}");
+                assert!(!message.contains("topsecret"), "{message}");
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
     }
 
     #[test]

@@ -6,11 +6,23 @@
 
 use std::fmt;
 
-use dlock_core::url::{Credentials, Parts};
+use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
+
+use crate::{ZkLockBuilder, ZkTls};
+
+/// The scheme of a ZooKeeper connection string.
+pub const SCHEME: &str = "zk";
+
+/// The scheme of a ZooKeeper connection string over TLS (the servers' `secureClientPort`).
+pub const TLS_SCHEME: &str = "zk+tls";
 
 /// The client port ZooKeeper listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 2181;
+
+/// The secure client port `zk+tls://` assumes unless told otherwise (ZooKeeper's convention for
+/// `secureClientPort`).
+pub const DEFAULT_TLS_PORT: u16 = 2281;
 
 /// A parsed connection string.
 #[derive(Clone, PartialEq, Eq)]
@@ -32,7 +44,7 @@ pub struct Server {
 impl ConnectString {
     /// Parses `zk://host1:2181,host2:2181/chroot` (the `zk://` is optional, ports default to
     /// 2181, the chroot is optional; `user:password@` before the hosts adds digest credentials,
-    /// percent-encoded where they contain `@`, `:` or `/`).
+    /// percent-encoded where they contain `@`, `:` or `/`). Parameters belong on the builder.
     pub fn parse(url: &str) -> Result<Self> {
         let url = url.trim();
         if url.is_empty() {
@@ -40,25 +52,41 @@ impl ConnectString {
                 "is empty; expected zk://host:port[,host:port…][/chroot]",
             ));
         }
-        let parts = Parts::split(url);
-        if let Some(scheme) = parts.scheme.filter(|s| !s.eq_ignore_ascii_case("zk")) {
-            return Err(invalid(format!(
-                "scheme {:?} is not supported; expected zk://",
-                printable(scheme)
-            )));
+        let url = if url.contains("://") {
+            ConnectUrl::parse(url)?
+        } else {
+            ConnectUrl::parse(&format!("zk://{url}"))?
+        };
+        url.expect_scheme(&[SCHEME])?;
+        url.finish(&[])?;
+        ConnectString::from_url(&url)
+    }
+
+    /// The ensemble an already parsed URL names: its hosts, chroot and digest credentials.
+    pub(crate) fn from_url(url: &ConnectUrl) -> Result<Self> {
+        if url.fragment().is_some() {
+            return Err(url.invalid("fragments are not supported"));
         }
-        if parts.query.is_some() || parts.fragment.is_some() {
-            return Err(invalid(
-                "query strings and fragments are not supported; set options on the builder",
-            ));
+        let credentials = url.credentials().cloned();
+        if credentials
+            .as_ref()
+            .is_some_and(|c| c.user.is_empty() || c.password.is_none())
+        {
+            return Err(
+                url.invalid("credentials before '@' must be user:password (digest authentication)")
+            );
         }
-        let credentials = parts.userinfo.map(parse_credentials).transpose()?;
-        let (hosts, path) = (parts.hosts, parts.path);
-        let servers = hosts
-            .split(',')
-            .map(parse_server)
+        let default_port = if url.scheme() == TLS_SCHEME {
+            DEFAULT_TLS_PORT
+        } else {
+            DEFAULT_PORT
+        };
+        let servers = url
+            .hosts()?
+            .into_iter()
+            .map(|entry| parse_server(entry, default_port))
             .collect::<Result<Vec<Server>>>()?;
-        let chroot = parse_chroot(path)?;
+        let chroot = parse_chroot(url.path())?;
         Ok(ConnectString {
             servers,
             chroot,
@@ -128,18 +156,7 @@ fn printable(fragment: &str) -> String {
         .collect()
 }
 
-/// Digest authentication needs both parts: `user:password`.
-fn parse_credentials(userinfo: &str) -> Result<Credentials> {
-    let decoded = Credentials::decode(userinfo).map_err(invalid)?;
-    if decoded.password.is_none() {
-        return Err(invalid(
-            "credentials before '@' must be user:password (digest authentication)",
-        ));
-    }
-    Ok(decoded)
-}
-
-fn parse_server(entry: &str) -> Result<Server> {
+fn parse_server(entry: &str, default_port: u16) -> Result<Server> {
     let entry = entry.trim();
     if entry.is_empty() {
         return Err(invalid(
@@ -193,7 +210,7 @@ fn parse_server(entry: &str) -> Result<Server> {
         )));
     }
     let port = match port {
-        None => DEFAULT_PORT,
+        None => default_port,
         Some(p) => match p.parse::<u16>() {
             Ok(port) if port > 0 => port,
             _ => {
@@ -268,6 +285,71 @@ fn parse_chroot(path: &str) -> Result<String> {
     Ok(path.to_owned())
 }
 
+/// `zk://[user:password@]host[:port][,…][/chroot][?parameters]`: the ensemble, then the
+/// builder's settings by name; `zk+tls://…?ca=PATH[&cert=PATH&key=PATH]` reaches every server
+/// over TLS ([`ZkTls`]; ports default to 2281).
+impl FromUrl for ZkLockBuilder {
+    const SCHEMES: &'static [&'static str] = &[SCHEME, TLS_SCHEME];
+    const PARAMETERS: &'static [&'static str] = &[
+        "prefix",
+        "session_timeout",
+        "request_timeout",
+        "connect_timeout",
+        "identifier",
+        "naming",
+        "ca",
+        "cert",
+        "key",
+    ];
+
+    fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
+        let builder = ZkLockBuilder::for_ensemble(ConnectString::from_url(url)?);
+        let builder = dlock_core::apply_parameters!(url, builder, {
+            "prefix" => take_text => Self::with_root,
+            "session_timeout" => take_duration => Self::with_session_timeout,
+            "request_timeout" => take_duration => Self::with_operation_timeout,
+            "connect_timeout" => take_duration => Self::with_connect_timeout,
+            "identifier" => take_text => Self::with_identifier,
+        });
+        let builder = match url.take("naming") {
+            Some(naming) => builder.with_naming(naming.parse()?),
+            None => builder,
+        };
+        let tls = tls_of(url)?;
+        Ok(match tls {
+            Some(tls) => builder.with_tls(tls),
+            None => builder,
+        })
+    }
+}
+
+/// The TLS settings of `zk+tls://` (`ca` required, `cert` and `key` together); `ca`, `cert` and
+/// `key` on `zk://` are refused rather than ignored, since the connection would be plaintext.
+fn tls_of(url: &mut ConnectUrl) -> Result<Option<ZkTls>> {
+    let ca = url.take_path("ca")?;
+    let cert = url.take_path("cert")?;
+    let key = url.take_path("key")?;
+    if url.scheme() != TLS_SCHEME {
+        return match (&ca, &cert, &key) {
+            (None, None, None) => Ok(None),
+            _ => Err(url.invalid(
+                "`ca`, `cert` and `key` are TLS settings: use zk+tls://host:2281 for TLS",
+            )),
+        };
+    }
+    let Some(ca) = ca else {
+        return Err(url.invalid(
+            "zk+tls:// needs `ca=PATH`, the authority the servers' certificates are checked against",
+        ));
+    };
+    let tls = ZkTls::new(ca);
+    match (cert, key) {
+        (None, None) => Ok(Some(tls)),
+        (Some(cert), Some(key)) => Ok(Some(tls.with_client_cert(cert, key))),
+        _ => Err(url.invalid("`cert` and `key` go together (the client certificate and its key)")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +420,46 @@ mod tests {
             assert_eq!(f, "url", "{url}");
             assert!(!message.contains("hunter2"), "{message}");
             assert!(!message.contains("secret"), "{message}");
+        }
+    }
+
+    #[test]
+    fn tls_urls_take_their_files_and_default_to_port_2281() {
+        let b = ZkLockBuilder::from_url(
+            "zk+tls://app:hunter2@zk1,zk2:3281/app?ca=/etc/zk/ca.pem&cert=/etc/zk/c.pem&key=/etc/zk/k.pem",
+        )
+        .unwrap();
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        for part in [
+            "zk1:2281",
+            "zk2:3281",
+            "/etc/zk/ca.pem",
+            "/etc/zk/c.pem",
+            "/etc/zk/k.pem",
+        ] {
+            assert!(shown.contains(part), "{part}: {shown}");
+        }
+        let b = ZkLockBuilder::from_url("zk+tls://zk1?ca=/ca.pem").unwrap();
+        assert!(format!("{b:?}").contains("/ca.pem"));
+        let b = ZkLockBuilder::from_url("zk://zk1").unwrap();
+        assert!(format!("{b:?}").contains("zk1:2181"));
+
+        for (url, says) in [
+            ("zk+tls://u:hunter2@zk1", "needs `ca=PATH`"),
+            ("zk+tls://u:hunter2@zk1?ca=/a&cert=/c", "go together"),
+            ("zk+tls://u:hunter2@zk1?ca=/a&key=/k", "go together"),
+            ("zk://u:hunter2@zk1?ca=/a", "use zk+tls://"),
+            ("zk+tls://u:hunter2@zk1?ca=", "the path is empty"),
+        ] {
+            match ZkLockBuilder::from_url(url) {
+                Err(Error::InvalidInput { field, message }) => {
+                    assert_eq!(field, "url", "{url}");
+                    assert!(message.contains(says), "{url}: {message}");
+                    assert!(!message.contains("hunter2"), "{message}");
+                }
+                other => panic!("{url}: expected InvalidInput, got {other:?}"),
+            }
         }
     }
 

@@ -30,6 +30,7 @@
 //! | `redis-tls` | `redis`, with TLS | `rediss://` as well |
 //! | `redlock` | `redlock` ([`dlock-redlock`](https://docs.rs/dlock-redlock)) | `redlock://` |
 //! | `zk` | `zk` ([`dlock-zk`](https://docs.rs/dlock-zk)) | `zk://` |
+//! | `zk-tls` | `zk`, with TLS | `zk+tls://` as well |
 //! | `etcd` | `etcd` ([`dlock-etcd`](https://docs.rs/dlock-etcd)) | `etcd://` |
 //!
 //! No network backend is on by default, so `cargo add dlock` builds anywhere, without protoc or
@@ -37,14 +38,12 @@
 //! feature is not compiled in is an error that names the feature.
 #![deny(missing_docs)]
 
-mod address;
 mod connect;
 mod locks;
-mod params;
 
-pub use connect::connect;
+pub use connect::{connect, COMMON_PARAMETERS, SCHEMES};
+pub use dlock_core::url::parse_duration;
 pub use locks::Locks;
-pub use params::parse_duration;
 
 /// The core API, for what the root does not re-export.
 pub use dlock_core as core;
