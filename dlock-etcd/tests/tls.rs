@@ -66,8 +66,8 @@ impl Env {
     fn builder(&self, endpoints: &[String]) -> EtcdLockBuilder {
         EtcdLock::builder()
             .with_endpoints(endpoints.iter().cloned())
-            .with_namespace(NAMESPACE)
-            .with_session_ttl(SESSION_TTL)
+            .with_prefix(NAMESPACE)
+            .with_session_timeout(SESSION_TTL)
             .with_request_timeout(Duration::from_secs(2))
             .with_connect_timeout(Duration::from_secs(10))
             .with_tls(&self.ca)
@@ -463,7 +463,7 @@ async fn the_server_name_override_is_what_is_verified(env: Env) -> anyhow::Resul
 async fn the_certificate_names_the_user_without_a_password(env: Env) -> anyhow::Result<()> {
     let builder = EtcdLock::builder()
         .with_endpoints(env.endpoints.iter().cloned())
-        .with_namespace(NAMESPACE)
+        .with_prefix(NAMESPACE)
         .with_tls(&env.ca)
         .with_client_cert(&env.cert, &env.key);
     let locks = Arc::new(builder.clone().connect().await?);
@@ -472,7 +472,7 @@ async fn the_certificate_names_the_user_without_a_password(env: Env) -> anyhow::
         .await?;
     ensure!(lease.release().await? == Released::Released);
     // Outside the role's prefixes the server refuses.
-    let outside = Arc::new(builder.with_namespace("elsewhere/").connect().await?);
+    let outside = Arc::new(builder.with_prefix("elsewhere/").connect().await?);
     match outside
         .acquire(&key("refused"), &LockOptions::new(Duration::from_secs(5)))
         .await

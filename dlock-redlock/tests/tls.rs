@@ -58,7 +58,7 @@ impl Tls {
 
     async fn redlock(&self, urls: Vec<String>) -> dlock_core::Result<Arc<dyn DistributedLock>> {
         let lock = RedlockBuilder::from_urls(urls)
-            .with_node_timeout(Duration::from_millis(500))
+            .with_request_timeout(Duration::from_millis(500))
             .connect()
             .await?;
         Ok(Arc::new(lock))

@@ -17,7 +17,7 @@
 //!   (kazoo's `contenders()` works), but cannot delete or overwrite anyone's node, and cannot
 //!   create a node in the key's queue or under the base path: it cannot contend for keys below a
 //!   base that another identity created. Give each identity a root of its own
-//!   ([`with_root`](crate::ZkLockBuilder::with_root)).
+//!   ([`with_prefix`](crate::ZkLockBuilder::with_prefix)).
 //!
 //! The creator is named as a digest id rather than with ZooKeeper's `auth` scheme because `auth`
 //! grants every identity the session has, which includes the identity a server with client

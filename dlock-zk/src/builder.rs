@@ -84,8 +84,8 @@ impl fmt::Debug for ZkLockBuilder {
         };
         s.field("session_timeout", &self.session_timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("operation_timeout", &self.operation_timeout)
-            .field("root", &self.root)
+            .field("request_timeout", &self.operation_timeout)
+            .field("prefix", &self.root)
             .field("identifier", &self.identifier)
             .field("naming", &self.naming)
             .field("tls", &self.tls)
@@ -111,10 +111,10 @@ dlock_core::setters! {
         /// How long one call waits for a connection and an answer before it fails with
         /// [`Error::Unavailable`] (default: the session timeout, after which a disconnected
         /// session has expired anyway).
-        with_operation_timeout(timeout: Duration) => operation_timeout = Some(timeout);
+        with_request_timeout(timeout: Duration) => operation_timeout = Some(timeout);
         /// The node under which lock keys live (default `/dlock`), below the chroot if the URL has
         /// one. Created on first use.
-        with_root(root: impl Into<String>) => root = root.into();
+        with_prefix(root: impl Into<String>) => root = root.into();
         /// The data written into each lock node (default `dlock`), e.g. a host name and process
         /// id, so that operators (and kazoo's `Lock.contenders()`) can see who holds or waits.
         with_identifier(identifier: impl Into<String>) => identifier = identifier.into();
@@ -181,11 +181,11 @@ impl ZkLockBuilder {
         let connect_timeout = self.connect_timeout.unwrap_or(self.session_timeout);
         check_timeout("connect_timeout", connect_timeout)?;
         let operation_timeout = self.operation_timeout.unwrap_or(self.session_timeout);
-        check_timeout("operation_timeout", operation_timeout)?;
-        check_path(&self.root, "root")?;
+        check_timeout("request_timeout", operation_timeout)?;
+        check_path(&self.root, "prefix")?;
         if self.root == "/" || self.root == "/zookeeper" || self.root.starts_with("/zookeeper/") {
             return Err(Error::invalid(
-                "root",
+                "prefix",
                 format!(
                     "{:?} is reserved; use a node of its own such as {DEFAULT_ROOT:?}",
                     self.root
@@ -247,7 +247,7 @@ mod tests {
         assert_eq!(config.session_timeout, DEFAULT_SESSION_TIMEOUT);
         assert_eq!(config.operation_timeout, DEFAULT_SESSION_TIMEOUT);
         let config = ZkLockBuilder::new("a:1")
-            .with_root("/locks/prod")
+            .with_prefix("/locks/prod")
             .config()
             .unwrap();
         assert_eq!(config.base, "/locks/prod");
@@ -270,13 +270,13 @@ mod tests {
             "connect_timeout"
         );
         assert_eq!(
-            field_of(ok().with_operation_timeout(Duration::from_secs(7200))),
-            "operation_timeout"
+            field_of(ok().with_request_timeout(Duration::from_secs(7200))),
+            "request_timeout"
         );
-        assert_eq!(field_of(ok().with_root("dlock")), "root");
-        assert_eq!(field_of(ok().with_root("/")), "root");
-        assert_eq!(field_of(ok().with_root("/zookeeper/x")), "root");
-        assert_eq!(field_of(ok().with_root("/a//b")), "root");
+        assert_eq!(field_of(ok().with_prefix("dlock")), "prefix");
+        assert_eq!(field_of(ok().with_prefix("/")), "prefix");
+        assert_eq!(field_of(ok().with_prefix("/zookeeper/x")), "prefix");
+        assert_eq!(field_of(ok().with_prefix("/a//b")), "prefix");
         assert_eq!(
             field_of(ok().with_identifier("x".repeat(2000))),
             "identifier"
@@ -294,11 +294,7 @@ mod tests {
         );
         match b.config() {
             Err(Error::InvalidInput { field, message }) => {
-                let expected = if cfg!(feature = "tls") {
-                    "tls_ca"
-                } else {
-                    "tls"
-                };
+                let expected = if cfg!(feature = "tls") { "ca" } else { "tls" };
                 assert_eq!(field, expected, "{message}");
                 assert!(!message.contains("topsecret"), "{message}");
             }

@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
 
@@ -57,6 +58,12 @@ impl ConnectString {
         } else {
             ConnectUrl::parse(&format!("zk://{url}"))?
         };
+        if url.scheme() == TLS_SCHEME {
+            return Err(url.invalid(
+                "zk+tls:// names its TLS files as parameters: use ZkLockBuilder::from_url, or \
+                 zk:// with ZkLockBuilder::with_tls",
+            ));
+        }
         url.expect_scheme(&[SCHEME])?;
         url.finish(&[])?;
         ConnectString::from_url(&url)
@@ -305,9 +312,9 @@ impl FromUrl for ZkLockBuilder {
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
         let builder = ZkLockBuilder::for_ensemble(ConnectString::from_url(url)?);
         let builder = dlock_core::apply_parameters!(url, builder, {
-            "prefix" => take_text => Self::with_root,
+            "prefix" => take_text => Self::with_prefix,
             "session_timeout" => take_duration => Self::with_session_timeout,
-            "request_timeout" => take_duration => Self::with_operation_timeout,
+            "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "identifier" => take_text => Self::with_identifier,
         });
@@ -323,27 +330,34 @@ impl FromUrl for ZkLockBuilder {
     }
 }
 
-/// The TLS settings of `zk+tls://` (`ca` required, `cert` and `key` together); `ca`, `cert` and
-/// `key` on `zk://` are refused rather than ignored, since the connection would be plaintext.
+/// The TLS settings of `zk+tls://`, from the parameters every backend names alike
+/// ([`TlsFiles::from_url`]): `ca` required, `cert` and `key` together. They are refused on
+/// `zk://` rather than ignored, since the connection would be plaintext, and so is
+/// `tls_server_name`: the client library checks the host name as written.
 fn tls_of(url: &mut ConnectUrl) -> Result<Option<ZkTls>> {
-    let ca = url.take_path("ca")?;
-    let cert = url.take_path("cert")?;
-    let key = url.take_path("key")?;
+    let files = TlsFiles::from_url(url)?;
     if url.scheme() != TLS_SCHEME {
-        return match (&ca, &cert, &key) {
-            (None, None, None) => Ok(None),
-            _ => Err(url.invalid(
+        return match files {
+            None => Ok(None),
+            Some(_) => Err(url.invalid(
                 "`ca`, `cert` and `key` are TLS settings: use zk+tls://host:2281 for TLS",
             )),
         };
     }
-    let Some(ca) = ca else {
+    let files = files.unwrap_or_default();
+    if files.server_name.is_some() {
+        return Err(url.invalid(
+            "tls_server_name is not supported for ZooKeeper (the host name as written is the \
+             name verified)",
+        ));
+    }
+    let Some(ca) = files.ca else {
         return Err(url.invalid(
             "zk+tls:// needs `ca=PATH`, the authority the servers' certificates are checked against",
         ));
     };
     let tls = ZkTls::new(ca);
-    match (cert, key) {
+    match (files.cert, files.key) {
         (None, None) => Ok(Some(tls)),
         (Some(cert), Some(key)) => Ok(Some(tls.with_client_cert(cert, key))),
         _ => Err(url.invalid("`cert` and `key` go together (the client certificate and its key)")),
@@ -424,6 +438,13 @@ mod tests {
     }
 
     #[test]
+    fn the_plain_parser_points_tls_urls_to_from_url() {
+        let (f, message) = field(ConnectString::parse("zk+tls://zk1:2281?ca=/ca.pem"));
+        assert_eq!(f, "url");
+        assert!(message.contains("ZkLockBuilder::from_url"), "{message}");
+    }
+
+    #[test]
     fn tls_urls_take_their_files_and_default_to_port_2281() {
         let b = ZkLockBuilder::from_url(
             "zk+tls://app:hunter2@zk1,zk2:3281/app?ca=/etc/zk/ca.pem&cert=/etc/zk/c.pem&key=/etc/zk/k.pem",
@@ -451,6 +472,10 @@ mod tests {
             ("zk+tls://u:hunter2@zk1?ca=/a&key=/k", "go together"),
             ("zk://u:hunter2@zk1?ca=/a", "use zk+tls://"),
             ("zk+tls://u:hunter2@zk1?ca=", "the path is empty"),
+            (
+                "zk+tls://u:hunter2@zk1?ca=/a&tls_server_name=x",
+                "tls_server_name",
+            ),
         ] {
             match ZkLockBuilder::from_url(url) {
                 Err(Error::InvalidInput { field, message }) => {
@@ -465,10 +490,10 @@ mod tests {
 
     #[test]
     fn paths_follow_zookeeper_rules() {
-        assert!(check_path("/dlock", "root").is_ok());
-        assert!(check_path("/a/b-c/d.e", "root").is_ok());
+        assert!(check_path("/dlock", "prefix").is_ok());
+        assert!(check_path("/a/b-c/d.e", "prefix").is_ok());
         for bad in ["dlock", "/a/", "//", "/a//b", "/a/./b", "/a\u{1}b"] {
-            assert!(check_path(bad, "root").is_err(), "{bad:?}");
+            assert!(check_path(bad, "prefix").is_err(), "{bad:?}");
         }
     }
 }

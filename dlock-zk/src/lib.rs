@@ -113,6 +113,8 @@
 //! first use; `user:password` adds digest credentials and never appears in `Debug` output or
 //! errors. Malformed strings fail with [`Error::InvalidInput`] naming `url` before anything is
 //! sent; unreachable servers fail with [`Error::Unavailable`] within the connect timeout.
+//! [`ZkLockBuilder::from_url`] also takes the builder's settings as query parameters, and
+//! `zk+tls://host:2281[,…][/chroot]?ca=PATH[&cert=PATH&key=PATH]` for TLS (`tls` feature).
 //!
 //! # TLS and access control
 //!

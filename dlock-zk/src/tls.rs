@@ -99,18 +99,18 @@ impl ZkTls {
                 ));
             }
         }
-        let ca_pem = read("tls_ca", &self.ca)?;
+        let ca_pem = read("ca", &self.ca)?;
         let roots = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| not_pem("tls_ca", &self.ca, "certificates"))?;
+            .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
         let mut store = rustls::RootCertStore::empty();
         let (added, _) = store.add_parsable_certificates(roots);
         if added == 0 {
-            return Err(not_pem("tls_ca", &self.ca, "certificates"));
+            return Err(not_pem("ca", &self.ca, "certificates"));
         }
         let mut options = zookeeper_client::TlsOptions::new()
             .with_pem_ca(&ca_pem)
-            .map_err(|_| not_pem("tls_ca", &self.ca, "certificates"))?;
+            .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -119,20 +119,20 @@ impl ZkTls {
         let config = match &self.client {
             None => builder.with_no_client_auth(),
             Some((cert_path, key_path)) => {
-                let cert_pem = read("tls_cert", cert_path)?;
+                let cert_pem = read("cert", cert_path)?;
                 let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
                     .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|_| not_pem("tls_cert", cert_path, "certificates"))?;
+                    .map_err(|_| not_pem("cert", cert_path, "certificates"))?;
                 if chain.is_empty() {
-                    return Err(not_pem("tls_cert", cert_path, "certificates"));
+                    return Err(not_pem("cert", cert_path, "certificates"));
                 }
-                let key_pem = read("tls_key", key_path)?;
+                let key_pem = read("key", key_path)?;
                 // The parser's own messages may quote a line of the file: never pass them on.
                 let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-                    .map_err(|_| not_pem("tls_key", key_path, "private key"))?;
+                    .map_err(|_| not_pem("key", key_path, "private key"))?;
                 let config = builder.with_client_auth_cert(chain, key).map_err(|e| {
                     Error::invalid(
-                        "tls_key",
+                        "key",
                         format!(
                             "{}: not a usable private key for the certificate in {}: {}",
                             key_path.display(),
@@ -143,7 +143,7 @@ impl ZkTls {
                 })?;
                 options = options
                     .with_pem_identity(&cert_pem, &key_pem)
-                    .map_err(|_| not_pem("tls_key", key_path, "private key"))?;
+                    .map_err(|_| not_pem("key", key_path, "private key"))?;
                 config
             }
         };

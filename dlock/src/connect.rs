@@ -152,9 +152,9 @@ fn memory(url: &ConnectUrl) -> Result<Backend> {
     Ok(Arc::new(InMemoryLock::new()))
 }
 
-/// Makes backend `B`'s builder from the URL, refuses what neither it nor [`COMMON_PARAMETERS`] knows, and
-/// connects. A complaint of the builder about its setting `renamed.0` reads as one about the URL
-/// parameter `renamed.1` that set it, so the message names what the user wrote.
+/// Makes backend `B`'s builder from the URL, refuses what neither it nor [`COMMON_PARAMETERS`]
+/// knows, and connects. (A builder's settings are named as its URL parameters, so a complaint
+/// about one names what the user wrote.)
 #[cfg_attr(
     not(any(
         feature = "redis",
@@ -164,11 +164,7 @@ fn memory(url: &ConnectUrl) -> Result<Backend> {
     )),
     allow(dead_code)
 )]
-async fn open<B, L, F>(
-    url: &mut ConnectUrl,
-    connect: impl FnOnce(B) -> F,
-    renamed: Option<(&str, &str)>,
-) -> Result<Backend>
+async fn open<B, L, F>(url: &mut ConnectUrl, connect: impl FnOnce(B) -> F) -> Result<Backend>
 where
     B: FromUrl,
     F: std::future::Future<Output = Result<L>>,
@@ -181,17 +177,7 @@ where
         .copied()
         .collect();
     url.finish(&known)?;
-    let lock = connect(builder)
-        .await
-        .map_err(|error| match (error, renamed) {
-            (Error::InvalidInput { field, message }, Some((setting, parameter)))
-                if field == setting =>
-            {
-                url.invalid(format!("parameter `{parameter}`: {message}"))
-            }
-            (other, _) => other,
-        })?;
-    Ok(Arc::new(lock))
+    Ok(Arc::new(connect(builder).await?))
 }
 
 #[cfg(feature = "redis")]
@@ -199,7 +185,7 @@ async fn redis(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
     if feature == "redis-tls" && !cfg!(feature = "redis-tls") {
         return Err(missing_feature(url, feature));
     }
-    open(url, dlock_redis::RedisLockBuilder::connect, None).await
+    open(url, dlock_redis::RedisLockBuilder::connect).await
 }
 
 #[cfg(not(feature = "redis"))]
@@ -209,7 +195,7 @@ async fn redis(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
 
 #[cfg(feature = "redlock")]
 async fn redlock(url: &mut ConnectUrl) -> Result<Backend> {
-    open(url, dlock_redlock::RedlockBuilder::connect, None).await
+    open(url, dlock_redlock::RedlockBuilder::connect).await
 }
 
 #[cfg(not(feature = "redlock"))]
@@ -224,12 +210,7 @@ async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
     if feature == "zk-tls" && !cfg!(feature = "zk-tls") {
         return Err(missing_feature(url, feature));
     }
-    open(
-        url,
-        dlock_zk::ZkLockBuilder::connect,
-        Some(("root", "prefix")),
-    )
-    .await
+    open(url, dlock_zk::ZkLockBuilder::connect).await
 }
 
 #[cfg(not(feature = "zk"))]
@@ -239,12 +220,7 @@ async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
 
 #[cfg(feature = "etcd")]
 async fn etcd(url: &mut ConnectUrl) -> Result<Backend> {
-    open(
-        url,
-        dlock_etcd::EtcdLockBuilder::connect,
-        Some(("namespace", "prefix")),
-    )
-    .await
+    open(url, dlock_etcd::EtcdLockBuilder::connect).await
 }
 
 #[cfg(not(feature = "etcd"))]

@@ -7,6 +7,7 @@
     feature = "redis-tls",
     feature = "redlock",
     feature = "zk",
+    feature = "zk-tls",
     feature = "etcd"
 ))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -69,6 +70,11 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
             "redlock://app:{PASSWORD}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?connect_timeout=300ms"
         ),
         format!("zk://app:{PASSWORD}@127.0.0.1:1?connect_timeout=300ms"),
+        format!("zk+tls://app:{PASSWORD}@127.0.0.1:1?{tls}&connect_timeout=300ms"),
+        format!(
+            "zk+tls://app:{PASSWORD}@127.0.0.1:1?ca={}",
+            certs.client_key.display()
+        ),
         format!("etcd://app:{PASSWORD}@127.0.0.1:1?connect_timeout=300ms"),
         format!("etcd://app:{PASSWORD}@nowhere.invalid:1?connect_timeout=300ms"),
         format!("redis://app:{PASSWORD}@127.0.0.1:1?colour=red"),
@@ -104,11 +110,18 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
         ),
         format!(
             "{:?}",
-            dlock::etcd::EtcdLockBuilder::from_url(&urls[5]).unwrap()
+            dlock::zk::ZkLockBuilder::from_url(&urls[5]).unwrap()
         ),
         format!(
             "{:?}",
-            dlock::etcd::EtcdLockBuilder::from_url(&urls[12]).unwrap()
+            dlock::etcd::EtcdLockBuilder::from_url(&urls[7]).unwrap()
+        ),
+        format!(
+            "{:?}",
+            dlock::etcd::EtcdLockBuilder::from_url(
+                urls.iter().find(|u| u.starts_with("etcd+https")).unwrap()
+            )
+            .unwrap()
         ),
         format!("{:?}", dlock::url::ConnectUrl::parse(&urls[1]).unwrap()),
     ];

@@ -267,7 +267,7 @@ async fn credentials_work_and_never_show(env: Env) -> anyhow::Result<()> {
     let lock = client_with(
         &format!("zk://alice:{secret}@{}", env.hosts),
         SESSION,
-        |b| b.with_root(root),
+        |b| b.with_prefix(root),
     )
     .await?;
     let shown = format!("{lock:?}");

@@ -160,33 +160,33 @@ async fn bad_files_fail_before_connecting_and_show_no_secret(env: Env) -> anyhow
     let certs = &env.certs;
     let missing = certs.dir().join("no-such-ca.pem");
     let cases = [
-        (ZkTls::new(&missing), "tls_ca", missing.clone()),
+        (ZkTls::new(&missing), "ca", missing.clone()),
         // A key where the authority belongs: no certificate in it.
         (
             ZkTls::new(&certs.client_key),
-            "tls_ca",
+            "ca",
             certs.client_key.clone(),
         ),
         (
             ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &missing),
-            "tls_key",
+            "key",
             missing.clone(),
         ),
         // A certificate where the key belongs.
         (
             ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.client_cert),
-            "tls_key",
+            "key",
             certs.client_cert.clone(),
         ),
         // Another certificate's key.
         (
             ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.server_key),
-            "tls_key",
+            "key",
             certs.server_key.clone(),
         ),
         (
             ZkTls::new(&certs.ca).with_client_cert(&missing, &certs.client_key),
-            "tls_cert",
+            "cert",
             missing.clone(),
         ),
     ];
