@@ -41,6 +41,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("zk", "zk"),
     ("zk+tls", "zk-tls"),
     ("etcd", "etcd"),
+    ("etcd+https", "etcd"),
 ];
 
 /// A connected backend.
@@ -59,6 +60,7 @@ type Backend = Arc<dyn DistributedLock>;
 /// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `request_timeout`, `connect_timeout`, `identifier`, `naming` (`kazoo` or `curator`) |
 /// | `zk+tls://[user:password@]host[:port],…[/chroot]?ca=PATH[&cert=PATH&key=PATH]` (ports default to 2281) | a ZooKeeper ensemble over TLS | `zk-tls` | as `zk://`, and `ca`, `cert`, `key` (PEM files) |
 /// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_timeout` (the session lease's TTL), `request_timeout`, `connect_timeout` |
+/// | `etcd+https://[user[:password]@]host:port,…[/namespace]?ca=PATH[&cert=PATH&key=PATH]` | an etcd cluster over TLS | `etcd` | as `etcd://`, and `ca` (required), `cert`, `key` (PEM files), `tls_server_name` |
 ///
 /// Every scheme also takes the per-acquire defaults `ttl`, `wait`, `drift` (the fixed part of
 /// the clock-drift allowance) and `drift_factor`, found in [`Locks::options`]. Durations are

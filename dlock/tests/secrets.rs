@@ -82,6 +82,11 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
         format!("etcd://app:{PASSWORD}@127.0.0.1:1/a?prefix=b"),
         format!("ftp://app:{PASSWORD}@127.0.0.1:1"),
         format!("redis://app:{PASSWORD}%zz@127.0.0.1:1"),
+        format!("etcd+https://app:{PASSWORD}@127.0.0.1:1?{tls}&connect_timeout=300ms"),
+        format!(
+            "etcd+https://app:{PASSWORD}@127.0.0.1:1?ca={}",
+            certs.client_key.display()
+        ),
     ];
     let mut shown = String::new();
     for url in &urls {
@@ -110,6 +115,13 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
         format!(
             "{:?}",
             dlock::etcd::EtcdLockBuilder::from_url(&urls[7]).unwrap()
+        ),
+        format!(
+            "{:?}",
+            dlock::etcd::EtcdLockBuilder::from_url(
+                urls.iter().find(|u| u.starts_with("etcd+https")).unwrap()
+            )
+            .unwrap()
         ),
         format!("{:?}", dlock::url::ConnectUrl::parse(&urls[1]).unwrap()),
     ];
