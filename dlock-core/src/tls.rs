@@ -55,6 +55,38 @@ impl fmt::Debug for TlsPem {
 }
 
 impl TlsFiles {
+    /// TLS whose server is verified against the authority (PEM certificates) in the file `ca`.
+    ///
+    /// ```
+    /// use dlock_core::tls::TlsFiles;
+    ///
+    /// let tls = TlsFiles::new("/etc/dlock/ca.pem")
+    ///     .with_client_cert("/etc/dlock/app.pem", "/etc/dlock/app-key.pem")
+    ///     .with_server_name("locks.internal");
+    /// assert_eq!(tls.cert.as_deref(), Some(std::path::Path::new("/etc/dlock/app.pem")));
+    /// ```
+    pub fn new(ca: impl Into<PathBuf>) -> Self {
+        TlsFiles {
+            ca: Some(ca.into()),
+            ..TlsFiles::default()
+        }
+    }
+
+    /// Presents the certificate in the PEM file `cert`, with its private key in `key`, to servers
+    /// that require one (mutual TLS).
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.cert = Some(cert.into());
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Verifies that the server's certificate carries `name` rather than the host dialled (where
+    /// the backend's client supports it; the others refuse it).
+    pub fn with_server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
+        self
+    }
+
     /// Takes `ca`, `cert`, `key` and `tls_server_name` from `url`: `None` when none is given.
     pub fn from_url(url: &mut ConnectUrl) -> Result<Option<TlsFiles>> {
         let files = TlsFiles {

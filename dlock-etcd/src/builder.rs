@@ -1,7 +1,6 @@
 //! Configuration of an etcd lock client, validated before anything is sent.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use etcd_client::{Certificate, Identity, TlsOptions};
@@ -113,12 +112,15 @@ impl fmt::Debug for TlsConfig {
 ///
 /// ```no_run
 /// # async fn demo() -> dlock_core::Result<()> {
+/// use dlock_core::tls::TlsFiles;
 /// use dlock_etcd::EtcdLock;
 ///
 /// let locks = EtcdLock::builder()
 ///     .with_endpoints(["etcd-1.internal:2379", "etcd-2.internal:2379", "etcd-3.internal:2379"])
-///     .with_tls("/etc/dlock/etcd-ca.pem")
-///     .with_client_cert("/etc/dlock/client.pem", "/etc/dlock/client-key.pem")
+///     .with_tls(
+///         TlsFiles::new("/etc/dlock/etcd-ca.pem")
+///             .with_client_cert("/etc/dlock/client.pem", "/etc/dlock/client-key.pem"),
+///     )
 ///     .with_credentials("billing", "s3cret")
 ///     .connect()
 ///     .await?;
@@ -224,37 +226,15 @@ impl EtcdLockBuilder {
         self
     }
 
-    /// Connects over TLS and verifies the server's certificate against the authority in the PEM
-    /// file `ca` (etcd's `--trusted-ca-file` side of the client). Endpoints are then dialled as
-    /// `https://`; a `http://` endpoint is refused. The file is read when the builder is
-    /// validated: a missing or non-PEM file is an [`Error::InvalidInput`] for field `ca` naming
-    /// the path.
-    pub fn with_tls(mut self, ca: impl Into<PathBuf>) -> Self {
-        self.tls.ca = Some(ca.into());
-        self
-    }
-
-    /// Presents a client certificate (PEM file `cert`) with its private key (PEM file `key`),
-    /// for servers that require one (`--client-cert-auth`); needs [`with_tls`](Self::with_tls).
-    /// With auth enabled and no [`with_credentials`](Self::with_credentials), etcd takes the
-    /// certificate's common name as the user; with credentials, the user is the one named there.
-    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.tls.cert = Some(cert.into());
-        self.tls.key = Some(key.into());
-        self
-    }
-
-    /// Verifies the server's certificate for `name` instead of the endpoint's host, e.g. when
-    /// dialling members by IP address whose certificates name a host; needs
-    /// [`with_tls`](Self::with_tls).
-    pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
-        self.tls.server_name = Some(name.into());
-        self
-    }
-
-    /// Sets every TLS file at once (what a connection string's `ca`, `cert`, `key` and
-    /// `tls_server_name` give); see [`with_tls`](Self::with_tls).
-    pub fn with_tls_files(mut self, files: TlsFiles) -> Self {
+    /// Connects over TLS with `files` ([`TlsFiles`]): the server's certificate is verified
+    /// against the authority `ca` (required; etcd's `--trusted-ca-file` side of the client), for
+    /// the name `server_name` if given instead of the endpoint's host; a client certificate and
+    /// key are presented to servers that require one (`--client-cert-auth`). With auth enabled and
+    /// no [`with_credentials`](Self::with_credentials), etcd takes the certificate's common name
+    /// as the user. Endpoints are then dialled as `https://`; a `http://` endpoint is refused. The
+    /// files are read when the builder is validated: a missing or non-PEM file is an
+    /// [`Error::InvalidInput`] for the setting at fault naming the path.
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
         self.tls = files;
         self
     }
@@ -392,6 +372,7 @@ fn normalize_endpoint(endpoint: &str, tls: bool) -> Result<String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn field_of(builder: EtcdLockBuilder) -> &'static str {
         match builder.validate() {
@@ -502,9 +483,13 @@ mod tests {
         ]);
         let tls = EtcdLockBuilder::new()
             .with_endpoints(["h1:2379", "https://h2:2379"])
-            .with_tls(files.path("ca.pem"))
-            .with_client_cert(files.path("client.pem"), files.path("client-key.pem"))
-            .with_tls_server_name("etcd.internal");
+            .with_tls(
+                TlsFiles::new(files.path("ca.pem"))
+                    .with_client_cert(files.path("client.pem"), files.path("client-key.pem"))
+                    .with_server_name("etcd.internal"),
+            );
+        let good = TlsFiles::new(files.path("ca.pem"))
+            .with_client_cert(files.path("client.pem"), files.path("client-key.pem"));
         let settings = tls.validate().unwrap();
         assert_eq!(settings.endpoints, ["https://h1:2379", "https://h2:2379"]);
         let shown = format!("{tls:?} {settings:?}");
@@ -520,24 +505,34 @@ mod tests {
             other => panic!("{other:?}"),
         };
         fails(
-            tls.clone().with_tls(files.path("missing.pem")),
+            tls.clone().with_tls(TlsFiles {
+                ca: Some(files.path("missing.pem")),
+                ..good.clone()
+            }),
             "ca",
             "missing.pem",
         );
         fails(
-            tls.clone().with_tls(files.path("garbage.pem")),
+            tls.clone().with_tls(TlsFiles {
+                ca: Some(files.path("garbage.pem")),
+                ..good.clone()
+            }),
             "ca",
             "garbage.pem",
         );
         fails(
-            tls.clone()
-                .with_client_cert(files.path("client.pem"), files.path("garbage.pem")),
+            tls.clone().with_tls(
+                good.clone()
+                    .with_client_cert(files.path("client.pem"), files.path("garbage.pem")),
+            ),
             "key",
             "garbage.pem",
         );
         fails(
-            tls.clone()
-                .with_client_cert(files.path("client-key.pem"), files.path("client-key.pem")),
+            tls.clone().with_tls(
+                good.clone()
+                    .with_client_cert(files.path("client-key.pem"), files.path("client-key.pem")),
+            ),
             "cert",
             "client-key.pem",
         );
@@ -547,17 +542,24 @@ mod tests {
             "h3",
         );
         fails(
-            tls.clone().with_tls_server_name("a b"),
+            tls.clone().with_tls(good.clone().with_server_name("a b")),
             "tls_server_name",
             "a b",
         );
         let plain = EtcdLockBuilder::new().with_endpoint("h:2379");
         assert_eq!(
-            field_of(plain.clone().with_client_cert("c.pem", "k.pem")),
+            field_of(plain.clone().with_tls(TlsFiles {
+                ca: None,
+                ..TlsFiles::default().with_client_cert("c.pem", "k.pem")
+            })),
             "cert"
         );
         assert_eq!(
-            field_of(plain.clone().with_tls_server_name("etcd")),
+            field_of(
+                plain
+                    .clone()
+                    .with_tls(TlsFiles::default().with_server_name("etcd"))
+            ),
             "tls_server_name"
         );
     }

@@ -166,7 +166,7 @@ fn explain_closed(error: Error, settings: &Settings) -> Error {
         }
         Some(tls) if !tls.has_client_cert() => {
             "TLS: a server that requires a client certificate closes connections without one \
-             like this: set it with with_client_cert, or cert=PATH&key=PATH"
+             like this: set it with with_tls(TlsFiles::new(ca).with_client_cert(..)), or cert=PATH&key=PATH"
         }
         Some(_) => return error,
     };

@@ -86,8 +86,8 @@
 //! # TLS and authentication
 //!
 //! [`EtcdLockBuilder::with_tls`] turns TLS on (rustls with ring; the server is verified against
-//! the given CA), [`EtcdLockBuilder::with_client_cert`] adds a client certificate for servers
-//! with `--client-cert-auth`, and [`EtcdLockBuilder::with_credentials`] authenticates as an etcd
+//! the given CA, and a client certificate is presented to servers with `--client-cert-auth`
+//! when given), and [`EtcdLockBuilder::with_credentials`] authenticates as an etcd
 //! user. etcd's simple auth tokens expire `--auth-token-ttl` after their last use, and
 //! keep-alives do not use them, so a client that only holds its locks finds its token expired at
 //! the next request: it authenticates again and repeats the request (etcd-client's token

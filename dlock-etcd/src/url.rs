@@ -48,7 +48,7 @@ impl FromUrl for EtcdLockBuilder {
             );
         }
         match (url.scheme() == TLS_SCHEME, TlsFiles::from_url(url)?) {
-            (true, Some(tls)) if tls.ca.is_some() => builder = builder.with_tls_files(tls),
+            (true, Some(tls)) if tls.ca.is_some() => builder = builder.with_tls(tls),
             (true, _) => {
                 return Err(url.invalid(
                     "etcd+https:// needs `ca`, the authority to verify the servers against",

@@ -24,6 +24,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
+use dlock_core::tls::TlsFiles;
 use dlock_core::{DistributedLock, DistributedLockExt, Error, LeaseState, LockOptions, Released};
 use dlock_etcd::{EtcdLock, EtcdLockBuilder};
 use dlock_testkit::certs::TestCerts;
@@ -62,6 +63,11 @@ impl Env {
         }
     }
 
+    /// TLS with the test authority and the client certificate.
+    fn tls(&self) -> TlsFiles {
+        TlsFiles::new(&self.ca).with_client_cert(&self.cert, &self.key)
+    }
+
     /// The builder of a client as `app`, over TLS with the client certificate.
     fn builder(&self, endpoints: &[String]) -> EtcdLockBuilder {
         EtcdLock::builder()
@@ -70,8 +76,7 @@ impl Env {
             .with_session_timeout(SESSION_TTL)
             .with_request_timeout(Duration::from_secs(2))
             .with_connect_timeout(Duration::from_secs(10))
-            .with_tls(&self.ca)
-            .with_client_cert(&self.cert, &self.key)
+            .with_tls(self.tls())
             .with_credentials(EtcdTlsServer::APP_USER, EtcdTlsServer::APP_PASSWORD)
     }
 
@@ -333,7 +338,7 @@ async fn a_wrong_authority_is_a_clear_error(env: Env) -> anyhow::Result<()> {
     let started = Instant::now();
     let outcome = env
         .builder(&env.endpoints)
-        .with_tls(&other.ca)
+        .with_tls(TlsFiles::new(&other.ca).with_client_cert(&env.cert, &env.key))
         .connect()
         .await;
     let error = match outcome {
@@ -367,7 +372,7 @@ async fn a_wrong_authority_is_a_clear_error(env: Env) -> anyhow::Result<()> {
 async fn a_missing_client_certificate_is_a_clear_error(env: Env) -> anyhow::Result<()> {
     let outcome = EtcdLock::builder()
         .with_endpoints(env.endpoints.iter().cloned())
-        .with_tls(&env.ca)
+        .with_tls(TlsFiles::new(&env.ca))
         .with_credentials(EtcdTlsServer::APP_USER, EtcdTlsServer::APP_PASSWORD)
         .with_connect_timeout(Duration::from_secs(10))
         .connect()
@@ -430,13 +435,13 @@ async fn a_plaintext_client_fails_clearly(env: Env) -> anyhow::Result<()> {
 async fn the_server_name_override_is_what_is_verified(env: Env) -> anyhow::Result<()> {
     let locks = env
         .builder(&env.endpoints)
-        .with_tls_server_name("localhost")
+        .with_tls(env.tls().with_server_name("localhost"))
         .connect()
         .await?;
     locks.close().await?;
     let outcome = env
         .builder(&env.endpoints)
-        .with_tls_server_name("etcd.elsewhere.example")
+        .with_tls(env.tls().with_server_name("etcd.elsewhere.example"))
         .connect()
         .await;
     let error = match outcome {
@@ -464,8 +469,7 @@ async fn the_certificate_names_the_user_without_a_password(env: Env) -> anyhow::
     let builder = EtcdLock::builder()
         .with_endpoints(env.endpoints.iter().cloned())
         .with_prefix(NAMESPACE)
-        .with_tls(&env.ca)
-        .with_client_cert(&env.cert, &env.key);
+        .with_tls(env.tls());
     let locks = Arc::new(builder.clone().connect().await?);
     let lease = locks
         .acquire(&key("cert-user"), &LockOptions::new(Duration::from_secs(5)))
@@ -519,8 +523,12 @@ async fn no_error_or_debug_shows_a_secret(env: Env) -> anyhow::Result<()> {
     }
     // The key file given as the certificate, and the other way round.
     for swapped in [
-        builder.clone().with_client_cert(&env.key, &env.key),
-        builder.clone().with_client_cert(&env.cert, &env.ca),
+        builder
+            .clone()
+            .with_tls(TlsFiles::new(&env.ca).with_client_cert(&env.key, &env.key)),
+        builder
+            .clone()
+            .with_tls(TlsFiles::new(&env.ca).with_client_cert(&env.cert, &env.ca)),
     ] {
         match swapped.connect().await {
             Ok(_) => bail!("swapped files were accepted"),

@@ -9,6 +9,8 @@ use dlock_core::{check_len, check_within, Error, Result};
 use crate::acl::NodeAcl;
 use crate::connect_string::{check_path, ConnectString};
 use crate::naming::Naming;
+use dlock_core::tls::TlsFiles;
+
 use crate::tls::{Loaded, ZkTls};
 use crate::ZkLock;
 
@@ -72,7 +74,7 @@ pub struct ZkLockBuilder {
     root: String,
     identifier: String,
     naming: Naming,
-    tls: Option<ZkTls>,
+    tls: Option<TlsFiles>,
 }
 
 impl fmt::Debug for ZkLockBuilder {
@@ -122,10 +124,10 @@ dlock_core::setters! {
         /// kazoo's `Lock` or Curator's `InterProcessMutex` on the same path waits behind a dlock
         /// holder. dlock waits behind both under either naming; see [`Naming`].
         with_naming(naming: Naming) => naming = naming;
-        /// Connects to every server over TLS ([`ZkTls`]: the certificate authority, and a client
+        /// Connects to every server over TLS ([`TlsFiles`]: the certificate authority, and a client
         /// certificate for servers that require one). Needs the `tls` feature; the files are read
         /// and checked by [`connect`](Self::connect), once.
-        with_tls(tls: ZkTls) => tls = Some(tls);
+        with_tls(tls: TlsFiles) => tls = Some(tls);
     }
 }
 
@@ -195,7 +197,7 @@ impl ZkLockBuilder {
         check_len("identifier", &self.identifier, MAX_IDENTIFIER_LEN)?;
         let base = format!("{}{}", connect.chroot(), self.root);
         let tls = match &self.tls {
-            Some(tls) => Some(tls.load(connect.servers())?),
+            Some(files) => Some(ZkTls::from_files(files)?.load(connect.servers())?),
             None => None,
         };
         let acl = NodeAcl::for_credentials(connect.credentials());
@@ -286,7 +288,7 @@ mod tests {
     #[test]
     fn tls_files_are_checked_before_connecting_and_named_by_path() {
         let b = ZkLockBuilder::new("zk://bob:topsecret@a:2281")
-            .with_tls(ZkTls::new("/nonexistent/ca.pem").with_client_cert("/c.pem", "/k.pem"));
+            .with_tls(TlsFiles::new("/nonexistent/ca.pem").with_client_cert("/c.pem", "/k.pem"));
         let shown = format!("{b:?}");
         assert!(
             shown.contains("/k.pem") && !shown.contains("topsecret"),

@@ -10,7 +10,7 @@ use dlock_core::tls::TlsFiles;
 use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
 
-use crate::{ZkLockBuilder, ZkTls};
+use crate::ZkLockBuilder;
 
 /// The scheme of a ZooKeeper connection string.
 pub const SCHEME: &str = "zk";
@@ -294,7 +294,7 @@ fn parse_chroot(path: &str) -> Result<String> {
 
 /// `zk://[user:password@]host[:port][,…][/chroot][?parameters]`: the ensemble, then the
 /// builder's settings by name; `zk+tls://…?ca=PATH[&cert=PATH&key=PATH]` reaches every server
-/// over TLS ([`ZkTls`]; ports default to 2281).
+/// over TLS ([`TlsFiles`]; ports default to 2281).
 impl FromUrl for ZkLockBuilder {
     const SCHEMES: &'static [&'static str] = &[SCHEME, TLS_SCHEME];
     const PARAMETERS: &'static [&'static str] = &[
@@ -331,10 +331,9 @@ impl FromUrl for ZkLockBuilder {
 }
 
 /// The TLS settings of `zk+tls://`, from the parameters every backend names alike
-/// ([`TlsFiles::from_url`]): `ca` required, `cert` and `key` together. They are refused on
-/// `zk://` rather than ignored, since the connection would be plaintext, and so is
-/// `tls_server_name`: the client library checks the host name as written.
-fn tls_of(url: &mut ConnectUrl) -> Result<Option<ZkTls>> {
+/// ([`TlsFiles::from_url`]; the builder checks them). They are refused on `zk://` rather than
+/// ignored, since the connection would be plaintext; `zk+tls://` needs at least `ca`.
+fn tls_of(url: &mut ConnectUrl) -> Result<Option<TlsFiles>> {
     let files = TlsFiles::from_url(url)?;
     if url.scheme() != TLS_SCHEME {
         return match files {
@@ -344,23 +343,11 @@ fn tls_of(url: &mut ConnectUrl) -> Result<Option<ZkTls>> {
             )),
         };
     }
-    let files = files.unwrap_or_default();
-    if files.server_name.is_some() {
-        return Err(url.invalid(
-            "tls_server_name is not supported for ZooKeeper (the host name as written is the \
-             name verified)",
-        ));
-    }
-    let Some(ca) = files.ca else {
-        return Err(url.invalid(
+    match files {
+        Some(files) if files.ca.is_some() => Ok(Some(files)),
+        _ => Err(url.invalid(
             "zk+tls:// needs `ca=PATH`, the authority the servers' certificates are checked against",
-        ));
-    };
-    let tls = ZkTls::new(ca);
-    match (files.cert, files.key) {
-        (None, None) => Ok(Some(tls)),
-        (Some(cert), Some(key)) => Ok(Some(tls.with_client_cert(cert, key))),
-        _ => Err(url.invalid("`cert` and `key` go together (the client certificate and its key)")),
+        )),
     }
 }
 

@@ -119,7 +119,7 @@
 //! # TLS and access control
 //!
 //! With the `tls` feature, [`ZkLockBuilder::with_tls`] reaches every server over TLS
-//! ([`ZkTls`]: the authority the servers are checked against, and a client certificate for
+//! ([`TlsFiles`](dlock_core::tls::TlsFiles): the authority the servers are checked against, and a client certificate for
 //! servers that require one). With digest credentials, every node dlock creates carries
 //! `digest:USER:HASH` ALL and `world:anyone` READ: other identities can see a queue and who holds
 //! it, but cannot delete or overwrite a holder's node, nor queue for the key (ZooKeeper checks
@@ -160,4 +160,3 @@ pub use client::ZkLock;
 pub use connect_string::{ConnectString, Server, DEFAULT_PORT};
 pub use naming::{decode_key, encode_key, Naming};
 pub use stats::ZkStats;
-pub use tls::ZkTls;

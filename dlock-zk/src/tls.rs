@@ -11,31 +11,19 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "tls")]
 use std::time::Duration;
 
+use dlock_core::tls::TlsFiles;
 use dlock_core::{Error, Result};
 
 use crate::connect_string::Server;
 
-/// TLS settings of a [`ZkLock`](crate::ZkLock): the certificate authority that signed the
-/// servers' certificates and, for servers that require client certificates
-/// (`ssl.clientAuth=need`), the client's certificate and private key.
-///
-/// Every server of the connection string is then reached over TLS (ZooKeeper's
-/// `secureClientPort`, 2281 by convention) and checked against the authority and its host name
-/// as written in the connection string. Needs the `tls` feature of dlock-zk.
-///
-/// ```no_run
-/// # async fn demo() -> dlock_core::Result<()> {
-/// use dlock_zk::{ZkLock, ZkTls};
-///
-/// let tls = ZkTls::new("/etc/zk/ca.pem").with_client_cert("/etc/zk/app.pem", "/etc/zk/app-key.pem");
-/// let locks = ZkLock::builder("zk://app:secret@zk1:2281,zk2:2281/billing")
-///     .with_tls(tls)
-///     .connect()
-///     .await?;
-/// # Ok(()) }
-/// ```
+/// The checked TLS settings of a [`ZkLock`](crate::ZkLock), made from the [`TlsFiles`] given to
+/// [`ZkLockBuilder::with_tls`](crate::ZkLockBuilder::with_tls): the certificate authority that
+/// signed the servers' certificates and, for servers that require client certificates
+/// (`ssl.clientAuth=need`), the client's certificate and private key. Every server of the
+/// connection string is then reached over TLS (ZooKeeper's `secureClientPort`, 2281 by
+/// convention) and checked against the authority and its host name as written.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ZkTls {
+pub(crate) struct ZkTls {
     ca: PathBuf,
     client: Option<(PathBuf, PathBuf)>,
 }
@@ -53,31 +41,33 @@ impl fmt::Debug for ZkTls {
 }
 
 impl ZkTls {
-    /// Servers are verified against the certificate authorities in the PEM file `ca`.
-    pub fn new(ca: impl Into<PathBuf>) -> Self {
-        ZkTls {
-            ca: ca.into(),
-            client: None,
+    /// Checks what ZooKeeper's client can do with `files`: an authority is required, a client
+    /// certificate comes with its key, and a server-name override is refused (the client library
+    /// checks the host name as written).
+    pub(crate) fn from_files(files: &TlsFiles) -> Result<ZkTls> {
+        if files.server_name.is_some() {
+            return Err(Error::invalid(
+                "tls_server_name",
+                "is not supported for ZooKeeper (the host name as written is the name verified)",
+            ));
         }
-    }
-
-    /// Presents the certificate (chain) in the PEM file `cert`, with its private key in the PEM
-    /// file `key` (PKCS#8, PKCS#1 or SEC1), to servers that ask for one (mutual TLS).
-    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// The certificate authority file.
-    pub fn ca(&self) -> &Path {
-        &self.ca
-    }
-
-    /// The client certificate and key files, if set.
-    pub fn client_cert(&self) -> Option<(&Path, &Path)> {
-        self.client
-            .as_ref()
-            .map(|(c, k)| (c.as_path(), k.as_path()))
+        let Some(ca) = files.ca.clone() else {
+            return Err(Error::invalid(
+                "ca",
+                "TLS needs the authority the servers' certificates are checked against",
+            ));
+        };
+        let client = match (&files.cert, &files.key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (Some(_), None) => {
+                return Err(Error::invalid("key", "a client certificate needs its key"))
+            }
+            (None, Some(_)) => {
+                return Err(Error::invalid("cert", "a client key needs its certificate"))
+            }
+        };
+        Ok(ZkTls { ca, client })
     }
 
     /// Reads and checks the files, and that every server's host can be checked against a

@@ -23,11 +23,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
+use dlock_core::tls::TlsFiles;
 use dlock_core::{Capabilities, DistributedLock};
 use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions, ZkTlsFiles};
 use dlock_testkit::{trials, Freeze, FreezeProxy};
-use dlock_zk::{decode_key, ZkLock, ZkLockBuilder, ZkTls, DEFAULT_ROOT};
+use dlock_zk::{decode_key, ZkLock, ZkLockBuilder, DEFAULT_ROOT};
 use libtest_mimic::{Arguments, Trial};
 
 use support::proxied::Proxied;
@@ -59,8 +60,8 @@ pub struct Env {
 }
 
 /// TLS with the run's authority and client certificate.
-pub fn tls(certs: &TestCerts) -> ZkTls {
-    ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.client_key)
+pub fn tls(certs: &TestCerts) -> TlsFiles {
+    TlsFiles::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.client_key)
 }
 
 /// `zk://user:password@hosts`.

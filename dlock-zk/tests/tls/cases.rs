@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use dlock_core::tls::TlsFiles;
 use dlock_core::{DistributedLockExt, Error, Holding, LockOptions};
 use dlock_testkit::case;
 use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::connect_docker;
 use dlock_testkit::trials::{self, Case};
-use dlock_zk::{ZkLock, ZkTls};
+use dlock_zk::ZkLock;
 use libtest_mimic::Trial;
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -102,7 +103,7 @@ async fn refused(
 async fn a_foreign_authority_is_refused_clearly(env: Env) -> anyhow::Result<()> {
     let foreign = TestCerts::generate(&["localhost", "127.0.0.1"], "dlock-client")?;
     let settings =
-        ZkTls::new(&foreign.ca).with_client_cert(&env.certs.client_cert, &env.certs.client_key);
+        TlsFiles::new(&foreign.ca).with_client_cert(&env.certs.client_cert, &env.certs.client_key);
     let builder = ZkLock::builder(&url_as(USER, PASSWORD, &env.secure)).with_tls(settings);
     let (error, text) = refused(builder, &env.certs).await?;
     ensure!(
@@ -123,8 +124,8 @@ async fn a_foreign_authority_is_refused_clearly(env: Env) -> anyhow::Result<()> 
 /// The server requires a client certificate (`ssl.clientAuth=need`): a client without one is
 /// refused, and the error says the server ended the handshake.
 async fn a_missing_client_certificate_is_refused_clearly(env: Env) -> anyhow::Result<()> {
-    let builder =
-        ZkLock::builder(&url_as(USER, PASSWORD, &env.secure)).with_tls(ZkTls::new(&env.certs.ca));
+    let builder = ZkLock::builder(&url_as(USER, PASSWORD, &env.secure))
+        .with_tls(TlsFiles::new(&env.certs.ca));
     let (_, text) = refused(builder, &env.certs).await?;
     ensure!(
         text.contains("TLS handshake") && text.contains(&env.secure),
@@ -160,32 +161,32 @@ async fn bad_files_fail_before_connecting_and_show_no_secret(env: Env) -> anyhow
     let certs = &env.certs;
     let missing = certs.dir().join("no-such-ca.pem");
     let cases = [
-        (ZkTls::new(&missing), "ca", missing.clone()),
+        (TlsFiles::new(&missing), "ca", missing.clone()),
         // A key where the authority belongs: no certificate in it.
         (
-            ZkTls::new(&certs.client_key),
+            TlsFiles::new(&certs.client_key),
             "ca",
             certs.client_key.clone(),
         ),
         (
-            ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &missing),
+            TlsFiles::new(&certs.ca).with_client_cert(&certs.client_cert, &missing),
             "key",
             missing.clone(),
         ),
         // A certificate where the key belongs.
         (
-            ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.client_cert),
+            TlsFiles::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.client_cert),
             "key",
             certs.client_cert.clone(),
         ),
         // Another certificate's key.
         (
-            ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.server_key),
+            TlsFiles::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.server_key),
             "key",
             certs.server_key.clone(),
         ),
         (
-            ZkTls::new(&certs.ca).with_client_cert(&missing, &certs.client_key),
+            TlsFiles::new(&certs.ca).with_client_cert(&missing, &certs.client_key),
             "cert",
             missing.clone(),
         ),
@@ -216,7 +217,8 @@ async fn bad_files_fail_before_connecting_and_show_no_secret(env: Env) -> anyhow
         );
     }
     // The mismatch says so.
-    let mismatched = ZkTls::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.server_key);
+    let mismatched =
+        TlsFiles::new(&certs.ca).with_client_cert(&certs.client_cert, &certs.server_key);
     let error = ZkLock::builder(&url_as(USER, PASSWORD, &env.secure))
         .with_tls(mismatched)
         .connect()
