@@ -6,10 +6,12 @@ use std::time::Duration;
 use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
-use crate::connection::{self, Connection};
+use crate::connection::{self, Connection, Target};
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
 use crate::protocol::keys::KeyLayout;
+use crate::replicas::Acks;
+use crate::sentinel::{Primary, SentinelSettings};
 use crate::wakeups::Wakeups;
 
 /// The default bound on one request: far above a healthy round trip (well under a millisecond on
@@ -34,6 +36,13 @@ pub const MIN_FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The longest fence TTL accepted (about ten years).
 pub const MAX_FENCE_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 
+/// How long each `WAIT` waits for the replicas by default when `min_replicas` is set: a healthy
+/// replica acknowledges within a round trip, and every operation takes this long when too few do.
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The most replicas `min_replicas` may ask for.
+pub const MAX_MIN_REPLICAS: u32 = 64;
+
 /// Builds a [`RedisLock`]: the server URL, the key prefix and the timeouts.
 ///
 /// ```no_run
@@ -55,6 +64,10 @@ pub struct RedisLockBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     fence_ttl: Option<Duration>,
+    /// Connect through these sentinels instead of to `url`.
+    sentinel: Option<SentinelSettings>,
+    min_replicas: u32,
+    replica_timeout: Duration,
 }
 
 dlock_core::setters! {
@@ -78,6 +91,17 @@ dlock_core::setters! {
         /// earlier tokens unless the clock went back (see
         /// [`scripts`](crate::protocol::scripts#the-fencing-counters-expiry)).
         with_fence_ttl(ttl: Duration) => fence_ttl = Some(ttl);
+        /// Makes every grant, extension and release wait until `n` replicas acknowledged it
+        /// (`WAIT n replica_timeout`, on the same connection, right behind the lock script); 0
+        /// (the default) sends no `WAIT`. A grant not acknowledged in time is released and
+        /// reported as [`Error::Unavailable`](dlock_core::Error::Unavailable), never returned
+        /// as held; an extension or release not acknowledged is an `Unavailable` error too (an
+        /// auto-renewed lease becomes uncertain). This narrows, not closes, the window in which a
+        /// failover loses a lock: see the `replicas` section of the crate docs.
+        with_min_replicas(n: u32) => min_replicas = n;
+        /// How long each `WAIT` waits for the replicas ([`DEFAULT_REPLICA_TIMEOUT`]); every
+        /// request may take this much longer than the request timeout.
+        with_replica_timeout(timeout: Duration) => replica_timeout = timeout;
     }
 }
 
@@ -91,7 +115,19 @@ impl RedisLockBuilder {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             fence_ttl: None,
+            sentinel: None,
+            min_replicas: 0,
+            replica_timeout: DEFAULT_REPLICA_TIMEOUT,
         }
+    }
+
+    /// Settings for the primary of a Redis Sentinel service (see [`SentinelSettings`] and the
+    /// `sentinel` section of the crate docs): the client asks the sentinels for the primary and
+    /// follows it through failovers.
+    pub fn sentinel(settings: SentinelSettings) -> Self {
+        let mut builder = RedisLockBuilder::new(settings.redacted());
+        builder.sentinel = Some(settings);
+        builder
     }
 
     /// Checks every setting, connects and returns the client.
@@ -106,32 +142,57 @@ impl RedisLockBuilder {
     /// # Cancel safety
     /// Cancel safe: nothing is left behind but a closed connection.
     pub async fn connect(self) -> Result<RedisLock> {
-        let endpoint = self.url.parse()?;
+        let endpoint = match &self.sentinel {
+            None => Some(self.url.parse()?),
+            Some(_) => None,
+        };
         let layout = KeyLayout::new(self.prefix)?;
         check_timeout("request_timeout", self.request_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
         if let Some(ttl) = self.fence_ttl {
             check_fence_ttl(ttl)?;
         }
+        if self.min_replicas > MAX_MIN_REPLICAS {
+            return Err(dlock_core::Error::invalid(
+                "min_replicas",
+                format!("{} is more than {MAX_MIN_REPLICAS}", self.min_replicas),
+            ));
+        }
+        check_timeout("replica_timeout", self.replica_timeout)?;
         install_crypto_provider();
-        let client = connection::client(&endpoint)?;
-        let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
+        let (target, shown) = match (&self.sentinel, endpoint) {
+            (Some(settings), _) => {
+                let span =
+                    tracing::debug_span!("dlock.redis.connect", endpoint = %settings.redacted());
+                let primary = Primary::find(settings, self.connect_timeout)
+                    .instrument(span)
+                    .await?;
+                (Target::Sentinel(primary), settings.redacted())
+            }
+            (None, Some(endpoint)) => (
+                Target::Server(connection::client(&endpoint)?),
+                endpoint.redacted().to_owned(),
+            ),
+            (None, None) => return Err(dlock_core::Error::invalid("url", "no server given")),
+        };
+        let span = tracing::debug_span!("dlock.redis.connect", endpoint = %shown);
         let connection =
-            Connection::open(client.clone(), self.connect_timeout, self.request_timeout)
+            Connection::open(target.clone(), self.connect_timeout, self.request_timeout)
                 .instrument(span)
                 .await?;
         let wakeups = Wakeups::start(
-            client,
+            target,
             self.connect_timeout,
             self.request_timeout,
-            endpoint.redacted().to_owned(),
+            shown.clone(),
         );
         Ok(RedisLock::new(
             connection,
             layout,
             wakeups,
-            endpoint,
+            shown,
             self.fence_ttl,
+            Acks::new(self.min_replicas, self.replica_timeout),
         ))
     }
 }
@@ -224,6 +285,20 @@ mod tests {
             (
                 RedisLockBuilder::new(url).with_fence_ttl(Duration::from_secs(3600)),
                 "fence_ttl",
+            ),
+            (
+                RedisLockBuilder::new(url).with_min_replicas(1000),
+                "min_replicas",
+            ),
+            (
+                RedisLockBuilder::new(url)
+                    .with_min_replicas(1)
+                    .with_replica_timeout(Duration::ZERO),
+                "replica_timeout",
+            ),
+            (
+                RedisLockBuilder::sentinel(SentinelSettings::new(["127.0.0.1:1"], "")),
+                "sentinel_service",
             ),
         ];
         for (builder, expected) in cases {

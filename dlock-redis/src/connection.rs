@@ -32,6 +32,7 @@ use redis::RedisResult;
 
 use crate::endpoint::Endpoint;
 use crate::error;
+use crate::sentinel::Primary;
 
 /// Reconnection attempts per break before the manager gives up until the next request.
 const RECONNECT_ATTEMPTS: usize = 3;
@@ -52,6 +53,59 @@ pub(crate) fn client(endpoint: &Endpoint) -> Result<redis::Client> {
     redis::Client::open(info).map_err(|e| Error::invalid("url", e.to_string()))
 }
 
+/// Where the connections of a client go: one server, or whichever primary the sentinels of a
+/// service name (see [`crate::sentinel`]).
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// One server, at the address it was given.
+    Server(redis::Client),
+    /// The current primary of a Sentinel service.
+    Sentinel(Arc<Primary>),
+}
+
+impl Target {
+    /// A client for the server to use now.
+    pub(crate) fn client(&self) -> redis::Client {
+        match self {
+            Target::Server(client) => client.clone(),
+            Target::Sentinel(primary) => primary.client(),
+        }
+    }
+
+    /// Counts the moves of the server; always 0 for one server.
+    pub(crate) fn generation(&self) -> u64 {
+        match self {
+            Target::Server(_) => 0,
+            Target::Sentinel(primary) => primary.generation(),
+        }
+    }
+
+    /// Completes when the server moved after `seen`; never for one server.
+    pub(crate) async fn moved(&self, seen: u64) {
+        match self {
+            Target::Server(_) => std::future::pending().await,
+            Target::Sentinel(primary) => primary.moved(seen).await,
+        }
+    }
+
+    /// The server looks gone: with Sentinel, look up the primary again.
+    pub(crate) fn suspect(&self) {
+        if let Target::Sentinel(primary) = self {
+            primary.suspect();
+        }
+    }
+}
+
+/// Whether `error` says the server may no longer be the one to talk to: a failed or refused
+/// connection, or a replica refusing a write.
+fn looks_moved(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || error.to_string().contains("READONLY")
+}
+
 /// The shared, reconnecting command connection.
 #[derive(Clone)]
 pub(crate) struct Connection {
@@ -63,7 +117,7 @@ pub(crate) struct Connection {
 
 /// What the clones of a [`Connection`] share: the current link and how to open the next one.
 struct Shared {
-    client: redis::Client,
+    target: Target,
     config: ConnectionManagerConfig,
     /// Swapped for a new link when a request on it times out; loading it takes no lock.
     current: ArcSwap<Link>,
@@ -72,14 +126,17 @@ struct Shared {
 /// One connection manager, until a request on it times out.
 struct Link {
     manager: ConnectionManager,
+    /// The [`Target::generation`] it was opened for.
+    generation: u64,
     /// Set by the first timed-out request, which replaces the link; later ones leave it.
     retired: AtomicBool,
 }
 
 impl Link {
-    fn new(manager: ConnectionManager) -> Arc<Self> {
+    fn new(manager: ConnectionManager, generation: u64) -> Arc<Self> {
         Arc::new(Link {
             manager,
+            generation,
             retired: AtomicBool::new(false),
         })
     }
@@ -94,9 +151,11 @@ impl Shared {
             return;
         }
         // Fails only for a configuration the first connection was already opened with.
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+        let generation = self.target.generation();
+        match ConnectionManager::new_lazy_with_config(self.target.client(), self.config.clone()) {
             Ok(manager) => {
-                self.current.compare_and_swap(link, Link::new(manager));
+                self.current
+                    .compare_and_swap(link, Link::new(manager, generation));
                 tracing::debug!("redis: a request timed out; its connection is replaced");
             }
             Err(error) => {
@@ -133,7 +192,7 @@ impl TimerKeeper {
 impl Connection {
     /// Connects, giving up after `connect_timeout`.
     pub(crate) async fn open(
-        client: redis::Client,
+        target: Target,
         connect_timeout: Duration,
         request_timeout: Duration,
     ) -> Result<Self> {
@@ -147,6 +206,8 @@ impl Connection {
             .set_max_delay(RECONNECT_MAX_DELAY);
         // A PING proves that the server accepts this client (password, ACL) before the first
         // lock operation has to find out.
+        let client = target.client();
+        let generation = target.generation();
         let connected = async {
             let mut manager = client
                 .get_connection_manager_with_config(config.clone())
@@ -168,9 +229,9 @@ impl Connection {
         }
         Ok(Connection {
             shared: Arc::new(Shared {
-                client,
+                target,
                 config,
-                current: ArcSwap::new(Link::new(manager)),
+                current: ArcSwap::new(Link::new(manager, generation)),
             }),
             request_timeout,
             _alive: alive,
@@ -187,13 +248,41 @@ impl Connection {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let link = self.shared.current.load_full();
-        match tokio::time::timeout(self.request_timeout, call(link.manager.clone())).await {
+        self.run_longer(op, Duration::ZERO, call).await
+    }
+
+    /// [`run`](Self::run) with `extra` time on top of the request timeout, for a request that
+    /// may wait on the server (`WAIT`). On a target that moves (Sentinel), a link opened for an
+    /// earlier primary is replaced first, and a failure that suggests the primary moved starts a
+    /// lookup.
+    pub(crate) async fn run_longer<T, F, Fut>(
+        &self,
+        op: &'static str,
+        extra: Duration,
+        call: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let mut link = self.shared.current.load_full();
+        if link.generation != self.shared.target.generation() {
+            self.shared.retire(&link);
+            link = self.shared.current.load_full();
+        }
+        let bound = self.request_timeout + extra;
+        match tokio::time::timeout(bound, call(link.manager.clone())).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(error::from_redis(op, e)),
+            Ok(Err(e)) => {
+                if looks_moved(&e) {
+                    self.shared.target.suspect();
+                }
+                Err(error::from_redis(op, e))
+            }
             Err(_) => {
+                self.shared.target.suspect();
                 self.shared.retire(&link);
-                Err(error::no_answer(op, self.request_timeout))
+                Err(error::no_answer(op, bound))
             }
         }
     }

@@ -138,12 +138,15 @@ mod error;
 mod lock;
 #[doc(hidden)]
 pub mod protocol;
+mod replicas;
+mod sentinel;
 mod waiting;
 mod wakeups;
 
 pub use builder::{
-    RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_FENCE_TTL, MAX_TIMEOUT,
-    MIN_FENCE_TTL, MIN_TIMEOUT,
+    RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
+    MAX_FENCE_TTL, MAX_MIN_REPLICAS, MAX_TIMEOUT, MIN_FENCE_TTL, MIN_TIMEOUT,
 };
 pub use endpoint::Endpoint;
 pub use lock::{RedisLock, EXTEND_BATCH};
+pub use sentinel::SentinelSettings;

@@ -1,0 +1,419 @@
+//! Redis Sentinel: find a service's primary through its sentinels, and follow it after a failover.
+//!
+//! With Sentinel, the client is given the sentinels' addresses and the service (master) name, not
+//! the primary's address: the primary is whichever server the sentinels name now. [`Primary`]
+//! asks them once when the client connects (redis-rs's `SentinelClient`, which also checks that
+//! the server it names answers `ROLE` as a master), and again whenever the current primary looks
+//! gone:
+//!
+//! * a request on the command connection fails with a connection error or `READONLY` (the old
+//!   primary came back as a replica, or Sentinel demoted it and closed its clients), or gets no
+//!   answer within the request timeout (a frozen or partitioned primary);
+//! * the release-notification connection cannot be opened.
+//!
+//! A new answer that names another server bumps the primary's *generation*: the command
+//! connection opens its next link to the new primary, and the release-notification listener
+//! leaves its connection and subscribes again there. One lookup runs at a time, and lookups
+//! start at most every [`LOOKUP_SPACING`], however many requests fail together.
+//!
+//! So after a failover, requests fail (`Unavailable`, or a temporary `Backend` error for
+//! `READONLY`) until the sentinels have promoted a replica, and the first failure after the
+//! promotion moves the client: new acquires work again within the failover time (the sentinels'
+//! `down-after-milliseconds` plus the election) plus a lookup and a reconnection, well within 2 s
+//! of the promotion with the default timeouts.
+//!
+//! # What a holder's lease reports across a failover
+//!
+//! Replication is asynchronous: the promoted replica may or may not have received the lock key.
+//! The holder's renewal (or an explicit `extend`) decides it on the new primary: the key is there
+//! — the lease goes on as before; the key is missing — the extension answers "not held" and the
+//! lease is reported **lost**; no answer while the sentinels fail over — the lease becomes
+//! **uncertain** until an extension answers again. A lease that is not renewed cannot notice and
+//! stays valid on the client until its TTL, while a waiter may already have been granted the lock
+//! on a new primary that never had the key. `min_replicas` (see
+//! [`RedisLockBuilder::with_min_replicas`](crate::RedisLockBuilder::with_min_replicas)) makes
+//! that rarer: a grant is only returned once a replica has it, so the key is lost only if the
+//! promoted replica is not one that acknowledged it.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock_core::{Error, Result};
+use redis::io::tcp::TcpSettings;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, TlsMode};
+use tokio::sync::watch;
+
+use crate::error;
+
+/// The shortest time between the starts of two lookups of the primary, so a burst of failing
+/// requests costs one lookup, not one each.
+pub(crate) const LOOKUP_SPACING: Duration = Duration::from_millis(100);
+
+/// Sentinel's default port.
+const SENTINEL_PORT: u16 = 26379;
+
+/// Where a Sentinel-managed Redis service is: its sentinels, its name, and the credentials for
+/// the sentinels and for the data servers.
+///
+/// ```no_run
+/// # async fn demo() -> dlock_core::Result<()> {
+/// use dlock_redis::{RedisLockBuilder, SentinelSettings};
+///
+/// let locks = RedisLockBuilder::sentinel(
+///     SentinelSettings::new(["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"], "mymaster")
+///         .with_password("data-secret")
+///         .with_sentinel_password("sentinel-secret")
+///         .with_db(2),
+/// )
+/// .with_min_replicas(1)
+/// .connect()
+/// .await?;
+/// # Ok(()) }
+/// ```
+///
+/// `Debug` never shows either password.
+#[derive(Clone)]
+pub struct SentinelSettings {
+    sentinels: Vec<String>,
+    service: String,
+    username: Option<String>,
+    password: Option<String>,
+    sentinel_username: Option<String>,
+    sentinel_password: Option<String>,
+    db: i64,
+    tls: Option<TlsMode>,
+}
+
+dlock_core::setters! {
+    SentinelSettings {
+        /// The ACL user for the primary (the data servers); none by default.
+        with_username(user: impl Into<String>) => username = Some(user.into());
+        /// The password for the primary (the data servers); none by default.
+        with_password(password: impl Into<String>) => password = Some(password.into());
+        /// The ACL user for the sentinels, which may differ from the data servers'.
+        with_sentinel_username(user: impl Into<String>) => sentinel_username = Some(user.into());
+        /// The password for the sentinels (`requirepass` in their configuration), which may
+        /// differ from the data servers'.
+        with_sentinel_password(password: impl Into<String>) => sentinel_password = Some(password.into());
+        /// The database number on the primary (0 by default).
+        with_db(db: i64) => db = db;
+    }
+}
+
+impl SentinelSettings {
+    /// The service `service` (the name in the sentinels' `sentinel monitor` line), found through
+    /// the sentinels at `sentinels` (`host` or `host:port`, port 26379 by default). Checked when
+    /// the client connects.
+    pub fn new(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        service: impl Into<String>,
+    ) -> Self {
+        SentinelSettings {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            service: service.into(),
+            username: None,
+            password: None,
+            sentinel_username: None,
+            sentinel_password: None,
+            db: 0,
+            tls: None,
+        }
+    }
+
+    /// TLS to the sentinels and to the primary, with the `tls` feature; `verify: false` skips
+    /// certificate checks (tests only). Without the feature, connecting fails with
+    /// [`Error::InvalidInput`] naming it.
+    pub fn with_tls(mut self, verify: bool) -> Self {
+        self.tls = Some(if verify {
+            TlsMode::Secure
+        } else {
+            TlsMode::Insecure
+        });
+        self
+    }
+
+    /// `redis+sentinel://host:port,…/service/db` (`rediss+sentinel` with TLS) without any
+    /// password, for logs, errors and `Debug`.
+    pub fn redacted(&self) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        let user = match (&self.username, &self.password) {
+            (Some(user), Some(_)) => format!("{user}:***@"),
+            (Some(user), None) => format!("{user}@"),
+            (None, Some(_)) => ":***@".to_owned(),
+            (None, None) => String::new(),
+        };
+        format!(
+            "{scheme}://{user}{}/{}/{}",
+            self.sentinels.join(","),
+            self.service,
+            self.db
+        )
+    }
+
+    /// Checks every setting; each problem is an [`Error::InvalidInput`] naming its field.
+    fn check(&self) -> Result<Vec<ConnectionInfo>> {
+        if self.tls.is_some() && !cfg!(feature = "tls") {
+            return Err(Error::invalid(
+                "sentinel",
+                "TLS to the sentinels needs the `tls` feature of dlock-redis",
+            ));
+        }
+        if self.service.trim().is_empty() || self.service.chars().any(char::is_whitespace) {
+            return Err(Error::invalid(
+                "sentinel_service",
+                format!("{:?} is not a service name", self.service),
+            ));
+        }
+        if self.db < 0 {
+            return Err(Error::invalid(
+                "db",
+                "the database number must not be negative",
+            ));
+        }
+        if self.sentinels.is_empty() {
+            return Err(Error::invalid("sentinels", "no sentinel address given"));
+        }
+        self.sentinels
+            .iter()
+            .map(|address| self.sentinel_info(address))
+            .collect()
+    }
+
+    /// The connection settings of one sentinel at `host[:port]`.
+    fn sentinel_info(&self, address: &str) -> Result<ConnectionInfo> {
+        let invalid =
+            || Error::invalid("sentinels", format!("{address:?} is not host or host:port"));
+        let address = address.trim();
+        let (host, port) = match address.rsplit_once(':') {
+            Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
+                (host, port.parse::<u16>().map_err(|_| invalid())?)
+            }
+            _ => (address, SENTINEL_PORT),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || port == 0 {
+            return Err(invalid());
+        }
+        let addr = match self.tls {
+            None => ConnectionAddr::Tcp(host.to_owned(), port),
+            Some(mode) => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: mode == TlsMode::Insecure,
+                tls_params: None,
+            },
+        };
+        let mut redis = RedisConnectionInfo::default();
+        if let Some(user) = &self.sentinel_username {
+            redis = redis.set_username(user);
+        }
+        if let Some(password) = &self.sentinel_password {
+            redis = redis.set_password(password);
+        }
+        let info = addr
+            .into_connection_info()
+            .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
+        Ok(info.set_redis_settings(redis).set_tcp_settings(nodelay()))
+    }
+
+    /// How the primary is reached once the sentinels named it.
+    fn primary_info(&self) -> SentinelNodeConnectionInfo {
+        let mut redis = RedisConnectionInfo::default().set_db(self.db);
+        if let Some(user) = &self.username {
+            redis = redis.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            redis = redis.set_password(password);
+        }
+        let info = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(redis)
+            .set_tcp_settings(nodelay());
+        match self.tls {
+            Some(mode) => info.set_tls_mode(mode),
+            None => info,
+        }
+    }
+}
+
+impl fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelSettings")
+            .field("url", &self.redacted())
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
+            .finish()
+    }
+}
+
+/// Nagle's algorithm would hold back pipelined requests until earlier ones are acknowledged.
+fn nodelay() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+/// The current primary of a Sentinel service, looked up again when it looks gone.
+pub(crate) struct Primary {
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// A client for the primary the sentinels named last.
+    current: Mutex<redis::Client>,
+    /// Bumped when the sentinels name another server.
+    generation: watch::Sender<u64>,
+    /// A lookup is running (or ran less than [`LOOKUP_SPACING`] ago).
+    looking: AtomicBool,
+    /// Bounds one lookup.
+    timeout: Duration,
+    /// For logs: the settings without passwords.
+    shown: String,
+}
+
+impl Primary {
+    /// Checks `settings` and asks the sentinels for the primary, within `timeout`.
+    pub(crate) async fn find(settings: &SentinelSettings, timeout: Duration) -> Result<Arc<Self>> {
+        let sentinels = settings.check()?;
+        let client = SentinelClient::build(
+            sentinels,
+            settings.service.clone(),
+            Some(settings.primary_info()),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
+        let mut sentinel = client;
+        let first = lookup(&mut sentinel, timeout).await?;
+        Ok(Arc::new(Primary {
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            current: Mutex::new(first),
+            generation: watch::Sender::new(0),
+            looking: AtomicBool::new(false),
+            timeout,
+            shown: settings.redacted(),
+        }))
+    }
+
+    /// A client for the primary the sentinels named last.
+    pub(crate) fn client(&self) -> redis::Client {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many times the primary changed since the client connected.
+    pub(crate) fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// Completes when the primary changes after `seen` (a [`generation`](Self::generation)).
+    pub(crate) async fn moved(&self, seen: u64) {
+        let mut changes = self.generation.subscribe();
+        // Fails only when `self` is gone, which the caller's reference rules out.
+        let _ = changes.wait_for(|now| *now != seen).await;
+    }
+
+    /// The primary looks gone: ask the sentinels again in the background, unless a lookup is
+    /// already running or ran less than [`LOOKUP_SPACING`] ago.
+    pub(crate) fn suspect(self: &Arc<Self>) {
+        if self.looking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let primary = self.clone();
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let found = {
+                let mut sentinel = primary.sentinel.lock().await;
+                lookup(&mut sentinel, primary.timeout).await
+            };
+            match found {
+                Ok(client) => primary.adopt(client),
+                Err(error) => tracing::debug!(
+                    sentinel = %primary.shown,
+                    %error,
+                    "redis sentinel: no primary found yet"
+                ),
+            }
+            tokio::time::sleep_until(started + LOOKUP_SPACING).await;
+            primary.looking.store(false, Ordering::Release);
+        });
+    }
+
+    /// Takes `client` as the primary if it is another server than the current one.
+    fn adopt(&self, client: redis::Client) {
+        {
+            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            if current.get_connection_info().addr() == client.get_connection_info().addr() {
+                return;
+            }
+            tracing::info!(
+                sentinel = %self.shown,
+                from = %current.get_connection_info().addr(),
+                to = %client.get_connection_info().addr(),
+                "redis sentinel: the primary moved"
+            );
+            *current = client;
+        }
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+/// One lookup of the primary through the sentinels, bounded by `timeout`.
+async fn lookup(sentinel: &mut SentinelClient, timeout: Duration) -> Result<redis::Client> {
+    match tokio::time::timeout(timeout, sentinel.async_get_client()).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(error::from_redis("find the primary through Sentinel", e)),
+        Err(_) => Err(error::no_answer(
+            "find the primary through Sentinel",
+            timeout,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_and_redacted_never_show_passwords() {
+        let settings = SentinelSettings::new(["s1:26379", "s2"], "mymaster")
+            .with_username("app")
+            .with_password("hunter2")
+            .with_sentinel_password("swordfish")
+            .with_db(3);
+        let shown = format!("{settings:?} {}", settings.redacted());
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("swordfish"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("redis+sentinel://app:***@s1:26379,s2/mymaster/3"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        let field = |settings: SentinelSettings| match settings.check() {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("expected InvalidInput, got {:?}", other.map(|v| v.len())),
+        };
+        let none: [&str; 0] = [];
+        assert_eq!(field(SentinelSettings::new(none, "m")), "sentinels");
+        assert_eq!(field(SentinelSettings::new(["h:x"], "m")), "sentinels");
+        assert_eq!(field(SentinelSettings::new(["h:0"], "m")), "sentinels");
+        assert_eq!(field(SentinelSettings::new(["h"], "")), "sentinel_service");
+        assert_eq!(
+            field(SentinelSettings::new(["h"], "a b")),
+            "sentinel_service"
+        );
+        assert_eq!(field(SentinelSettings::new(["h"], "m").with_db(-1)), "db");
+        let ok = SentinelSettings::new(["h", "h2:26380", "[::1]:26381"], "m").check();
+        assert_eq!(ok.map(|v| v.len()).ok(), Some(3));
+    }
+}
