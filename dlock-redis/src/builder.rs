@@ -170,7 +170,7 @@ impl RedisLockBuilder {
                 (Target::Sentinel(primary), settings.redacted())
             }
             (None, Some(endpoint)) => (
-                Target::Server(connection::client(&endpoint)?),
+                Target::Server(Box::new(connection::client(&endpoint)?)),
                 endpoint.redacted().to_owned(),
             ),
             (None, None) => return Err(dlock_core::Error::invalid("url", "no server given")),

@@ -57,8 +57,9 @@ pub(crate) fn client(endpoint: &Endpoint) -> Result<redis::Client> {
 /// service name (see [`crate::sentinel`]).
 #[derive(Clone)]
 pub(crate) enum Target {
-    /// One server, at the address it was given.
-    Server(redis::Client),
+    /// One server, at the address it was given (boxed: a client is large, and the enum is
+    /// cloned into every connection).
+    Server(Box<redis::Client>),
     /// The current primary of a Sentinel service.
     Sentinel(Arc<Primary>),
 }
@@ -67,7 +68,7 @@ impl Target {
     /// A client for the server to use now.
     pub(crate) fn client(&self) -> redis::Client {
         match self {
-            Target::Server(client) => client.clone(),
+            Target::Server(client) => (**client).clone(),
             Target::Sentinel(primary) => primary.client(),
         }
     }
