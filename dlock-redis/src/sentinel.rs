@@ -9,7 +9,9 @@
 //! * a request on the command connection fails with a connection error or `READONLY` (the old
 //!   primary came back as a replica, or Sentinel demoted it and closed its clients), or gets no
 //!   answer within the request timeout (a frozen or partitioned primary);
-//! * the release-notification connection cannot be opened.
+//! * the release-notification connection cannot be opened;
+//! * a sentinel announces `+switch-master` (one sentinel at a time is listened to), so the client
+//!   moves at once even while the old primary still answers (a `SENTINEL FAILOVER`).
 //!
 //! A new answer that names another server bumps the primary's *generation*: the command
 //! connection opens its next link to the new primary, and the release-notification listener
@@ -36,15 +38,16 @@
 //! promoted replica is not one that acknowledged it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::{Error, Result};
+use futures::StreamExt;
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, TlsMode};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
 use crate::error;
 
@@ -262,40 +265,51 @@ fn nodelay() -> TcpSettings {
 
 /// The current primary of a Sentinel service, looked up again when it looks gone.
 pub(crate) struct Primary {
-    sentinel: tokio::sync::Mutex<SentinelClient>,
     /// A client for the primary the sentinels named last.
     current: Mutex<redis::Client>,
     /// Bumped when the sentinels name another server.
     generation: watch::Sender<u64>,
-    /// A lookup is running (or ran less than [`LOOKUP_SPACING`] ago).
-    looking: AtomicBool,
-    /// Bounds one lookup.
-    timeout: Duration,
+    /// Wakes the finder task: one lookup follows however many calls came meanwhile.
+    wanted: Arc<Notify>,
     /// For logs: the settings without passwords.
     shown: String,
 }
 
 impl Primary {
-    /// Checks `settings` and asks the sentinels for the primary, within `timeout`.
+    /// Checks `settings`, asks the sentinels for the primary within `timeout`, and starts the
+    /// background tasks that look it up again: the finder (on [`suspect`](Self::suspect)) and
+    /// the watcher of the sentinels' `+switch-master` announcements.
     pub(crate) async fn find(settings: &SentinelSettings, timeout: Duration) -> Result<Arc<Self>> {
         let sentinels = settings.check()?;
-        let client = SentinelClient::build(
-            sentinels,
+        let mut sentinel = SentinelClient::build(
+            sentinels.clone(),
             settings.service.clone(),
             Some(settings.primary_info()),
             SentinelServerType::Master,
         )
         .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
-        let mut sentinel = client;
         let first = lookup(&mut sentinel, timeout).await?;
-        Ok(Arc::new(Primary {
-            sentinel: tokio::sync::Mutex::new(sentinel),
+        let primary = Arc::new(Primary {
             current: Mutex::new(first),
             generation: watch::Sender::new(0),
-            looking: AtomicBool::new(false),
-            timeout,
+            wanted: Arc::new(Notify::new()),
             shown: settings.redacted(),
-        }))
+        });
+        let finder = Finder {
+            primary: Arc::downgrade(&primary),
+            wanted: primary.wanted.clone(),
+            sentinel,
+            timeout,
+        };
+        tokio::spawn(finder.run());
+        let watcher = Watcher {
+            primary: Arc::downgrade(&primary),
+            closed: primary.generation.subscribe(),
+            sentinels,
+            timeout,
+        };
+        tokio::spawn(watcher.run());
+        Ok(primary)
     }
 
     /// A client for the primary the sentinels named last.
@@ -318,30 +332,10 @@ impl Primary {
         let _ = changes.wait_for(|now| *now != seen).await;
     }
 
-    /// The primary looks gone: ask the sentinels again in the background, unless a lookup is
-    /// already running or ran less than [`LOOKUP_SPACING`] ago.
-    pub(crate) fn suspect(self: &Arc<Self>) {
-        if self.looking.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let primary = self.clone();
-        tokio::spawn(async move {
-            let started = tokio::time::Instant::now();
-            let found = {
-                let mut sentinel = primary.sentinel.lock().await;
-                lookup(&mut sentinel, primary.timeout).await
-            };
-            match found {
-                Ok(client) => primary.adopt(client),
-                Err(error) => tracing::debug!(
-                    sentinel = %primary.shown,
-                    %error,
-                    "redis sentinel: no primary found yet"
-                ),
-            }
-            tokio::time::sleep_until(started + LOOKUP_SPACING).await;
-            primary.looking.store(false, Ordering::Release);
-        });
+    /// The primary looks gone: ask the sentinels again in the background. Calls during a lookup
+    /// lead to one more lookup after it, at most one per [`LOOKUP_SPACING`].
+    pub(crate) fn suspect(&self) {
+        self.wanted.notify_one();
     }
 
     /// Takes `client` as the primary if it is another server than the current one.
@@ -360,6 +354,130 @@ impl Primary {
             *current = client;
         }
         self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        // Lets the finder see that the client is gone.
+        self.wanted.notify_one();
+    }
+}
+
+/// The background task that looks the primary up when asked.
+struct Finder {
+    primary: Weak<Primary>,
+    wanted: Arc<Notify>,
+    sentinel: SentinelClient,
+    timeout: Duration,
+}
+
+impl Finder {
+    async fn run(mut self) {
+        loop {
+            self.wanted.notified().await;
+            let started = Instant::now();
+            if self.primary.strong_count() == 0 {
+                return;
+            }
+            let found = lookup(&mut self.sentinel, self.timeout).await;
+            let Some(primary) = self.primary.upgrade() else {
+                return;
+            };
+            match found {
+                Ok(client) => primary.adopt(client),
+                Err(error) => tracing::debug!(
+                    sentinel = %primary.shown,
+                    %error,
+                    "redis sentinel: no primary found yet"
+                ),
+            }
+            drop(primary);
+            tokio::time::sleep_until(started + LOOKUP_SPACING).await;
+        }
+    }
+}
+
+/// How often the watcher checks its sentinel connection with a `PING`.
+const WATCH_PING_EVERY: Duration = Duration::from_secs(5);
+
+/// The background task that listens to one sentinel at a time for `+switch-master`, which the
+/// sentinels publish when they promote a replica: the client moves at once, even while its old
+/// primary still answers (a `SENTINEL FAILOVER`, or a primary cut off from the sentinels only).
+struct Watcher {
+    primary: Weak<Primary>,
+    /// Closed when the primary is dropped.
+    closed: watch::Receiver<u64>,
+    sentinels: Vec<ConnectionInfo>,
+    timeout: Duration,
+}
+
+impl Watcher {
+    async fn run(mut self) {
+        let mut first = true;
+        for info in self.sentinels.clone().iter().cycle() {
+            let subscribed = async {
+                let client = redis::Client::open(info.clone())?;
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe("+switch-master").await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            match tokio::time::timeout(self.timeout, subscribed).await {
+                Ok(Ok(pubsub)) => {
+                    if !first {
+                        // A switch may have been announced while no sentinel was listened to.
+                        suspect(&self.primary);
+                    }
+                    first = false;
+                    if !self.listen(pubsub).await {
+                        return;
+                    }
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "redis sentinel: cannot listen for failovers");
+                }
+                Err(_) => tracing::debug!("redis sentinel: listening for failovers timed out"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(LOOKUP_SPACING) => {}
+                _ = gone(&mut self.closed) => return,
+            }
+        }
+    }
+
+    /// Asks for a lookup on every announcement until the connection breaks (true) or the client
+    /// is gone (false).
+    async fn listen(&mut self, pubsub: redis::aio::PubSub) -> bool {
+        let (mut sink, mut stream) = pubsub.split();
+        let mut ping =
+            tokio::time::interval_at(Instant::now() + WATCH_PING_EVERY, WATCH_PING_EVERY);
+        loop {
+            tokio::select! {
+                message = stream.next() => match message {
+                    Some(_) => suspect(&self.primary),
+                    None => return true,
+                },
+                _ = ping.tick() => {
+                    let answer = tokio::time::timeout(self.timeout, sink.ping::<redis::Value>());
+                    if !matches!(answer.await, Ok(Ok(_))) {
+                        return true;
+                    }
+                }
+                _ = gone(&mut self.closed) => return false,
+            }
+        }
+    }
+}
+
+/// Completes when the primary (the sender of `closed`) is dropped.
+async fn gone(closed: &mut watch::Receiver<u64>) {
+    while closed.changed().await.is_ok() {}
+}
+
+/// Asks for a lookup if the client still exists.
+fn suspect(primary: &Weak<Primary>) {
+    if let Some(primary) = primary.upgrade() {
+        primary.suspect();
     }
 }
 
