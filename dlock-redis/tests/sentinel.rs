@@ -142,6 +142,7 @@ fn main() {
     eprintln!("[timing] all sentinel trials: {:.2?}", started.elapsed());
 
     let failed = side_by_side.has_failed() || one_at_a_time.has_failed();
+    drop(subject);
     if let Err(e) = runtime.block_on(async move {
         let Cx { sentinel, single } = cx;
         let sentinel = Arc::try_unwrap(sentinel)
@@ -269,8 +270,10 @@ async fn acquire_through_failover(
     }
 }
 
-/// How long after `promoted` a fresh key can be acquired through `client`.
+/// How long after `promoted` a fresh key can be acquired through `client`; fails unless the
+/// lock key is then on the server the sentinels name as the primary.
 async fn first_acquire_after(
+    cx: &Cx,
     client: &Arc<RedisLock>,
     promoted: Instant,
 ) -> anyhow::Result<Duration> {
@@ -278,21 +281,48 @@ async fn first_acquire_after(
     let opts = LockOptions::new(Duration::from_secs(5));
     let lease = acquire_through_failover(client, &key, &opts, Duration::from_secs(20)).await?;
     let took = promoted.elapsed();
+    let mut con = cx.primary_connection().await?;
+    let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(&mut con).await?;
+    ensure!(
+        exists,
+        "the lock was granted elsewhere than on the new primary"
+    );
     lease.release().await?;
     Ok(took)
 }
 
-/// A forced failover (`SENTINEL FAILOVER`) while one client holds a lock (its key replicated:
-/// the holder acknowledges grants with `WAIT`) and another waits: the holder's lease stays held
-/// and extends on the new primary, the waiter gets the lock when the holder releases it there,
-/// with a larger fencing token, and a new acquire works within 2 s of the promotion.
+/// Waits until the replica has the lock key `key`, so that a failover keeps it.
+async fn replicated(cx: &Cx, key: &str) -> anyhow::Result<()> {
+    let replica = cx.sentinel.replica().await?;
+    let mut con = support::raw(&format!("redis://{}", replica.endpoint())).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let exists: bool = redis::cmd("EXISTS").arg(key).query_async(&mut con).await?;
+        if exists {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "the replica never got {key}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A forced failover (`SENTINEL FAILOVER`) while one client holds a lock (its key replicated)
+/// and another waits: a new acquire works on the new primary within 2 s of the promotion, though
+/// the old primary still answers as a primary until the sentinels reconfigure it; the holder's
+/// lease stays held and extends on the new primary; the waiter gets the lock when the holder
+/// releases it there, with a larger fencing token.
+///
+/// (An acknowledging client, `min_replicas = 1`, could not acquire right after this promotion:
+/// the new primary has no replica until the sentinels turn the old primary into one, which takes
+/// them up to about ten seconds — their `INFO` period.)
 async fn forced_failover_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
-    let holder_client = cx.acknowledged_client().await?;
+    let holder_client = cx.client().await?;
     let waiter_client = cx.client().await?;
     let key = support::unique("forced");
     let ttl = Duration::from_secs(10);
     let mut lease = holder_client.acquire(&key, &LockOptions::new(ttl)).await?;
     let token = lease.fencing_token();
+    replicated(&cx, &key).await?;
 
     let waiter = {
         let (client, key) = (waiter_client.clone(), key.clone());
@@ -307,7 +337,7 @@ async fn forced_failover_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
     let old = cx.sentinel.primary().await?.host_port();
     cx.sentinel.failover().await?;
     let promoted = Instant::now();
-    let took = first_acquire_after(&holder_client, promoted).await?;
+    let took = first_acquire_after(&cx, &holder_client, promoted).await?;
     ensure!(
         took <= AFTER_PROMOTION + support::SLACK,
         "a new acquire took {took:?} after the promotion"
@@ -351,7 +381,7 @@ async fn forced_failover_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
 /// 2 s of the promotion; the waiter gets the lock once the holder releases it. The old primary
 /// is started again and rejoins as a replica.
 async fn primary_stopped_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
-    let holder_client = cx.acknowledged_client().await?;
+    let holder_client = cx.client().await?;
     let waiter_client = cx.client().await?;
     let key = support::unique("stopped");
     let ttl = Duration::from_secs(8);
@@ -359,6 +389,7 @@ async fn primary_stopped_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
         .acquire(&key, &LockOptions::new(ttl).with_auto_renew())
         .await?;
     let token = lease.fencing_token();
+    replicated(&cx, &key).await?;
     let waiter = {
         let (client, key) = (waiter_client.clone(), key.clone());
         tokio::spawn(async move {
@@ -379,7 +410,7 @@ async fn primary_stopped_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
         "[timing] primary stopped → promotion seen: {:.2?} (down-after {DOWN_AFTER:?})",
         promoted - stopped
     );
-    let took = first_acquire_after(&holder_client, promoted).await?;
+    let took = first_acquire_after(&cx, &holder_client, promoted).await?;
     ensure!(
         took <= AFTER_PROMOTION + support::SLACK,
         "a new acquire took {took:?} after the promotion"
