@@ -118,7 +118,7 @@ fn main() {
         etcd_url: format!("etcd://{}", etcd_hosts.join(",")),
         // The per-node timeout of the Redlock trials: far above a round trip through Docker's
         // port mapping on a loaded machine.
-        redlock_url: format!("redlock://{}?node_timeout=200ms", master_hosts.join(",")),
+        redlock_url: format!("redlock://{}?request_timeout=200ms", master_hosts.join(",")),
         handle: runtime.handle().clone(),
     });
     for (name, test) in server_trials {

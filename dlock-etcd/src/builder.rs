@@ -114,12 +114,12 @@ impl EtcdLockBuilder {
         EtcdLockBuilder::default()
     }
 
-    /// Parses a connection string `etcd://[user[:password]@]host:port[,host:port…][/namespace]`
-    /// with optional `?session_ttl=…&request_timeout=…&connect_timeout=…` (seconds, or with an
-    /// `s`/`ms` suffix). A malformed string is an [`Error::InvalidInput`] for field `url` that
-    /// never repeats the password.
+    /// Parses a connection string `etcd://[user[:password]@]host:port[,host:port…][/prefix]`
+    /// with optional `?prefix=…&session_timeout=…&request_timeout=…&connect_timeout=…`
+    /// (durations such as `10s` or `1500ms`). A malformed string is an [`Error::InvalidInput`]
+    /// for field `url` that never repeats the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        crate::url::parse(url)
+        <Self as dlock_core::url::FromUrl>::from_url(url)
     }
 
     /// Adds an endpoint: `host:port` or `http://host:port`. The client spreads requests over all

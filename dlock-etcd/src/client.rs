@@ -145,7 +145,7 @@ impl EtcdLock {
     }
 
     /// Connects with a connection string,
-    /// `etcd://[user[:password]@]host:port[,host:port…][/namespace][?session_ttl=10&…]`
+    /// `etcd://[user[:password]@]host:port[,host:port…][/namespace][?session_timeout=10s&…]`
     /// (see [`EtcdLockBuilder::from_url`]).
     ///
     /// # Cancel safety

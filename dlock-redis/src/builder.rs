@@ -130,6 +130,12 @@ impl RedisLockBuilder {
         builder
     }
 
+    /// Settings from a connection string with `?parameters` (`prefix`, `request_timeout`,
+    /// `connect_timeout`, `fence_ttl`), checked before anything is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        <Self as dlock_core::url::FromUrl>::from_url(url)
+    }
+
     /// Checks every setting, connects and returns the client.
     ///
     /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) naming the field (`url`, `prefix`, `request_timeout`,

@@ -15,9 +15,12 @@
 
 use std::fmt;
 
+use dlock_core::url::{ConnectUrl, FromUrl};
 use dlock_core::{Error, Result};
 use redis::IntoConnectionInfo;
 use url::Url;
+
+use crate::RedisLockBuilder;
 
 /// A validated Redis server address and its credentials; its `Debug` shows the URL without the
 /// password.
@@ -113,6 +116,25 @@ fn redact(url: &Url) -> String {
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted)
+    }
+}
+
+/// `redis://`, `rediss://` and `redis+unix://` with `?parameters`: the server address as the
+/// client library takes it, then the builder's settings by name.
+impl FromUrl for RedisLockBuilder {
+    const SCHEMES: &'static [&'static str] = &["redis", "rediss", "redis+unix", "unix"];
+    const PARAMETERS: &'static [&'static str] =
+        &["prefix", "request_timeout", "connect_timeout", "fence_ttl"];
+
+    fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
+        let builder = RedisLockBuilder::new(url.without_query());
+        let builder = dlock_core::apply_parameters!(url, builder, {
+            "prefix" => take_text => Self::with_prefix,
+            "request_timeout" => take_duration => Self::with_request_timeout,
+            "connect_timeout" => take_duration => Self::with_connect_timeout,
+            "fence_ttl" => take_duration => Self::with_fence_ttl,
+        });
+        Ok(builder)
     }
 }
 

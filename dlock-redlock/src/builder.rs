@@ -114,6 +114,12 @@ dlock_core::setters! {
 }
 
 impl RedlockBuilder {
+    /// Settings from a connection string `redlock://host,host,…[/db]` with `?parameters` (see
+    /// the README's table), checked before anything is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        <Self as dlock_core::url::FromUrl>::from_url(url)
+    }
+
     /// Settings for the masters at `urls` (each a `redis://`, `rediss://` or `redis+unix://` URL as
     /// [`dlock_redis`] accepts it), with the defaults: majority quorum, per-node timeout derived
     /// from each request's TTL, [`Drift::default`], fencing on, no delayed restart.

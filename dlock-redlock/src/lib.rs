@@ -183,9 +183,11 @@ mod lock;
 mod node;
 mod quorum;
 mod restart;
+mod url;
 
 pub use builder::{
     RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRY_JITTER, MAX_DERIVED_NODE_TIMEOUT,
     MAX_NODES, MAX_TIMEOUT, MIN_DERIVED_NODE_TIMEOUT, MIN_NODES, MIN_TIMEOUT,
 };
 pub use lock::RedlockLock;
+pub use url::SCHEME;

@@ -637,18 +637,18 @@ mod tests {
             url(
                 "redlock",
                 &["redis://a:1", "redis://b:2"],
-                "node_timeout=200ms"
+                "request_timeout=200ms"
             )
             .as_deref(),
-            Some("redlock://a:1,b:2?node_timeout=200ms")
+            Some("redlock://a:1,b:2?request_timeout=200ms")
         );
         assert_eq!(
             url("zk", &["a:1", "b:2"], "").as_deref(),
             Some("zk://a:1,b:2")
         );
         assert_eq!(
-            url("etcd", &["http://a:1"], "session_ttl=2s").as_deref(),
-            Some("etcd://a:1?session_ttl=2s")
+            url("etcd", &["http://a:1"], "session_timeout=2s").as_deref(),
+            Some("etcd://a:1?session_timeout=2s")
         );
     }
 

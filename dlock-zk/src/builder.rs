@@ -132,6 +132,20 @@ impl ZkLockBuilder {
         }
     }
 
+    /// A builder for an ensemble already parsed from a URL.
+    pub(crate) fn for_ensemble(ensemble: ConnectString) -> Self {
+        ZkLockBuilder {
+            url: Ok(ensemble),
+            ..ZkLockBuilder::new("zk://localhost")
+        }
+    }
+
+    /// A builder for the connection string `url` with `?parameters` (see the README's table),
+    /// checked before anything is sent.
+    pub fn from_url(url: &str) -> Result<Self> {
+        <Self as dlock_core::url::FromUrl>::from_url(url)
+    }
+
     /// A builder for the URL in the environment variable [`URL_ENV`] (`DLOCK_ZK_URL`).
     pub fn from_env() -> Self {
         match std::env::var(URL_ENV) {

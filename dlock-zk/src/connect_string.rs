@@ -6,8 +6,13 @@
 
 use std::fmt;
 
-use dlock_core::url::{Credentials, Parts};
+use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
+
+use crate::ZkLockBuilder;
+
+/// The scheme of a ZooKeeper connection string.
+pub const SCHEME: &str = "zk";
 
 /// The client port ZooKeeper listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 2181;
@@ -32,7 +37,7 @@ pub struct Server {
 impl ConnectString {
     /// Parses `zk://host1:2181,host2:2181/chroot` (the `zk://` is optional, ports default to
     /// 2181, the chroot is optional; `user:password@` before the hosts adds digest credentials,
-    /// percent-encoded where they contain `@`, `:` or `/`).
+    /// percent-encoded where they contain `@`, `:` or `/`). Parameters belong on the builder.
     pub fn parse(url: &str) -> Result<Self> {
         let url = url.trim();
         if url.is_empty() {
@@ -40,25 +45,36 @@ impl ConnectString {
                 "is empty; expected zk://host:port[,host:port…][/chroot]",
             ));
         }
-        let parts = Parts::split(url);
-        if let Some(scheme) = parts.scheme.filter(|s| !s.eq_ignore_ascii_case("zk")) {
-            return Err(invalid(format!(
-                "scheme {:?} is not supported; expected zk://",
-                printable(scheme)
-            )));
+        let url = if url.contains("://") {
+            ConnectUrl::parse(url)?
+        } else {
+            ConnectUrl::parse(&format!("zk://{url}"))?
+        };
+        url.expect_scheme(&[SCHEME])?;
+        url.finish(&[])?;
+        ConnectString::from_url(&url)
+    }
+
+    /// The ensemble an already parsed URL names: its hosts, chroot and digest credentials.
+    pub(crate) fn from_url(url: &ConnectUrl) -> Result<Self> {
+        if url.fragment().is_some() {
+            return Err(url.invalid("fragments are not supported"));
         }
-        if parts.query.is_some() || parts.fragment.is_some() {
-            return Err(invalid(
-                "query strings and fragments are not supported; set options on the builder",
-            ));
+        let credentials = url.credentials().cloned();
+        if credentials
+            .as_ref()
+            .is_some_and(|c| c.user.is_empty() || c.password.is_none())
+        {
+            return Err(
+                url.invalid("credentials before '@' must be user:password (digest authentication)")
+            );
         }
-        let credentials = parts.userinfo.map(parse_credentials).transpose()?;
-        let (hosts, path) = (parts.hosts, parts.path);
-        let servers = hosts
-            .split(',')
+        let servers = url
+            .hosts()?
+            .into_iter()
             .map(parse_server)
             .collect::<Result<Vec<Server>>>()?;
-        let chroot = parse_chroot(path)?;
+        let chroot = parse_chroot(url.path())?;
         Ok(ConnectString {
             servers,
             chroot,
@@ -126,17 +142,6 @@ fn printable(fragment: &str) -> String {
         .filter(|c| !c.is_control())
         .take(64)
         .collect()
-}
-
-/// Digest authentication needs both parts: `user:password`.
-fn parse_credentials(userinfo: &str) -> Result<Credentials> {
-    let decoded = Credentials::decode(userinfo).map_err(invalid)?;
-    if decoded.password.is_none() {
-        return Err(invalid(
-            "credentials before '@' must be user:password (digest authentication)",
-        ));
-    }
-    Ok(decoded)
 }
 
 fn parse_server(entry: &str) -> Result<Server> {
@@ -266,6 +271,35 @@ fn parse_chroot(path: &str) -> Result<String> {
     }
     check_path(path, "url")?;
     Ok(path.to_owned())
+}
+
+/// `zk://[user:password@]host[:port][,…][/chroot][?parameters]`: the ensemble, then the
+/// builder's settings by name.
+impl FromUrl for ZkLockBuilder {
+    const SCHEMES: &'static [&'static str] = &[SCHEME];
+    const PARAMETERS: &'static [&'static str] = &[
+        "prefix",
+        "session_timeout",
+        "request_timeout",
+        "connect_timeout",
+        "identifier",
+        "naming",
+    ];
+
+    fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
+        let builder = ZkLockBuilder::for_ensemble(ConnectString::from_url(url)?);
+        let builder = dlock_core::apply_parameters!(url, builder, {
+            "prefix" => take_text => Self::with_root,
+            "session_timeout" => take_duration => Self::with_session_timeout,
+            "request_timeout" => take_duration => Self::with_operation_timeout,
+            "connect_timeout" => take_duration => Self::with_connect_timeout,
+            "identifier" => take_text => Self::with_identifier,
+        });
+        match url.take("naming") {
+            Some(naming) => Ok(builder.with_naming(naming.parse()?)),
+            None => Ok(builder),
+        }
+    }
 }
 
 #[cfg(test)]

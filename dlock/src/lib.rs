@@ -37,14 +37,12 @@
 //! feature is not compiled in is an error that names the feature.
 #![deny(missing_docs)]
 
-mod address;
 mod connect;
 mod locks;
-mod params;
 
-pub use connect::connect;
+pub use connect::{connect, COMMON_PARAMETERS, SCHEMES};
+pub use dlock_core::url::parse_duration;
 pub use locks::Locks;
-pub use params::parse_duration;
 
 /// The core API, for what the root does not re-export.
 pub use dlock_core as core;

@@ -126,8 +126,8 @@ async fn redlock_urls_are_checked_before_anything_is_sent() {
         ("redlock://h1:6379,h2:6379,h3:6379?quorum=most", "quorum"),
         ("redlock://h1:6379,h2:6379,h3:6379?fencing=maybe", "fencing"),
         (
-            "redlock://h1:6379,h2:6379,h3:6379?node_timeout=fast",
-            "node_timeout",
+            "redlock://h1:6379,h2:6379,h3:6379?request_timeout=fast",
+            "request_timeout",
         ),
         (
             "redlock://h1:6379,h2:6379,h3:6379?fence_ttl=30",
@@ -190,8 +190,8 @@ async fn redis_urls() {
     .await;
     rejected(&[
         (
-            "redis://u:hunter2@h?session_ttl=1s",
-            "unknown parameter `session_ttl` for redis://",
+            "redis://u:hunter2@h?session_timeout=1s",
+            "unknown parameter `session_timeout` for redis://",
         ),
         ("redis://u:hunter2@h?request_timeout=0", "request_timeout"),
         ("redis://u:hunter2@h?connect_timeout=1h", "connect_timeout"),
@@ -224,13 +224,13 @@ async fn zk_without_its_feature_names_it() {
 #[tokio::test]
 async fn zk_urls() {
     unreachable(&format!(
-        "zk://u:hunter2@{NOBODY},127.0.0.1:2/app?prefix=/locks&session_timeout=1s&connect_timeout=300ms&operation_timeout=300ms&identifier=me%40host&naming=curator&ttl=5s"
+        "zk://u:hunter2@{NOBODY},127.0.0.1:2/app?prefix=/locks&session_timeout=1s&connect_timeout=300ms&request_timeout=300ms&identifier=me%40host&naming=curator&ttl=5s"
     ))
     .await;
     rejected(&[
         (
-            "zk://u:hunter2@h?request_timeout=1s",
-            "unknown parameter `request_timeout` for zk://",
+            "zk://u:hunter2@h?operation_timeout=1s",
+            "unknown parameter `operation_timeout` for zk://",
         ),
         ("zk://u:hunter2@h?prefix=locks", "parameter `prefix`"),
         ("zk://u:hunter2@h?prefix=/zookeeper/x", "parameter `prefix`"),
@@ -257,24 +257,24 @@ async fn etcd_without_its_feature_names_it() {
 #[tokio::test]
 async fn etcd_urls() {
     unreachable(&format!(
-        "etcd://u:hunter2@{NOBODY},127.0.0.1:2?prefix=billing/&session_ttl=5s&request_timeout=300ms&connect_timeout=300ms&ttl=5s"
+        "etcd://u:hunter2@{NOBODY},127.0.0.1:2?prefix=billing/&session_timeout=5s&request_timeout=300ms&connect_timeout=300ms&ttl=5s"
     ))
     .await;
     unreachable(&format!("etcd://{NOBODY}/billing/?connect_timeout=300ms")).await;
     rejected(&[
         (
-            "etcd://u:hunter2@h:1?session_timeout=1s",
-            "unknown parameter `session_timeout` for etcd://",
+            "etcd://u:hunter2@h:1?session_ttl=1s",
+            "unknown parameter `session_ttl` for etcd://",
         ),
         (
             "etcd://u:hunter2@h:1/ns/?prefix=other/",
-            "namespace is given twice",
+            "prefix is given twice",
         ),
         (
-            "etcd://u:hunter2@h:1?session_ttl=10",
-            "parameter `session_ttl`",
+            "etcd://u:hunter2@h:1?session_timeout=10",
+            "parameter `session_timeout`",
         ),
-        ("etcd://u:hunter2@h:1?session_ttl=0s", "session_ttl"),
+        ("etcd://u:hunter2@h:1?session_timeout=0s", "session_ttl"),
         ("etcd://u:hunter2@h", "endpoints"),
         ("etcd://u:p%zz@h:1", "percent-encoded"),
     ])

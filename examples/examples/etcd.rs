@@ -10,7 +10,7 @@
 //! ```
 //!
 //! `ETCD_ENDPOINTS` takes a comma-separated list. `dlock::connect("etcd://127.0.0.1:2379/
-//! billing/locks/?session_ttl=15s")` builds the same client from a URL.
+//! billing/locks/?session_timeout=15s")` builds the same client from a URL.
 
 use std::error::Error;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Without arguments it reads the comma-separated URLs of `DLOCK_TEST_REDLOCK_URLS`.
-//! `dlock::connect("redlock://h1:6379,h2:6379,h3:6379?node_timeout=20ms")` builds the same
+//! `dlock::connect("redlock://h1:6379,h2:6379,h3:6379?request_timeout=20ms")` builds the same
 //! client from a URL.
 
 use std::time::Duration;

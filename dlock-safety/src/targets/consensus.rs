@@ -51,7 +51,7 @@ impl ConsensusTarget {
         let session = ms_param(SESSION);
         let params = match self.backend.scheme {
             "etcd" => format!(
-                "prefix=dlock-safety/&session_ttl={session}&request_timeout=2s&connect_timeout=10s"
+                "prefix=dlock-safety/&session_timeout={session}&request_timeout=2s&connect_timeout=10s"
             ),
             _ => format!("prefix=/dlock-safety&session_timeout={session}"),
         };

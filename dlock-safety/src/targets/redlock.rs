@@ -54,7 +54,7 @@ impl RedlockTarget {
 
     async fn connect(&self, urls: &[String]) -> anyhow::Result<Arc<dyn DistributedLock>> {
         // The default node timeout (TTL / 200) is too tight for a loaded test machine.
-        let mut params = "node_timeout=200ms".to_owned();
+        let mut params = "request_timeout=200ms".to_owned();
         if let Some(max_ttl) = self.delayed_restart {
             params += &format!("&delayed_restart={}ms", max_ttl.as_millis());
         }

@@ -1,0 +1,108 @@
+//! The README's two tables of `dlock::connect` URLs — schemes and parameters — say exactly what
+//! the code accepts: every scheme the facade maps and every parameter each backend takes, no
+//! more and no fewer.
+
+#![cfg(all(
+    feature = "redis",
+    feature = "redis-tls",
+    feature = "redlock",
+    feature = "zk",
+    feature = "etcd"
+))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use dlock::url::FromUrl;
+
+const README: &str = include_str!("../../README.md");
+
+/// The rows of the first Markdown table after the line starting with `header`, cut into cells.
+fn table(header: &str) -> Vec<Vec<String>> {
+    let start = README
+        .find(header)
+        .unwrap_or_else(|| panic!("README has no table headed {header:?}"));
+    README[start..]
+        .lines()
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| {
+            line.trim_matches('|')
+                .split(" | ")
+                .map(|cell| cell.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// The words in backticks in `cell`.
+fn quoted(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Each backend's schemes and parameters, as the code declares them.
+fn backends() -> BTreeMap<&'static str, (Vec<&'static str>, Vec<&'static str>)> {
+    fn of<B: FromUrl>() -> (Vec<&'static str>, Vec<&'static str>) {
+        (B::SCHEMES.to_vec(), B::PARAMETERS.to_vec())
+    }
+    BTreeMap::from([
+        ("memory", (vec!["memory"], vec![])),
+        ("redis", of::<dlock::redis::RedisLockBuilder>()),
+        ("redlock", of::<dlock::redlock::RedlockBuilder>()),
+        ("zk", of::<dlock::zk::ZkLockBuilder>()),
+        ("etcd", of::<dlock::etcd::EtcdLockBuilder>()),
+    ])
+}
+
+#[test]
+fn the_scheme_table_names_every_scheme_and_its_backend() {
+    let mut documented: BTreeMap<String, String> = BTreeMap::new();
+    for row in table("| URL | backend | feature |") {
+        let backend = quoted(&row[1]).into_iter().next().expect("a backend name");
+        for url in quoted(&row[0]).into_iter().filter(|u| u.contains("://")) {
+            let scheme = url.split("://").next().unwrap().to_owned();
+            documented.insert(scheme, backend.clone());
+        }
+    }
+    let mut declared: BTreeMap<String, String> = BTreeMap::new();
+    for (backend, (schemes, _)) in backends() {
+        for scheme in schemes {
+            declared.insert(scheme.to_owned(), backend.to_owned());
+        }
+    }
+    assert_eq!(documented, declared);
+    let mapped: BTreeSet<String> = dlock::SCHEMES
+        .iter()
+        .map(|(scheme, _)| scheme.to_string())
+        .collect();
+    assert_eq!(mapped, declared.keys().cloned().collect());
+}
+
+#[test]
+fn the_parameter_table_names_every_parameter_of_every_backend() {
+    let backends = backends();
+    let mut documented: BTreeSet<(String, String)> = BTreeSet::new();
+    for row in table("| parameter | backends | what it sets |") {
+        let owners: Vec<String> = if row[1] == "every backend" {
+            backends.keys().map(|b| b.to_string()).collect()
+        } else {
+            quoted(&row[1])
+        };
+        for parameter in quoted(&row[0]) {
+            for owner in &owners {
+                documented.insert((parameter.clone(), owner.clone()));
+            }
+        }
+    }
+    let mut declared: BTreeSet<(String, String)> = BTreeSet::new();
+    for (backend, (_, parameters)) in &backends {
+        for parameter in dlock::COMMON_PARAMETERS.iter().chain(parameters) {
+            declared.insert((parameter.to_string(), backend.to_string()));
+        }
+    }
+    assert_eq!(documented, declared);
+}
