@@ -256,6 +256,30 @@ mod tests {
     use dlock_core::Error;
 
     #[test]
+    fn url_parameters_reach_the_builder() {
+        let builder = RedisLockBuilder::from_url(
+            "redis+sentinel://:pw@h1,h2:26380/mymaster/1?sentinel_password=spw&min_replicas=2&replica_timeout=250ms",
+        )
+        .unwrap();
+        assert_eq!(builder.min_replicas, 2);
+        assert_eq!(builder.replica_timeout, Duration::from_millis(250));
+        assert!(builder.sentinel.is_some());
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("pw@") && !shown.contains("spw"), "{shown}");
+        let plain = RedisLockBuilder::from_url("redis://h?min_replicas=1").unwrap();
+        assert_eq!((plain.min_replicas, plain.sentinel.is_none()), (1, true));
+        let invalid = |raw: &str| {
+            matches!(
+                RedisLockBuilder::from_url(raw),
+                Err(Error::InvalidInput { field: "url", .. })
+            )
+        };
+        assert!(invalid("redis://h?sentinel_password=x"));
+        assert!(invalid("redis://h?min_replicas=-1"));
+        assert!(invalid("redis://h?replica_timeout=5"));
+    }
+
+    #[test]
     fn debug_never_shows_the_password() {
         let builder = RedisLockBuilder::new("redis://app:hunter2@localhost:6379/1");
         let shown = format!("{builder:?}");

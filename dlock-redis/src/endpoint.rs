@@ -120,21 +120,62 @@ impl fmt::Debug for Endpoint {
 }
 
 /// `redis://`, `rediss://` and `redis+unix://` with `?parameters`: the server address as the
-/// client library takes it, then the builder's settings by name.
+/// client library takes it, then the builder's settings by name. `redis+sentinel://` and
+/// `rediss+sentinel://` name a Sentinel service instead (see
+/// [`SentinelSettings`](crate::SentinelSettings)).
 impl FromUrl for RedisLockBuilder {
-    const SCHEMES: &'static [&'static str] = &["redis", "rediss", "redis+unix", "unix"];
-    const PARAMETERS: &'static [&'static str] =
-        &["prefix", "request_timeout", "connect_timeout", "fence_ttl"];
+    const SCHEMES: &'static [&'static str] = &[
+        "redis",
+        "rediss",
+        "redis+unix",
+        "unix",
+        "redis+sentinel",
+        "rediss+sentinel",
+    ];
+    const PARAMETERS: &'static [&'static str] = &[
+        "prefix",
+        "request_timeout",
+        "connect_timeout",
+        "fence_ttl",
+        "min_replicas",
+        "replica_timeout",
+        "sentinel_password",
+    ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
-        let builder = RedisLockBuilder::new(url.without_query());
+        let builder = match url.scheme() {
+            "redis+sentinel" | "rediss+sentinel" => {
+                RedisLockBuilder::sentinel(crate::sentinel::SentinelSettings::from_url(url)?)
+            }
+            _ => {
+                if url.take("sentinel_password").is_some() {
+                    return Err(url.invalid(
+                        "parameter `sentinel_password` is only for redis+sentinel:// and rediss+sentinel://",
+                    ));
+                }
+                RedisLockBuilder::new(url.without_query())
+            }
+        };
         let builder = dlock_core::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "fence_ttl" => take_duration => Self::with_fence_ttl,
+            "min_replicas" => take_replicas => Self::with_min_replicas,
+            "replica_timeout" => take_duration => Self::with_replica_timeout,
         });
         Ok(builder)
+    }
+}
+
+/// Reads `min_replicas`-like counts for [`dlock_core::apply_parameters!`].
+trait TakeReplicas {
+    fn take_replicas(&mut self, name: &str) -> Result<Option<u32>>;
+}
+
+impl TakeReplicas for ConnectUrl {
+    fn take_replicas(&mut self, name: &str) -> Result<Option<u32>> {
+        self.take_parsed(name, "a whole number of replicas")
     }
 }
 

@@ -41,6 +41,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use dlock_core::url::ConnectUrl;
 use dlock_core::{Error, Result};
 use futures::StreamExt;
 use redis::io::tcp::TcpSettings;
@@ -136,6 +137,52 @@ impl SentinelSettings {
             TlsMode::Insecure
         });
         self
+    }
+
+    /// From `redis+sentinel://[user[:password]@]host[:port][,host…]/SERVICE[/db]` (or
+    /// `rediss+sentinel://…`, TLS to the sentinels and the primary; `#insecure` skips certificate
+    /// checks), taking its `sentinel_password` parameter: the credentials in the string are the
+    /// data servers', the sentinels' password is separate.
+    pub(crate) fn from_url(url: &mut ConnectUrl) -> Result<Self> {
+        let hosts = url.hosts()?;
+        let path = url.path_decoded()?;
+        let (service, db) = path.split_once('/').unwrap_or((path.as_str(), ""));
+        if service.is_empty() {
+            return Err(url.invalid(format!(
+                "no service name: write {}://host:26379/SERVICE[/db]",
+                url.scheme()
+            )));
+        }
+        let mut settings = SentinelSettings::new(hosts, service);
+        let db = db.trim_end_matches('/');
+        if !db.is_empty() {
+            let db = db.parse::<u32>().map_err(|_| {
+                url.invalid(format!("database {db:?} is not a non-negative number"))
+            })?;
+            settings = settings.with_db(i64::from(db));
+        }
+        if let Some(credentials) = url.credentials() {
+            if !credentials.user.is_empty() {
+                settings = settings.with_username(credentials.user.clone());
+            }
+            if let Some(password) = &credentials.password {
+                settings = settings.with_password(password.clone());
+            }
+        }
+        match (url.scheme(), url.fragment()) {
+            ("rediss+sentinel", None) => settings = settings.with_tls(true),
+            ("rediss+sentinel", Some("insecure")) => settings = settings.with_tls(false),
+            (_, None) => {}
+            (_, Some(other)) => {
+                return Err(url.invalid(format!(
+                    "unsupported fragment #{other} (only rediss+sentinel://…#insecure)"
+                )))
+            }
+        }
+        if let Some(password) = url.take("sentinel_password") {
+            settings = settings.with_sentinel_password(password);
+        }
+        Ok(settings)
     }
 
     /// `redis+sentinel://host:port,…/service/db` (`rediss+sentinel` with TLS) without any
@@ -513,6 +560,49 @@ mod tests {
             shown.contains("redis+sentinel://app:***@s1:26379,s2/mymaster/3"),
             "{shown}"
         );
+    }
+
+    fn from(raw: &str) -> Result<SentinelSettings> {
+        SentinelSettings::from_url(&mut ConnectUrl::parse(raw)?)
+    }
+
+    #[test]
+    fn urls_give_sentinels_service_db_and_both_passwords() {
+        let s = from(
+            "redis+sentinel://app:data%40pw@s1:26379,s2/mymaster/2?sentinel_password=sentinel-pw",
+        )
+        .unwrap();
+        assert_eq!(s.sentinels, ["s1:26379", "s2"]);
+        assert_eq!((s.service.as_str(), s.db), ("mymaster", 2));
+        assert_eq!(s.username.as_deref(), Some("app"));
+        assert_eq!(s.password.as_deref(), Some("data@pw"));
+        assert_eq!(s.sentinel_password.as_deref(), Some("sentinel-pw"));
+        assert_eq!(s.tls, None);
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("data@pw") && !shown.contains("sentinel-pw"),
+            "{shown}"
+        );
+        let tls = from("rediss+sentinel://h/m").unwrap();
+        assert_eq!(tls.tls, Some(TlsMode::Secure));
+        let insecure = from("rediss+sentinel://h/m#insecure").unwrap();
+        assert_eq!(insecure.tls, Some(TlsMode::Insecure));
+        assert_eq!(from("redis+sentinel://h/m").unwrap().db, 0);
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong_without_the_password() {
+        let message = |raw: &str| match from(raw) {
+            Err(Error::InvalidInput {
+                field: "url",
+                message,
+            }) => message,
+            other => panic!("{raw}: expected InvalidInput(url), got {other:?}"),
+        };
+        assert!(message("redis+sentinel://:pw@h").contains("no service name"));
+        assert!(message("redis+sentinel://:pw@h/m/x").contains("database"));
+        assert!(message("redis+sentinel://:pw@h/m#frag").contains("fragment"));
+        assert!(!message("redis+sentinel://:hunter2@h/m/x").contains("hunter2"));
     }
 
     #[test]

@@ -77,6 +77,7 @@ const SIDE_BY_SIDE: &[(&str, trials::Case<Cx>)] = &[
     case!(wait_grant_extend_release_with_the_replica_up),
     case!(min_replicas_on_a_server_without_replicas_is_unavailable),
     case!(settings_never_show_passwords),
+    case!(a_sentinel_url_connects_with_replica_acknowledgement),
 ];
 
 /// The trials that break the topology, one at a time after the others.
@@ -208,6 +209,28 @@ async fn min_replicas_on_a_server_without_replicas_is_unavailable(cx: Cx) -> any
     let mut con = support::raw(&cx.single.url()).await?;
     let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(&mut con).await?;
     ensure!(!exists, "the unacknowledged grant left its key behind");
+    Ok(())
+}
+
+/// `redis+sentinel://…/SERVICE?min_replicas=1&replica_timeout=…` connects through the sentinels
+/// and acknowledges each grant.
+async fn a_sentinel_url_connects_with_replica_acknowledgement(cx: Cx) -> anyhow::Result<()> {
+    let url = format!(
+        "redis+sentinel://{}/{SERVICE}/0?min_replicas=1&replica_timeout=300ms&prefix=url:",
+        cx.sentinel.sentinel_addresses().join(",")
+    );
+    let client = Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?);
+    let key = support::unique("url");
+    let lease = client
+        .acquire(&key, &LockOptions::new(Duration::from_secs(5)))
+        .await?;
+    let mut con = cx.primary_connection().await?;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(format!("url:{key}"))
+        .query_async(&mut con)
+        .await?;
+    ensure!(exists, "the lock key is not on the primary");
+    lease.release().await?;
     Ok(())
 }
 
