@@ -97,7 +97,7 @@ dlock_core::setters! {
         /// reported as [`Error::Unavailable`](dlock_core::Error::Unavailable), never returned
         /// as held; an extension or release not acknowledged is an `Unavailable` error too (an
         /// auto-renewed lease becomes uncertain). This narrows, not closes, the window in which a
-        /// failover loses a lock: see the `replicas` section of the crate docs.
+        /// failover loses a lock: see "Replica acknowledgement" in the [crate docs](crate).
         with_min_replicas(n: u32) => min_replicas = n;
         /// How long each `WAIT` waits for the replicas ([`DEFAULT_REPLICA_TIMEOUT`]); every
         /// request may take this much longer than the request timeout.
@@ -121,8 +121,8 @@ impl RedisLockBuilder {
         }
     }
 
-    /// Settings for the primary of a Redis Sentinel service (see [`SentinelSettings`] and the
-    /// `sentinel` section of the crate docs): the client asks the sentinels for the primary and
+    /// Settings for the primary of a Redis Sentinel service (see [`SentinelSettings`] and
+    /// "Sentinel" in the [crate docs](crate)): the client asks the sentinels for the primary and
     /// follows it through failovers.
     pub fn sentinel(settings: SentinelSettings) -> Self {
         let mut builder = RedisLockBuilder::new(settings.redacted());

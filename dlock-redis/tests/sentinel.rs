@@ -346,6 +346,12 @@ async fn forced_failover_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
     let mut lease = holder_client.acquire(&key, &LockOptions::new(ttl)).await?;
     let token = lease.fencing_token();
     replicated(&cx, &key).await?;
+    // A second lease whose key the new primary will not have (deleted there after the
+    // promotion): what a grant that had not replicated looks like to its holder.
+    let missing_key = support::unique("not-replicated");
+    let mut missing = holder_client
+        .acquire(&missing_key, &LockOptions::new(ttl))
+        .await?;
 
     let waiter = {
         let (client, key) = (waiter_client.clone(), key.clone());
@@ -368,6 +374,22 @@ async fn forced_failover_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
     ensure!(
         cx.sentinel.primary().await?.host_port() != old,
         "no new primary"
+    );
+
+    // A key the new primary does not have: the extension finds it gone, the lease is lost.
+    let mut con = cx.primary_connection().await?;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&missing_key)
+        .query_async(&mut con)
+        .await?;
+    ensure!(
+        missing.extend(ttl).await.is_err(),
+        "a lease whose key is gone extended"
+    );
+    ensure!(
+        matches!(missing.state(), LeaseState::Lost(_)),
+        "lease {:?} after its key was found missing",
+        missing.state()
     );
 
     // The key had replicated: the holder's lease extends on the new primary.
