@@ -277,6 +277,13 @@ mod tests {
         assert!(invalid("redis://h?sentinel_password=x"));
         assert!(invalid("redis://h?min_replicas=-1"));
         assert!(invalid("redis://h?replica_timeout=5"));
+        let leaked = RedisLockBuilder::from_url(
+            "redis+sentinel://:data-hunter2@h/m?sentinel_password=sentinel-hunter2&min_replicas=x",
+        );
+        match leaked {
+            Err(e) => assert!(!format!("{e} {e:?}").contains("hunter2"), "{e}"),
+            Ok(b) => panic!("accepted {b:?}"),
+        }
     }
 
     #[test]
