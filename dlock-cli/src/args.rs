@@ -46,8 +46,10 @@ pub enum Command {
 /// Which lock.
 #[derive(Debug, Args)]
 pub struct Target {
-    /// The lock service's URL, e.g. redis://localhost:6379 or etcd://h1:2379,h2:2379. Put a URL
-    /// with a password in DLOCK_URL instead: other users can read a process's arguments.
+    /// The lock service's URL: any form dlock::connect takes (see the README's table), e.g.
+    /// redis://localhost:6379, redis+sentinel://s1:26379/mymaster or
+    /// etcd+https://h1:2379?ca=/etc/etcd/ca.pem. Put a URL with a password in DLOCK_URL instead:
+    /// other users can read a process's arguments.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     pub url: String,
     /// The lock's name (1 to 1024 bytes).

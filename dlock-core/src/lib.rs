@@ -55,6 +55,7 @@ mod renew;
 mod retry;
 mod session;
 mod state;
+pub mod tls;
 mod token;
 pub mod url;
 mod waiting;

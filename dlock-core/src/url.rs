@@ -522,6 +522,30 @@ pub fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Percent-encodes what would end or change a query value (`%`, `&`, `#`, `=`, `+`, space and
+/// control characters), so that [`percent_decode`] gives `s` back.
+///
+/// ```
+/// use dlock_core::url::{percent_decode, percent_encode};
+///
+/// let path = "/etc/certs/a&b #1.pem";
+/// assert_eq!(percent_decode(&percent_encode(path)).as_deref(), Some(path));
+/// ```
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '%' | '&' | '#' | '=' | '+' | ' ') || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The connection string `url` with the password of its `user:password@` part replaced by
 /// `***`, for errors, logs and `Debug`.
 ///

@@ -50,8 +50,8 @@ impl fmt::Debug for Secret {
 ///
 /// let locks = EtcdLock::builder()
 ///     .with_endpoints(["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])
-///     .with_namespace("billing/locks/")
-///     .with_session_ttl(Duration::from_secs(15))
+///     .with_prefix("billing/locks/")
+///     .with_session_timeout(Duration::from_secs(15))
 ///     .connect()
 ///     .await?;
 /// # drop(locks); Ok(()) }
@@ -72,11 +72,11 @@ dlock_core::setters! {
     EtcdLockBuilder {
         /// Sets the namespace every lock name starts with (default `dlock/`); see
         /// [`KeyLayout`](crate::KeyLayout).
-        with_namespace(namespace: impl Into<String>) => namespace = namespace.into();
+        with_prefix(namespace: impl Into<String>) => namespace = namespace.into();
         /// Sets the TTL of the client's session lease (whole seconds, rounded up). It bounds how
         /// long a client that dies or is cut off keeps its locks; a live client keeps the lease
         /// alive.
-        with_session_ttl(ttl: Duration) => session_ttl = ttl;
+        with_session_timeout(ttl: Duration) => session_ttl = ttl;
         /// Sets how long one request may wait for an answer before it fails as unavailable.
         with_request_timeout(timeout: Duration) => request_timeout = timeout;
         /// Sets how long [`connect`](Self::connect) may take in total.
@@ -164,7 +164,7 @@ impl EtcdLockBuilder {
             .collect::<Result<Vec<_>>>()?;
         let layout = KeyLayout::new(self.namespace.clone())?;
         check_within(
-            "session_ttl",
+            "session_timeout",
             self.session_ttl,
             MIN_SESSION_TTL..=MAX_SESSION_TTL,
         )?;
@@ -288,12 +288,12 @@ mod tests {
             );
         }
         assert_eq!(
-            field_of(ok.clone().with_session_ttl(Duration::ZERO)),
-            "session_ttl"
+            field_of(ok.clone().with_session_timeout(Duration::ZERO)),
+            "session_timeout"
         );
         assert_eq!(
-            field_of(ok.clone().with_session_ttl(MAX_SESSION_TTL * 2)),
-            "session_ttl"
+            field_of(ok.clone().with_session_timeout(MAX_SESSION_TTL * 2)),
+            "session_timeout"
         );
         assert_eq!(
             field_of(ok.clone().with_request_timeout(Duration::ZERO)),
@@ -303,10 +303,7 @@ mod tests {
             field_of(ok.clone().with_connect_timeout(Duration::from_secs(3600))),
             "connect_timeout"
         );
-        assert_eq!(
-            field_of(ok.clone().with_namespace("n".repeat(4096))),
-            "namespace"
-        );
+        assert_eq!(field_of(ok.clone().with_prefix("n".repeat(4096))), "prefix");
         assert_eq!(
             field_of(ok.clone().with_credentials("", "pw")),
             "credentials"

@@ -65,7 +65,7 @@ impl fmt::Debug for EtcdLock {
         let s = &self.state;
         f.debug_struct("EtcdLock")
             .field("endpoints", &s.settings.endpoints)
-            .field("namespace", &s.settings.layout.namespace())
+            .field("prefix", &s.settings.layout.namespace())
             .field(
                 "user",
                 &s.settings.credentials.as_ref().map(|(user, _)| user),

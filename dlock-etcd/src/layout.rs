@@ -37,7 +37,7 @@ impl KeyLayout {
     /// A layout that puts every lock name under `namespace` (any UTF-8 string, may be empty).
     pub fn new(namespace: impl Into<String>) -> Result<Self> {
         let namespace = namespace.into();
-        check_len("namespace", &namespace, MAX_NAMESPACE_LEN)?;
+        check_len("prefix", &namespace, MAX_NAMESPACE_LEN)?;
         Ok(KeyLayout { namespace })
     }
 
@@ -156,7 +156,7 @@ mod tests {
         assert!(matches!(
             err,
             Error::InvalidInput {
-                field: "namespace",
+                field: "prefix",
                 ..
             }
         ));

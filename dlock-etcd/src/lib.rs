@@ -65,7 +65,7 @@
 //!   A live, unpaused client therefore frees an abandoned lock after its TTL, like every backend.
 //! * A client that dies, freezes or is cut off cannot delete anything: its locks are freed when
 //!   its session lease expires on the server, after the session TTL
-//!   ([`EtcdLockBuilder::with_session_ttl`], default 10 s). So an abandoned lock is held for at most
+//!   ([`EtcdLockBuilder::with_session_timeout`], default 10 s). So an abandoned lock is held for at most
 //!   the TTL while its client runs, and at most the session TTL once it does not.
 //! * The lease is valid until the earlier of the TTL's end (less the caller's drift
 //!   allowance, see [`Drift`](dlock_core::Drift)) and the session's confirmed end: the last answered keep-alive's send time plus

@@ -74,7 +74,7 @@ impl Session {
         budget: Duration,
     ) -> Result<Self> {
         let seconds = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
-            .map_err(|_| Error::invalid("session_ttl", "too large"))?;
+            .map_err(|_| Error::invalid("session_timeout", "too large"))?;
         let sent = Instant::now();
         let granted = requests
             .lease_grant(seconds, budget)

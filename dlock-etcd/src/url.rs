@@ -44,12 +44,12 @@ impl FromUrl for EtcdLockBuilder {
                     url.invalid("the prefix is given twice: as the path and as `prefix`; keep one")
                 )
             }
-            Some(prefix) => builder = builder.with_namespace(prefix),
-            None if !path.is_empty() => builder = builder.with_namespace(path),
+            Some(prefix) => builder = builder.with_prefix(prefix),
+            None if !path.is_empty() => builder = builder.with_prefix(path),
             None => {}
         }
         let builder = dlock_core::apply_parameters!(url, builder, {
-            "session_timeout" => take_duration => Self::with_session_ttl,
+            "session_timeout" => take_duration => Self::with_session_timeout,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
         });
@@ -132,6 +132,6 @@ mod tests {
         let (name, message) = field("etcd://u:hunter2@h:notaport");
         assert_eq!(name, "endpoints");
         assert!(!message.contains("hunter2"), "{message}");
-        assert_eq!(field("etcd://h:1?session_timeout=0").0, "session_ttl");
+        assert_eq!(field("etcd://h:1?session_timeout=0").0, "session_timeout");
     }
 }

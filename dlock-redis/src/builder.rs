@@ -6,7 +6,7 @@ use std::time::Duration;
 use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
-use crate::connection::{self, Connection, Target};
+use crate::connection::{Connection, Target};
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
 use crate::protocol::keys::KeyLayout;
@@ -176,7 +176,7 @@ impl RedisLockBuilder {
                 (Target::Sentinel(primary), settings.redacted())
             }
             (None, Some(endpoint)) => (
-                Target::Server(Box::new(connection::client(&endpoint)?)),
+                Target::Server(Box::new(endpoint.client()?)),
                 endpoint.redacted().to_owned(),
             ),
             (None, None) => return Err(dlock_core::Error::invalid("url", "no server given")),

@@ -7,15 +7,19 @@
 //! * `rediss://…` for TLS, with the `tls` feature (`#insecure` at the end skips certificate checks);
 //! * `redis+unix:///path/to/socket` or `unix:///path/to/socket` for a Unix socket (database 0).
 //!
-//! Query parameters are refused rather than silently ignored (the client's `protocol=resp3`
-//! would change how release notifications arrive).
+//! A `rediss://` URL may name its TLS files: `?ca=PATH` (the authority the server's certificate
+//! must chain to, instead of the system's roots) and `&cert=PATH&key=PATH` (a client certificate,
+//! for servers started with `--tls-auth-clients yes`). Every other query parameter is refused
+//! rather than silently ignored (the client's `protocol=resp3` would change how release
+//! notifications arrive).
 //!
 //! Public so that clients of several servers (the Redlock backend) parse and show each server's
 //! URL the same way.
 
 use std::fmt;
 
-use dlock_core::url::{ConnectUrl, FromUrl};
+use dlock_core::tls::TlsFiles;
+use dlock_core::url::{percent_encode, ConnectUrl, FromUrl};
 use dlock_core::{Error, Result};
 use redis::IntoConnectionInfo;
 use url::Url;
@@ -28,6 +32,7 @@ use crate::RedisLockBuilder;
 pub struct Endpoint {
     info: redis::ConnectionInfo,
     redacted: String,
+    tls: Option<TlsFiles>,
 }
 
 impl Endpoint {
@@ -54,11 +59,29 @@ impl Endpoint {
                 )))
             }
         };
-        if url.query().is_some() {
-            return Err(invalid(format!(
-                "{redacted}: query parameters are not supported"
-            )));
-        }
+        let tls = match url.query() {
+            None => None,
+            Some(_) => {
+                let mut parsed = ConnectUrl::parse(raw)?;
+                let tls = TlsFiles::from_url(&mut parsed)?;
+                parsed.finish(&["ca", "cert", "key"])?;
+                if tls.as_ref().is_some_and(|t| t.server_name.is_some()) {
+                    return Err(invalid(format!(
+                        "{redacted}: tls_server_name is not supported for Redis (the host name \
+                         is the name verified)"
+                    )));
+                }
+                if tls.is_some() && url.scheme() != "rediss" {
+                    return Err(invalid(format!(
+                        "{redacted}: ca, cert and key need a rediss:// (TLS) URL"
+                    )));
+                }
+                tls
+            }
+        };
+        let mut url = url;
+        url.set_query(None);
+        let redacted = redact(&url);
         if tcp {
             if url.host_str().is_none_or(str::is_empty) {
                 return Err(invalid(format!("{redacted}: no host")));
@@ -84,7 +107,11 @@ impl Endpoint {
         let info = url
             .into_connection_info()
             .map_err(|e| invalid(format!("{redacted}: {e}")))?;
-        Ok(Endpoint { info, redacted })
+        Ok(Endpoint {
+            info,
+            redacted,
+            tls,
+        })
     }
 
     /// The settings for the client library.
@@ -94,8 +121,45 @@ impl Endpoint {
 
     /// A client library handle for this server with the settings every dlock connection uses
     /// (`TCP_NODELAY`, so pipelined requests are not held back).
+    /// Over TLS with files of its own, the client trusts the given authority and presents the
+    /// given certificate; the files are read here, and an error names the setting and path only.
     pub fn client(&self) -> Result<redis::Client> {
-        crate::connection::client(self)
+        match &self.tls {
+            None => crate::connection::client(self),
+            Some(tls) => self.tls_client(tls),
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_client(&self, tls: &TlsFiles) -> Result<redis::Client> {
+        let pem = tls.load()?;
+        let certificates = redis::TlsCertificates {
+            client_tls: pem
+                .identity
+                .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }),
+            root_cert: pem.ca,
+        };
+        let info = self
+            .info
+            .clone()
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        redis::Client::build_with_tls(info, certificates)
+            .map_err(|e| Error::invalid("url", format!("{}: {e}", self.redacted)))
+    }
+
+    /// Unreachable in practice: without the `tls` feature a `rediss://` URL is refused first.
+    #[cfg(not(feature = "tls"))]
+    fn tls_client(&self, _: &TlsFiles) -> Result<redis::Client> {
+        Err(Error::invalid(
+            "url",
+            format!(
+                "{}: TLS needs the `tls` feature of dlock-redis",
+                self.redacted
+            ),
+        ))
     }
 
     /// The URL with its password replaced by `***`, for errors, logs and `Debug`.
@@ -137,34 +201,63 @@ impl FromUrl for RedisLockBuilder {
         "request_timeout",
         "connect_timeout",
         "fence_ttl",
+        "ca",
+        "cert",
+        "key",
         "min_replicas",
         "replica_timeout",
         "sentinel_password",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
-        let builder = match url.scheme() {
-            "redis+sentinel" | "rediss+sentinel" => {
-                RedisLockBuilder::sentinel(crate::sentinel::SentinelSettings::from_url(url)?)
+        if matches!(url.scheme(), "redis+sentinel" | "rediss+sentinel") {
+            if ["ca", "cert", "key"]
+                .iter()
+                .any(|name| url.take(name).is_some())
+            {
+                return Err(url.invalid(
+                    "parameters `ca`, `cert` and `key` are not supported with Sentinel yet; rediss+sentinel:// verifies the servers against the system's roots",
+                ));
             }
-            _ => {
-                if url.take("sentinel_password").is_some() {
-                    return Err(url.invalid(
-                        "parameter `sentinel_password` is only for redis+sentinel:// and rediss+sentinel://",
-                    ));
-                }
-                RedisLockBuilder::new(url.without_query())
+            let settings = crate::sentinel::SentinelSettings::from_url(url)?;
+            return Self::apply_url_parameters(url, RedisLockBuilder::sentinel(settings));
+        }
+        if url.take("sentinel_password").is_some() {
+            return Err(url.invalid(
+                "parameter `sentinel_password` is only for redis+sentinel:// and rediss+sentinel://",
+            ));
+        }
+        // The server's TLS files travel in its URL, as they do for each Redlock master.
+        let mut address = url.without_query();
+        if let Some(tls) = TlsFiles::from_url(url)? {
+            let pairs = [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)];
+            let query: Vec<String> = pairs
+                .iter()
+                .filter_map(|(name, path)| {
+                    let path = path.as_ref()?.to_string_lossy();
+                    Some(format!("{name}={}", percent_encode(&path)))
+                })
+                .collect();
+            address = format!("{address}?{}", query.join("&"));
+            if let Some(name) = tls.server_name {
+                address = format!("{address}&tls_server_name={}", percent_encode(&name));
             }
-        };
-        let builder = dlock_core::apply_parameters!(url, builder, {
+        }
+        Self::apply_url_parameters(url, RedisLockBuilder::new(address))
+    }
+}
+
+impl RedisLockBuilder {
+    /// The settings every Redis scheme takes, applied by name.
+    fn apply_url_parameters(url: &mut ConnectUrl, builder: Self) -> Result<Self> {
+        Ok(dlock_core::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "fence_ttl" => take_duration => Self::with_fence_ttl,
             "min_replicas" => take_replicas => Self::with_min_replicas,
             "replica_timeout" => take_duration => Self::with_replica_timeout,
-        });
-        Ok(builder)
+        }))
     }
 }
 
@@ -219,9 +312,33 @@ mod tests {
         assert!(message("redis://host:99999").contains("not a URL"));
         assert!(message("redis://host/abc").contains("database"));
         assert!(message("redis://host/-1").contains("database"));
-        assert!(message("redis://host/?protocol=resp3").contains("query"));
+        assert!(message("redis://host/?protocol=resp3").contains("unknown parameter `protocol`"));
         assert!(message("redis://host#frag").contains("fragment"));
         assert!(message("redis+unix://").contains("socket path"));
+        assert!(message("redis://host?ca=/ca.pem").contains("need a rediss://"));
+        assert!(message("redis://u:hunter2@host?colour=red").contains("unknown parameter"));
+        assert!(!message("redis://u:hunter2@host?colour=red").contains("hunter2"));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_files_travel_in_the_url_and_are_read_at_connect() {
+        let e = Endpoint::parse("rediss://u:hunter2@h:1?ca=/nonexistent/ca.pem").unwrap();
+        assert!(!format!("{e:?}").contains("hunter2"));
+        assert!(!format!("{e:?}").contains("ca.pem"), "{e:?}");
+        match e.client() {
+            Err(Error::InvalidInput { field, message }) => {
+                assert_eq!(field, "ca");
+                assert!(message.contains("/nonexistent/ca.pem"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(message("rediss://h?ca=/c.pem&tls_server_name=x").contains("tls_server_name"));
+        let half = Endpoint::parse("rediss://h?cert=/c.pem").unwrap().client();
+        assert!(
+            matches!(half, Err(Error::InvalidInput { field: "key", .. })),
+            "{half:?}"
+        );
     }
 
     #[cfg(not(feature = "tls"))]

@@ -47,7 +47,7 @@ pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(10);
 ///     "redis://10.0.0.4:6379",
 ///     "redis://10.0.0.5:6379",
 /// ])
-/// .with_node_timeout(Duration::from_millis(20))
+/// .with_request_timeout(Duration::from_millis(20))
 /// .with_delayed_restart(Duration::from_secs(60))
 /// .connect()
 /// .await?;
@@ -80,7 +80,7 @@ dlock_core::setters! {
         /// [`MIN_DERIVED_NODE_TIMEOUT`] and [`MAX_DERIVED_NODE_TIMEOUT`] (50 ms for TTLs of 10 s
         /// and more), small against the TTL so that a frozen master costs little of the lease's
         /// validity.
-        with_node_timeout(timeout: Duration) => node_timeout = Some(timeout);
+        with_request_timeout(timeout: Duration) => node_timeout = Some(timeout);
         /// Bounds opening a connection to one master ([`DEFAULT_CONNECT_TIMEOUT`]).
         with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
         /// The clock-drift allowance the client subtracts from a lease's validity when it counts
@@ -204,7 +204,7 @@ impl RedlockBuilder {
             ));
         }
         if let Some(timeout) = self.node_timeout {
-            check_timeout("node_timeout", timeout)?;
+            check_timeout("request_timeout", timeout)?;
         }
         check_timeout("connect_timeout", self.connect_timeout)?;
         // Against the longest TTL; each request checks it against its own.
@@ -299,8 +299,8 @@ mod tests {
         assert_eq!(field(five().with_quorum(2)), "quorum");
         assert_eq!(field(five().with_quorum(6)), "quorum");
         assert_eq!(
-            field(five().with_node_timeout(Duration::ZERO)),
-            "node_timeout"
+            field(five().with_request_timeout(Duration::ZERO)),
+            "request_timeout"
         );
         assert_eq!(
             field(five().with_connect_timeout(Duration::from_secs(3600))),

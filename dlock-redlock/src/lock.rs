@@ -105,7 +105,7 @@ impl Settings {
         // Acquire may take two rounds (the grant, then the fencing write-back).
         if timeout * 2 >= validity {
             return Err(Error::invalid(
-                "node_timeout",
+                "request_timeout",
                 format!(
                     "{timeout:?} is too long for the ttl {ttl:?}: two rounds must fit in its validity {validity:?}"
                 ),

@@ -32,7 +32,7 @@ impl FromUrl for RedlockBuilder {
         let builder = dlock_core::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,
             "quorum" => take_count => Self::with_quorum,
-            "request_timeout" => take_duration => Self::with_node_timeout,
+            "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "retry_jitter" => take_duration => Self::with_retry_jitter,
             "fencing" => take_bool => Self::with_fencing,

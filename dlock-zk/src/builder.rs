@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use dlock_core::{check_len, check_within, Error, Result};
 
+use crate::acl::NodeAcl;
 use crate::connect_string::{check_path, ConnectString};
 use crate::naming::Naming;
+use crate::tls::{Loaded, ZkTls};
 use crate::ZkLock;
 
 /// The environment variable [`ZkLockBuilder::from_env`] reads the connection string from.
@@ -43,6 +45,10 @@ pub(crate) struct Config {
     pub(crate) operation_timeout: Duration,
     pub(crate) identifier: Vec<u8>,
     pub(crate) naming: Naming,
+    /// The ACL of every node the backend creates (see the `acl` module).
+    pub(crate) acl: NodeAcl,
+    /// TLS to every server, if set.
+    pub(crate) tls: Option<Loaded>,
 }
 
 /// Builds a [`ZkLock`]; see [`ZkLock::builder`].
@@ -66,6 +72,7 @@ pub struct ZkLockBuilder {
     root: String,
     identifier: String,
     naming: Naming,
+    tls: Option<ZkTls>,
 }
 
 impl fmt::Debug for ZkLockBuilder {
@@ -77,10 +84,11 @@ impl fmt::Debug for ZkLockBuilder {
         };
         s.field("session_timeout", &self.session_timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("operation_timeout", &self.operation_timeout)
-            .field("root", &self.root)
+            .field("request_timeout", &self.operation_timeout)
+            .field("prefix", &self.root)
             .field("identifier", &self.identifier)
             .field("naming", &self.naming)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -103,10 +111,10 @@ dlock_core::setters! {
         /// How long one call waits for a connection and an answer before it fails with
         /// [`Error::Unavailable`] (default: the session timeout, after which a disconnected
         /// session has expired anyway).
-        with_operation_timeout(timeout: Duration) => operation_timeout = Some(timeout);
+        with_request_timeout(timeout: Duration) => operation_timeout = Some(timeout);
         /// The node under which lock keys live (default `/dlock`), below the chroot if the URL has
         /// one. Created on first use.
-        with_root(root: impl Into<String>) => root = root.into();
+        with_prefix(root: impl Into<String>) => root = root.into();
         /// The data written into each lock node (default `dlock`), e.g. a host name and process
         /// id, so that operators (and kazoo's `Lock.contenders()`) can see who holds or waits.
         with_identifier(identifier: impl Into<String>) => identifier = identifier.into();
@@ -114,6 +122,10 @@ dlock_core::setters! {
         /// kazoo's `Lock` or Curator's `InterProcessMutex` on the same path waits behind a dlock
         /// holder. dlock waits behind both under either naming; see [`Naming`].
         with_naming(naming: Naming) => naming = naming;
+        /// Connects to every server over TLS ([`ZkTls`]: the certificate authority, and a client
+        /// certificate for servers that require one). Needs the `tls` feature; the files are read
+        /// and checked by [`connect`](Self::connect), once.
+        with_tls(tls: ZkTls) => tls = Some(tls);
     }
 }
 
@@ -129,6 +141,7 @@ impl ZkLockBuilder {
             root: DEFAULT_ROOT.to_owned(),
             identifier: DEFAULT_IDENTIFIER.to_owned(),
             naming: Naming::default(),
+            tls: None,
         }
     }
 
@@ -168,11 +181,11 @@ impl ZkLockBuilder {
         let connect_timeout = self.connect_timeout.unwrap_or(self.session_timeout);
         check_timeout("connect_timeout", connect_timeout)?;
         let operation_timeout = self.operation_timeout.unwrap_or(self.session_timeout);
-        check_timeout("operation_timeout", operation_timeout)?;
-        check_path(&self.root, "root")?;
+        check_timeout("request_timeout", operation_timeout)?;
+        check_path(&self.root, "prefix")?;
         if self.root == "/" || self.root == "/zookeeper" || self.root.starts_with("/zookeeper/") {
             return Err(Error::invalid(
-                "root",
+                "prefix",
                 format!(
                     "{:?} is reserved; use a node of its own such as {DEFAULT_ROOT:?}",
                     self.root
@@ -181,6 +194,11 @@ impl ZkLockBuilder {
         }
         check_len("identifier", &self.identifier, MAX_IDENTIFIER_LEN)?;
         let base = format!("{}{}", connect.chroot(), self.root);
+        let tls = match &self.tls {
+            Some(tls) => Some(tls.load(connect.servers())?),
+            None => None,
+        };
+        let acl = NodeAcl::for_credentials(connect.credentials());
         Ok(Config {
             connect,
             base,
@@ -189,6 +207,8 @@ impl ZkLockBuilder {
             operation_timeout,
             identifier: self.identifier.into_bytes(),
             naming: self.naming,
+            acl,
+            tls,
         })
     }
 
@@ -227,7 +247,7 @@ mod tests {
         assert_eq!(config.session_timeout, DEFAULT_SESSION_TIMEOUT);
         assert_eq!(config.operation_timeout, DEFAULT_SESSION_TIMEOUT);
         let config = ZkLockBuilder::new("a:1")
-            .with_root("/locks/prod")
+            .with_prefix("/locks/prod")
             .config()
             .unwrap();
         assert_eq!(config.base, "/locks/prod");
@@ -250,17 +270,36 @@ mod tests {
             "connect_timeout"
         );
         assert_eq!(
-            field_of(ok().with_operation_timeout(Duration::from_secs(7200))),
-            "operation_timeout"
+            field_of(ok().with_request_timeout(Duration::from_secs(7200))),
+            "request_timeout"
         );
-        assert_eq!(field_of(ok().with_root("dlock")), "root");
-        assert_eq!(field_of(ok().with_root("/")), "root");
-        assert_eq!(field_of(ok().with_root("/zookeeper/x")), "root");
-        assert_eq!(field_of(ok().with_root("/a//b")), "root");
+        assert_eq!(field_of(ok().with_prefix("dlock")), "prefix");
+        assert_eq!(field_of(ok().with_prefix("/")), "prefix");
+        assert_eq!(field_of(ok().with_prefix("/zookeeper/x")), "prefix");
+        assert_eq!(field_of(ok().with_prefix("/a//b")), "prefix");
         assert_eq!(
             field_of(ok().with_identifier("x".repeat(2000))),
             "identifier"
         );
+    }
+
+    #[test]
+    fn tls_files_are_checked_before_connecting_and_named_by_path() {
+        let b = ZkLockBuilder::new("zk://bob:topsecret@a:2281")
+            .with_tls(ZkTls::new("/nonexistent/ca.pem").with_client_cert("/c.pem", "/k.pem"));
+        let shown = format!("{b:?}");
+        assert!(
+            shown.contains("/k.pem") && !shown.contains("topsecret"),
+            "{shown}"
+        );
+        match b.config() {
+            Err(Error::InvalidInput { field, message }) => {
+                let expected = if cfg!(feature = "tls") { "ca" } else { "tls" };
+                assert_eq!(field, expected, "{message}");
+                assert!(!message.contains("topsecret"), "{message}");
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
     }
 
     #[test]

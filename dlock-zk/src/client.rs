@@ -206,7 +206,7 @@ impl Inner {
         let session = match opened {
             Ok(Ok(session)) => Arc::new(session),
             Ok(Err(zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss))
-            | Err(_) => return Err(Failure::NotConnected(started.elapsed())),
+            | Err(_) => return Err(self.not_connected(started).await),
             Ok(Err(error)) => return Err(Failure::Zk(error)),
         };
         Counters::bump(&self.counters.sessions_opened);
@@ -226,6 +226,20 @@ impl Inner {
         self.track(watchdog);
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(session.clone());
         Ok(session)
+    }
+
+    /// Why no session came up: over TLS, a failed handshake says why in words (checked with one
+    /// handshake per server, each bounded by a second or the connect timeout if shorter);
+    /// otherwise no server answered in time.
+    async fn not_connected(&self, started: Instant) -> Failure {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.config.tls {
+            let timeout = self.config.connect_timeout.min(Duration::from_secs(1));
+            if let Some(reason) = tls.diagnose(self.config.connect.servers(), timeout).await {
+                return Failure::Tls(reason);
+            }
+        }
+        Failure::NotConnected(started.elapsed())
     }
 
     /// The node whose children contend for `key`.

@@ -6,16 +6,24 @@
 
 use std::fmt;
 
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
 
-use crate::ZkLockBuilder;
+use crate::{ZkLockBuilder, ZkTls};
 
 /// The scheme of a ZooKeeper connection string.
 pub const SCHEME: &str = "zk";
 
+/// The scheme of a ZooKeeper connection string over TLS (the servers' `secureClientPort`).
+pub const TLS_SCHEME: &str = "zk+tls";
+
 /// The client port ZooKeeper listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 2181;
+
+/// The secure client port `zk+tls://` assumes unless told otherwise (ZooKeeper's convention for
+/// `secureClientPort`).
+pub const DEFAULT_TLS_PORT: u16 = 2281;
 
 /// A parsed connection string.
 #[derive(Clone, PartialEq, Eq)]
@@ -50,6 +58,12 @@ impl ConnectString {
         } else {
             ConnectUrl::parse(&format!("zk://{url}"))?
         };
+        if url.scheme() == TLS_SCHEME {
+            return Err(url.invalid(
+                "zk+tls:// names its TLS files as parameters: use ZkLockBuilder::from_url, or \
+                 zk:// with ZkLockBuilder::with_tls",
+            ));
+        }
         url.expect_scheme(&[SCHEME])?;
         url.finish(&[])?;
         ConnectString::from_url(&url)
@@ -69,10 +83,15 @@ impl ConnectString {
                 url.invalid("credentials before '@' must be user:password (digest authentication)")
             );
         }
+        let default_port = if url.scheme() == TLS_SCHEME {
+            DEFAULT_TLS_PORT
+        } else {
+            DEFAULT_PORT
+        };
         let servers = url
             .hosts()?
             .into_iter()
-            .map(parse_server)
+            .map(|entry| parse_server(entry, default_port))
             .collect::<Result<Vec<Server>>>()?;
         let chroot = parse_chroot(url.path())?;
         Ok(ConnectString {
@@ -144,7 +163,7 @@ fn printable(fragment: &str) -> String {
         .collect()
 }
 
-fn parse_server(entry: &str) -> Result<Server> {
+fn parse_server(entry: &str, default_port: u16) -> Result<Server> {
     let entry = entry.trim();
     if entry.is_empty() {
         return Err(invalid(
@@ -198,7 +217,7 @@ fn parse_server(entry: &str) -> Result<Server> {
         )));
     }
     let port = match port {
-        None => DEFAULT_PORT,
+        None => default_port,
         Some(p) => match p.parse::<u16>() {
             Ok(port) if port > 0 => port,
             _ => {
@@ -274,9 +293,10 @@ fn parse_chroot(path: &str) -> Result<String> {
 }
 
 /// `zk://[user:password@]host[:port][,…][/chroot][?parameters]`: the ensemble, then the
-/// builder's settings by name.
+/// builder's settings by name; `zk+tls://…?ca=PATH[&cert=PATH&key=PATH]` reaches every server
+/// over TLS ([`ZkTls`]; ports default to 2281).
 impl FromUrl for ZkLockBuilder {
-    const SCHEMES: &'static [&'static str] = &[SCHEME];
+    const SCHEMES: &'static [&'static str] = &[SCHEME, TLS_SCHEME];
     const PARAMETERS: &'static [&'static str] = &[
         "prefix",
         "session_timeout",
@@ -284,21 +304,63 @@ impl FromUrl for ZkLockBuilder {
         "connect_timeout",
         "identifier",
         "naming",
+        "ca",
+        "cert",
+        "key",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
         let builder = ZkLockBuilder::for_ensemble(ConnectString::from_url(url)?);
         let builder = dlock_core::apply_parameters!(url, builder, {
-            "prefix" => take_text => Self::with_root,
+            "prefix" => take_text => Self::with_prefix,
             "session_timeout" => take_duration => Self::with_session_timeout,
-            "request_timeout" => take_duration => Self::with_operation_timeout,
+            "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "identifier" => take_text => Self::with_identifier,
         });
-        match url.take("naming") {
-            Some(naming) => Ok(builder.with_naming(naming.parse()?)),
-            None => Ok(builder),
-        }
+        let builder = match url.take("naming") {
+            Some(naming) => builder.with_naming(naming.parse()?),
+            None => builder,
+        };
+        let tls = tls_of(url)?;
+        Ok(match tls {
+            Some(tls) => builder.with_tls(tls),
+            None => builder,
+        })
+    }
+}
+
+/// The TLS settings of `zk+tls://`, from the parameters every backend names alike
+/// ([`TlsFiles::from_url`]): `ca` required, `cert` and `key` together. They are refused on
+/// `zk://` rather than ignored, since the connection would be plaintext, and so is
+/// `tls_server_name`: the client library checks the host name as written.
+fn tls_of(url: &mut ConnectUrl) -> Result<Option<ZkTls>> {
+    let files = TlsFiles::from_url(url)?;
+    if url.scheme() != TLS_SCHEME {
+        return match files {
+            None => Ok(None),
+            Some(_) => Err(url.invalid(
+                "`ca`, `cert` and `key` are TLS settings: use zk+tls://host:2281 for TLS",
+            )),
+        };
+    }
+    let files = files.unwrap_or_default();
+    if files.server_name.is_some() {
+        return Err(url.invalid(
+            "tls_server_name is not supported for ZooKeeper (the host name as written is the \
+             name verified)",
+        ));
+    }
+    let Some(ca) = files.ca else {
+        return Err(url.invalid(
+            "zk+tls:// needs `ca=PATH`, the authority the servers' certificates are checked against",
+        ));
+    };
+    let tls = ZkTls::new(ca);
+    match (files.cert, files.key) {
+        (None, None) => Ok(Some(tls)),
+        (Some(cert), Some(key)) => Ok(Some(tls.with_client_cert(cert, key))),
+        _ => Err(url.invalid("`cert` and `key` go together (the client certificate and its key)")),
     }
 }
 
@@ -376,11 +438,62 @@ mod tests {
     }
 
     #[test]
+    fn the_plain_parser_points_tls_urls_to_from_url() {
+        let (f, message) = field(ConnectString::parse("zk+tls://zk1:2281?ca=/ca.pem"));
+        assert_eq!(f, "url");
+        assert!(message.contains("ZkLockBuilder::from_url"), "{message}");
+    }
+
+    #[test]
+    fn tls_urls_take_their_files_and_default_to_port_2281() {
+        let b = ZkLockBuilder::from_url(
+            "zk+tls://app:hunter2@zk1,zk2:3281/app?ca=/etc/zk/ca.pem&cert=/etc/zk/c.pem&key=/etc/zk/k.pem",
+        )
+        .unwrap();
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        for part in [
+            "zk1:2281",
+            "zk2:3281",
+            "/etc/zk/ca.pem",
+            "/etc/zk/c.pem",
+            "/etc/zk/k.pem",
+        ] {
+            assert!(shown.contains(part), "{part}: {shown}");
+        }
+        let b = ZkLockBuilder::from_url("zk+tls://zk1?ca=/ca.pem").unwrap();
+        assert!(format!("{b:?}").contains("/ca.pem"));
+        let b = ZkLockBuilder::from_url("zk://zk1").unwrap();
+        assert!(format!("{b:?}").contains("zk1:2181"));
+
+        for (url, says) in [
+            ("zk+tls://u:hunter2@zk1", "needs `ca=PATH`"),
+            ("zk+tls://u:hunter2@zk1?ca=/a&cert=/c", "go together"),
+            ("zk+tls://u:hunter2@zk1?ca=/a&key=/k", "go together"),
+            ("zk://u:hunter2@zk1?ca=/a", "use zk+tls://"),
+            ("zk+tls://u:hunter2@zk1?ca=", "the path is empty"),
+            (
+                "zk+tls://u:hunter2@zk1?ca=/a&tls_server_name=x",
+                "tls_server_name",
+            ),
+        ] {
+            match ZkLockBuilder::from_url(url) {
+                Err(Error::InvalidInput { field, message }) => {
+                    assert_eq!(field, "url", "{url}");
+                    assert!(message.contains(says), "{url}: {message}");
+                    assert!(!message.contains("hunter2"), "{message}");
+                }
+                other => panic!("{url}: expected InvalidInput, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn paths_follow_zookeeper_rules() {
-        assert!(check_path("/dlock", "root").is_ok());
-        assert!(check_path("/a/b-c/d.e", "root").is_ok());
+        assert!(check_path("/dlock", "prefix").is_ok());
+        assert!(check_path("/a/b-c/d.e", "prefix").is_ok());
         for bad in ["dlock", "/a/", "//", "/a//b", "/a/./b", "/a\u{1}b"] {
-            assert!(check_path(bad, "root").is_err(), "{bad:?}");
+            assert!(check_path(bad, "prefix").is_err(), "{bad:?}");
         }
     }
 }

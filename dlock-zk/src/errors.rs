@@ -30,6 +30,10 @@ pub(crate) enum Failure {
     OutOfTime,
     /// Called outside a tokio runtime, which the client library and the backend's tasks need.
     NoRuntime,
+    /// No session came up because the TLS handshake failed, as said (a certificate the other
+    /// side does not accept, or a server that does not speak TLS); nothing was sent.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    Tls(String),
 }
 
 impl Failure {
@@ -76,6 +80,8 @@ impl Failure {
                 op,
                 "the time allowed ran out before the request could be sent",
             )),
+            // Not temporary: another attempt with the same certificates fails the same way.
+            Failure::Tls(reason) => Error::backend(BACKEND, false, context(op, reason)),
             Failure::NoRuntime => Error::backend(
                 BACKEND,
                 false,

@@ -113,12 +113,26 @@
 //! first use; `user:password` adds digest credentials and never appears in `Debug` output or
 //! errors. Malformed strings fail with [`Error::InvalidInput`] naming `url` before anything is
 //! sent; unreachable servers fail with [`Error::Unavailable`] within the connect timeout.
+//! [`ZkLockBuilder::from_url`] also takes the builder's settings as query parameters, and
+//! `zk+tls://host:2281[,…][/chroot]?ca=PATH[&cert=PATH&key=PATH]` for TLS (`tls` feature).
+//!
+//! # TLS and access control
+//!
+//! With the `tls` feature, [`ZkLockBuilder::with_tls`] reaches every server over TLS
+//! ([`ZkTls`]: the authority the servers are checked against, and a client certificate for
+//! servers that require one). With digest credentials, every node dlock creates carries
+//! `digest:USER:HASH` ALL and `world:anyone` READ: other identities can see a queue and who holds
+//! it, but cannot delete or overwrite a holder's node, nor queue for the key (ZooKeeper checks
+//! DELETE on the parent, so letting others queue would let them delete the holder). A lock root
+//! therefore belongs to the identity that created it. The README's ZooKeeper section has the
+//! details.
 //!
 //! [`Error::InvalidInput`]: dlock_core::Error::InvalidInput
 //! [`Error::Unavailable`]: dlock_core::Error::Unavailable
 //! [`Error::Backend`]: dlock_core::Error::Backend
 #![deny(missing_docs)]
 
+mod acl;
 mod acquire;
 mod backend;
 mod builder;
@@ -135,6 +149,7 @@ mod release;
 mod request;
 mod session;
 mod stats;
+mod tls;
 mod watchdog;
 
 pub use builder::{
@@ -145,3 +160,4 @@ pub use client::ZkLock;
 pub use connect_string::{ConnectString, Server, DEFAULT_PORT};
 pub use naming::{decode_key, encode_key, Naming};
 pub use stats::ZkStats;
+pub use tls::ZkTls;

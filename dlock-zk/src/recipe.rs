@@ -48,7 +48,7 @@ pub(crate) async fn create_own(
 ) -> Result<OwnNode, Failure> {
     let prefix = owner_prefix(inner.config.naming, owner);
     let create_path = format!("{parent}/{prefix}");
-    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let options = zk::CreateMode::EphemeralSequential.with_acls(inner.config.acl.acls());
     let data = inner.config.identifier.as_slice();
     let mut missing_parent = 0;
     loop {
@@ -100,12 +100,12 @@ async fn ensure_parent(
         } else {
             zk::CreateMode::Persistent
         };
-        let options = mode.with_acls(zk::Acls::anyone_all());
+        let options = mode.with_acls(inner.config.acl.acls());
         match call(inner, session, until, |c| c.create(parent, &[], &options)).await {
             Ok(_) | Err(Failure::Zk(zk::Error::NodeExists)) => return Ok(()),
             Err(Failure::Zk(zk::Error::NoNode)) if !made_base => {
                 made_base = true;
-                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                let options = zk::CreateMode::Persistent.with_acls(inner.config.acl.acls());
                 let base = inner.config.base.as_str();
                 call(inner, session, until, |c| c.mkdir(base, &options)).await?;
             }

@@ -82,7 +82,10 @@ impl Session {
             connector = connector.with_auth("digest", secret.as_bytes());
         }
         let asked = Instant::now();
-        let client = connector.connect(&config.connect.hosts()).await?;
+        let client = match &config.tls {
+            None => connector.connect(&config.connect.hosts()).await?,
+            Some(tls) => secure_connect(connector, tls, &config.connect.hosts()).await?,
+        };
         let id = client.session_id().0;
         let timeout = client.session_timeout();
         Ok(Session {
@@ -181,6 +184,30 @@ impl Session {
     pub(crate) fn states(&self) -> zk::StateWatcher {
         self.client.state_watcher()
     }
+}
+
+/// Connects to every server of `hosts` over TLS.
+#[cfg(feature = "tls")]
+async fn secure_connect(
+    connector: zk::Connector,
+    tls: &crate::tls::Loaded,
+    hosts: &str,
+) -> Result<zk::Client, zk::Error> {
+    crate::tls::install_crypto_provider();
+    connector
+        .with_tls(tls.options.clone())
+        .secure_connect(hosts)
+        .await
+}
+
+/// Without the `tls` feature no TLS settings can be loaded.
+#[cfg(not(feature = "tls"))]
+async fn secure_connect(
+    _: zk::Connector,
+    tls: &crate::tls::Loaded,
+    _: &str,
+) -> Result<zk::Client, zk::Error> {
+    match *tls {}
 }
 
 /// How long the client library waits for any answer on a connection before it gives the

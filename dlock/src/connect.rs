@@ -39,6 +39,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("rediss+sentinel", "redis-tls"),
     ("redlock", "redlock"),
     ("zk", "zk"),
+    ("zk+tls", "zk-tls"),
     ("etcd", "etcd"),
 ];
 
@@ -56,6 +57,7 @@ type Backend = Arc<dyn DistributedLock>;
 /// | `rediss+sentinel://…` (TLS to sentinels and primary) | as `redis+sentinel://` | `redis-tls` | as `redis+sentinel://` |
 /// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `request_timeout` (each master's), `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use), `fence_ttl` |
 /// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `request_timeout`, `connect_timeout`, `identifier`, `naming` (`kazoo` or `curator`) |
+/// | `zk+tls://[user:password@]host[:port],…[/chroot]?ca=PATH[&cert=PATH&key=PATH]` (ports default to 2281) | a ZooKeeper ensemble over TLS | `zk-tls` | as `zk://`, and `ca`, `cert`, `key` (PEM files) |
 /// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_timeout` (the session lease's TTL), `request_timeout`, `connect_timeout` |
 ///
 /// Every scheme also takes the per-acquire defaults `ttl`, `wait`, `drift` (the fixed part of
@@ -98,7 +100,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "" => memory(&url)?,
         "redis" | "redis-tls" => redis(&mut url, feature).await?,
         "redlock" => redlock(&mut url).await?,
-        "zk" => zk(&mut url).await?,
+        "zk" | "zk-tls" => zk(&mut url, feature).await?,
         "etcd" => etcd(&mut url).await?,
         other => return Err(missing_feature(&url, other)),
     };
@@ -152,9 +154,9 @@ fn memory(url: &ConnectUrl) -> Result<Backend> {
     Ok(Arc::new(InMemoryLock::new()))
 }
 
-/// Makes backend `B`'s builder from the URL, refuses what neither it nor [`COMMON_PARAMETERS`] knows, and
-/// connects. A complaint of the builder about its setting `renamed.0` reads as one about the URL
-/// parameter `renamed.1` that set it, so the message names what the user wrote.
+/// Makes backend `B`'s builder from the URL, refuses what neither it nor [`COMMON_PARAMETERS`]
+/// knows, and connects. (A builder's settings are named as its URL parameters, so a complaint
+/// about one names what the user wrote.)
 #[cfg_attr(
     not(any(
         feature = "redis",
@@ -164,11 +166,7 @@ fn memory(url: &ConnectUrl) -> Result<Backend> {
     )),
     allow(dead_code)
 )]
-async fn open<B, L, F>(
-    url: &mut ConnectUrl,
-    connect: impl FnOnce(B) -> F,
-    renamed: Option<(&str, &str)>,
-) -> Result<Backend>
+async fn open<B, L, F>(url: &mut ConnectUrl, connect: impl FnOnce(B) -> F) -> Result<Backend>
 where
     B: FromUrl,
     F: std::future::Future<Output = Result<L>>,
@@ -181,17 +179,7 @@ where
         .copied()
         .collect();
     url.finish(&known)?;
-    let lock = connect(builder)
-        .await
-        .map_err(|error| match (error, renamed) {
-            (Error::InvalidInput { field, message }, Some((setting, parameter)))
-                if field == setting =>
-            {
-                url.invalid(format!("parameter `{parameter}`: {message}"))
-            }
-            (other, _) => other,
-        })?;
-    Ok(Arc::new(lock))
+    Ok(Arc::new(connect(builder).await?))
 }
 
 #[cfg(feature = "redis")]
@@ -199,7 +187,7 @@ async fn redis(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
     if feature == "redis-tls" && !cfg!(feature = "redis-tls") {
         return Err(missing_feature(url, feature));
     }
-    open(url, dlock_redis::RedisLockBuilder::connect, None).await
+    open(url, dlock_redis::RedisLockBuilder::connect).await
 }
 
 #[cfg(not(feature = "redis"))]
@@ -209,7 +197,7 @@ async fn redis(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
 
 #[cfg(feature = "redlock")]
 async fn redlock(url: &mut ConnectUrl) -> Result<Backend> {
-    open(url, dlock_redlock::RedlockBuilder::connect, None).await
+    open(url, dlock_redlock::RedlockBuilder::connect).await
 }
 
 #[cfg(not(feature = "redlock"))]
@@ -220,28 +208,21 @@ async fn redlock(url: &mut ConnectUrl) -> Result<Backend> {
 }
 
 #[cfg(feature = "zk")]
-async fn zk(url: &mut ConnectUrl) -> Result<Backend> {
-    open(
-        url,
-        dlock_zk::ZkLockBuilder::connect,
-        Some(("root", "prefix")),
-    )
-    .await
+async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
+    if feature == "zk-tls" && !cfg!(feature = "zk-tls") {
+        return Err(missing_feature(url, feature));
+    }
+    open(url, dlock_zk::ZkLockBuilder::connect).await
 }
 
 #[cfg(not(feature = "zk"))]
-async fn zk(url: &mut ConnectUrl) -> Result<Backend> {
-    Err(missing_feature(url, "zk"))
+async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
+    Err(missing_feature(url, feature))
 }
 
 #[cfg(feature = "etcd")]
 async fn etcd(url: &mut ConnectUrl) -> Result<Backend> {
-    open(
-        url,
-        dlock_etcd::EtcdLockBuilder::connect,
-        Some(("namespace", "prefix")),
-    )
-    .await
+    open(url, dlock_etcd::EtcdLockBuilder::connect).await
 }
 
 #[cfg(not(feature = "etcd"))]

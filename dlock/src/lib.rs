@@ -30,6 +30,7 @@
 //! | `redis-tls` | `redis`, with TLS | `rediss://` as well |
 //! | `redlock` | `redlock` ([`dlock-redlock`](https://docs.rs/dlock-redlock)) | `redlock://` |
 //! | `zk` | `zk` ([`dlock-zk`](https://docs.rs/dlock-zk)) | `zk://` |
+//! | `zk-tls` | `zk`, with TLS | `zk+tls://` as well |
 //! | `etcd` | `etcd` ([`dlock-etcd`](https://docs.rs/dlock-etcd)) | `etcd://` |
 //!
 //! No network backend is on by default, so `cargo add dlock` builds anywhere, without protoc or

@@ -24,8 +24,8 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let endpoints = std::env::var("ETCD_ENDPOINTS").unwrap_or_else(|_| "127.0.0.1:2379".to_owned());
     let etcd = EtcdLock::builder()
         .with_endpoints(endpoints.split(','))
-        .with_namespace("billing/locks/")
-        .with_session_ttl(Duration::from_secs(15))
+        .with_prefix("billing/locks/")
+        .with_session_timeout(Duration::from_secs(15))
         .connect()
         .await?;
     let locks: Arc<dyn DistributedLock> = Arc::new(etcd);

@@ -19,7 +19,7 @@ const PEER_LEASE_SECS: i64 = 900;
 async fn connect(endpoint: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
     let lock = EtcdLock::builder()
         .with_endpoints([endpoint.to_owned()])
-        .with_namespace("dlock-bench/")
+        .with_prefix("dlock-bench/")
         .connect()
         .await?;
     Ok(Arc::new(lock))

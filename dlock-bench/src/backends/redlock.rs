@@ -24,7 +24,7 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 async fn connect(urls: Vec<String>) -> anyhow::Result<Arc<dyn DistributedLock>> {
     let lock = RedlockBuilder::from_urls(urls)
-        .with_node_timeout(NODE_TIMEOUT)
+        .with_request_timeout(NODE_TIMEOUT)
         .connect()
         .await?;
     Ok(Arc::new(lock))

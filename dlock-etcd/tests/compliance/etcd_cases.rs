@@ -400,7 +400,10 @@ async fn bad_configuration_fails_fast(_: Env) -> anyhow::Result<()> {
         ("http://127.0.0.1:2379", "url"),
         ("etcd://", "url"),
         ("etcd://user:hunter2@127.0.0.1:notaport", "endpoints"),
-        ("etcd://127.0.0.1:2379?session_timeout=0s", "session_ttl"),
+        (
+            "etcd://127.0.0.1:2379?session_timeout=0s",
+            "session_timeout",
+        ),
         ("etcd://127.0.0.1:2379?lease=5", "url"),
     ] {
         match EtcdLock::connect(url).await {

@@ -42,8 +42,8 @@ pub async fn clients<const N: usize>(
 pub async fn client(endpoints: &[String], session_ttl: Duration) -> anyhow::Result<EtcdLock> {
     Ok(EtcdLock::builder()
         .with_endpoints(endpoints.iter().cloned())
-        .with_namespace(NAMESPACE)
-        .with_session_ttl(session_ttl)
+        .with_prefix(NAMESPACE)
+        .with_session_timeout(session_ttl)
         .with_request_timeout(Duration::from_secs(2))
         .with_connect_timeout(Duration::from_secs(10))
         .connect()

@@ -23,7 +23,7 @@ const STRANGER: &str = "0123456789abcdef0123456789abcdef";
 /// Free, then held with the lease's token and a TTL no longer than the lease's, then free after
 /// the release; keys planted by hand on a minority or split between owners are not "held".
 pub async fn a_quorum_decides_held_or_free(urls: Vec<String>) -> anyhow::Result<()> {
-    let client = support::client_with(&urls, |b| b.with_node_timeout(PATIENT)).await?;
+    let client = support::client_with(&urls, |b| b.with_request_timeout(PATIENT)).await?;
     let name = unique("inspect");
     let key = LockKey::new(&name)?;
     ensure!(client.inspect(&key).await? == Holding::Free, "a new key");

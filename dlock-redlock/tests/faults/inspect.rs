@@ -28,7 +28,7 @@ pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error(
     support::all_serving(&masters).await?;
     let client = Arc::new(
         support::builder(&masters.urls())
-            .with_node_timeout(PATIENT)
+            .with_request_timeout(PATIENT)
             .connect()
             .await?,
     );

@@ -28,7 +28,7 @@ pub const PATIENT: Duration = Duration::from_secs(2);
 
 /// A client of `urls` with the trials' per-node timeout.
 pub fn builder(urls: &[String]) -> RedlockBuilder {
-    RedlockBuilder::from_urls(urls.iter().cloned()).with_node_timeout(NODE_TIMEOUT)
+    RedlockBuilder::from_urls(urls.iter().cloned()).with_request_timeout(NODE_TIMEOUT)
 }
 
 /// A client of `urls` with the trials' per-node timeout and whatever `settings` change.

@@ -261,7 +261,15 @@ async fn bad_settings_fail_before_connecting_and_unreachable_servers_fail_in_tim
 /// `user:password@` adds digest credentials; the password shows in no `Debug` output.
 async fn credentials_work_and_never_show(env: Env) -> anyhow::Result<()> {
     let secret = "hunter2-zk";
-    let lock = client(&format!("zk://alice:{secret}@{}", env.hosts), SESSION).await?;
+    // A root of its own: nodes dlock creates with credentials belong to that identity (world
+    // READ only), so a base it created would shut the other cases' clients out.
+    let root = format!("/dlock-alice-{:016x}", rand::random::<u64>());
+    let lock = client_with(
+        &format!("zk://alice:{secret}@{}", env.hosts),
+        SESSION,
+        |b| b.with_prefix(root),
+    )
+    .await?;
     let shown = format!("{lock:?}");
     ensure!(!shown.contains(secret), "Debug shows the password: {shown}");
     ensure!(shown.contains("alice"), "Debug hides the user: {shown}");

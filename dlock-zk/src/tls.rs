@@ -1,0 +1,299 @@
+//! ZooKeeper over TLS: which files the client trusts and presents, read and checked before
+//! anything is sent.
+//!
+//! The connection itself is zookeeper-client's (`tls` feature, rustls). dlock reads the PEM
+//! files once, when the handle is built, so that a missing or malformed file is an
+//! [`Error::InvalidInput`] naming the setting and the path, never a connection attempt that
+//! times out. A file's contents never appear in an error or a `Debug` output: only its path.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+#[cfg(feature = "tls")]
+use std::time::Duration;
+
+use dlock_core::{Error, Result};
+
+use crate::connect_string::Server;
+
+/// TLS settings of a [`ZkLock`](crate::ZkLock): the certificate authority that signed the
+/// servers' certificates and, for servers that require client certificates
+/// (`ssl.clientAuth=need`), the client's certificate and private key.
+///
+/// Every server of the connection string is then reached over TLS (ZooKeeper's
+/// `secureClientPort`, 2281 by convention) and checked against the authority and its host name
+/// as written in the connection string. Needs the `tls` feature of dlock-zk.
+///
+/// ```no_run
+/// # async fn demo() -> dlock_core::Result<()> {
+/// use dlock_zk::{ZkLock, ZkTls};
+///
+/// let tls = ZkTls::new("/etc/zk/ca.pem").with_client_cert("/etc/zk/app.pem", "/etc/zk/app-key.pem");
+/// let locks = ZkLock::builder("zk://app:secret@zk1:2281,zk2:2281/billing")
+///     .with_tls(tls)
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ZkTls {
+    ca: PathBuf,
+    client: Option<(PathBuf, PathBuf)>,
+}
+
+/// Paths only: a key path may be shown, never what the file holds.
+impl fmt::Debug for ZkTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("ZkTls");
+        s.field("ca", &self.ca);
+        if let Some((cert, key)) = &self.client {
+            s.field("cert", cert).field("key", key);
+        }
+        s.finish()
+    }
+}
+
+impl ZkTls {
+    /// Servers are verified against the certificate authorities in the PEM file `ca`.
+    pub fn new(ca: impl Into<PathBuf>) -> Self {
+        ZkTls {
+            ca: ca.into(),
+            client: None,
+        }
+    }
+
+    /// Presents the certificate (chain) in the PEM file `cert`, with its private key in the PEM
+    /// file `key` (PKCS#8, PKCS#1 or SEC1), to servers that ask for one (mutual TLS).
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The certificate authority file.
+    pub fn ca(&self) -> &Path {
+        &self.ca
+    }
+
+    /// The client certificate and key files, if set.
+    pub fn client_cert(&self) -> Option<(&Path, &Path)> {
+        self.client
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()))
+    }
+
+    /// Reads and checks the files, and that every server's host can be checked against a
+    /// certificate: the options the client library connects with.
+    #[cfg(feature = "tls")]
+    pub(crate) fn load(&self, servers: &[Server]) -> Result<Loaded> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+        for server in servers {
+            // The client library would panic on a name rustls cannot check.
+            if ServerName::try_from(server.host.as_str()).is_err() {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                        "host {:?} is not a name a TLS certificate can be checked against",
+                        server.host
+                    ),
+                ));
+            }
+        }
+        let ca_pem = read("ca", &self.ca)?;
+        let roots = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
+        let mut store = rustls::RootCertStore::empty();
+        let (added, _) = store.add_parsable_certificates(roots);
+        if added == 0 {
+            return Err(not_pem("ca", &self.ca, "certificates"));
+        }
+        let mut options = zookeeper_client::TlsOptions::new()
+            .with_pem_ca(&ca_pem)
+            .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|_| Error::invalid("tls", "the ring provider offers no TLS version"))?
+            .with_root_certificates(store);
+        let config = match &self.client {
+            None => builder.with_no_client_auth(),
+            Some((cert_path, key_path)) => {
+                let cert_pem = read("cert", cert_path)?;
+                let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|_| not_pem("cert", cert_path, "certificates"))?;
+                if chain.is_empty() {
+                    return Err(not_pem("cert", cert_path, "certificates"));
+                }
+                let key_pem = read("key", key_path)?;
+                // The parser's own messages may quote a line of the file: never pass them on.
+                let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+                    .map_err(|_| not_pem("key", key_path, "private key"))?;
+                let config = builder.with_client_auth_cert(chain, key).map_err(|e| {
+                    Error::invalid(
+                        "key",
+                        format!(
+                            "{}: not a usable private key for the certificate in {}: {}",
+                            key_path.display(),
+                            cert_path.display(),
+                            key_problem(&e)
+                        ),
+                    )
+                })?;
+                options = options
+                    .with_pem_identity(&cert_pem, &key_pem)
+                    .map_err(|_| not_pem("key", key_path, "private key"))?;
+                config
+            }
+        };
+        Ok(Loaded {
+            settings: self.clone(),
+            options,
+            check: std::sync::Arc::new(config),
+        })
+    }
+}
+
+/// Checked TLS settings, ready for the client library.
+#[cfg(feature = "tls")]
+#[derive(Clone)]
+pub(crate) struct Loaded {
+    settings: ZkTls,
+    pub(crate) options: zookeeper_client::TlsOptions,
+    /// The same settings for a handshake of dlock's own, to tell why no session came up.
+    check: std::sync::Arc<rustls::ClientConfig>,
+}
+
+#[cfg(feature = "tls")]
+impl Loaded {
+    /// Why no session came up, if TLS is the reason: a handshake with each server in turn (each
+    /// bounded by `timeout`), and the first failure in words, such as `the TLS handshake with
+    /// zk1:2281 failed: invalid peer certificate: UnknownIssuer`. `None` if no server could be
+    /// reached at all or a handshake succeeded.
+    pub(crate) async fn diagnose(&self, servers: &[Server], timeout: Duration) -> Option<String> {
+        let config = self.check.clone();
+        let servers = servers.to_vec();
+        let task = tokio::task::spawn_blocking(move || {
+            servers
+                .iter()
+                .find_map(|server| handshake(&config, server, timeout).err())
+        });
+        task.await.ok().flatten()
+    }
+}
+
+/// One blocking TLS handshake with `server`; `Ok` also when the server cannot be reached.
+#[cfg(feature = "tls")]
+fn handshake(
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    server: &Server,
+    timeout: Duration,
+) -> std::result::Result<(), String> {
+    use std::io::ErrorKind;
+    use std::net::{TcpStream, ToSocketAddrs};
+
+    let Some(addr) = (server.host.as_str(), server.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+    else {
+        return Ok(());
+    };
+    let Ok(mut socket) = TcpStream::connect_timeout(&addr, timeout) else {
+        return Ok(());
+    };
+    let _ = socket.set_read_timeout(Some(timeout));
+    let _ = socket.set_write_timeout(Some(timeout));
+    let Ok(name) = rustls::pki_types::ServerName::try_from(server.host.clone()) else {
+        return Ok(());
+    };
+    let failed = |e: &dyn fmt::Display| {
+        format!(
+            "the TLS handshake with {}:{} failed: {e}",
+            server.host, server.port
+        )
+    };
+    let mut connection =
+        rustls::ClientConnection::new(config.clone(), name).map_err(|e| failed(&e))?;
+    while connection.is_handshaking() {
+        match connection.complete_io(&mut socket) {
+            Ok(_) => {}
+            // Silence is a network problem (or a frozen server), not a TLS one.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Ok(());
+            }
+            // A server that does not speak TLS closes the connection on the handshake.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe
+                ) =>
+            {
+                return Err(failed(
+                    &"the server closed the connection (is it a TLS port, `secureClientPort`?)",
+                ));
+            }
+            Err(e) => return Err(failed(&e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "tls")]
+impl fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.settings, f)
+    }
+}
+
+/// TLS settings without the `tls` feature: never built, since [`ZkTls`] cannot be loaded.
+#[cfg(not(feature = "tls"))]
+#[derive(Debug, Clone)]
+pub(crate) enum Loaded {}
+
+#[cfg(not(feature = "tls"))]
+impl ZkTls {
+    pub(crate) fn load(&self, _: &[Server]) -> Result<Loaded> {
+        Err(Error::invalid(
+            "tls",
+            "ZooKeeper over TLS needs the `tls` feature of dlock-zk",
+        ))
+    }
+}
+
+/// rustls needs a process-wide crypto provider: install `ring` unless the application installed
+/// one already (then that one is used).
+#[cfg(feature = "tls")]
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The file's text; an error names the setting and the path (and what the system said).
+#[cfg(feature = "tls")]
+fn read(field: &'static str, path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        Error::invalid(
+            field,
+            format!("cannot read {}: {}", path.display(), e.kind()),
+        )
+    })?;
+    String::from_utf8(bytes).map_err(|_| not_pem(field, path, "PEM text"))
+}
+
+#[cfg(feature = "tls")]
+fn not_pem(field: &'static str, path: &Path, what: &str) -> Error {
+    Error::invalid(
+        field,
+        format!("{}: holds no PEM {what} that can be used", path.display()),
+    )
+}
+
+/// What is wrong with a key, in words that never quote it.
+#[cfg(feature = "tls")]
+fn key_problem(error: &rustls::Error) -> &'static str {
+    match error {
+        rustls::Error::InconsistentKeys(_) => "it does not match the certificate",
+        _ => "unsupported key type or malformed key",
+    }
+}
