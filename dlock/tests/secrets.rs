@@ -82,6 +82,8 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
         format!("etcd://app:{PASSWORD}@127.0.0.1:1/a?prefix=b"),
         format!("ftp://app:{PASSWORD}@127.0.0.1:1"),
         format!("redis://app:{PASSWORD}%zz@127.0.0.1:1"),
+        format!("redis+sentinel://app:{PASSWORD}@127.0.0.1:1/mymaster?sentinel_password={PASSWORD}&connect_timeout=300ms"),
+        format!("redis+sentinel://app:{PASSWORD}@127.0.0.1:1/mymaster?sentinel_password={PASSWORD}&min_replicas=x"),
     ];
     let mut shown = String::new();
     for url in &urls {
@@ -112,6 +114,14 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
             dlock::etcd::EtcdLockBuilder::from_url(&urls[7]).unwrap()
         ),
         format!("{:?}", dlock::url::ConnectUrl::parse(&urls[1]).unwrap()),
+        format!(
+            "{:?}",
+            dlock::redis::RedisLockBuilder::from_url(&urls[urls.len() - 2]).unwrap()
+        ),
+        format!(
+            "{:?}",
+            dlock::url::ConnectUrl::parse(&urls[urls.len() - 1]).unwrap()
+        ),
     ];
     shown.push_str(&builders.join("\n"));
     let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
