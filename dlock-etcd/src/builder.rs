@@ -1,8 +1,12 @@
 //! Configuration of an etcd lock client, validated before anything is sent.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use etcd_client::{Certificate, Identity, TlsOptions};
+
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::redact_password;
 use dlock_core::{check_within, Error, Result};
 
@@ -41,7 +45,55 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Builds an [`EtcdLock`]: endpoints, namespace, session TTL, timeouts, credentials.
+/// The loaded TLS configuration, whose `Debug` names the files but never shows the key.
+#[derive(Clone)]
+pub(crate) struct TlsConfig {
+    files: TlsFiles,
+    pub(crate) options: TlsOptions,
+}
+
+impl TlsConfig {
+    /// Reads the files (errors name the setting and the path, never the contents) into
+    /// etcd-client's options. `ca` is required: this build has no default trust store.
+    fn load(files: &TlsFiles) -> Result<TlsConfig> {
+        let pem = files.load()?;
+        let ca = pem.ca.ok_or_else(|| {
+            Error::invalid(
+                "ca",
+                "TLS needs the authority to verify the server against (with_tls, or ca=PATH)",
+            )
+        })?;
+        let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some((cert, key)) = pem.identity {
+            options = options.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = pem.server_name {
+            options = options.domain_name(name);
+        }
+        Ok(TlsConfig {
+            files: files.clone(),
+            options,
+        })
+    }
+
+    /// Whether a client certificate is presented.
+    pub(crate) fn has_client_cert(&self) -> bool {
+        self.files.cert.is_some()
+    }
+}
+
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("ca", &self.files.ca)
+            .field("cert", &self.files.cert)
+            .field("key", &self.files.key)
+            .field("tls_server_name", &self.files.server_name)
+            .finish()
+    }
+}
+
+/// Builds an [`EtcdLock`]: endpoints, namespace, session TTL, timeouts, credentials, TLS.
 ///
 /// ```no_run
 /// # async fn demo() -> dlock_core::Result<()> {
@@ -57,7 +109,24 @@ impl fmt::Debug for Secret {
 /// # drop(locks); Ok(()) }
 /// ```
 ///
-/// `Debug` shows every setting but the password, which it holds as a `Secret` that hides it.
+/// Over TLS, with a client certificate and a user (the endpoints are dialled as `https://`):
+///
+/// ```no_run
+/// # async fn demo() -> dlock_core::Result<()> {
+/// use dlock_etcd::EtcdLock;
+///
+/// let locks = EtcdLock::builder()
+///     .with_endpoints(["etcd-1.internal:2379", "etcd-2.internal:2379", "etcd-3.internal:2379"])
+///     .with_tls("/etc/dlock/etcd-ca.pem")
+///     .with_client_cert("/etc/dlock/client.pem", "/etc/dlock/client-key.pem")
+///     .with_credentials("billing", "s3cret")
+///     .connect()
+///     .await?;
+/// # drop(locks); Ok(()) }
+/// ```
+///
+/// `Debug` shows every setting but the password, which it holds as a `Secret` that hides it;
+/// of the TLS files it shows the paths only.
 #[derive(Clone, Debug)]
 pub struct EtcdLockBuilder {
     endpoints: Vec<String>,
@@ -66,6 +135,8 @@ pub struct EtcdLockBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     credentials: Option<(String, Secret)>,
+    /// Paths only; TLS is on when any is set (and then needs `ca`).
+    tls: TlsFiles,
 }
 
 dlock_core::setters! {
@@ -93,6 +164,7 @@ impl Default for EtcdLockBuilder {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             credentials: None,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -106,6 +178,7 @@ pub(crate) struct Settings {
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) credentials: Option<(String, Secret)>,
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl EtcdLockBuilder {
@@ -116,8 +189,10 @@ impl EtcdLockBuilder {
 
     /// Parses a connection string `etcd://[user[:password]@]host:port[,host:port…][/prefix]`
     /// with optional `?prefix=…&session_timeout=…&request_timeout=…&connect_timeout=…`
-    /// (durations such as `10s` or `1500ms`). A malformed string is an [`Error::InvalidInput`]
-    /// for field `url` that never repeats the password.
+    /// (durations such as `10s` or `1500ms`), or over TLS
+    /// `etcd+https://…?ca=PATH[&cert=PATH&key=PATH][&tls_server_name=NAME]` (see
+    /// [`with_tls`](Self::with_tls)). A malformed string is an [`Error::InvalidInput`] for field
+    /// `url` that never repeats the password.
     pub fn from_url(url: &str) -> Result<Self> {
         <Self as dlock_core::url::FromUrl>::from_url(url)
     }
@@ -149,6 +224,61 @@ impl EtcdLockBuilder {
         self
     }
 
+    /// Connects over TLS and verifies the server's certificate against the authority in the PEM
+    /// file `ca` (etcd's `--trusted-ca-file` side of the client). Endpoints are then dialled as
+    /// `https://`; a `http://` endpoint is refused. The file is read when the builder is
+    /// validated: a missing or non-PEM file is an [`Error::InvalidInput`] for field `ca` naming
+    /// the path.
+    pub fn with_tls(mut self, ca: impl Into<PathBuf>) -> Self {
+        self.tls.ca = Some(ca.into());
+        self
+    }
+
+    /// Presents a client certificate (PEM file `cert`) with its private key (PEM file `key`),
+    /// for servers that require one (`--client-cert-auth`); needs [`with_tls`](Self::with_tls).
+    /// With auth enabled and no [`with_credentials`](Self::with_credentials), etcd takes the
+    /// certificate's common name as the user; with credentials, the user is the one named there.
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls.cert = Some(cert.into());
+        self.tls.key = Some(key.into());
+        self
+    }
+
+    /// Verifies the server's certificate for `name` instead of the endpoint's host, e.g. when
+    /// dialling members by IP address whose certificates name a host; needs
+    /// [`with_tls`](Self::with_tls).
+    pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls.server_name = Some(name.into());
+        self
+    }
+
+    /// Sets every TLS file at once (what a connection string's `ca`, `cert`, `key` and
+    /// `tls_server_name` give); see [`with_tls`](Self::with_tls).
+    pub fn with_tls_files(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
+    /// The TLS files, if TLS is on; a certificate or server name without the CA is refused.
+    fn tls_files(&self) -> Result<Option<&TlsFiles>> {
+        let tls = &self.tls;
+        match (&tls.ca, &tls.cert, &tls.key, &tls.server_name) {
+            (None, None, None, None) => Ok(None),
+            (None, Some(_), _, _) | (None, _, Some(_), _) => Err(Error::invalid(
+                "cert",
+                "a client certificate needs TLS: set the server's CA with with_tls (ca=PATH)",
+            )),
+            (None, None, None, Some(_)) => Err(Error::invalid(
+                "tls_server_name",
+                "a TLS server name needs TLS: set the server's CA with with_tls (ca=PATH)",
+            )),
+            (Some(ca), ..) if ca.as_os_str().is_empty() => {
+                Err(Error::invalid("ca", "the CA file's path is empty"))
+            }
+            (Some(_), ..) => Ok(Some(tls)),
+        }
+    }
+
     /// Checks every setting, naming the first one at fault.
     pub(crate) fn validate(&self) -> Result<Settings> {
         if self.endpoints.is_empty() {
@@ -157,10 +287,11 @@ impl EtcdLockBuilder {
                 "at least one endpoint is needed",
             ));
         }
+        let tls_files = self.tls_files()?;
         let endpoints = self
             .endpoints
             .iter()
-            .map(|e| normalize_endpoint(e))
+            .map(|e| normalize_endpoint(e, tls_files.is_some()))
             .collect::<Result<Vec<_>>>()?;
         let layout = KeyLayout::new(self.namespace.clone())?;
         check_within(
@@ -177,6 +308,8 @@ impl EtcdLockBuilder {
                 return Err(Error::invalid("credentials", "the user name is empty"));
             }
         }
+        // Read last: every cheaper check comes first.
+        let tls = tls_files.map(TlsConfig::load).transpose()?;
         Ok(Settings {
             endpoints,
             layout,
@@ -184,6 +317,7 @@ impl EtcdLockBuilder {
             request_timeout: self.request_timeout,
             connect_timeout: self.connect_timeout,
             credentials: self.credentials.clone(),
+            tls,
         })
     }
 
@@ -201,21 +335,36 @@ impl EtcdLockBuilder {
     }
 }
 
-/// Checks `host:port` or `http://host:port` and returns the `http://` form.
-fn normalize_endpoint(endpoint: &str) -> Result<String> {
+/// Checks `host:port`, `http://host:port` or (with TLS) `https://host:port` and returns the form
+/// with the scheme: `https://` with TLS, `http://` without.
+fn normalize_endpoint(endpoint: &str, tls: bool) -> Result<String> {
+    let (scheme, expected) = if tls {
+        ("https", "host:port or https://host:port")
+    } else {
+        ("http", "host:port or http://host:port")
+    };
     let bad = |why: &str| {
         Error::invalid(
             "endpoints",
             format!(
-                "{:?} {why} (expected host:port or http://host:port)",
+                "{:?} {why} (expected {expected})",
                 redact_password(endpoint)
             ),
         )
     };
-    if endpoint.starts_with("https://") {
-        return Err(bad("uses https, which this build does not support"));
-    }
-    let address = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+    let address = match (
+        endpoint.strip_prefix("https://"),
+        endpoint.strip_prefix("http://"),
+    ) {
+        (Some(_), _) if !tls => {
+            return Err(bad("uses https: set the server's CA with with_tls"));
+        }
+        (_, Some(_)) if tls => {
+            return Err(bad("uses plaintext http while TLS is set"));
+        }
+        (Some(address), _) | (_, Some(address)) => address,
+        (None, None) => endpoint,
+    };
     if address.contains('@') {
         return Err(bad("carries credentials; set them with credentials()"));
     }
@@ -234,7 +383,7 @@ fn normalize_endpoint(endpoint: &str) -> Result<String> {
         return Err(bad("has no valid host"));
     }
     match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(format!("http://{host}:{p}")),
+        Ok(p) if p > 0 => Ok(format!("{scheme}://{host}:{p}")),
         _ => Err(bad("has no valid port")),
     }
 }
@@ -309,6 +458,108 @@ mod tests {
             "credentials"
         );
         assert!(ok.validate().is_ok());
+    }
+
+    /// A directory of its own with `files` written into it, removed on drop.
+    struct Files(PathBuf);
+
+    impl Files {
+        fn new(files: &[(&str, &str)]) -> Files {
+            let dir = std::env::temp_dir().join(format!(
+                "dlock-etcd-builder-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            for (name, text) in files {
+                std::fs::write(dir.join(name), text).unwrap();
+            }
+            Files(dir)
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.0.join(name)
+        }
+    }
+
+    impl Drop for Files {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    const KEY: &str =
+        "-----BEGIN PRIVATE KEY-----\nsecret-key-material\n-----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn tls_dials_https_and_names_the_file_at_fault() {
+        let files = Files::new(&[
+            ("ca.pem", CERT),
+            ("client.pem", CERT),
+            ("client-key.pem", KEY),
+            ("garbage.pem", "secret-key-material, not PEM"),
+        ]);
+        let tls = EtcdLockBuilder::new()
+            .with_endpoints(["h1:2379", "https://h2:2379"])
+            .with_tls(files.path("ca.pem"))
+            .with_client_cert(files.path("client.pem"), files.path("client-key.pem"))
+            .with_tls_server_name("etcd.internal");
+        let settings = tls.validate().unwrap();
+        assert_eq!(settings.endpoints, ["https://h1:2379", "https://h2:2379"]);
+        let shown = format!("{tls:?} {settings:?}");
+        assert!(shown.contains("client-key.pem"), "{shown}");
+        assert!(!shown.contains("secret-key-material"), "{shown}");
+
+        let fails = |builder: EtcdLockBuilder, field: &str, path: &str| match builder.validate() {
+            Err(Error::InvalidInput { field: f, message }) => {
+                assert_eq!(f, field, "{message}");
+                assert!(message.contains(path), "{message}");
+                assert!(!message.contains("secret-key-material"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        };
+        fails(
+            tls.clone().with_tls(files.path("missing.pem")),
+            "ca",
+            "missing.pem",
+        );
+        fails(
+            tls.clone().with_tls(files.path("garbage.pem")),
+            "ca",
+            "garbage.pem",
+        );
+        fails(
+            tls.clone()
+                .with_client_cert(files.path("client.pem"), files.path("garbage.pem")),
+            "key",
+            "garbage.pem",
+        );
+        fails(
+            tls.clone()
+                .with_client_cert(files.path("client-key.pem"), files.path("client-key.pem")),
+            "cert",
+            "client-key.pem",
+        );
+        fails(
+            tls.clone().with_endpoint("http://h3:2379"),
+            "endpoints",
+            "h3",
+        );
+        fails(
+            tls.clone().with_tls_server_name("a b"),
+            "tls_server_name",
+            "a b",
+        );
+        let plain = EtcdLockBuilder::new().with_endpoint("h:2379");
+        assert_eq!(
+            field_of(plain.clone().with_client_cert("c.pem", "k.pem")),
+            "cert"
+        );
+        assert_eq!(
+            field_of(plain.clone().with_tls_server_name("etcd")),
+            "tls_server_name"
+        );
     }
 
     #[test]

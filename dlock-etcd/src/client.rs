@@ -66,6 +66,7 @@ impl fmt::Debug for EtcdLock {
         f.debug_struct("EtcdLock")
             .field("endpoints", &s.settings.endpoints)
             .field("prefix", &s.settings.layout.namespace())
+            .field("tls", &s.settings.tls)
             .field(
                 "user",
                 &s.settings.credentials.as_ref().map(|(user, _)| user),
@@ -138,6 +139,51 @@ fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
     }
 }
 
+/// Whether a transport error is a connection the server closed as the request went out (not one
+/// refused or unanswered).
+fn closed_at_once(error: &str) -> bool {
+    [
+        "BrokenPipe",
+        "broken pipe",
+        "ConnectionReset",
+        "connection reset",
+        "connection closed",
+    ]
+    .iter()
+    .any(|word| error.contains(word))
+}
+
+/// Explains a connection that the server closed at once, which the transport reports in its own
+/// words ("broken pipe", "connection closed"): a plaintext client talking to a TLS port, or a
+/// TLS client without the client certificate the server requires. (With TLS 1.3 the server
+/// checks the client's certificate after the client has sent its first request, so its refusal
+/// may arrive as a closed connection rather than as a certificate alert.)
+fn explain_closed(error: Error, settings: &Settings) -> Error {
+    let hint = match &settings.tls {
+        None => {
+            "a server that requires TLS closes plaintext connections like this: set its CA \
+             with with_tls, or use etcd+https://…?ca=PATH"
+        }
+        Some(tls) if !tls.has_client_cert() => {
+            "TLS: a server that requires a client certificate closes connections without one \
+             like this: set it with with_client_cert, or cert=PATH&key=PATH"
+        }
+        Some(_) => return error,
+    };
+    match error {
+        Error::Unavailable {
+            reached,
+            needed,
+            source: Some(source),
+        } if closed_at_once(&source.to_string()) => Error::Unavailable {
+            reached,
+            needed,
+            source: Some(format!("{source} ({hint})").into()),
+        },
+        other => other,
+    }
+}
+
 impl EtcdLock {
     /// A builder for the endpoints, namespace, session TTL, timeouts and credentials.
     pub fn builder() -> EtcdLockBuilder {
@@ -145,8 +191,8 @@ impl EtcdLock {
     }
 
     /// Connects with a connection string,
-    /// `etcd://[user[:password]@]host:port[,host:port…][/namespace][?session_timeout=10s&…]`
-    /// (see [`EtcdLockBuilder::from_url`]).
+    /// `etcd://[user[:password]@]host:port[,host:port…][/namespace][?session_timeout=10s&…]`, or
+    /// `etcd+https://…?ca=PATH…` over TLS (see [`EtcdLockBuilder::from_url`]).
     ///
     /// # Cancel safety
     /// If cancelled after the session lease was granted, the lease expires after its TTL.
@@ -161,7 +207,15 @@ impl EtcdLock {
             .with_keep_alive_while_idle(false)
             .with_require_leader(true);
         if let Some((user, password)) = &settings.credentials {
-            options = options.with_user(user.clone(), password.expose());
+            // etcd's auth tokens expire (`--auth-token-ttl`, 5 minutes by default, counted from
+            // their last use); etcd-client then authenticates again and repeats the request.
+            // Watches need more: see `waiting` and `keywatch`.
+            options = options
+                .with_user(user.clone(), password.expose())
+                .with_auto_token_refresh(true);
+        }
+        if let Some(tls) = &settings.tls {
+            options = options.with_tls(tls.options.clone());
         }
         let endpoints = Endpoints::new(
             settings.endpoints.clone(),
@@ -183,14 +237,17 @@ impl EtcdLock {
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
-        state
+        let granted = state
             .sessions
             .get_or_grant(
                 &state.requests,
                 state.settings.session_ttl,
                 state.settings.connect_timeout,
             )
-            .await?;
+            .await;
+        if let Err(error) = granted {
+            return Err(explain_closed(error, &state.settings));
+        }
         Ok(EtcdLock {
             state: Traced::new(Arc::new(state)),
         })
@@ -732,5 +789,25 @@ impl DistributedLock for ClientState {
             }
             Err(error) => Err(error),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_closed_at_once_says_what_may_be_missing() {
+        let plain = EtcdLockBuilder::new()
+            .with_endpoint("h:2379")
+            .validate()
+            .unwrap();
+        let closed =
+            || Error::unreachable("transport error: stream closed because of a broken pipe");
+        let explained = explain_closed(closed(), &plain).to_string();
+        assert!(explained.contains("with_tls"), "{explained}");
+        let refused = explain_closed(Error::unreachable("Connection refused"), &plain).to_string();
+        assert!(!refused.contains("with_tls"), "{refused}");
     }
 }

@@ -17,6 +17,9 @@ pub(crate) const BACKEND: &str = "etcd";
 
 /// Converts an etcd client error into a dlock error.
 pub(crate) fn from_client(error: etcd_client::Error) -> Error {
+    if let Some(why) = tls_failure(&error) {
+        return Error::backend(BACKEND, false, format!("TLS handshake failed: {why}"));
+    }
     if is_temporary(&error) {
         Error::unreachable(error)
     } else {
@@ -34,9 +37,38 @@ pub(crate) fn timed_out(what: &'static str, after: Duration) -> Error {
     Error::no_answer(format_args!("etcd {what}"), after)
 }
 
+/// The innermost cause of a failed TLS handshake (an unknown authority, a certificate the
+/// server refused, a name mismatch), if that is what `error` is.
+///
+/// The transport reports these as an opaque "transport error" whose cause is nested a few sources
+/// deep; a retry cannot fix them, so they are told apart and reported with that cause.
+pub(crate) fn tls_failure(error: &etcd_client::Error) -> Option<String> {
+    let mut innermost = None;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        innermost = Some(e.to_string());
+        source = e.source();
+    }
+    let innermost = innermost?;
+    // Only what a retry cannot fix: a handshake cut short (a member restarting) is temporary.
+    let tls = ["certificate", "Certificate", "fatal alert"]
+        .iter()
+        .any(|word| innermost.contains(word));
+    tls.then_some(innermost)
+}
+
+/// Whether the server refused a watch because the auth token it was opened with expired: etcd
+/// answers such a watch with a cancellation, not an error, and the stream keeps the old token.
+pub(crate) fn is_token_refused(cancel_reason: &str) -> bool {
+    cancel_reason.contains("invalid auth token")
+}
+
 /// Whether the etcd cluster may answer the same request later: transport failures and the status
 /// codes etcd uses while it has no leader or is overloaded.
 pub(crate) fn is_temporary(error: &etcd_client::Error) -> bool {
+    if tls_failure(error).is_some() {
+        return false;
+    }
     match error {
         etcd_client::Error::GRpcStatus(status) => matches!(
             status.code(),
@@ -108,6 +140,21 @@ mod tests {
         assert!(is_lease_not_found(&gone));
         let other = etcd_client::Error::GRpcStatus(tonic::Status::not_found("something else"));
         assert!(!is_lease_not_found(&other));
+    }
+
+    #[test]
+    fn refused_tokens_are_recognised() {
+        assert!(is_token_refused(
+            "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+        ));
+        assert!(!is_token_refused("etcdserver: permission denied"));
+    }
+
+    #[test]
+    fn plain_transport_errors_are_not_tls_failures() {
+        let e = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("connection refused"));
+        assert_eq!(tls_failure(&e), None);
+        assert!(is_temporary(&e));
     }
 
     #[test]

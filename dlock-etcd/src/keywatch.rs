@@ -22,6 +22,7 @@ use etcd_client::{
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::error::is_token_refused;
 use crate::requests::Requests;
 
 /// What a watch on a held key reports.
@@ -147,6 +148,8 @@ async fn run(requests: Requests, mut commands: mpsc::UnboundedReceiver<Command>)
     let mut stream: Option<Stream> = None;
     let mut backoff = Duration::from_millis(50);
     let mut generation = requests.generation();
+    // Watches refused in a row for an expired token.
+    let mut refusals = 0u32;
     loop {
         if stream.is_none() && !entries.is_empty() {
             generation.borrow_and_update();
@@ -183,7 +186,18 @@ async fn run(requests: Requests, mut commands: mpsc::UnboundedReceiver<Command>)
             message = next_message(&mut stream) => match message {
                 Some(Ok(response)) => {
                     let id = response.watch_id();
-                    if response.canceled() {
+                    if response.canceled() && is_token_refused(response.cancel_reason()) {
+                        // The stream carries the token it was opened with, which expired:
+                        // authenticate again and reopen it, with every watch armed anew.
+                        tracing::debug!("etcd key watch: the auth token expired; authenticating again");
+                        let _ = requests.refresh_token().await;
+                        stream = None;
+                        // Opening succeeds whatever the token, so pause here: a refresh that
+                        // keeps failing (a changed password) must not spin.
+                        refusals = refusals.saturating_add(1);
+                        let pause = Duration::from_millis(50) * 2u32.pow(refusals.min(5));
+                        tokio::time::sleep(pause).await;
+                    } else if response.canceled() {
                         if let Some(entry) = entries.remove(&id) {
                             let _ = entry.alarms.send(Alarm::Unsure);
                         }
@@ -196,6 +210,7 @@ async fn run(requests: Requests, mut commands: mpsc::UnboundedReceiver<Command>)
                             let _ = entry.alarms.send(Alarm::Deleted);
                         }
                     } else if response.created() {
+                        refusals = 0;
                         let at = response.header().map_or(0, |h| h.revision());
                         if let Some(entry) = entries.get(&id) {
                             let _ = entry.alarms.send(Alarm::Armed(at));

@@ -83,6 +83,18 @@
 //! balancer keeps sending requests to a member that refuses connections, and leaves streams on
 //! a dead connection, so this client does not use it.)
 //!
+//! # TLS and authentication
+//!
+//! [`EtcdLockBuilder::with_tls`] turns TLS on (rustls with ring; the server is verified against
+//! the given CA), [`EtcdLockBuilder::with_client_cert`] adds a client certificate for servers
+//! with `--client-cert-auth`, and [`EtcdLockBuilder::with_credentials`] authenticates as an etcd
+//! user. etcd's simple auth tokens expire `--auth-token-ttl` after their last use, and
+//! keep-alives do not use them, so a client that only holds its locks finds its token expired at
+//! the next request: it authenticates again and repeats the request (etcd-client's token
+//! refresh). A watch is refused differently — a cancellation on a stream that keeps the token it
+//! was opened with — so the client authenticates again and reopens the stream itself. A lease is
+//! never lost because a token expired.
+//!
 //! # Tasks of one client
 //!
 //! One session means one contender key per lock name per client, so tasks of the same client
@@ -118,4 +130,4 @@ pub use builder::{
 };
 pub use client::EtcdLock;
 pub use layout::{KeyLayout, DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN};
-pub use url::SCHEME;
+pub use url::{SCHEME, TLS_SCHEME};

@@ -92,6 +92,17 @@ impl Requests {
             .await
     }
 
+    /// Authenticates again with the pinned member and replaces the client's token, for streams
+    /// the server refused because their token expired (unary requests do this by themselves).
+    pub(crate) async fn refresh_token(&self) -> Result<(), RequestError> {
+        self.endpoints
+            .call("authenticate", |client| {
+                let client = client.clone();
+                async move { client.refresh_token().await }
+            })
+            .await
+    }
+
     /// Opens a watch; returns once the server has answered the stream's creation.
     pub(crate) async fn watch(
         &self,

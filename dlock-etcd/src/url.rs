@@ -1,10 +1,15 @@
-//! Connection strings: `etcd://[user[:password]@]host:port[,host:port…][/prefix][?parameters]`.
+//! Connection strings: `etcd://[user[:password]@]host:port[,host:port…][/prefix][?parameters]`,
+//! and over TLS `etcd+https://…?ca=PATH[&cert=PATH&key=PATH][&tls_server_name=NAME]`.
 //!
 //! Parameters: `prefix` (the key namespace, also given as the path), `session_timeout` (the
 //! session lease's TTL), `request_timeout` and `connect_timeout`, durations such as `10s` or
 //! `1500ms`. The path, percent-decoded, is the prefix; without a path (or with `/` alone) the
-//! default prefix is used.
+//! default prefix is used. With `etcd+https`, `ca` (required: the authority the servers are
+//! verified against), `cert` and `key` (a client certificate, together) and `tls_server_name`
+//! (the name to verify instead of each host) are PEM file paths and a name, as
+//! [`dlock_core::tls::TlsFiles`] reads them; on `etcd://`, which is plaintext, they are refused.
 
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::{ConnectUrl, FromUrl};
 use dlock_core::Result;
 
@@ -12,14 +17,20 @@ use crate::builder::EtcdLockBuilder;
 
 /// The scheme of an etcd connection string.
 pub const SCHEME: &str = "etcd";
+/// The scheme of an etcd connection string over TLS.
+pub const TLS_SCHEME: &str = "etcd+https";
 
 impl FromUrl for EtcdLockBuilder {
-    const SCHEMES: &'static [&'static str] = &[SCHEME];
+    const SCHEMES: &'static [&'static str] = &[SCHEME, TLS_SCHEME];
     const PARAMETERS: &'static [&'static str] = &[
         "prefix",
         "session_timeout",
         "request_timeout",
         "connect_timeout",
+        "ca",
+        "cert",
+        "key",
+        "tls_server_name",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
@@ -35,6 +46,21 @@ impl FromUrl for EtcdLockBuilder {
                 credentials.user.clone(),
                 credentials.password.clone().unwrap_or_default(),
             );
+        }
+        match (url.scheme() == TLS_SCHEME, TlsFiles::from_url(url)?) {
+            (true, Some(tls)) if tls.ca.is_some() => builder = builder.with_tls_files(tls),
+            (true, _) => {
+                return Err(url.invalid(
+                    "etcd+https:// needs `ca`, the authority to verify the servers against",
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(url.invalid(
+                    "`ca`, `cert`, `key` and `tls_server_name` are for etcd+https://; etcd:// \
+                     is plaintext",
+                ))
+            }
+            (false, None) => {}
         }
         builder = builder.with_endpoints(url.hosts()?);
         let path = url.path_decoded()?;
@@ -110,6 +136,47 @@ mod tests {
             .validate()
             .unwrap();
         assert_eq!(settings.endpoints, ["http://[::1]:2379"]);
+    }
+
+    #[test]
+    fn tls_urls_take_the_files_and_dial_https() {
+        let dir = std::env::temp_dir().join(format!("dlock-etcd-url-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = dir.join("cert.pem");
+        let key = dir.join("key.pem");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nY2VydA==\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let url = format!(
+            "etcd+https://app:pw@10.0.0.1:2379,10.0.0.2:2379/billing?ca={0}&cert={0}&key={1}&tls_server_name=etcd.internal",
+            cert.display(),
+            key.display()
+        );
+        let settings = EtcdLockBuilder::from_url(&url).unwrap().validate().unwrap();
+        assert_eq!(
+            settings.endpoints,
+            ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
+        );
+        let shown = format!("{settings:?}");
+        assert!(
+            shown.contains("key.pem") && !shown.contains("c2VjcmV0"),
+            "{shown}"
+        );
+        // No CA, TLS files on plaintext, a missing file.
+        assert_eq!(field("etcd+https://h:2379").0, "url");
+        assert_eq!(
+            field(&format!("etcd://h:2379?ca={}", cert.display())).0,
+            "url"
+        );
+        assert_eq!(field("etcd+https://h:2379?ca=/nonexistent/ca.pem").0, "ca");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::from_client;
+use crate::error::{from_client, is_token_refused};
 use crate::requests::{RequestError, Requests};
 use crate::session;
 
@@ -77,11 +77,42 @@ fn broken(what: &str) -> WaitError {
 
 /// Watches `keys` (each a single key, or with `prefix` every key under it) for deletions from
 /// now on, and returns once the server has created every watch.
+///
+/// A watch refused because the client's auth token expired is armed once more after a fresh
+/// authentication: etcd refuses it with a cancellation rather than an error, so etcd-client's
+/// own token refresh does not see it.
 pub(crate) async fn arm(
     requests: &Requests,
     keys: Vec<Vec<u8>>,
     prefix: bool,
 ) -> Result<Armed, WaitError> {
+    match arm_once(requests, keys.clone(), prefix).await {
+        Err(Refusal::Token) => {
+            tracing::debug!("etcd watch: the auth token expired; authenticating again");
+            requests.refresh_token().await.map_err(WaitError::Request)?;
+            arm_once(requests, keys, prefix).await.map_err(|e| match e {
+                Refusal::Token => broken("the auth token was refused right after authenticating"),
+                Refusal::Wait(e) => e,
+            })
+        }
+        Err(Refusal::Wait(e)) => Err(e),
+        Ok(armed) => Ok(armed),
+    }
+}
+
+/// Why arming failed: an expired token, or anything else.
+enum Refusal {
+    Token,
+    Wait(WaitError),
+}
+
+impl From<WaitError> for Refusal {
+    fn from(e: WaitError) -> Self {
+        Refusal::Wait(e)
+    }
+}
+
+async fn arm_once(requests: &Requests, keys: Vec<Vec<u8>>, prefix: bool) -> Result<Armed, Refusal> {
     let options = || {
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         if prefix {
@@ -93,7 +124,9 @@ pub(crate) async fn arm(
     let mut generation = requests.generation();
     generation.borrow_and_update();
     let mut keys = keys.into_iter();
-    let first = keys.next().ok_or_else(|| broken("nothing to watch"))?;
+    let first = keys
+        .next()
+        .ok_or_else(|| Refusal::Wait(broken("nothing to watch")))?;
     let mut stream = requests
         .watch(first, options())
         .await
@@ -112,11 +145,18 @@ pub(crate) async fn arm(
     let created = async {
         while expected > 0 {
             match stream.message().await {
+                Ok(Some(response))
+                    if response.created()
+                        && response.canceled()
+                        && is_token_refused(response.cancel_reason()) =>
+                {
+                    return Err(Refusal::Token)
+                }
                 Ok(Some(response)) if response.created() && response.canceled() => {
-                    return Err(broken(&format!(
+                    return Err(Refusal::Wait(broken(&format!(
                         "cancelled on creation: {}",
                         response.cancel_reason()
-                    )))
+                    ))))
                 }
                 Ok(Some(response)) if response.created() => {
                     expected -= 1;
@@ -124,8 +164,8 @@ pub(crate) async fn arm(
                 }
                 // A watch created earlier already reports: keep it for `wait`.
                 Ok(Some(response)) => fired |= wakes(&response),
-                Ok(None) => return Err(broken("the stream ended")),
-                Err(e) => return Err(WaitError::Broken(from_client(e))),
+                Ok(None) => return Err(Refusal::Wait(broken("the stream ended"))),
+                Err(e) => return Err(Refusal::Wait(WaitError::Broken(from_client(e)))),
             }
         }
         Ok(())
@@ -138,10 +178,10 @@ pub(crate) async fn arm(
             fired,
         }),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(WaitError::Request(RequestError::Timeout {
+        Err(_) => Err(Refusal::Wait(WaitError::Request(RequestError::Timeout {
             what: "watch",
             after: timeout,
-        })),
+        }))),
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
+use crate::cluster::ClusterSettings;
 use crate::connection::{Connection, Target};
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
@@ -68,6 +69,8 @@ pub struct RedisLockBuilder {
     sentinel: Option<SentinelSettings>,
     min_replicas: u32,
     replica_timeout: Duration,
+    /// Set by [`RedisLockBuilder::cluster`]: the URL is then unused.
+    pub(crate) cluster: Option<ClusterSettings>,
 }
 
 dlock_core::setters! {
@@ -118,6 +121,7 @@ impl RedisLockBuilder {
             sentinel: None,
             min_replicas: 0,
             replica_timeout: DEFAULT_REPLICA_TIMEOUT,
+            cluster: None,
         }
     }
 
@@ -148,10 +152,6 @@ impl RedisLockBuilder {
     /// # Cancel safety
     /// Cancel safe: nothing is left behind but a closed connection.
     pub async fn connect(self) -> Result<RedisLock> {
-        let endpoint = match &self.sentinel {
-            None => Some(self.url.parse()?),
-            Some(_) => None,
-        };
         let layout = KeyLayout::new(self.prefix)?;
         check_timeout("request_timeout", self.request_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
@@ -166,8 +166,19 @@ impl RedisLockBuilder {
         }
         check_timeout("replica_timeout", self.replica_timeout)?;
         install_crypto_provider();
-        let (target, shown) = match (&self.sentinel, endpoint) {
-            (Some(settings), _) => {
+        if let Some(cluster) = self.cluster {
+            if self.min_replicas > 0 || self.sentinel.is_some() {
+                return Err(dlock_core::Error::invalid(
+                    "min_replicas",
+                    "replica acknowledgement and Sentinel are not available with a cluster",
+                ));
+            }
+            let (connect, request) = (self.connect_timeout, self.request_timeout);
+            return crate::cluster::connect(cluster, layout, connect, request, self.fence_ttl)
+                .await;
+        }
+        let (target, shown) = match &self.sentinel {
+            Some(settings) => {
                 let span =
                     tracing::debug_span!("dlock.redis.connect", endpoint = %settings.redacted());
                 let primary = Primary::find(settings, self.connect_timeout)
@@ -175,11 +186,13 @@ impl RedisLockBuilder {
                     .await?;
                 (Target::Sentinel(primary), settings.redacted())
             }
-            (None, Some(endpoint)) => (
-                Target::Server(Box::new(endpoint.client()?)),
-                endpoint.redacted().to_owned(),
-            ),
-            (None, None) => return Err(dlock_core::Error::invalid("url", "no server given")),
+            None => {
+                let endpoint = self.url.parse()?;
+                (
+                    Target::Server(Box::new(endpoint.client()?)),
+                    endpoint.redacted().to_owned(),
+                )
+            }
         };
         let span = tracing::debug_span!("dlock.redis.connect", endpoint = %shown);
         let connection =
@@ -199,6 +212,7 @@ impl RedisLockBuilder {
             shown,
             self.fence_ttl,
             Acks::new(self.min_replicas, self.replica_timeout),
+            None,
         ))
     }
 }

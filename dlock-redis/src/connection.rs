@@ -30,6 +30,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::RedisResult;
 
+use crate::cluster::RedisConnection;
 use crate::endpoint::Endpoint;
 use crate::error;
 use crate::sentinel::Primary;
@@ -118,7 +119,9 @@ pub(crate) struct Connection {
 
 /// What the clones of a [`Connection`] share: the current link and how to open the next one.
 struct Shared {
-    target: Target,
+    /// `None` for a cluster connection, which reconnects to each node by itself and is not
+    /// replaced on a timeout.
+    target: Option<Target>,
     config: ConnectionManagerConfig,
     /// Swapped for a new link when a request on it times out; loading it takes no lock.
     current: ArcSwap<Link>,
@@ -126,15 +129,15 @@ struct Shared {
 
 /// One connection manager, until a request on it times out.
 struct Link {
-    manager: ConnectionManager,
-    /// The [`Target::generation`] it was opened for.
+    manager: RedisConnection,
+    /// The [`Target::generation`] it was opened for (0 for a cluster).
     generation: u64,
     /// Set by the first timed-out request, which replaces the link; later ones leave it.
     retired: AtomicBool,
 }
 
 impl Link {
-    fn new(manager: ConnectionManager, generation: u64) -> Arc<Self> {
+    fn new(manager: RedisConnection, generation: u64) -> Arc<Self> {
         Arc::new(Link {
             manager,
             generation,
@@ -148,15 +151,18 @@ impl Shared {
     /// next request (bounded by its request timeout, like any wait for a reconnection). Requests
     /// still running on `link` finish there; its socket closes when the last one ends.
     fn retire(&self, link: &Arc<Link>) {
+        let Some(target) = &self.target else {
+            return;
+        };
         if link.retired.swap(true, Ordering::AcqRel) {
             return;
         }
         // Fails only for a configuration the first connection was already opened with.
-        let generation = self.target.generation();
-        match ConnectionManager::new_lazy_with_config(self.target.client(), self.config.clone()) {
+        let generation = target.generation();
+        match ConnectionManager::new_lazy_with_config(target.client(), self.config.clone()) {
             Ok(manager) => {
-                self.current
-                    .compare_and_swap(link, Link::new(manager, generation));
+                let replacement = Link::new(RedisConnection::Server(manager), generation);
+                self.current.compare_and_swap(link, replacement);
                 tracing::debug!("redis: a request timed out; its connection is replaced");
             }
             Err(error) => {
@@ -208,7 +214,6 @@ impl Connection {
         // A PING proves that the server accepts this client (password, ACL) before the first
         // lock operation has to find out.
         let client = target.client();
-        let generation = target.generation();
         let connected = async {
             let mut manager = client
                 .get_connection_manager_with_config(config.clone())
@@ -220,6 +225,30 @@ impl Connection {
             .await
             .map_err(|_| error::no_answer("connect", connect_timeout))?
             .map_err(|e| error::from_redis("connect", e))?;
+        Ok(Self::assemble(
+            Some(target),
+            config,
+            RedisConnection::Server(manager),
+            request_timeout,
+        ))
+    }
+
+    /// Wraps an open cluster connection (see [`crate::cluster`]).
+    pub(crate) fn cluster(
+        connection: redis::cluster_async::ClusterConnection,
+        request_timeout: Duration,
+    ) -> Self {
+        let config = ConnectionManagerConfig::new();
+        let connection = RedisConnection::Cluster(connection);
+        Self::assemble(None, config, connection, request_timeout)
+    }
+
+    fn assemble(
+        target: Option<Target>,
+        config: ConnectionManagerConfig,
+        manager: RedisConnection,
+        request_timeout: Duration,
+    ) -> Self {
         let alive = Arc::new(());
         if request_timeout >= MIN_KEEPER_TIMEOUT {
             let keeper = TimerKeeper {
@@ -228,15 +257,18 @@ impl Connection {
             };
             tokio::spawn(keeper.run());
         }
-        Ok(Connection {
+        Connection {
             shared: Arc::new(Shared {
+                current: ArcSwap::new(Link::new(
+                    manager,
+                    target.as_ref().map_or(0, Target::generation),
+                )),
                 target,
                 config,
-                current: ArcSwap::new(Link::new(manager, generation)),
             }),
             request_timeout,
             _alive: alive,
-        })
+        }
     }
 
     /// Runs `call` on the connection, bounded by the request timeout; errors name `op`. A
@@ -246,7 +278,7 @@ impl Connection {
     /// Dropping it drops the request: it may or may not have reached the server.
     pub(crate) async fn run<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(RedisConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         self.run_longer(op, Duration::ZERO, call).await
@@ -263,11 +295,12 @@ impl Connection {
         call: F,
     ) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(RedisConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        let target = self.shared.target.as_ref();
         let mut link = self.shared.current.load_full();
-        if link.generation != self.shared.target.generation() {
+        if target.is_some_and(|t| link.generation != t.generation()) {
             self.shared.retire(&link);
             link = self.shared.current.load_full();
         }
@@ -276,12 +309,12 @@ impl Connection {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 if looks_moved(&e) {
-                    self.shared.target.suspect();
+                    target.inspect(|t| t.suspect());
                 }
                 Err(error::from_redis(op, e))
             }
             Err(_) => {
-                self.shared.target.suspect();
+                target.inspect(|t| t.suspect());
                 self.shared.retire(&link);
                 Err(error::no_answer(op, bound))
             }
@@ -290,7 +323,7 @@ impl Connection {
 
     /// A handle on the current multiplexed connection; it stays on that connection when a
     /// timed-out request makes the client move to a new one.
-    pub(crate) fn manager(&self) -> ConnectionManager {
+    pub(crate) fn manager(&self) -> RedisConnection {
         self.shared.current.load().manager.clone()
     }
 

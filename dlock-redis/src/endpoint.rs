@@ -187,6 +187,8 @@ impl fmt::Debug for Endpoint {
 /// client library takes it, then the builder's settings by name. `redis+sentinel://` and
 /// `rediss+sentinel://` name a Sentinel service instead (see
 /// [`SentinelSettings`](crate::SentinelSettings)).
+/// `redis+cluster://` and `rediss+cluster://` name a Redis Cluster's seed nodes (see [the crate
+/// docs](crate#redis-cluster)).
 impl FromUrl for RedisLockBuilder {
     const SCHEMES: &'static [&'static str] = &[
         "redis",
@@ -195,6 +197,8 @@ impl FromUrl for RedisLockBuilder {
         "unix",
         "redis+sentinel",
         "rediss+sentinel",
+        "redis+cluster",
+        "rediss+cluster",
     ];
     const PARAMETERS: &'static [&'static str] = &[
         "prefix",
@@ -210,6 +214,9 @@ impl FromUrl for RedisLockBuilder {
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
+        if crate::cluster::is_cluster_scheme(url.scheme()) {
+            return crate::cluster::from_connect_url(url);
+        }
         if matches!(url.scheme(), "redis+sentinel" | "rediss+sentinel") {
             if ["ca", "cert", "key"]
                 .iter()

@@ -38,6 +38,8 @@ fn unreachable(error: &RedisError) -> bool {
         || error.is_timeout()
         || error.is_connection_refusal()
         || error.is_connection_dropped()
+        // A cluster client with no connection to the node it needs (every node down).
+        || error.kind() == ErrorKind::ClusterConnectionNotFound
 }
 
 /// A server-side condition that passes by itself.

@@ -1,4 +1,4 @@
-//! dlock on a single Redis server: fenced leases, woken waiters, and bounded failures.
+//! dlock on a Redis server or a Redis Cluster: fenced leases, woken waiters, and bounded failures.
 //!
 //! ```no_run
 //! # async fn demo() -> dlock_core::Result<()> {
@@ -95,8 +95,8 @@
 //! and releases by compare-and-delete blocks ours on the same name, and ours blocks theirs. (Their
 //! releases are not announced, so our waiters find them by polling.) The counter shares the lock
 //! key's hash slot, so each script touches one slot only, as Redis Cluster requires; see the source of `protocol::keys`
-//! for the exact rules. (This client talks to one server; the layout is ready for a cluster-aware
-//! one.)
+//! for the exact rules. In a [cluster](#redis-cluster) the release channel carries the lock
+//! key's hash tag, so that sharded pub/sub can use it.
 //!
 //! # Operations
 //!
@@ -158,6 +158,22 @@
 //! the waiter finds them at its next poll. Works on the default server configuration (no
 //! keyspace notifications).
 //!
+//! # Redis Cluster
+//!
+//! [`RedisLockBuilder::cluster`] makes a client of a Redis Cluster from seed nodes (`host:port`),
+//! with [`RedisLockBuilder::with_cluster_username`], [`RedisLockBuilder::with_cluster_password`]
+//! and, with the `tls` feature, `with_cluster_tls`. It uses the `redis` crate's cluster client,
+//! which follows `MOVED`, `ASK` and `TRYAGAIN` answers, so slot migrations only cost a retry
+//! within the request timeout. The key layout is the single server's: a lock key and its counter
+//! share a hash slot, so each script runs on one node. Release notifications use sharded pub/sub
+//! (Redis 7): the release script `SPUBLISH`es on a channel of the lock key's slot —
+//! `dlock:released:{<lock key>}`, or `dlock:released:<lock key>` when the key has a hash tag —
+//! and waiters `SSUBSCRIBE` on the node that owns it, on one RESP3 cluster connection per client.
+//! A slot that moves ends its subscriptions; they are made again on the new owner, waiters polling
+//! meanwhile. Auto-renewal sends one [`EXTEND_MANY`](protocol::scripts::EXTEND_MANY) per slot.
+//! A request that times out does not replace a cluster connection (the cluster client reconnects
+//! to each node by itself).
+//!
 //! # Server requirements
 //!
 //! Redis 5 or later (the acquire script may write after reading `TIME`, which needs script
@@ -168,6 +184,7 @@
 #![deny(missing_docs)]
 
 mod builder;
+mod cluster;
 mod connection;
 mod endpoint;
 mod error;
@@ -183,6 +200,9 @@ pub use builder::{
     RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
     MAX_FENCE_TTL, MAX_MIN_REPLICAS, MAX_TIMEOUT, MIN_FENCE_TTL, MIN_TIMEOUT,
 };
+#[cfg(feature = "tls")]
+pub use cluster::ClusterTls;
+pub use cluster::{ClusterSettings, RedisConnection};
 pub use endpoint::Endpoint;
 pub use lock::{RedisLock, EXTEND_BATCH};
 pub use sentinel::SentinelSettings;

@@ -9,10 +9,10 @@ use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee,
     Grant, Holding, LeaseRef, LockKey, LockRequest, Released, Result,
 };
-use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::builder::RedisLockBuilder;
+use crate::cluster::{self, ClusterInfo, RedisConnection};
 use crate::connection::Connection;
 use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
@@ -44,6 +44,8 @@ struct Inner {
     fence_ttl: Option<Duration>,
     /// Replica acknowledgement of every write; `None`: no `WAIT`.
     acks: Option<Acks>,
+    /// Set for a client of a Redis Cluster.
+    cluster: Option<ClusterInfo>,
 }
 
 impl RedisLock {
@@ -67,6 +69,7 @@ impl RedisLock {
         endpoint: String,
         fence_ttl: Option<Duration>,
         acks: Option<Acks>,
+        cluster: Option<ClusterInfo>,
     ) -> Self {
         RedisLock {
             inner: Arc::new(Inner {
@@ -76,6 +79,7 @@ impl RedisLock {
                 endpoint,
                 fence_ttl,
                 acks,
+                cluster,
             }),
         }
     }
@@ -92,14 +96,32 @@ impl RedisLock {
 
     /// A handle on the multiplexed connection this client's lock operations use, e.g. to run a
     /// fenced write in a script of your own next to them. Requests on it are not bounded by the
-    /// request timeout.
-    pub fn connection(&self) -> ConnectionManager {
+    /// request timeout. For a cluster client it routes each command to the node of its keys.
+    pub fn connection(&self) -> RedisConnection {
         self.inner.connection.manager()
     }
 
-    /// The server's URL with its password hidden.
+    /// The server's URL (for a cluster, the seeds) with the password hidden.
     pub fn endpoint(&self) -> &str {
-        &self.inner.endpoint
+        match &self.inner.cluster {
+            Some(cluster) => cluster.redacted(),
+            None => &self.inner.endpoint,
+        }
+    }
+
+    /// Whether this client talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster.is_some()
+    }
+
+    /// The channel a release of `lock` is announced on: in a cluster, one of the lock key's
+    /// slot (see [`cluster::release_channel`]).
+    pub(crate) fn release_channel(&self, lock: &str) -> String {
+        if self.is_cluster() {
+            cluster::release_channel(lock)
+        } else {
+            keys::release_channel(lock)
+        }
     }
 
     /// The bound on every request.
@@ -165,7 +187,7 @@ impl RedisLock {
     /// ([`Acknowledged`]), bounded by the request timeout plus the replica timeout.
     async fn acknowledged<T, F, Fut>(&self, op: &'static str, acks: &Acks, call: F) -> Result<T>
     where
-        F: FnOnce(Acknowledged<ConnectionManager>) -> Fut,
+        F: FnOnce(Acknowledged<RedisConnection>) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         self.inner
@@ -223,13 +245,24 @@ impl DistributedLock for RedisLock {
     /// One [`EXTEND_MANY`](scripts::EXTEND_MANY) script per [`EXTEND_BATCH`] leases on the
     /// shared connection, instead of one request per lease.
     async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
-        let mut answers = Vec::with_capacity(requests.len());
-        for chunk in requests.chunks(EXTEND_BATCH) {
+        let lock_keys: Vec<String> = requests
+            .iter()
+            .map(|r| self.inner.layout.lock_key(r.lease.key))
+            .collect();
+        // A cluster runs one script per slot; one server takes them in order.
+        let batches: Vec<Vec<usize>> = if self.is_cluster() {
+            cluster::slot_batches(&lock_keys, EXTEND_BATCH)
+        } else {
+            let all: Vec<usize> = (0..requests.len()).collect();
+            all.chunks(EXTEND_BATCH).map(<[usize]>::to_vec).collect()
+        };
+        let mut answers: Vec<Option<Result<Extension>>> = requests.iter().map(|_| None).collect();
+        for chunk in batches {
             let locks: Vec<(String, String, Duration)> = chunk
                 .iter()
-                .map(|r| {
-                    let lock = self.inner.layout.lock_key(r.lease.key);
-                    (lock, r.lease.owner.to_hex(), r.ttl)
+                .map(|&i| {
+                    let r = &requests[i];
+                    (lock_keys[i].clone(), r.lease.owner.to_hex(), r.ttl)
                 })
                 .collect();
             let acks = self.inner.acks;
@@ -263,34 +296,52 @@ impl DistributedLock for RedisLock {
                 )
                 .await;
             match result {
-                Ok(codes) => answers.extend(codes.into_iter().map(Ok)),
+                Ok(codes) => {
+                    for (&i, code) in chunk.iter().zip(codes) {
+                        answers[i] = Some(Ok(code));
+                    }
+                }
                 Err(error) => {
                     // The whole chunk failed alike: each lease gets the same error.
                     let (temporary, message) = (error.is_temporary(), error.to_string());
-                    answers.push(Err(error));
-                    answers.extend((1..chunk.len()).map(|_| {
-                        Err(dlock_core::Error::backend(
-                            BACKEND,
-                            temporary,
-                            message.clone(),
-                        ))
-                    }));
+                    let mut first = Some(error);
+                    for &i in &chunk {
+                        answers[i] = Some(Err(first.take().unwrap_or_else(|| {
+                            dlock_core::Error::backend(BACKEND, temporary, message.clone())
+                        })));
+                    }
                 }
             }
         }
         answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(dlock_core::Error::backend(
+                        BACKEND,
+                        false,
+                        "extend: the server answered fewer leases than asked",
+                    ))
+                })
+            })
+            .collect()
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let lock = self.inner.layout.lock_key(lease.key);
-        let channel = keys::release_channel(&lock);
+        let channel = self.release_channel(&lock);
         let owner = lease.owner.to_hex();
         let Some(acks) = self.inner.acks else {
+            let sharded = self.is_cluster();
             return self
                 .inner
                 .connection
                 .run("release", |mut con| async move {
-                    scripts::release(&mut con, &lock, &owner, &channel).await
+                    if sharded {
+                        scripts::release_sharded(&mut con, &lock, &owner, &channel).await
+                    } else {
+                        scripts::release(&mut con, &lock, &owner, &channel).await
+                    }
                 })
                 .await;
         };
@@ -330,7 +381,7 @@ impl DistributedLock for RedisLock {
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        let channel = keys::release_channel(&self.inner.layout.lock_key(key));
+        let channel = self.release_channel(&self.inner.layout.lock_key(key));
         let registration = self.wakeups().register(&channel);
         let notified = registration.notified();
         tokio::pin!(notified);
@@ -356,7 +407,7 @@ impl DistributedLock for RedisLock {
 impl fmt::Debug for RedisLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLock")
-            .field("endpoint", &self.inner.endpoint)
+            .field("endpoint", &self.endpoint())
             .field("prefix", &self.inner.layout.prefix())
             .field("request_timeout", &self.request_timeout())
             .field("fence_ttl", &self.inner.fence_ttl)

@@ -58,7 +58,7 @@ impl RedisLock {
         );
         let mut attempts: u32 = 1;
         let waited = async {
-            let registration = self.wakeups().register(&keys::release_channel(&lock));
+            let registration = self.wakeups().register(&self.release_channel(&lock));
             let ready_by = waiting.bound(Instant::now() + self.request_timeout());
             self.wakeups().subscribed(&registration, ready_by).await;
             loop {

@@ -402,3 +402,99 @@ impl Listener {
         )
     }
 }
+
+impl Wakeups {
+    /// Starts a listener of another kind on the waiting tasks' shared state — a cluster's, which
+    /// subscribes each channel on its shard (see [`crate::cluster`]). It opens no connection
+    /// until a task waits.
+    pub(crate) fn start_with<F, Fut>(listener: F) -> Self
+    where
+        F: FnOnce(Feed) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let shared = Arc::new(Shared {
+            channels: Mutex::new(HashMap::new()),
+            status: watch::Sender::new(Status {
+                epoch: 0,
+                down: false,
+            }),
+        });
+        let (requests, rx) = mpsc::unbounded_channel();
+        tokio::spawn(listener(Feed {
+            shared: shared.clone(),
+            requests: rx,
+        }));
+        Wakeups { shared, requests }
+    }
+}
+
+/// What a listener started with [`Wakeups::start_with`] works on: the channels tasks wait on,
+/// their confirmations, and the requests to subscribe new ones.
+pub(crate) struct Feed {
+    shared: Arc<Shared>,
+    /// One message per newly registered channel; `None` once the client is gone.
+    pub(crate) requests: mpsc::UnboundedReceiver<()>,
+}
+
+impl Feed {
+    /// Whether any task waits (or waited recently) on a channel.
+    pub(crate) fn has_channels(&self) -> bool {
+        !self.shared.channels().is_empty()
+    }
+
+    /// Wakes the task that has waited longest on `channel`.
+    pub(crate) fn wake(&self, channel: &str) {
+        self.shared.wake(channel);
+    }
+
+    /// Publishes the listener's state: `down` makes waiters poll instead of waiting for a
+    /// subscription to be confirmed.
+    pub(crate) fn set_status(&self, epoch: u64, down: bool) {
+        self.shared.set_status(epoch, down);
+    }
+
+    /// The channels wanted but not confirmed in `epoch`.
+    pub(crate) fn unconfirmed(&self, epoch: u64) -> Vec<String> {
+        self.shared
+            .channels()
+            .iter()
+            .filter(|(_, c)| c.subscribed_in.load(Ordering::Acquire) != epoch)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Marks `names` subscribed in `epoch`.
+    pub(crate) fn confirm(&self, names: &[&str], epoch: u64) {
+        let channels = self.shared.channels();
+        for name in names {
+            if let Some(channel) = channels.get(*name) {
+                channel.subscribed_in.store(epoch, Ordering::Release);
+            }
+        }
+    }
+
+    /// Marks `name` as no longer subscribed; true if a task still wants it.
+    pub(crate) fn unconfirm(&self, name: &str) -> bool {
+        match self.shared.channels().get(name) {
+            Some(channel) => {
+                channel.subscribed_in.store(0, Ordering::Release);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets the channels nobody waits on and returns them, to unsubscribe.
+    pub(crate) fn take_idle(&self) -> Vec<String> {
+        let mut channels = self.shared.channels();
+        let idle: Vec<String> = channels
+            .iter()
+            .filter(|(_, c)| c.users.load(Ordering::Acquire) == 0)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &idle {
+            channels.remove(name);
+        }
+        idle
+    }
+}

@@ -26,8 +26,8 @@
 //! | feature | module | URL schemes |
 //! |---|---|---|
 //! | — (always) | [`InMemoryLock`] | `memory://` |
-//! | `redis` | `redis` ([`dlock-redis`](https://docs.rs/dlock-redis)) | `redis://`, `redis+unix://` |
-//! | `redis-tls` | `redis`, with TLS | `rediss://` as well |
+//! | `redis` | `redis` ([`dlock-redis`](https://docs.rs/dlock-redis)) | `redis://`, `redis+unix://`, `redis+cluster://` |
+//! | `redis-tls` | `redis`, with TLS | `rediss://`, `rediss+cluster://` as well |
 //! | `redlock` | `redlock` ([`dlock-redlock`](https://docs.rs/dlock-redlock)) | `redlock://` |
 //! | `zk` | `zk` ([`dlock-zk`](https://docs.rs/dlock-zk)) | `zk://` |
 //! | `zk-tls` | `zk`, with TLS | `zk+tls://` as well |

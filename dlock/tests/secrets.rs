@@ -84,6 +84,11 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
         format!("redis://app:{PASSWORD}%zz@127.0.0.1:1"),
         format!("redis+sentinel://app:{PASSWORD}@127.0.0.1:1/mymaster?sentinel_password={PASSWORD}&connect_timeout=300ms"),
         format!("redis+sentinel://app:{PASSWORD}@127.0.0.1:1/mymaster?sentinel_password={PASSWORD}&min_replicas=x"),
+        format!("etcd+https://app:{PASSWORD}@127.0.0.1:1?{tls}&connect_timeout=300ms"),
+        format!(
+            "etcd+https://app:{PASSWORD}@127.0.0.1:1?ca={}",
+            certs.client_key.display()
+        ),
     ];
     let mut shown = String::new();
     for url in &urls {
@@ -113,14 +118,29 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
             "{:?}",
             dlock::etcd::EtcdLockBuilder::from_url(&urls[7]).unwrap()
         ),
+        format!(
+            "{:?}",
+            dlock::etcd::EtcdLockBuilder::from_url(
+                urls.iter().find(|u| u.starts_with("etcd+https")).unwrap()
+            )
+            .unwrap()
+        ),
         format!("{:?}", dlock::url::ConnectUrl::parse(&urls[1]).unwrap()),
         format!(
             "{:?}",
-            dlock::redis::RedisLockBuilder::from_url(&urls[urls.len() - 2]).unwrap()
+            dlock::redis::RedisLockBuilder::from_url(
+                urls.iter()
+                    .find(|u| u.starts_with("redis+sentinel"))
+                    .unwrap()
+            )
+            .unwrap()
         ),
         format!(
             "{:?}",
-            dlock::url::ConnectUrl::parse(&urls[urls.len() - 1]).unwrap()
+            dlock::url::ConnectUrl::parse(
+                urls.iter().find(|u| u.contains("min_replicas=x")).unwrap()
+            )
+            .unwrap()
         ),
     ];
     shown.push_str(&builders.join("\n"));

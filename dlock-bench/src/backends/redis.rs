@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
+use dlock_redis::RedisConnection;
 use dlock_redis::{RedisLock, EXTEND_BATCH};
 use dlock_testkit::registry::Backend;
-use redis::aio::ConnectionManager;
 
 use super::Setup;
 use crate::locker::{self, Held, Locker, Release, Side};
@@ -41,12 +41,12 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
 
 /// The round trips a Redis lock cycle cannot avoid: one script to take, one to give back.
 struct Floor {
-    con: ConnectionManager,
+    con: RedisConnection,
     script: redis::Script,
 }
 
 struct FloorHeld {
-    con: ConnectionManager,
+    con: RedisConnection,
     script: redis::Script,
 }
 

@@ -12,6 +12,8 @@
 //! * [`EXTEND_MANY`]: [`EXTEND`] for many locks in one call, so auto-renew costs one round trip
 //!   per batch rather than one per lease.
 //! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and `PUBLISH` on its release channel.
+//! * [`RELEASE_SHARDED`]: [`RELEASE`] for a Redis Cluster, announcing with `SPUBLISH` on a channel
+//!   of the lock key's slot.
 //! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
 //!   owner, raise the fencing counter to at least a given token, never lowering it.
 //!
@@ -243,6 +245,30 @@ return 0
     )
 });
 
+/// [`RELEASE`] for a Redis Cluster: the release is announced on a *sharded* channel
+/// (`SPUBLISH`, Redis 7), which stays on the lock's shard instead of being broadcast to every
+/// node. A script may only publish on a sharded channel of its own slot, so the channel must hash
+/// like the lock key (the cluster's release channel does). On a server without `SPUBLISH` the
+/// `pcall` fails and the release still happens; waiters then find out by polling.
+///
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel (in the lock key's slot)
+/// or `""`.
+pub static RELEASE_SHARDED: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        "release",
+        r#"
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if ARGV[2] ~= '' then redis.pcall('SPUBLISH', ARGV[2], '') end
+  return 1
+end
+if holder then return 2 end
+return 0
+"#,
+    )
+});
+
 /// Raises a lock's fencing counter to at least a given token if the owner still holds the lock;
 /// never lowers it. Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
 ///
@@ -461,6 +487,25 @@ where
     decode_release(code)
 }
 
+/// Runs [`RELEASE_SHARDED`] for `owner`, announcing it on the sharded `channel` (none if empty).
+///
+/// # Cancel safety
+/// If dropped, the release may or may not have happened; repeating it is harmless.
+pub async fn release_sharded<C>(
+    con: &mut C,
+    lock_key: &str,
+    owner: &str,
+    channel: &str,
+) -> RedisResult<Released>
+where
+    C: ConnectionLike + Send,
+{
+    let code: i64 = RELEASE_SHARDED
+        .invoke(con, &[lock_key], &[owner.as_bytes(), channel.as_bytes()])
+        .await?;
+    decode_release(code)
+}
+
 /// Runs [`RAISE_FENCE`] for `owner`: the counter `fence_key` becomes at least `token` if `owner`
 /// holds `lock_key`.
 ///
@@ -529,7 +574,14 @@ mod tests {
 
     #[test]
     fn hashes_are_sha1_of_the_source() {
-        for script in [&*ACQUIRE, &*EXTEND, &*EXTEND_MANY, &*RELEASE, &*RAISE_FENCE] {
+        for script in [
+            &*ACQUIRE,
+            &*EXTEND,
+            &*EXTEND_MANY,
+            &*RELEASE,
+            &*RELEASE_SHARDED,
+            &*RAISE_FENCE,
+        ] {
             assert_eq!(script.hash().len(), 40, "{}", script.name());
             assert_eq!(
                 script.hash(),
