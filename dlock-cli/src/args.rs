@@ -10,7 +10,8 @@ use crate::exit;
 /// Run a command while holding a distributed lock, or show who holds one.
 ///
 /// The lock service is named by a URL, as for dlock::connect: memory://, redis://host:6379,
-/// rediss://…, zk://h1:2181,h2:2181/chroot, etcd://h1:2379,h2:2379, with options as query
+/// rediss://…, redis+sentinel://h1:26379,h2:26379/mymaster, zk://h1:2181,h2:2181/chroot,
+/// etcd://h1:2379,h2:2379, with options as query
 /// parameters (?ttl=30s&prefix=…). Durations are written 500ms, 30s, 2m.
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, after_help = exit::TABLE)]

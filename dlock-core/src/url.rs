@@ -561,6 +561,10 @@ pub fn percent_encode(s: &str) -> String {
 /// assert_eq!(redact_password("zk://h1:2181,h2:2181/app"), "zk://h1:2181,h2:2181/app");
 /// ```
 pub fn redact_password(url: &str) -> String {
+    hide_password_parameters(&redact_userinfo(url))
+}
+
+fn redact_userinfo(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(i) => url.split_at(i + 3),
         None => ("", url),
@@ -572,6 +576,29 @@ pub fn redact_password(url: &str) -> String {
         Some((user, _password)) => format!("{scheme}{user}:***@{after}"),
         None => format!("{scheme}{userinfo}@{after}"),
     }
+}
+
+/// Replaces the value of every query parameter whose name ends in `password` (such as Redis
+/// Sentinel's `sentinel_password`) with `***`.
+fn hide_password_parameters(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _)) if name.to_ascii_lowercase().ends_with("password") => {
+                format!("{name}=***")
+            }
+            _ => param.to_owned(),
+        })
+        .collect();
+    let fragment = fragment.map_or(String::new(), |f| format!("#{f}"));
+    format!("{head}?{}{fragment}", params.join("&"))
 }
 
 #[cfg(test)]
@@ -751,5 +778,7 @@ mod tests {
         // An '@' after the credentials hides more than needed, never less.
         let shown = redact_password("etcd://u:hunter2@h:1/?identifier=me@host");
         assert!(!shown.contains("hunter2"), "{shown}");
+        let shown = redact_password("redis+sentinel://h/m?sentinel_password=hunter2&ttl=1s#x");
+        assert_eq!(shown, "redis+sentinel://h/m?sentinel_password=***&ttl=1s#x");
     }
 }

@@ -7,10 +7,12 @@ use dlock_core::{check_within, Result};
 use tracing::Instrument;
 
 use crate::cluster::ClusterSettings;
-use crate::connection::Connection;
+use crate::connection::{Connection, Target};
 use crate::endpoint::Endpoint;
 use crate::lock::RedisLock;
 use crate::protocol::keys::KeyLayout;
+use crate::replicas::Acks;
+use crate::sentinel::{Primary, SentinelSettings};
 use crate::wakeups::Wakeups;
 
 /// The default bound on one request: far above a healthy round trip (well under a millisecond on
@@ -35,6 +37,13 @@ pub const MIN_FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The longest fence TTL accepted (about ten years).
 pub const MAX_FENCE_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 
+/// How long each `WAIT` waits for the replicas by default when `min_replicas` is set: a healthy
+/// replica acknowledges within a round trip, and every operation takes this long when too few do.
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The most replicas `min_replicas` may ask for.
+pub const MAX_MIN_REPLICAS: u32 = 64;
+
 /// Builds a [`RedisLock`]: the server URL, the key prefix and the timeouts.
 ///
 /// ```no_run
@@ -56,6 +65,10 @@ pub struct RedisLockBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     fence_ttl: Option<Duration>,
+    /// Connect through these sentinels instead of to `url`.
+    sentinel: Option<SentinelSettings>,
+    min_replicas: u32,
+    replica_timeout: Duration,
     /// Set by [`RedisLockBuilder::cluster`]: the URL is then unused.
     pub(crate) cluster: Option<ClusterSettings>,
 }
@@ -81,6 +94,17 @@ dlock_core::setters! {
         /// earlier tokens unless the clock went back (see
         /// [`scripts`](crate::protocol::scripts#the-fencing-counters-expiry)).
         with_fence_ttl(ttl: Duration) => fence_ttl = Some(ttl);
+        /// Makes every grant, extension and release wait until `n` replicas acknowledged it
+        /// (`WAIT n replica_timeout`, on the same connection, right behind the lock script); 0
+        /// (the default) sends no `WAIT`. A grant not acknowledged in time is released and
+        /// reported as [`Error::Unavailable`](dlock_core::Error::Unavailable), never returned
+        /// as held; an extension or release not acknowledged is an `Unavailable` error too (an
+        /// auto-renewed lease becomes uncertain). This narrows, not closes, the window in which a
+        /// failover loses a lock: see "Replica acknowledgement" in the [crate docs](crate).
+        with_min_replicas(n: u32) => min_replicas = n;
+        /// How long each `WAIT` waits for the replicas ([`DEFAULT_REPLICA_TIMEOUT`]); every
+        /// request may take this much longer than the request timeout.
+        with_replica_timeout(timeout: Duration) => replica_timeout = timeout;
     }
 }
 
@@ -94,8 +118,20 @@ impl RedisLockBuilder {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             fence_ttl: None,
+            sentinel: None,
+            min_replicas: 0,
+            replica_timeout: DEFAULT_REPLICA_TIMEOUT,
             cluster: None,
         }
+    }
+
+    /// Settings for the primary of a Redis Sentinel service (see [`SentinelSettings`] and
+    /// "Sentinel" in the [crate docs](crate)): the client asks the sentinels for the primary and
+    /// follows it through failovers.
+    pub fn sentinel(settings: SentinelSettings) -> Self {
+        let mut builder = RedisLockBuilder::new(settings.redacted());
+        builder.sentinel = Some(settings);
+        builder
     }
 
     /// Settings from a connection string with `?parameters` (`prefix`, `request_timeout`,
@@ -122,31 +158,60 @@ impl RedisLockBuilder {
         if let Some(ttl) = self.fence_ttl {
             check_fence_ttl(ttl)?;
         }
+        if self.min_replicas > MAX_MIN_REPLICAS {
+            return Err(dlock_core::Error::invalid(
+                "min_replicas",
+                format!("{} is more than {MAX_MIN_REPLICAS}", self.min_replicas),
+            ));
+        }
+        check_timeout("replica_timeout", self.replica_timeout)?;
         install_crypto_provider();
         if let Some(cluster) = self.cluster {
+            if self.min_replicas > 0 || self.sentinel.is_some() {
+                return Err(dlock_core::Error::invalid(
+                    "min_replicas",
+                    "replica acknowledgement and Sentinel are not available with a cluster",
+                ));
+            }
             let (connect, request) = (self.connect_timeout, self.request_timeout);
             return crate::cluster::connect(cluster, layout, connect, request, self.fence_ttl)
                 .await;
         }
-        let endpoint = self.url.parse()?;
-        let client = endpoint.client()?;
-        let span = tracing::debug_span!("dlock.redis.connect", endpoint = endpoint.redacted());
+        let (target, shown) = match &self.sentinel {
+            Some(settings) => {
+                let span =
+                    tracing::debug_span!("dlock.redis.connect", endpoint = %settings.redacted());
+                let primary = Primary::find(settings, self.connect_timeout)
+                    .instrument(span)
+                    .await?;
+                (Target::Sentinel(primary), settings.redacted())
+            }
+            None => {
+                let endpoint = self.url.parse()?;
+                (
+                    Target::Server(Box::new(endpoint.client()?)),
+                    endpoint.redacted().to_owned(),
+                )
+            }
+        };
+        let span = tracing::debug_span!("dlock.redis.connect", endpoint = %shown);
         let connection =
-            Connection::open(client.clone(), self.connect_timeout, self.request_timeout)
+            Connection::open(target.clone(), self.connect_timeout, self.request_timeout)
                 .instrument(span)
                 .await?;
         let wakeups = Wakeups::start(
-            client,
+            target,
             self.connect_timeout,
             self.request_timeout,
-            endpoint.redacted().to_owned(),
+            shown.clone(),
         );
         Ok(RedisLock::new(
             connection,
             layout,
             wakeups,
-            endpoint,
+            shown,
             self.fence_ttl,
+            Acks::new(self.min_replicas, self.replica_timeout),
             None,
         ))
     }
@@ -205,6 +270,37 @@ mod tests {
     use dlock_core::Error;
 
     #[test]
+    fn url_parameters_reach_the_builder() {
+        let builder = RedisLockBuilder::from_url(
+            "redis+sentinel://:pw@h1,h2:26380/mymaster/1?sentinel_password=spw&min_replicas=2&replica_timeout=250ms",
+        )
+        .unwrap();
+        assert_eq!(builder.min_replicas, 2);
+        assert_eq!(builder.replica_timeout, Duration::from_millis(250));
+        assert!(builder.sentinel.is_some());
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("pw@") && !shown.contains("spw"), "{shown}");
+        let plain = RedisLockBuilder::from_url("redis://h?min_replicas=1").unwrap();
+        assert_eq!((plain.min_replicas, plain.sentinel.is_none()), (1, true));
+        let invalid = |raw: &str| {
+            matches!(
+                RedisLockBuilder::from_url(raw),
+                Err(Error::InvalidInput { field: "url", .. })
+            )
+        };
+        assert!(invalid("redis://h?sentinel_password=x"));
+        assert!(invalid("redis://h?min_replicas=-1"));
+        assert!(invalid("redis://h?replica_timeout=5"));
+        let leaked = RedisLockBuilder::from_url(
+            "redis+sentinel://:data-hunter2@h/m?sentinel_password=sentinel-hunter2&min_replicas=x",
+        );
+        match leaked {
+            Err(e) => assert!(!format!("{e} {e:?}").contains("hunter2"), "{e}"),
+            Ok(b) => panic!("accepted {b:?}"),
+        }
+    }
+
+    #[test]
     fn debug_never_shows_the_password() {
         let builder = RedisLockBuilder::new("redis://app:hunter2@localhost:6379/1");
         let shown = format!("{builder:?}");
@@ -240,6 +336,20 @@ mod tests {
             (
                 RedisLockBuilder::new(url).with_fence_ttl(Duration::from_secs(3600)),
                 "fence_ttl",
+            ),
+            (
+                RedisLockBuilder::new(url).with_min_replicas(1000),
+                "min_replicas",
+            ),
+            (
+                RedisLockBuilder::new(url)
+                    .with_min_replicas(1)
+                    .with_replica_timeout(Duration::ZERO),
+                "replica_timeout",
+            ),
+            (
+                RedisLockBuilder::sentinel(SentinelSettings::new(["127.0.0.1:1"], "")),
+                "sentinel_service",
             ),
         ];
         for (builder, expected) in cases {

@@ -448,8 +448,9 @@ pub(crate) async fn connect(
         connection,
         layout,
         wakeups,
-        first,
+        first.redacted().to_owned(),
         fence_ttl,
+        None,
         Some(ClusterInfo { redacted }),
     ))
 }

@@ -33,6 +33,7 @@ use redis::RedisResult;
 use crate::cluster::RedisConnection;
 use crate::endpoint::Endpoint;
 use crate::error;
+use crate::sentinel::Primary;
 
 /// Reconnection attempts per break before the manager gives up until the next request.
 const RECONNECT_ATTEMPTS: usize = 3;
@@ -53,6 +54,60 @@ pub(crate) fn client(endpoint: &Endpoint) -> Result<redis::Client> {
     redis::Client::open(info).map_err(|e| Error::invalid("url", e.to_string()))
 }
 
+/// Where the connections of a client go: one server, or whichever primary the sentinels of a
+/// service name (see [`crate::sentinel`]).
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// One server, at the address it was given (boxed: a client is large, and the enum is
+    /// cloned into every connection).
+    Server(Box<redis::Client>),
+    /// The current primary of a Sentinel service.
+    Sentinel(Arc<Primary>),
+}
+
+impl Target {
+    /// A client for the server to use now.
+    pub(crate) fn client(&self) -> redis::Client {
+        match self {
+            Target::Server(client) => (**client).clone(),
+            Target::Sentinel(primary) => primary.client(),
+        }
+    }
+
+    /// Counts the moves of the server; always 0 for one server.
+    pub(crate) fn generation(&self) -> u64 {
+        match self {
+            Target::Server(_) => 0,
+            Target::Sentinel(primary) => primary.generation(),
+        }
+    }
+
+    /// Completes when the server moved after `seen`; never for one server.
+    pub(crate) async fn moved(&self, seen: u64) {
+        match self {
+            Target::Server(_) => std::future::pending().await,
+            Target::Sentinel(primary) => primary.moved(seen).await,
+        }
+    }
+
+    /// The server looks gone: with Sentinel, look up the primary again.
+    pub(crate) fn suspect(&self) {
+        if let Target::Sentinel(primary) = self {
+            primary.suspect();
+        }
+    }
+}
+
+/// Whether `error` says the server may no longer be the one to talk to: a failed or refused
+/// connection, or a replica refusing a write.
+fn looks_moved(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || error.to_string().contains("READONLY")
+}
+
 /// The shared, reconnecting command connection.
 #[derive(Clone)]
 pub(crate) struct Connection {
@@ -66,7 +121,7 @@ pub(crate) struct Connection {
 struct Shared {
     /// `None` for a cluster connection, which reconnects to each node by itself and is not
     /// replaced on a timeout.
-    client: Option<redis::Client>,
+    target: Option<Target>,
     config: ConnectionManagerConfig,
     /// Swapped for a new link when a request on it times out; loading it takes no lock.
     current: ArcSwap<Link>,
@@ -75,14 +130,17 @@ struct Shared {
 /// One connection manager, until a request on it times out.
 struct Link {
     manager: RedisConnection,
+    /// The [`Target::generation`] it was opened for (0 for a cluster).
+    generation: u64,
     /// Set by the first timed-out request, which replaces the link; later ones leave it.
     retired: AtomicBool,
 }
 
 impl Link {
-    fn new(manager: RedisConnection) -> Arc<Self> {
+    fn new(manager: RedisConnection, generation: u64) -> Arc<Self> {
         Arc::new(Link {
             manager,
+            generation,
             retired: AtomicBool::new(false),
         })
     }
@@ -93,17 +151,18 @@ impl Shared {
     /// next request (bounded by its request timeout, like any wait for a reconnection). Requests
     /// still running on `link` finish there; its socket closes when the last one ends.
     fn retire(&self, link: &Arc<Link>) {
-        let Some(client) = &self.client else {
+        let Some(target) = &self.target else {
             return;
         };
         if link.retired.swap(true, Ordering::AcqRel) {
             return;
         }
         // Fails only for a configuration the first connection was already opened with.
-        match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
+        let generation = target.generation();
+        match ConnectionManager::new_lazy_with_config(target.client(), self.config.clone()) {
             Ok(manager) => {
-                self.current
-                    .compare_and_swap(link, Link::new(RedisConnection::Server(manager)));
+                let replacement = Link::new(RedisConnection::Server(manager), generation);
+                self.current.compare_and_swap(link, replacement);
                 tracing::debug!("redis: a request timed out; its connection is replaced");
             }
             Err(error) => {
@@ -140,7 +199,7 @@ impl TimerKeeper {
 impl Connection {
     /// Connects, giving up after `connect_timeout`.
     pub(crate) async fn open(
-        client: redis::Client,
+        target: Target,
         connect_timeout: Duration,
         request_timeout: Duration,
     ) -> Result<Self> {
@@ -154,6 +213,7 @@ impl Connection {
             .set_max_delay(RECONNECT_MAX_DELAY);
         // A PING proves that the server accepts this client (password, ACL) before the first
         // lock operation has to find out.
+        let client = target.client();
         let connected = async {
             let mut manager = client
                 .get_connection_manager_with_config(config.clone())
@@ -166,7 +226,7 @@ impl Connection {
             .map_err(|_| error::no_answer("connect", connect_timeout))?
             .map_err(|e| error::from_redis("connect", e))?;
         Ok(Self::assemble(
-            Some(client),
+            Some(target),
             config,
             RedisConnection::Server(manager),
             request_timeout,
@@ -184,7 +244,7 @@ impl Connection {
     }
 
     fn assemble(
-        client: Option<redis::Client>,
+        target: Option<Target>,
         config: ConnectionManagerConfig,
         manager: RedisConnection,
         request_timeout: Duration,
@@ -199,9 +259,12 @@ impl Connection {
         }
         Connection {
             shared: Arc::new(Shared {
-                client,
+                current: ArcSwap::new(Link::new(
+                    manager,
+                    target.as_ref().map_or(0, Target::generation),
+                )),
+                target,
                 config,
-                current: ArcSwap::new(Link::new(manager)),
             }),
             request_timeout,
             _alive: alive,
@@ -218,13 +281,42 @@ impl Connection {
         F: FnOnce(RedisConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let link = self.shared.current.load_full();
-        match tokio::time::timeout(self.request_timeout, call(link.manager.clone())).await {
+        self.run_longer(op, Duration::ZERO, call).await
+    }
+
+    /// [`run`](Self::run) with `extra` time on top of the request timeout, for a request that
+    /// may wait on the server (`WAIT`). On a target that moves (Sentinel), a link opened for an
+    /// earlier primary is replaced first, and a failure that suggests the primary moved starts a
+    /// lookup.
+    pub(crate) async fn run_longer<T, F, Fut>(
+        &self,
+        op: &'static str,
+        extra: Duration,
+        call: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(RedisConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let target = self.shared.target.as_ref();
+        let mut link = self.shared.current.load_full();
+        if target.is_some_and(|t| link.generation != t.generation()) {
+            self.shared.retire(&link);
+            link = self.shared.current.load_full();
+        }
+        let bound = self.request_timeout + extra;
+        match tokio::time::timeout(bound, call(link.manager.clone())).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(error::from_redis(op, e)),
+            Ok(Err(e)) => {
+                if looks_moved(&e) {
+                    target.inspect(|t| t.suspect());
+                }
+                Err(error::from_redis(op, e))
+            }
             Err(_) => {
+                target.inspect(|t| t.suspect());
                 self.shared.retire(&link);
-                Err(error::no_answer(op, self.request_timeout))
+                Err(error::no_answer(op, bound))
             }
         }
     }

@@ -184,14 +184,19 @@ impl fmt::Debug for Endpoint {
 }
 
 /// `redis://`, `rediss://` and `redis+unix://` with `?parameters`: the server address as the
-/// client library takes it, then the builder's settings by name. `redis+cluster://` and
-/// `rediss+cluster://` name a Redis Cluster's seed nodes (see [the crate docs](crate#redis-cluster)).
+/// client library takes it, then the builder's settings by name. `redis+sentinel://` and
+/// `rediss+sentinel://` name a Sentinel service instead (see
+/// [`SentinelSettings`](crate::SentinelSettings)).
+/// `redis+cluster://` and `rediss+cluster://` name a Redis Cluster's seed nodes (see [the crate
+/// docs](crate#redis-cluster)).
 impl FromUrl for RedisLockBuilder {
     const SCHEMES: &'static [&'static str] = &[
         "redis",
         "rediss",
         "redis+unix",
         "unix",
+        "redis+sentinel",
+        "rediss+sentinel",
         "redis+cluster",
         "rediss+cluster",
     ];
@@ -203,11 +208,31 @@ impl FromUrl for RedisLockBuilder {
         "ca",
         "cert",
         "key",
+        "min_replicas",
+        "replica_timeout",
+        "sentinel_password",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
         if crate::cluster::is_cluster_scheme(url.scheme()) {
             return crate::cluster::from_connect_url(url);
+        }
+        if matches!(url.scheme(), "redis+sentinel" | "rediss+sentinel") {
+            if ["ca", "cert", "key"]
+                .iter()
+                .any(|name| url.take(name).is_some())
+            {
+                return Err(url.invalid(
+                    "parameters `ca`, `cert` and `key` are not supported with Sentinel yet; rediss+sentinel:// verifies the servers against the system's roots",
+                ));
+            }
+            let settings = crate::sentinel::SentinelSettings::from_url(url)?;
+            return Self::apply_url_parameters(url, RedisLockBuilder::sentinel(settings));
+        }
+        if url.take("sentinel_password").is_some() {
+            return Err(url.invalid(
+                "parameter `sentinel_password` is only for redis+sentinel:// and rediss+sentinel://",
+            ));
         }
         // The server's TLS files travel in its URL, as they do for each Redlock master.
         let mut address = url.without_query();
@@ -225,14 +250,32 @@ impl FromUrl for RedisLockBuilder {
                 address = format!("{address}&tls_server_name={}", percent_encode(&name));
             }
         }
-        let builder = RedisLockBuilder::new(address);
-        let builder = dlock_core::apply_parameters!(url, builder, {
+        Self::apply_url_parameters(url, RedisLockBuilder::new(address))
+    }
+}
+
+impl RedisLockBuilder {
+    /// The settings every Redis scheme takes, applied by name.
+    fn apply_url_parameters(url: &mut ConnectUrl, builder: Self) -> Result<Self> {
+        Ok(dlock_core::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "fence_ttl" => take_duration => Self::with_fence_ttl,
-        });
-        Ok(builder)
+            "min_replicas" => take_replicas => Self::with_min_replicas,
+            "replica_timeout" => take_duration => Self::with_replica_timeout,
+        }))
+    }
+}
+
+/// Reads `min_replicas`-like counts for [`dlock_core::apply_parameters!`].
+trait TakeReplicas {
+    fn take_replicas(&mut self, name: &str) -> Result<Option<u32>>;
+}
+
+impl TakeReplicas for ConnectUrl {
+    fn take_replicas(&mut self, name: &str) -> Result<Option<u32>> {
+        self.take_parsed(name, "a whole number of replicas")
     }
 }
 

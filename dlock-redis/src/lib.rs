@@ -46,6 +46,42 @@
 //! step) into every build, and most deployments reach Redis over a private network; with it off, a
 //! `rediss://` URL is an `InvalidInput` error that names the feature.
 //!
+//! # Sentinel
+//!
+//! `redis+sentinel://[user[:password]@]host:26379[,host…]/SERVICE[/db]` (`rediss+sentinel://…`
+//! for TLS to the sentinels and the primary; `sentinel_password=` for the sentinels' own
+//! password), or [`RedisLockBuilder::sentinel`] with [`SentinelSettings`], connects to whichever
+//! server the sentinels name as the primary of `SERVICE`, and follows it: the client looks the
+//! primary up again when a request fails with a connection error or `READONLY`, gets no answer
+//! within the request timeout, when the release-notification connection cannot be opened, and
+//! when a sentinel announces `+switch-master` (one sentinel at a time is listened to). The
+//! command connection and the release-notification connection then move to the new primary; new
+//! acquires work within a second or two of the promotion.
+//!
+//! Across a failover, the holder's lease reports what the new primary knows, since the
+//! promoted replica may or may not have received the lock key: a renewal that finds the key
+//! keeps the lease held; one that finds it missing marks the lease lost; while the sentinels
+//! fail over, renewals get no answer and the lease is uncertain. A lease that is not renewed
+//! cannot notice, so a new primary that missed the key can grant the lock to a second holder
+//! during the first one's TTL: fencing tokens may repeat then (see "Fencing guarantee").
+//!
+//! # Replica acknowledgement
+//!
+//! [`RedisLockBuilder::with_min_replicas`] (`min_replicas=N&replica_timeout=…` in a URL; single
+//! server and Sentinel) sends `WAIT N timeout` right behind every grant, extension and release,
+//! pipelined on the same connection, so the count is for that write. A grant that fewer than N
+//! replicas acknowledged in time is released again and reported as
+//! [`Error::Unavailable`](dlock_core::Error::Unavailable), never returned as held; an extension
+//! or a release that was not acknowledged is an `Unavailable` error too (an auto-renewed lease
+//! becomes uncertain, and lost if no renewal is acknowledged before its validity ends; a
+//! released key may come back with a failover until its TTL). N = 0, the default, sends no
+//! `WAIT`. `WAIT` blocks its connection: requests behind it on the client's multiplexed
+//! connection wait too, up to the replica timeout when replicas are missing.
+//!
+//! This narrows, not closes, the failover window: a replica that did not acknowledge may still
+//! be promoted, one that did may lose the write in a restart without persistence, and a write
+//! whose `WAIT` timed out stays on the primary.
+//!
 //! # Key layout
 //!
 //! | what | Redis name | value | expiry |
@@ -155,15 +191,18 @@ mod error;
 mod lock;
 #[doc(hidden)]
 pub mod protocol;
+mod replicas;
+mod sentinel;
 mod waiting;
 mod wakeups;
 
 pub use builder::{
-    RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MAX_FENCE_TTL, MAX_TIMEOUT,
-    MIN_FENCE_TTL, MIN_TIMEOUT,
+    RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
+    MAX_FENCE_TTL, MAX_MIN_REPLICAS, MAX_TIMEOUT, MIN_FENCE_TTL, MIN_TIMEOUT,
 };
 #[cfg(feature = "tls")]
 pub use cluster::ClusterTls;
 pub use cluster::{ClusterSettings, RedisConnection};
 pub use endpoint::Endpoint;
 pub use lock::{RedisLock, EXTEND_BATCH};
+pub use sentinel::SentinelSettings;

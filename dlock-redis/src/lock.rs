@@ -14,10 +14,10 @@ use tokio::time::Instant;
 use crate::builder::RedisLockBuilder;
 use crate::cluster::{self, ClusterInfo, RedisConnection};
 use crate::connection::Connection;
-use crate::endpoint::Endpoint;
 use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
 use crate::protocol::scripts::{self, AcquireReply};
+use crate::replicas::{Acknowledged, Acks};
 use crate::wakeups::Wakeups;
 
 /// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough
@@ -39,8 +39,11 @@ struct Inner {
     connection: Connection,
     layout: KeyLayout,
     wakeups: Wakeups,
-    endpoint: Endpoint,
+    /// The server (or Sentinel service) without passwords.
+    endpoint: String,
     fence_ttl: Option<Duration>,
+    /// Replica acknowledgement of every write; `None`: no `WAIT`.
+    acks: Option<Acks>,
     /// Set for a client of a Redis Cluster.
     cluster: Option<ClusterInfo>,
 }
@@ -63,8 +66,9 @@ impl RedisLock {
         connection: Connection,
         layout: KeyLayout,
         wakeups: Wakeups,
-        endpoint: Endpoint,
+        endpoint: String,
         fence_ttl: Option<Duration>,
+        acks: Option<Acks>,
         cluster: Option<ClusterInfo>,
     ) -> Self {
         RedisLock {
@@ -74,6 +78,7 @@ impl RedisLock {
                 wakeups,
                 endpoint,
                 fence_ttl,
+                acks,
                 cluster,
             }),
         }
@@ -100,7 +105,7 @@ impl RedisLock {
     pub fn endpoint(&self) -> &str {
         match &self.inner.cluster {
             Some(cluster) => cluster.redacted(),
-            None => self.inner.endpoint.redacted(),
+            None => &self.inner.endpoint,
         }
     }
 
@@ -143,11 +148,51 @@ impl RedisLock {
         ttl: Duration,
     ) -> Result<AcquireReply> {
         let fence_ttl = self.inner.fence_ttl;
+        let Some(acks) = self.inner.acks else {
+            return self
+                .inner
+                .connection
+                .run("acquire", |mut con| async move {
+                    scripts::acquire(&mut con, lock, fence, owner, ttl, fence_ttl).await
+                })
+                .await;
+        };
+        let (reply, acknowledged) = self
+            .acknowledged("acquire", &acks, |mut con| async move {
+                let reply = scripts::acquire(&mut con, lock, fence, owner, ttl, fence_ttl).await;
+                reply.map(|reply| (reply, con.acknowledged))
+            })
+            .await?;
+        if let (AcquireReply::Granted(_), Err(unacknowledged)) =
+            (&reply, acks.check("acquire", acknowledged))
+        {
+            // Never returned as held: take it back (a failed release leaves the key to its TTL).
+            let channel = keys::release_channel(lock);
+            let released = self
+                .inner
+                .connection
+                .run("release", |mut con| async move {
+                    scripts::release(&mut con, lock, owner, &channel).await
+                })
+                .await;
+            if let Err(error) = released {
+                tracing::warn!(%error, "redis: an unacknowledged grant could not be released; it expires with its TTL");
+            }
+            return Err(unacknowledged);
+        }
+        Ok(reply)
+    }
+
+    /// Runs `call` on the connection with `WAIT` behind each of its commands
+    /// ([`Acknowledged`]), bounded by the request timeout plus the replica timeout.
+    async fn acknowledged<T, F, Fut>(&self, op: &'static str, acks: &Acks, call: F) -> Result<T>
+    where
+        F: FnOnce(Acknowledged<RedisConnection>) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         self.inner
             .connection
-            .run("acquire", |mut con| async move {
-                scripts::acquire(&mut con, lock, fence, owner, ttl, fence_ttl).await
-            })
+            .run_longer(op, acks.timeout, |con| call(Acknowledged::new(con, acks)))
             .await
     }
 }
@@ -176,12 +221,25 @@ impl DistributedLock for RedisLock {
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let lock = self.inner.layout.lock_key(lease.key);
         let owner = lease.owner.to_hex();
-        self.inner
-            .connection
-            .run("extend", |mut con| async move {
-                scripts::extend(&mut con, &lock, &owner, ttl).await
+        let Some(acks) = self.inner.acks else {
+            return self
+                .inner
+                .connection
+                .run("extend", |mut con| async move {
+                    scripts::extend(&mut con, &lock, &owner, ttl).await
+                })
+                .await;
+        };
+        let (extension, acknowledged) = self
+            .acknowledged("extend", &acks, |mut con| async move {
+                let extension = scripts::extend(&mut con, &lock, &owner, ttl).await;
+                extension.map(|e| (e, con.acknowledged))
             })
-            .await
+            .await?;
+        if extension == Extension::Extended {
+            acks.check("extend", acknowledged)?;
+        }
+        Ok(extension)
     }
 
     /// One [`EXTEND_MANY`](scripts::EXTEND_MANY) script per [`EXTEND_BATCH`] leases on the
@@ -207,16 +265,35 @@ impl DistributedLock for RedisLock {
                     (lock_keys[i].clone(), r.lease.owner.to_hex(), r.ttl)
                 })
                 .collect();
+            let acks = self.inner.acks;
             let result = self
                 .inner
                 .connection
-                .run("extend", |mut con| async move {
-                    let triples: Vec<(&str, &str, Duration)> = locks
-                        .iter()
-                        .map(|(lock, owner, ttl)| (lock.as_str(), owner.as_str(), *ttl))
-                        .collect();
-                    scripts::extend_many(&mut con, &triples).await
-                })
+                .run_longer(
+                    "extend",
+                    acks.map_or(Duration::ZERO, |a| a.timeout),
+                    |con| async move {
+                        let triples: Vec<(&str, &str, Duration)> = locks
+                            .iter()
+                            .map(|(lock, owner, ttl)| (lock.as_str(), owner.as_str(), *ttl))
+                            .collect();
+                        let Some(acks) = acks else {
+                            let mut con = con;
+                            return scripts::extend_many(&mut con, &triples).await;
+                        };
+                        let mut con = Acknowledged::new(con, &acks);
+                        let codes = scripts::extend_many(&mut con, &triples).await?;
+                        if acks.check("extend", con.acknowledged).is_ok() {
+                            return Ok(codes);
+                        }
+                        Err(redis::RedisError::from(std::io::Error::other(format!(
+                            "extend: acknowledged by {} of the {} replica(s) required within {:?}",
+                            con.acknowledged.unwrap_or(0),
+                            acks.replicas,
+                            acks.timeout
+                        ))))
+                    },
+                )
                 .await;
             match result {
                 Ok(codes) => {
@@ -254,17 +331,30 @@ impl DistributedLock for RedisLock {
         let lock = self.inner.layout.lock_key(lease.key);
         let channel = self.release_channel(&lock);
         let owner = lease.owner.to_hex();
-        let sharded = self.is_cluster();
-        self.inner
-            .connection
-            .run("release", |mut con| async move {
-                if sharded {
-                    scripts::release_sharded(&mut con, &lock, &owner, &channel).await
-                } else {
-                    scripts::release(&mut con, &lock, &owner, &channel).await
-                }
+        let Some(acks) = self.inner.acks else {
+            let sharded = self.is_cluster();
+            return self
+                .inner
+                .connection
+                .run("release", |mut con| async move {
+                    if sharded {
+                        scripts::release_sharded(&mut con, &lock, &owner, &channel).await
+                    } else {
+                        scripts::release(&mut con, &lock, &owner, &channel).await
+                    }
+                })
+                .await;
+        };
+        let (released, acknowledged) = self
+            .acknowledged("release", &acks, |mut con| async move {
+                let released = scripts::release(&mut con, &lock, &owner, &channel).await;
+                released.map(|r| (r, con.acknowledged))
             })
-            .await
+            .await?;
+        if released == Released::Released {
+            acks.check("release", acknowledged)?;
+        }
+        Ok(released)
     }
 
     /// Reads the lock key and its remaining TTL with [`scripts::peek`]. The holder's fencing
@@ -321,6 +411,7 @@ impl fmt::Debug for RedisLock {
             .field("prefix", &self.inner.layout.prefix())
             .field("request_timeout", &self.request_timeout())
             .field("fence_ttl", &self.inner.fence_ttl)
+            .field("min_replicas", &self.inner.acks.map_or(0, |a| a.replicas))
             .finish()
     }
 }

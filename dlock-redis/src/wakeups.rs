@@ -33,6 +33,8 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
+use crate::connection::Target;
+
 /// How often the subscriber connection is checked with a `PING`.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// How often channels without waiters are unsubscribed.
@@ -99,7 +101,7 @@ impl Drop for Registration {
 impl Wakeups {
     /// Starts the listener on the current runtime. It opens no connection until a task waits.
     pub(crate) fn start(
-        client: redis::Client,
+        target: Target,
         connect_timeout: Duration,
         request_timeout: Duration,
         endpoint: String,
@@ -114,12 +116,13 @@ impl Wakeups {
         let (requests, rx) = mpsc::unbounded_channel();
         let listener = Listener {
             shared: shared.clone(),
-            client,
+            target,
             connect_timeout,
             request_timeout,
             endpoint,
             requests: rx,
             epoch: 0,
+            generation: 0,
             refused: false,
         };
         tokio::spawn(listener.run());
@@ -201,13 +204,16 @@ impl Shared {
 /// The background task that owns the subscriber connection.
 struct Listener {
     shared: Arc<Shared>,
-    client: redis::Client,
+    /// The server to subscribe on; with Sentinel, the listener follows the primary.
+    target: Target,
     connect_timeout: Duration,
     request_timeout: Duration,
     /// The redacted URL, for logs.
     endpoint: String,
     requests: mpsc::UnboundedReceiver<()>,
     epoch: u64,
+    /// The [`Target::generation`] of the server the connection is on.
+    generation: u64,
     /// The server refused the last subscription.
     refused: bool,
 }
@@ -254,16 +260,19 @@ impl Listener {
 
     /// Opens a subscriber connection and subscribes every channel tasks wait on.
     async fn connect(&mut self) -> Option<(PubSubSink, PubSubStream)> {
-        let opened =
-            tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub()).await;
+        self.generation = self.target.generation();
+        let client = self.target.client();
+        let opened = tokio::time::timeout(self.connect_timeout, client.get_async_pubsub()).await;
         let pubsub = match opened {
             Ok(Ok(pubsub)) => pubsub,
             Ok(Err(error)) => {
                 tracing::debug!(endpoint = %self.endpoint, %error, "release notifications: cannot connect");
+                self.target.suspect();
                 return None;
             }
             Err(_) => {
                 tracing::debug!(endpoint = %self.endpoint, "release notifications: connect timed out");
+                self.target.suspect();
                 return None;
             }
         };
@@ -344,6 +353,10 @@ impl Listener {
                     if !self.sweep(&mut sink).await {
                         return Ended::Broken;
                     }
+                }
+                _ = self.target.moved(self.generation) => {
+                    tracing::debug!(endpoint = %self.endpoint, "release notifications: the primary moved");
+                    return Ended::Broken;
                 }
                 _ = health.tick() => {
                     let answer = tokio::time::timeout(self.request_timeout, sink.ping::<redis::Value>());

@@ -343,6 +343,30 @@ pub const BACKENDS: &[Backend] = &[
             (Safe, "release and extend are ownership-checked scripts"),
         ],
     },
+    // The same client as the Redis row with `min_replicas = 1`: each grant waits for the replica.
+    Backend {
+        name: "redis-wait",
+        title: "Redis, WAIT for 1 replica",
+        role: Role::Variant("redis"),
+        scheme: "redis",
+        fixture: Fixture::RedisServer,
+        capabilities: Some(|| {
+            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+        }),
+        safety: &[
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (NotApplicable, SAME_AS_REDIS),
+            (Unavailable, "the cut-off replica never acknowledges the holder's grant, so it is taken back and refused, and the promoted replica has no replica to acknowledge the successor's: no overlap, no hand-over. WAIT narrows, not closes, the window: with several replicas, promoting one that did not acknowledge still loses the grant"),
+            (NotApplicable, SAME_AS_REDIS),
+        ],
+    },
     // Ephemeral sequential nodes, czxid tokens, leases that follow the session.
     Backend {
         name: "zk",
@@ -471,6 +495,10 @@ fn session_backend() -> Capabilities {
 fn redlock() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
 }
+
+/// The same reason for every line of the Redis `WAIT` variant but the failover.
+const SAME_AS_REDIS: &str =
+    "the same client as the Redis row; only the failover to a replica differs";
 
 /// The same reason for every line of the Redlock variant but the restart.
 const SAME_AS_REDLOCK: &str = "the same client as the Redlock row; only restarts differ";

@@ -82,6 +82,8 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
         format!("etcd://app:{PASSWORD}@127.0.0.1:1/a?prefix=b"),
         format!("ftp://app:{PASSWORD}@127.0.0.1:1"),
         format!("redis://app:{PASSWORD}%zz@127.0.0.1:1"),
+        format!("redis+sentinel://app:{PASSWORD}@127.0.0.1:1/mymaster?sentinel_password={PASSWORD}&connect_timeout=300ms"),
+        format!("redis+sentinel://app:{PASSWORD}@127.0.0.1:1/mymaster?sentinel_password={PASSWORD}&min_replicas=x"),
         format!("etcd+https://app:{PASSWORD}@127.0.0.1:1?{tls}&connect_timeout=300ms"),
         format!(
             "etcd+https://app:{PASSWORD}@127.0.0.1:1?ca={}",
@@ -124,6 +126,22 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
             .unwrap()
         ),
         format!("{:?}", dlock::url::ConnectUrl::parse(&urls[1]).unwrap()),
+        format!(
+            "{:?}",
+            dlock::redis::RedisLockBuilder::from_url(
+                urls.iter()
+                    .find(|u| u.starts_with("redis+sentinel"))
+                    .unwrap()
+            )
+            .unwrap()
+        ),
+        format!(
+            "{:?}",
+            dlock::url::ConnectUrl::parse(
+                urls.iter().find(|u| u.contains("min_replicas=x")).unwrap()
+            )
+            .unwrap()
+        ),
     ];
     shown.push_str(&builders.join("\n"));
     let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();

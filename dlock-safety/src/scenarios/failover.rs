@@ -11,6 +11,9 @@ use crate::targets::Target;
 /// counter exists on both). The replica is cut off; the holder takes the lock on the primary; the
 /// primary dies; the replica is promoted, and another client takes the lock there — the grant was
 /// never replicated — and writes; the holder, whose lease is still valid, writes too.
+///
+/// A client that waits for replica acknowledgement (`min_replicas`) is refused the grant while
+/// the replica is cut off; the holder then never holds, and only the successor works.
 pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let pair = target.replication()?;
     let outcome = fail_over(pair, run).await;
@@ -28,7 +31,15 @@ async fn fail_over(pair: &dyn crate::targets::Replication, run: &Run) -> anyhow:
     };
     run.work_and_release(2, earlier).await;
     pair.stop_replicating().await?;
-    let lease = run.hold(&primary, &long).await?;
+    let Some(lease) = run.acquire(0, &primary, &long).await else {
+        let promoted = pair.promote_replica().await?;
+        let successor = run.acquire_retrying(1, &promoted, &long).await;
+        return Ok(Outcome {
+            handed_on: run.hand_on(successor).await,
+            note: "the holder's grant was refused: no replica acknowledged it".to_owned(),
+            ..Outcome::default()
+        });
+    };
     let read = run.read();
     let promoted = pair.promote_replica().await?;
     let successor = run.acquire_retrying(1, &promoted, &long).await;

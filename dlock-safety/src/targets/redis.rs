@@ -17,6 +17,9 @@ use crate::baselines::{LegacyGetSetLock, NaiveExpireLock};
 pub enum RedisFlavor {
     /// A dlock backend (`dlock-redis`), connected through its registry URL.
     Dlock(&'static Backend),
+    /// `dlock-redis` with `min_replicas = 1`: every grant, extension and release waits for the
+    /// replica's acknowledgement (`WAIT`).
+    Acknowledged,
     /// The SETNX/GETSET baseline.
     LegacyGetSet,
     /// The SETNX+EXPIRE baseline.
@@ -31,6 +34,7 @@ impl RedisFlavor {
             (Role::Baseline, "legacy-getset") => RedisFlavor::LegacyGetSet,
             (Role::Baseline, "naive-expire") => RedisFlavor::NaiveExpire,
             (Role::Baseline, other) => anyhow::bail!("no baseline client named {other:?}"),
+            (Role::Variant("redis"), "redis-wait") => RedisFlavor::Acknowledged,
             (Role::Backend | Role::Variant(_), _) => RedisFlavor::Dlock(backend),
         })
     }
@@ -65,6 +69,14 @@ impl RedisTarget {
                 let url = backend.url(&[url.to_owned()], "request_timeout=1s");
                 dlock::connect(&url).await?.backend().clone()
             }
+            RedisFlavor::Acknowledged => Arc::new(
+                dlock_redis::RedisLock::builder(url)
+                    .with_request_timeout(Duration::from_secs(1))
+                    .with_min_replicas(1)
+                    .with_replica_timeout(Duration::from_millis(500))
+                    .connect()
+                    .await?,
+            ),
             RedisFlavor::LegacyGetSet => Arc::new(LegacyGetSetLock::connect(url).await?),
             RedisFlavor::NaiveExpire => Arc::new(NaiveExpireLock::connect(url).await?),
         })
@@ -85,7 +97,10 @@ impl Target for RedisTarget {
     }
 
     fn fencing(&self) -> bool {
-        matches!(self.flavor, RedisFlavor::Dlock(_))
+        matches!(
+            self.flavor,
+            RedisFlavor::Dlock(_) | RedisFlavor::Acknowledged
+        )
     }
 
     fn abandon_bound(&self, ttl: Duration) -> Duration {

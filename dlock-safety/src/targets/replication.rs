@@ -15,7 +15,7 @@ use super::redis::RedisTarget;
 /// A primary whose replica can be made to lag and then promoted.
 #[async_trait]
 pub trait Replication: Send + Sync {
-    /// A client of the primary.
+    /// A client of the primary, once the replica follows it.
     async fn primary_client(&self) -> anyhow::Result<Arc<dyn DistributedLock>>;
 
     /// Waits until the replica has everything the primary has, then cuts the replica off, so the
@@ -40,7 +40,11 @@ impl RedisTarget {
 #[async_trait]
 impl Replication for RedisTarget {
     async fn primary_client(&self) -> anyhow::Result<Arc<dyn DistributedLock>> {
-        self.connect(&self.pair()?.primary_url()).await
+        let pair = self.pair()?;
+        // After a reset the replica may still be synchronising; a client that waits for its
+        // acknowledgement (`min_replicas`) could not take even a free lock before it follows.
+        wait_in_sync(&pair.primary_url(), &pair.replica_url()).await?;
+        self.connect(&pair.primary_url()).await
     }
 
     async fn stop_replicating(&self) -> anyhow::Result<()> {
