@@ -24,10 +24,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-#[cfg(feature = "tls")]
-use std::path::PathBuf;
 use std::time::Duration;
 
+#[cfg(feature = "tls")]
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::ConnectUrl;
 use dlock_core::{Error, Result};
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -83,56 +83,28 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// TLS to every node of a cluster (with the `tls` feature): the authority that signed the nodes'
-/// certificates and, for servers that require one, a client certificate. Only the paths are
-/// kept; the files are read when the client connects, and their contents never appear in an
-/// error or a `Debug` output.
+/// The client library's TLS settings from `files`, read and checked (see
+/// [`TlsFiles::load`](dlock_core::tls::TlsFiles::load)): errors name the setting and the path,
+/// never the contents. Without `ca`, nodes are verified against the system's roots.
 #[cfg(feature = "tls")]
-#[derive(Clone, Debug, Default)]
-pub struct ClusterTls {
-    ca: Option<PathBuf>,
-    client: Option<(PathBuf, PathBuf)>,
-}
-
-#[cfg(feature = "tls")]
-impl ClusterTls {
-    /// TLS verified against the system's root certificates, no client certificate.
-    pub fn new() -> Self {
-        ClusterTls::default()
+fn certificates(files: &TlsFiles) -> Result<redis::TlsCertificates> {
+    if files.server_name.is_some() {
+        return Err(Error::invalid(
+            "tls_server_name",
+            "is not supported for a Redis Cluster: each node's certificate is checked against \
+             the host the cluster announces for it",
+        ));
     }
-
-    /// Verifies the nodes against the PEM certificate(s) in `path` instead of the system roots.
-    pub fn with_ca(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca = Some(path.into());
-        self
-    }
-
-    /// Presents the PEM certificate in `cert` with the PEM private key in `key`.
-    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// Reads and checks the files (see [`TlsFiles::load`](dlock_core::tls::TlsFiles::load)):
-    /// errors name the setting and the path, never the contents.
-    fn certificates(&self) -> Result<redis::TlsCertificates> {
-        let files = dlock_core::tls::TlsFiles {
-            ca: self.ca.clone(),
-            cert: self.client.as_ref().map(|(cert, _)| cert.clone()),
-            key: self.client.as_ref().map(|(_, key)| key.clone()),
-            server_name: None,
-        };
-        let pem = files.load()?;
-        Ok(redis::TlsCertificates {
-            client_tls: pem
-                .identity
-                .map(|(client_cert, client_key)| redis::ClientTlsConfig {
-                    client_cert,
-                    client_key,
-                }),
-            root_cert: pem.ca,
-        })
-    }
+    let pem = files.load()?;
+    Ok(redis::TlsCertificates {
+        client_tls: pem
+            .identity
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: pem.ca,
+    })
 }
 
 /// Where a cluster is and how to log in; set through [`RedisLockBuilder::cluster`] and the
@@ -143,7 +115,7 @@ pub struct ClusterSettings {
     username: Option<String>,
     password: Option<String>,
     #[cfg(feature = "tls")]
-    tls: Option<ClusterTls>,
+    tls: Option<TlsFiles>,
 }
 
 impl fmt::Debug for ClusterSettings {
@@ -246,7 +218,7 @@ impl ClusterSettings {
         }
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            builder = builder.certs(tls.certificates()?);
+            builder = builder.certs(certificates(tls)?);
         }
         if let Some(pushes) = pushes {
             builder = builder
@@ -309,7 +281,7 @@ impl RedisLockBuilder {
 
     /// TLS to every node (`rediss+cluster://`). Ignored unless the builder is for a cluster.
     #[cfg(feature = "tls")]
-    pub fn with_cluster_tls(mut self, tls: ClusterTls) -> Self {
+    pub fn with_cluster_tls(mut self, tls: TlsFiles) -> Self {
         if let Some(cluster) = &mut self.cluster {
             cluster.tls = Some(tls);
         }
@@ -368,23 +340,8 @@ pub(crate) fn from_connect_url(url: &mut ConnectUrl) -> Result<RedisLockBuilder>
 
 #[cfg(feature = "tls")]
 fn tls_from_url(url: &mut ConnectUrl, builder: RedisLockBuilder) -> Result<RedisLockBuilder> {
-    let files = dlock_core::tls::TlsFiles::from_url(url)?.unwrap_or_default();
-    if files.server_name.is_some() {
-        return Err(url.invalid(
-            "tls_server_name is not supported for a Redis Cluster: each node's certificate is \
-             checked against the host the cluster announces for it",
-        ));
-    }
-    let mut tls = ClusterTls::new();
-    if let Some(ca) = files.ca {
-        tls = tls.with_ca(ca);
-    }
-    match (files.cert, files.key) {
-        (Some(cert), Some(key)) => tls = tls.with_client_cert(cert, key),
-        (None, None) => {}
-        _ => return Err(url.invalid("`cert` and `key` go together")),
-    }
-    Ok(builder.with_cluster_tls(tls))
+    let files = TlsFiles::from_url(url)?.unwrap_or_default();
+    Ok(builder.with_cluster_tls(files))
 }
 
 #[cfg(not(feature = "tls"))]
@@ -769,7 +726,7 @@ mod tests {
         let settings = builder.cluster.clone().unwrap();
         assert!(settings.tls_enabled());
         assert_eq!(settings.redacted(), "rediss+cluster://h:1");
-        assert!(url_error("rediss+cluster://h:1?cert=/c.pem").contains("go together"));
+        assert!(url_error("redis+cluster://h:1?ca=/ca.pem").contains("only for rediss+cluster"));
     }
 
     #[cfg(feature = "tls")]
@@ -780,7 +737,7 @@ mod tests {
         let key = dir.join("client.key");
         std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n").unwrap();
         let missing = dir.join("missing-ca.pem");
-        let attempt = |tls: ClusterTls| async move {
+        let attempt = |tls: TlsFiles| async move {
             match RedisLockBuilder::cluster(["127.0.0.1:1"])
                 .with_cluster_tls(tls)
                 .connect()
@@ -791,11 +748,17 @@ mod tests {
                 Ok(_) => panic!("connected with unusable TLS files"),
             }
         };
-        let (field, message) = attempt(ClusterTls::new().with_ca(&missing)).await;
+        let (field, message) = attempt(TlsFiles::new(&missing)).await;
         assert_eq!(field, "ca");
         assert!(message.contains("missing-ca.pem"), "{message}");
         // A key where a certificate belongs: named by its path, its contents never shown.
-        let (field, message) = attempt(ClusterTls::new().with_client_cert(&key, &key)).await;
+        let half = attempt(TlsFiles {
+            cert: Some(key.clone()),
+            ..TlsFiles::default()
+        })
+        .await;
+        assert_eq!(half.0, "key", "a certificate without its key: {}", half.1);
+        let (field, message) = attempt(TlsFiles::default().with_client_cert(&key, &key)).await;
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(field, "cert");
         assert!(message.contains("client.key"), "{message}");
