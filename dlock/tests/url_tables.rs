@@ -106,3 +106,46 @@ fn the_parameter_table_names_every_parameter_of_every_backend() {
     }
     assert_eq!(documented, declared);
 }
+
+#[test]
+fn every_production_example_parses() {
+    let start = README
+        .find("each of these production forms")
+        .expect("the README's production examples");
+    let block = README[start..]
+        .split("```text\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a text block of URLs");
+    let mut seen = BTreeSet::new();
+    for url in block.lines().filter(|l| !l.trim().is_empty()) {
+        let scheme = url.split("://").next().unwrap();
+        let backend = backends()
+            .into_iter()
+            .find(|(_, (schemes, _))| schemes.contains(&scheme))
+            .map(|(backend, _)| backend)
+            .unwrap_or_else(|| panic!("{url}: no backend serves {scheme}://"));
+        let parsed = match backend {
+            "redis" => parses::<dlock::redis::RedisLockBuilder>(url),
+            "redlock" => parses::<dlock::redlock::RedlockBuilder>(url),
+            "zk" => parses::<dlock::zk::ZkLockBuilder>(url),
+            "etcd" => parses::<dlock::etcd::EtcdLockBuilder>(url),
+            other => panic!("{url}: no production example expected for {other}"),
+        };
+        parsed.unwrap_or_else(|e| panic!("{url}: {e}"));
+        seen.insert(scheme.to_owned());
+    }
+    assert!(seen.len() >= 7, "{seen:?}");
+}
+
+/// Parses `url` as `dlock::connect` does, short of connecting: the per-acquire parameters, then
+/// the backend's own, and nothing left over.
+fn parses<B: FromUrl>(url: &str) -> dlock::Result<()> {
+    let mut url = dlock::url::ConnectUrl::parse(url)?;
+    url.expect_scheme(B::SCHEMES)?;
+    for parameter in dlock::COMMON_PARAMETERS {
+        url.take(parameter);
+    }
+    B::from_connect_url(&mut url)?;
+    url.finish(B::PARAMETERS)
+}
