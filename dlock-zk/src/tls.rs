@@ -7,7 +7,9 @@
 //! times out. A file's contents never appear in an error or a `Debug` output: only its path.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+#[cfg(feature = "tls")]
+use std::path::Path;
+use std::path::PathBuf;
 #[cfg(feature = "tls")]
 use std::time::Duration;
 

@@ -102,12 +102,19 @@ pub async fn connect(url: &str) -> Result<Locks> {
         )));
     };
     let options = lock_options(&mut url)?;
+    if !compiled(feature) {
+        return Err(missing_feature(&url, feature));
+    }
     let backend: Backend = match feature {
+        #[cfg(feature = "redis")]
+        "redis" | "redis-tls" => open(&mut url, dlock_redis::RedisLockBuilder::connect).await?,
+        #[cfg(feature = "redlock")]
+        "redlock" => open(&mut url, dlock_redlock::RedlockBuilder::connect).await?,
+        #[cfg(feature = "zk")]
+        "zk" | "zk-tls" => open(&mut url, dlock_zk::ZkLockBuilder::connect).await?,
+        #[cfg(feature = "etcd")]
+        "etcd" => open(&mut url, dlock_etcd::EtcdLockBuilder::connect).await?,
         "" => memory(&url)?,
-        "redis" | "redis-tls" => redis(&mut url, feature).await?,
-        "redlock" => redlock(&mut url).await?,
-        "zk" | "zk-tls" => zk(&mut url, feature).await?,
-        "etcd" => etcd(&mut url).await?,
         other => return Err(missing_feature(&url, other)),
     };
     Ok(Locks::new(backend, options, url.shown()))
@@ -140,6 +147,27 @@ fn lock_options(url: &mut ConnectUrl) -> Result<LockOptions> {
         other => other,
     })?;
     Ok(options)
+}
+
+/// The backend features of this crate compiled into this build.
+const COMPILED: &[&str] = &[
+    #[cfg(feature = "redis")]
+    "redis",
+    #[cfg(feature = "redis-tls")]
+    "redis-tls",
+    #[cfg(feature = "redlock")]
+    "redlock",
+    #[cfg(feature = "zk")]
+    "zk",
+    #[cfg(feature = "zk-tls")]
+    "zk-tls",
+    #[cfg(feature = "etcd")]
+    "etcd",
+];
+
+/// Whether the Cargo feature `feature` of this crate is compiled in (`""`: no feature needed).
+fn compiled(feature: &str) -> bool {
+    feature.is_empty() || COMPILED.contains(&feature)
 }
 
 /// The error for a scheme whose backend is not compiled in.
@@ -186,52 +214,4 @@ where
         .collect();
     url.finish(&known)?;
     Ok(Arc::new(connect(builder).await?))
-}
-
-#[cfg(feature = "redis")]
-async fn redis(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
-    if feature == "redis-tls" && !cfg!(feature = "redis-tls") {
-        return Err(missing_feature(url, feature));
-    }
-    open(url, dlock_redis::RedisLockBuilder::connect).await
-}
-
-#[cfg(not(feature = "redis"))]
-async fn redis(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
-    Err(missing_feature(url, feature))
-}
-
-#[cfg(feature = "redlock")]
-async fn redlock(url: &mut ConnectUrl) -> Result<Backend> {
-    open(url, dlock_redlock::RedlockBuilder::connect).await
-}
-
-#[cfg(not(feature = "redlock"))]
-async fn redlock(url: &mut ConnectUrl) -> Result<Backend> {
-    // The host list is checked first, so a malformed one reads the same with the feature on.
-    url.hosts()?;
-    Err(missing_feature(url, "redlock"))
-}
-
-#[cfg(feature = "zk")]
-async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
-    if feature == "zk-tls" && !cfg!(feature = "zk-tls") {
-        return Err(missing_feature(url, feature));
-    }
-    open(url, dlock_zk::ZkLockBuilder::connect).await
-}
-
-#[cfg(not(feature = "zk"))]
-async fn zk(url: &mut ConnectUrl, feature: &str) -> Result<Backend> {
-    Err(missing_feature(url, feature))
-}
-
-#[cfg(feature = "etcd")]
-async fn etcd(url: &mut ConnectUrl) -> Result<Backend> {
-    open(url, dlock_etcd::EtcdLockBuilder::connect).await
-}
-
-#[cfg(not(feature = "etcd"))]
-async fn etcd(url: &mut ConnectUrl) -> Result<Backend> {
-    Err(missing_feature(url, "etcd"))
 }
