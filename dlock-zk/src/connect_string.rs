@@ -455,19 +455,30 @@ mod tests {
 
         for (url, says) in [
             ("zk+tls://u:hunter2@zk1", "needs `ca=PATH`"),
-            ("zk+tls://u:hunter2@zk1?ca=/a&cert=/c", "go together"),
-            ("zk+tls://u:hunter2@zk1?ca=/a&key=/k", "go together"),
             ("zk://u:hunter2@zk1?ca=/a", "use zk+tls://"),
             ("zk+tls://u:hunter2@zk1?ca=", "the path is empty"),
-            (
-                "zk+tls://u:hunter2@zk1?ca=/a&tls_server_name=x",
-                "tls_server_name",
-            ),
         ] {
             match ZkLockBuilder::from_url(url) {
                 Err(Error::InvalidInput { field, message }) => {
                     assert_eq!(field, "url", "{url}");
                     assert!(message.contains(says), "{url}: {message}");
+                    assert!(!message.contains("hunter2"), "{message}");
+                }
+                other => panic!("{url}: expected InvalidInput, got {other:?}"),
+            }
+        }
+        // What the client can do with the files is checked before connecting.
+        for (url, setting) in [
+            ("zk+tls://u:hunter2@zk1?ca=/a&cert=/c", "key"),
+            ("zk+tls://u:hunter2@zk1?ca=/a&key=/k", "cert"),
+            (
+                "zk+tls://u:hunter2@zk1?ca=/a&tls_server_name=x",
+                "tls_server_name",
+            ),
+        ] {
+            match ZkLockBuilder::from_url(url).and_then(|b| b.config().map(drop)) {
+                Err(Error::InvalidInput { field, message }) => {
+                    assert_eq!(field, setting, "{url}: {message}");
                     assert!(!message.contains("hunter2"), "{message}");
                 }
                 other => panic!("{url}: expected InvalidInput, got {other:?}"),

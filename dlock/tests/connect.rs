@@ -261,7 +261,10 @@ async fn zk_tls_without_its_feature_names_it() {
 async fn zk_tls_urls() {
     rejected(&[
         ("zk+tls://u:hunter2@h", "needs `ca=PATH`"),
-        ("zk+tls://u:hunter2@h?ca=/a&cert=/c", "go together"),
+        (
+            "zk+tls://u:hunter2@h?ca=/a&cert=/c",
+            "key: a client certificate needs its key",
+        ),
         ("zk://u:hunter2@h?ca=/a", "use zk+tls://"),
         ("zk+tls://u:hunter2@h?ca=/no/such/ca.pem", "/no/such/ca.pem"),
     ])
