@@ -661,6 +661,16 @@ mod tests {
             ),
             "request_timeout"
         );
+        // Replica acknowledgement is not offered on a cluster: refused, not ignored.
+        assert_eq!(
+            field(
+                RedisLockBuilder::cluster(["127.0.0.1:1"])
+                    .with_min_replicas(1)
+                    .connect()
+                    .await
+            ),
+            "min_replicas"
+        );
     }
 
     fn url_error(url: &str) -> String {
