@@ -49,7 +49,9 @@ impl Cx {
     }
 
     async fn client(&self) -> anyhow::Result<Arc<RedisLock>> {
-        Ok(Arc::new(RedisLockBuilder::from_url(&self.url())?.connect().await?))
+        Ok(Arc::new(
+            RedisLockBuilder::from_url(&self.url())?.connect().await?,
+        ))
     }
 
     /// A plain connection (the fixture's own port) to the server the sentinels name now.
