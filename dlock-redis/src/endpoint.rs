@@ -218,14 +218,6 @@ impl FromUrl for RedisLockBuilder {
             return crate::cluster::from_connect_url(url);
         }
         if matches!(url.scheme(), "redis+sentinel" | "rediss+sentinel") {
-            if ["ca", "cert", "key"]
-                .iter()
-                .any(|name| url.take(name).is_some())
-            {
-                return Err(url.invalid(
-                    "parameters `ca`, `cert` and `key` are not supported with Sentinel yet; rediss+sentinel:// verifies the servers against the system's roots",
-                ));
-            }
             let settings = crate::sentinel::SentinelSettings::from_url(url)?;
             return Self::apply_url_parameters(url, RedisLockBuilder::sentinel(settings));
         }

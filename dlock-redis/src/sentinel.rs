@@ -41,11 +41,12 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use dlock_core::tls::TlsFiles;
 use dlock_core::url::ConnectUrl;
 use dlock_core::{Error, Result};
 use futures::StreamExt;
 use redis::io::tcp::TcpSettings;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, TlsMode};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -88,7 +89,7 @@ pub struct SentinelSettings {
     sentinel_username: Option<String>,
     sentinel_password: Option<String>,
     db: i64,
-    tls: Option<TlsMode>,
+    tls: Option<TlsFiles>,
 }
 
 dlock_core::setters! {
@@ -127,22 +128,23 @@ impl SentinelSettings {
         }
     }
 
-    /// TLS to the sentinels and to the primary, with the `tls` feature; `verify: false` skips
-    /// certificate checks (tests only). Without the feature, connecting fails with
-    /// [`Error::InvalidInput`] naming it.
-    pub fn with_tls(mut self, verify: bool) -> Self {
-        self.tls = Some(if verify {
-            TlsMode::Secure
-        } else {
-            TlsMode::Insecure
-        });
+    /// TLS to the sentinels and to the primary, with the `tls` feature: both are checked against
+    /// `files.ca` (the system's roots with [`TlsFiles::default()`]), and `files.cert` and
+    /// `files.key` are presented to servers that require a client certificate
+    /// (`tls-auth-clients yes`). The files are read when the client connects; each problem is an
+    /// [`Error::InvalidInput`] naming the setting and the path. `files.server_name` is refused
+    /// (field `tls_server_name`): each server's certificate is checked against the address the
+    /// sentinels give for it. Without the feature, connecting fails with [`Error::InvalidInput`]
+    /// naming it.
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
         self
     }
 
     /// From `redis+sentinel://[user[:password]@]host[:port][,host…]/SERVICE[/db]` (or
-    /// `rediss+sentinel://…`, TLS to the sentinels and the primary; `#insecure` skips certificate
-    /// checks), taking its `sentinel_password` parameter: the credentials in the string are the
-    /// data servers', the sentinels' password is separate.
+    /// `rediss+sentinel://…`, TLS to the sentinels and the primary, with the TLS files `ca`,
+    /// `cert` and `key`), taking its `sentinel_password` parameter: the credentials in the string
+    /// are the data servers', the sentinels' password is separate.
     pub(crate) fn from_url(url: &mut ConnectUrl) -> Result<Self> {
         let hosts = url.hosts()?;
         let path = url.path_decoded()?;
@@ -169,15 +171,16 @@ impl SentinelSettings {
                 settings = settings.with_password(password.clone());
             }
         }
-        match (url.scheme(), url.fragment()) {
-            ("rediss+sentinel", None) => settings = settings.with_tls(true),
-            ("rediss+sentinel", Some("insecure")) => settings = settings.with_tls(false),
-            (_, None) => {}
-            (_, Some(other)) => {
-                return Err(url.invalid(format!(
-                    "unsupported fragment #{other} (only rediss+sentinel://…#insecure)"
-                )))
-            }
+        if let Some(other) = url.fragment() {
+            return Err(url.invalid(format!("unsupported fragment #{other}")));
+        }
+        let tls = TlsFiles::from_url(url)?;
+        if url.scheme() == "rediss+sentinel" {
+            settings = settings.with_tls(tls.unwrap_or_default());
+        } else if tls.is_some() {
+            return Err(url.invalid(
+                "parameters `ca`, `cert`, `key` and `tls_server_name` need rediss+sentinel:// (TLS)",
+            ));
         }
         if let Some(password) = url.take("sentinel_password") {
             settings = settings.with_sentinel_password(password);
@@ -213,6 +216,13 @@ impl SentinelSettings {
             return Err(Error::invalid(
                 "sentinel",
                 "TLS to the sentinels needs the `tls` feature of dlock-redis",
+            ));
+        }
+        if self.tls.as_ref().is_some_and(|t| t.server_name.is_some()) {
+            return Err(Error::invalid(
+                "tls_server_name",
+                "is not supported with Sentinel: each server's certificate is checked against \
+                 the address the sentinels give for it",
             ));
         }
         if self.service.trim().is_empty() || self.service.chars().any(char::is_whitespace) {
@@ -253,10 +263,10 @@ impl SentinelSettings {
         }
         let addr = match self.tls {
             None => ConnectionAddr::Tcp(host.to_owned(), port),
-            Some(mode) => ConnectionAddr::TcpTls {
+            Some(_) => ConnectionAddr::TcpTls {
                 host: host.to_owned(),
                 port,
-                insecure: mode == TlsMode::Insecure,
+                insecure: false,
                 tls_params: None,
             },
         };
@@ -273,23 +283,106 @@ impl SentinelSettings {
         Ok(info.set_redis_settings(redis).set_tcp_settings(nodelay()))
     }
 
-    /// How the primary is reached once the sentinels named it.
-    fn primary_info(&self) -> SentinelNodeConnectionInfo {
-        let mut redis = RedisConnectionInfo::default().set_db(self.db);
+    /// The client that asks the sentinels at `sentinels` for the primary, and how it reaches
+    /// the primary once they named it.
+    fn sentinel_client(
+        &self,
+        sentinels: &[ConnectionInfo],
+        certificates: Option<&Certificates>,
+    ) -> Result<SentinelClient> {
+        let mut builder = SentinelClientBuilder::new(
+            sentinels.iter().map(|info| info.addr().clone()),
+            &self.service,
+            SentinelServerType::Master,
+        )
+        .map_err(|e| Error::invalid("sentinels", e.to_string()))?
+        .set_client_to_redis_db(self.db)
+        .set_client_to_redis_tcp_settings(nodelay())
+        .set_client_to_sentinel_tcp_settings(nodelay());
         if let Some(user) = &self.username {
-            redis = redis.set_username(user);
+            builder = builder.set_client_to_redis_username(user);
         }
         if let Some(password) = &self.password {
-            redis = redis.set_password(password);
+            builder = builder.set_client_to_redis_password(password);
         }
-        let info = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(redis)
-            .set_tcp_settings(nodelay());
-        match self.tls {
-            Some(mode) => info.set_tls_mode(mode),
-            None => info,
+        if let Some(user) = &self.sentinel_username {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = &self.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if self.tls.is_some() {
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+        }
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = certificates {
+            builder = builder
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates.clone());
+        }
+        #[cfg(not(feature = "tls"))]
+        let _ = certificates;
+        builder
+            .build()
+            .map_err(|e| Error::invalid("sentinels", e.to_string()))
+    }
+
+    /// The TLS files as the client library takes them, read now; `None` without TLS or with
+    /// neither files (the system's roots).
+    fn certificates(&self) -> Result<Option<Certificates>> {
+        match &self.tls {
+            Some(files) if files.ca.is_some() || files.cert.is_some() || files.key.is_some() => {
+                certificates(files).map(Some)
+            }
+            _ => Ok(None),
         }
     }
+}
+
+/// Custom TLS files for the client library.
+#[cfg(feature = "tls")]
+type Certificates = redis::TlsCertificates;
+/// Without the `tls` feature there are none: [`SentinelSettings::check`] refuses TLS first.
+#[cfg(not(feature = "tls"))]
+type Certificates = std::convert::Infallible;
+
+#[cfg(feature = "tls")]
+fn certificates(files: &TlsFiles) -> Result<Certificates> {
+    let pem = files.load()?;
+    Ok(redis::TlsCertificates {
+        client_tls: pem
+            .identity
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: pem.ca,
+    })
+}
+
+#[cfg(not(feature = "tls"))]
+fn certificates(_: &TlsFiles) -> Result<Certificates> {
+    Err(Error::invalid(
+        "sentinel",
+        "TLS to the sentinels needs the `tls` feature of dlock-redis",
+    ))
+}
+
+/// A client for one sentinel (the watcher's), with the custom TLS files if any.
+fn sentinel_connection(
+    info: &ConnectionInfo,
+    certificates: Option<&Certificates>,
+) -> Result<redis::Client> {
+    let client = match certificates {
+        #[cfg(feature = "tls")]
+        Some(certificates) => redis::Client::build_with_tls(info.clone(), certificates.clone()),
+        #[cfg(not(feature = "tls"))]
+        Some(never) => match *never {},
+        None => redis::Client::open(info.clone()),
+    };
+    client.map_err(|e| Error::invalid("sentinels", e.to_string()))
 }
 
 impl fmt::Debug for SentinelSettings {
@@ -328,13 +421,12 @@ impl Primary {
     /// the watcher of the sentinels' `+switch-master` announcements.
     pub(crate) async fn find(settings: &SentinelSettings, timeout: Duration) -> Result<Arc<Self>> {
         let sentinels = settings.check()?;
-        let mut sentinel = SentinelClient::build(
-            sentinels.clone(),
-            settings.service.clone(),
-            Some(settings.primary_info()),
-            SentinelServerType::Master,
-        )
-        .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
+        let certificates = settings.certificates()?;
+        let mut sentinel = settings.sentinel_client(&sentinels, certificates.as_ref())?;
+        let watched = sentinels
+            .iter()
+            .map(|info| sentinel_connection(info, certificates.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
         let first = lookup(&mut sentinel, timeout).await?;
         let primary = Arc::new(Primary {
             current: Mutex::new(first),
@@ -352,7 +444,7 @@ impl Primary {
         let watcher = Watcher {
             primary: Arc::downgrade(&primary),
             closed: primary.generation.subscribe(),
-            sentinels,
+            sentinels: watched,
             timeout,
         };
         tokio::spawn(watcher.run());
@@ -455,16 +547,16 @@ struct Watcher {
     primary: Weak<Primary>,
     /// Closed when the primary is dropped.
     closed: watch::Receiver<u64>,
-    sentinels: Vec<ConnectionInfo>,
+    /// A client for each sentinel (not connected until listened to).
+    sentinels: Vec<redis::Client>,
     timeout: Duration,
 }
 
 impl Watcher {
     async fn run(mut self) {
         let mut first = true;
-        for info in self.sentinels.clone().iter().cycle() {
+        for client in self.sentinels.clone().iter().cycle() {
             let subscribed = async {
-                let client = redis::Client::open(info.clone())?;
                 let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.subscribe("+switch-master").await?;
                 Ok::<_, redis::RedisError>(pubsub)
@@ -584,9 +676,12 @@ mod tests {
             "{shown}"
         );
         let tls = from("rediss+sentinel://h/m").unwrap();
-        assert_eq!(tls.tls, Some(TlsMode::Secure));
-        let insecure = from("rediss+sentinel://h/m#insecure").unwrap();
-        assert_eq!(insecure.tls, Some(TlsMode::Insecure));
+        assert_eq!(tls.tls, Some(TlsFiles::default()));
+        let files = from("rediss+sentinel://h/m?ca=/c.pem&cert=/d.pem&key=/k.pem").unwrap();
+        assert_eq!(
+            files.tls,
+            Some(TlsFiles::new("/c.pem").with_client_cert("/d.pem", "/k.pem"))
+        );
         assert_eq!(from("redis+sentinel://h/m").unwrap().db, 0);
     }
 
@@ -602,6 +697,8 @@ mod tests {
         assert!(message("redis+sentinel://:pw@h").contains("no service name"));
         assert!(message("redis+sentinel://:pw@h/m/x").contains("database"));
         assert!(message("redis+sentinel://:pw@h/m#frag").contains("fragment"));
+        assert!(message("rediss+sentinel://h/m#insecure").contains("fragment"));
+        assert!(message("redis+sentinel://h/m?ca=/c.pem").contains("rediss+sentinel"));
         assert!(!message("redis+sentinel://:hunter2@h/m/x").contains("hunter2"));
     }
 
@@ -621,6 +718,11 @@ mod tests {
             "sentinel_service"
         );
         assert_eq!(field(SentinelSettings::new(["h"], "m").with_db(-1)), "db");
+        let named = TlsFiles::default().with_server_name("x");
+        assert_eq!(
+            field(SentinelSettings::new(["h"], "m").with_tls(named)),
+            "tls_server_name"
+        );
         let ok = SentinelSettings::new(["h", "h2:26380", "[::1]:26381"], "m").check();
         assert_eq!(ok.map(|v| v.len()).ok(), Some(3));
     }
