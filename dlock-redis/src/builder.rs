@@ -167,15 +167,23 @@ impl RedisLockBuilder {
         check_timeout("replica_timeout", self.replica_timeout)?;
         install_crypto_provider();
         if let Some(cluster) = self.cluster {
-            if self.min_replicas > 0 || self.sentinel.is_some() {
+            if self.sentinel.is_some() {
                 return Err(dlock_core::Error::invalid(
-                    "min_replicas",
-                    "replica acknowledgement and Sentinel are not available with a cluster",
+                    "sentinel",
+                    "Sentinel is not available with a cluster",
                 ));
             }
             let (connect, request) = (self.connect_timeout, self.request_timeout);
-            return crate::cluster::connect(cluster, layout, connect, request, self.fence_ttl)
-                .await;
+            let acks = Acks::new(self.min_replicas, self.replica_timeout);
+            return crate::cluster::connect(
+                cluster,
+                layout,
+                connect,
+                request,
+                self.fence_ttl,
+                acks,
+            )
+            .await;
         }
         let (target, shown) = match &self.sentinel {
             Some(settings) => {

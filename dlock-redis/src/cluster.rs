@@ -11,6 +11,10 @@
 //!   pause — all within the request timeout. A migration moves both keys of a lock in one
 //!   `MIGRATE`, and the server refuses a script whose keys are split, so a grant never sees half
 //!   a lock.
+//! * **Replica acknowledgement** (`min_replicas`): the lock script and its `WAIT` go as one
+//!   pipeline, which the cluster client routes by the script's key (`WAIT` names no key) to the
+//!   primary that owns the lock's slot, on its one connection to that node: the count `WAIT`
+//!   answers is for that write, as on a single server (see [`crate::replicas`]).
 //! * **Release notifications are sharded** (`SPUBLISH` / `SSUBSCRIBE`, Redis 7): a sharded
 //!   message stays on the shard that owns its channel's slot instead of being broadcast to every
 //!   node, and a script may only publish on a channel of its own slot. So in a cluster the
@@ -39,10 +43,11 @@ use tracing::Instrument;
 
 use crate::builder::RedisLockBuilder;
 use crate::connection::Connection;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, TakeReplicas};
 use crate::error;
 use crate::lock::RedisLock;
 use crate::protocol::keys::{self, KeyLayout};
+use crate::replicas::Acks;
 use crate::wakeups::{Feed, Wakeups};
 
 /// The command connection of a client: to one server, or to a cluster. Both run any command;
@@ -335,6 +340,8 @@ pub(crate) fn from_connect_url(url: &mut ConnectUrl) -> Result<RedisLockBuilder>
         "request_timeout" => take_duration => RedisLockBuilder::with_request_timeout,
         "connect_timeout" => take_duration => RedisLockBuilder::with_connect_timeout,
         "fence_ttl" => take_duration => RedisLockBuilder::with_fence_ttl,
+        "min_replicas" => take_replicas => RedisLockBuilder::with_min_replicas,
+        "replica_timeout" => take_duration => RedisLockBuilder::with_replica_timeout,
     }))
 }
 
@@ -370,6 +377,7 @@ pub(crate) async fn connect(
     connect_timeout: Duration,
     request_timeout: Duration,
     fence_ttl: Option<Duration>,
+    acks: Option<Acks>,
 ) -> Result<RedisLock> {
     let endpoints = settings.endpoints()?;
     let redacted = settings.redacted();
@@ -407,7 +415,7 @@ pub(crate) async fn connect(
         wakeups,
         first.redacted().to_owned(),
         fence_ttl,
-        None,
+        acks,
         Some(ClusterInfo { redacted }),
     ))
 }
@@ -660,16 +668,6 @@ mod tests {
                     .await
             ),
             "request_timeout"
-        );
-        // Replica acknowledgement is not offered on a cluster: refused, not ignored.
-        assert_eq!(
-            field(
-                RedisLockBuilder::cluster(["127.0.0.1:1"])
-                    .with_min_replicas(1)
-                    .connect()
-                    .await
-            ),
-            "min_replicas"
         );
     }
 

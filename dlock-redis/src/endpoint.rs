@@ -261,7 +261,7 @@ impl RedisLockBuilder {
 }
 
 /// Reads `min_replicas`-like counts for [`dlock_core::apply_parameters!`].
-trait TakeReplicas {
+pub(crate) trait TakeReplicas {
     fn take_replicas(&mut self, name: &str) -> Result<Option<u32>>;
 }
 

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! One cluster serves every trial (each works in its own key namespace); the outage case gets a
-//! dedicated one-node cluster. With `DLOCK_TEST_NO_DOCKER=1` every trial is reported as ignored;
+//! dedicated one-node cluster, and replica acknowledgement (`min_replicas`) one of three primaries
+//! with a replica each. With `DLOCK_TEST_NO_DOCKER=1` every trial is reported as ignored;
 //! without Docker and without that opt-out the binary fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -49,19 +50,21 @@ fn main() {
     let runtime = trials::fixture_runtime();
     let certs = TestCerts::generate(&["127.0.0.1", "localhost"], "dlock-client")
         .expect("test certificates");
-    let (shared, outage, tls) = trials::start(
+    let (shared, outage, tls, replicated) = trials::start(
         &runtime,
-        "Redis Clusters: three primaries, one, and three over TLS",
+        "Redis Clusters: three primaries, one, three over TLS, and three with a replica each",
         async {
             tokio::try_join!(
                 RedisCluster::start(3),
                 RedisCluster::start(1),
-                RedisCluster::start_tls(3, &certs)
+                RedisCluster::start_tls(3, &certs),
+                RedisCluster::start_with_replicas(3)
             )
         },
     );
     let shared = Arc::new(shared);
     let tls = Arc::new(tls);
+    let replicated = Arc::new(replicated);
 
     let subject = subject(&shared, &outage, runtime.handle().clone());
     let mut trials: Vec<Trial> = suite::trials(&subject);
@@ -73,12 +76,14 @@ fn main() {
             migrating: Arc::default(),
             tls: tls.clone(),
             certs: Arc::new(certs),
+            replicated: replicated.clone(),
+            replica_turn: Arc::default(),
         },
         support::TRIAL_BUDGET,
     ));
     trials::run_then(&args, trials, &runtime, || async {
         let mut result = outage.shutdown().await;
-        for cluster in [shared, tls] {
+        for cluster in [shared, tls, replicated] {
             if let Ok(cluster) = Arc::try_unwrap(cluster) {
                 result = result.and(cluster.shutdown().await);
             }
@@ -96,6 +101,10 @@ struct Cx {
     /// A cluster that speaks TLS only, and its certificates.
     tls: Arc<RedisCluster>,
     certs: Arc<TestCerts>,
+    /// A cluster whose primaries have a replica each, and a lock that lets one trial at a time
+    /// use it, so a paused replica fails only the trial that paused it.
+    replicated: Arc<RedisCluster>,
+    replica_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Cx {
@@ -116,6 +125,8 @@ fn cases() -> Vec<(&'static str, Case<Cx>)> {
         case!(a_cluster_url_connects_with_its_settings),
         case!(credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshown),
         case!(a_tls_cluster_url_locks_and_wakes_on_every_shard),
+        case!(min_replicas_grants_extends_and_releases_on_every_shard),
+        case!(a_grant_its_paused_replica_does_not_acknowledge_is_unavailable_and_leaves_no_key),
     ]
 }
 
@@ -519,5 +530,127 @@ async fn a_tls_cluster_url_locks_and_wakes_on_every_shard(cx: Cx) -> anyhow::Res
         .connect()
         .await;
     ensure!(untrusted.is_err(), "connected without the authority");
+    Ok(())
+}
+
+/// A name whose lock key hashes to a slot of primary `primary` of `cluster` (an unprefixed
+/// client's lock key is the name).
+async fn name_on(
+    cluster: &RedisCluster,
+    primary: usize,
+    namespace: &str,
+) -> anyhow::Result<String> {
+    for i in 0..1000 {
+        let name = format!("{namespace}/{i}");
+        if cluster.owner_of(keys::hash_slot(name.as_bytes())).await? == primary {
+            return Ok(name);
+        }
+    }
+    anyhow::bail!("no name of 1000 lands on primary {primary}")
+}
+
+/// Whether `key` exists on the replica at `url` (read there with `READONLY`, which a replica in
+/// a cluster needs to answer for its primary's slots).
+async fn on_replica(url: &str, key: &str) -> anyhow::Result<bool> {
+    let mut con = support::raw(url).await?;
+    redis::cmd("READONLY").query_async::<()>(&mut con).await?;
+    Ok(redis::cmd("EXISTS").arg(key).query_async(&mut con).await?)
+}
+
+/// With `min_replicas=1` (set through the URL), a lock on each of the three shards is granted,
+/// extended and released; each grant is on its primary's replica by the time it is returned.
+async fn min_replicas_grants_extends_and_releases_on_every_shard(cx: Cx) -> anyhow::Result<()> {
+    let _turn = cx.replica_turn.lock().await;
+    let url = format!(
+        "redis+cluster://{}?min_replicas=1&replica_timeout=2s",
+        cx.replicated.seeds().join(",")
+    );
+    let client = Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?);
+    let namespace = unique("acknowledged");
+    let opts = LockOptions::new(Duration::from_secs(30));
+    for (primary, primary_url) in cx.replicated.urls().iter().enumerate() {
+        let name = name_on(&cx.replicated, primary, &namespace).await?;
+        let mut lease = client
+            .try_acquire(&name, &opts)
+            .await?
+            .context("a fresh key was busy")?;
+        let replica = cx.replicated.replica_of(primary)?.endpoint();
+        ensure!(
+            on_replica(&format!("redis://{replica}"), &name).await?,
+            "an acknowledged grant of {name} is not on the replica of primary {primary}"
+        );
+        lease.extend(Duration::from_secs(20)).await?;
+        lease.release().await?;
+        let mut con = support::raw(primary_url).await?;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&name)
+            .query_async(&mut con)
+            .await?;
+        ensure!(
+            !exists,
+            "{name} is still on primary {primary} after its release"
+        );
+    }
+    Ok(())
+}
+
+/// With the replica of the primary that owns a lock's slot frozen, a grant there is not
+/// acknowledged: `Unavailable`, and its key is gone from the primary; a lock on another shard is
+/// granted meanwhile. Once the replica is back, the first lock is granted too.
+async fn a_grant_its_paused_replica_does_not_acknowledge_is_unavailable_and_leaves_no_key(
+    cx: Cx,
+) -> anyhow::Result<()> {
+    let _turn = cx.replica_turn.lock().await;
+    let client = Arc::new(
+        RedisLockBuilder::cluster(cx.replicated.seeds())
+            .with_min_replicas(1)
+            .with_replica_timeout(Duration::from_millis(200))
+            .connect()
+            .await?,
+    );
+    let primary = 1;
+    let namespace = unique("replica-paused");
+    let name = name_on(&cx.replicated, primary, &namespace).await?;
+    // A lock on another shard, whose replica is up: its `WAIT` goes to its own primary.
+    let elsewhere = name_on(&cx.replicated, 0, &namespace).await?;
+    let primary_url = cx.replicated.urls()[primary].clone();
+    let replica = cx.replicated.replica_of(primary)?.clone();
+    let opts = LockOptions::new(Duration::from_secs(30));
+    replica.pause().await?;
+    let outcome = client.try_acquire(&name, &opts).await;
+    let other_shard = client.try_acquire(&elsewhere, &opts).await;
+    let exists = async {
+        let mut con = support::raw(&primary_url).await?;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&name)
+            .query_async(&mut con)
+            .await?;
+        anyhow::Ok(exists)
+    }
+    .await;
+    replica.unpause().await?;
+    match outcome {
+        Err(dlock_core::Error::Unavailable { .. }) => {}
+        Err(e) => anyhow::bail!("expected Unavailable, got {e}"),
+        Ok(held) => anyhow::bail!("granted without the replica: {}", held.is_some()),
+    }
+    ensure!(!exists?, "the unacknowledged grant left its key behind");
+    other_shard?
+        .context("a fresh key on another shard was busy")?
+        .release()
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lease = loop {
+        match client.try_acquire(&name, &opts).await {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => anyhow::bail!("{name} is held after an unacknowledged grant"),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(%e, "the replica is not acknowledging yet");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => anyhow::bail!("no grant after the replica came back: {e}"),
+        }
+    };
+    lease.release().await?;
     Ok(())
 }
