@@ -95,7 +95,8 @@ dlock_core::setters! {
         /// [`scripts`](crate::protocol::scripts#the-fencing-counters-expiry)).
         with_fence_ttl(ttl: Duration) => fence_ttl = Some(ttl);
         /// Makes every grant, extension and release wait until `n` replicas acknowledged it
-        /// (`WAIT n replica_timeout`, on the same connection, right behind the lock script); 0
+        /// (`WAIT n replica_timeout`, on the same connection, right behind the lock script; in a
+        /// cluster, on the connection to the primary that owns the lock's slot); 0
         /// (the default) sends no `WAIT`. A grant not acknowledged in time is released and
         /// reported as [`Error::Unavailable`](dlock_core::Error::Unavailable), never returned
         /// as held; an extension or release not acknowledged is an `Unavailable` error too (an

@@ -698,6 +698,15 @@ mod tests {
             "{shown}"
         );
         assert!(!shown.contains("cret"), "{shown}");
+        let acknowledged =
+            RedisLockBuilder::from_url("redis+cluster://h:1?min_replicas=1&replica_timeout=200ms")
+                .unwrap();
+        let shown = format!("{acknowledged:?}");
+        assert!(
+            shown.contains("min_replicas: 1") && shown.contains("replica_timeout: 200ms"),
+            "{shown}"
+        );
+        assert!(url_error("redis+cluster://h:1?min_replicas=x").contains("min_replicas"));
         let no_user = RedisLockBuilder::from_url("redis+cluster://:pw@h:1").unwrap();
         assert_eq!(no_user.cluster.clone().unwrap().username, None);
     }

@@ -68,8 +68,9 @@
 //! # Replica acknowledgement
 //!
 //! [`RedisLockBuilder::with_min_replicas`] (`min_replicas=N&replica_timeout=…` in a URL; single
-//! server and Sentinel) sends `WAIT N timeout` right behind every grant, extension and release,
-//! pipelined on the same connection, so the count is for that write. A grant that fewer than N
+//! server, Sentinel and Cluster) sends `WAIT N timeout` right behind every grant, extension and
+//! release, pipelined on the same connection (in a cluster, the one to the primary that owns the
+//! lock's slot), so the count is for that write. A grant that fewer than N
 //! replicas acknowledged in time is released again and reported as
 //! [`Error::Unavailable`](dlock_core::Error::Unavailable), never returned as held; an extension
 //! or a release that was not acknowledged is an `Unavailable` error too (an auto-renewed lease
