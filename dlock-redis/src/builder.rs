@@ -265,8 +265,9 @@ pub fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
 }
 
 /// rustls needs a process-wide crypto provider; install `ring` unless the application installed
-/// one already (then that one is used).
-fn install_crypto_provider() {
+/// one already (then that one is used). Without it, a build in which rustls has more than one
+/// provider compiled in (another dependency bringing `aws-lc-rs`) panics at the first handshake.
+pub(crate) fn install_crypto_provider() {
     #[cfg(feature = "tls")]
     {
         let _ = rustls::crypto::ring::default_provider().install_default();

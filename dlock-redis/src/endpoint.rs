@@ -132,6 +132,8 @@ impl Endpoint {
 
     #[cfg(feature = "tls")]
     fn tls_client(&self, tls: &TlsFiles) -> Result<redis::Client> {
+        // Clients of several servers (Redlock) build theirs here, not through the builder.
+        crate::builder::install_crypto_provider();
         let pem = tls.load()?;
         let certificates = redis::TlsCertificates {
             client_tls: pem
