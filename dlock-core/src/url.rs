@@ -325,7 +325,7 @@ pub trait FromUrl: Sized {
 /// value (a `take_*` method of [`ConnectUrl`]) and the builder's setter. Evaluates to the builder;
 /// returns early with the first bad value's error.
 ///
-/// ```ignore
+/// ```text
 /// let builder = dlock_core::apply_parameters!(url, RedisLockBuilder::new(address), {
 ///     "prefix" => take_text => Self::with_prefix,
 ///     "request_timeout" => take_duration => Self::with_request_timeout,
