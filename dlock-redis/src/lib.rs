@@ -201,7 +201,6 @@ pub use builder::{
     RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
     MAX_FENCE_TTL, MAX_MIN_REPLICAS, MAX_TIMEOUT, MIN_FENCE_TTL, MIN_TIMEOUT,
 };
-#[cfg(feature = "tls")]
 pub use cluster::{ClusterSettings, RedisConnection};
 pub use endpoint::Endpoint;
 pub use lock::{RedisLock, EXTEND_BATCH};
