@@ -100,16 +100,7 @@ fn certificates(files: &TlsFiles) -> Result<redis::TlsCertificates> {
              the host the cluster announces for it",
         ));
     }
-    let pem = files.load()?;
-    Ok(redis::TlsCertificates {
-        client_tls: pem
-            .identity
-            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
-                client_cert,
-                client_key,
-            }),
-        root_cert: pem.ca,
-    })
+    crate::endpoint::certificates(files)
 }
 
 /// Where a cluster is and how to log in; set through [`RedisLockBuilder::cluster`] and the

@@ -134,16 +134,7 @@ impl Endpoint {
     fn tls_client(&self, tls: &TlsFiles) -> Result<redis::Client> {
         // Clients of several servers (Redlock) build theirs here, not through the builder.
         crate::builder::install_crypto_provider();
-        let pem = tls.load()?;
-        let certificates = redis::TlsCertificates {
-            client_tls: pem
-                .identity
-                .map(|(client_cert, client_key)| redis::ClientTlsConfig {
-                    client_cert,
-                    client_key,
-                }),
-            root_cert: pem.ca,
-        };
+        let certificates = certificates(tls)?;
         let info = self
             .info
             .clone()
@@ -168,6 +159,23 @@ impl Endpoint {
     pub fn redacted(&self) -> &str {
         &self.redacted
     }
+}
+
+/// The client library's TLS settings from `files`, read and checked now (see
+/// [`TlsFiles::load`]): errors name the setting and the path, never the contents. One server,
+/// Sentinel and Cluster all build theirs here.
+#[cfg(feature = "tls")]
+pub(crate) fn certificates(files: &TlsFiles) -> Result<redis::TlsCertificates> {
+    let pem = files.load()?;
+    Ok(redis::TlsCertificates {
+        client_tls: pem
+            .identity
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: pem.ca,
+    })
 }
 
 fn redact(url: &Url) -> String {

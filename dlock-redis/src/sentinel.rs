@@ -350,16 +350,7 @@ type Certificates = std::convert::Infallible;
 
 #[cfg(feature = "tls")]
 fn certificates(files: &TlsFiles) -> Result<Certificates> {
-    let pem = files.load()?;
-    Ok(redis::TlsCertificates {
-        client_tls: pem
-            .identity
-            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
-                client_cert,
-                client_key,
-            }),
-        root_cert: pem.ca,
-    })
+    crate::endpoint::certificates(files)
 }
 
 #[cfg(not(feature = "tls"))]
