@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
-use crate::inspect::Holding;
+use crate::inspect::{Eviction, HeldLock, Holding};
 use crate::key::LockKey;
 use crate::retry::Backoff;
 use crate::session::SessionWatch;
@@ -351,6 +351,46 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// The locks held now whose names start with `prefix` (every lock for `""`), each with what
+    /// [`inspect`](Self::inspect) would say of its holder. Backends list the locks their
+    /// own clients took (with an owner record), so that a key space shared with other data does
+    /// not show up as locks.
+    ///
+    /// Optional: the default answers [`Error::Unsupported`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let _ = prefix;
+        Err(Error::Unsupported {
+            backend: self.backend_name(),
+            what: "listing the held locks",
+        })
+    }
+
+    /// Removes the current holder of `key`, whoever it is: the operator's way out of a lock
+    /// whose holder is stuck. With `expected`, only a holder with that fencing token is removed
+    /// (the one the operator was shown), and any other answers [`Eviction::Changed`] with
+    /// nothing changed.
+    ///
+    /// Safe by fencing, not by time: the next grant of `key` gets a fencing token strictly
+    /// greater than the evicted holder's (on every backend that orders tokens), so a resource
+    /// guarded by a [`Fence`](crate::Fence) rejects the evicted holder's late writes, and the
+    /// evicted holder's lease turns lost at its next renewal (or at once, where the backend
+    /// watches its entry).
+    ///
+    /// Optional: the default answers [`Error::Unsupported`].
+    ///
+    /// # Cancel safety
+    /// The eviction may or may not have happened.
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        let _ = (key, expected);
+        Err(Error::Unsupported {
+            backend: self.backend_name(),
+            what: "evicting a lock's holder",
+        })
+    }
+
     /// Takes the lock, waiting until `deadline` (or forever) while it is busy.
     ///
     /// The default repeats [`try_lock`](Self::try_lock), waiting in between with
@@ -415,6 +455,16 @@ macro_rules! forward_distributed_lock {
             }
             async fn inspect(&self, key: &LockKey) -> Result<Holding> {
                 (**self).inspect(key).await
+            }
+            async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+                (**self).list(prefix).await
+            }
+            async fn evict(
+                &self,
+                key: &LockKey,
+                expected: Option<FencingToken>,
+            ) -> Result<Eviction> {
+                (**self).evict(key, expected).await
             }
             async fn lock(
                 &self,

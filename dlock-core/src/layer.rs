@@ -20,9 +20,10 @@ use crate::backend::{
     LockRequest, Released,
 };
 use crate::error::Result;
-use crate::inspect::Holding;
+use crate::inspect::{Eviction, HeldLock, Holding};
 use crate::key::LockKey;
 use crate::retry::Backoff;
+use crate::token::FencingToken;
 
 /// A wrapper around another lock service: implement [`inner`](Layer::inner) and override the
 /// calls the layer changes; every other call goes to the inner service unchanged. Every `Layer` is
@@ -102,6 +103,16 @@ pub trait Layer: Send + Sync + std::fmt::Debug + 'static {
     /// [`DistributedLock::inspect`]; forwarded by default.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         self.inner().inspect(key).await
+    }
+
+    /// [`DistributedLock::list`]; forwarded by default.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        self.inner().list(prefix).await
+    }
+
+    /// [`DistributedLock::evict`]; forwarded by default.
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        self.inner().evict(key, expected).await
     }
 
     /// [`DistributedLock::lock`]; forwarded by default (to the inner service's own waiting loop,
@@ -219,6 +230,14 @@ impl<L: Layer> DistributedLock for L {
 
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         Layer::inspect(self, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        Layer::list(self, prefix).await
+    }
+
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        Layer::evict(self, key, expected).await
     }
 
     async fn lock(

@@ -39,6 +39,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod admin;
 mod backend;
 mod critical;
 mod error;
@@ -50,6 +51,7 @@ mod layer;
 mod lease;
 mod memory;
 mod options;
+mod owner;
 mod pending;
 mod renew;
 mod retry;
@@ -60,6 +62,7 @@ mod token;
 pub mod url;
 mod waiting;
 
+pub use admin::Admin;
 pub use backend::traced;
 pub use backend::{
     Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
@@ -69,12 +72,13 @@ pub use critical::{CriticalSection, LeaseEnd};
 pub use error::{BoxError, Error, Result};
 pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
-pub use inspect::Holding;
+pub use inspect::{Eviction, HeldLock, Holder, Holding, Waiter};
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use layer::{Layer, Traced};
 pub use lease::Lease;
 pub use memory::InMemoryLock;
 pub use options::{validate_ttl, AutoRenew, Drift, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL};
+pub use owner::{check_label, Owner, OwnerRecord, MAX_LABEL_LEN};
 pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};

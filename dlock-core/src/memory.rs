@@ -19,8 +19,9 @@ use crate::backend::{
     LockRequest, Released,
 };
 use crate::error::Result;
-use crate::inspect::Holding;
+use crate::inspect::{Eviction, HeldLock, Holder as HolderView, Holding};
 use crate::key::LockKey;
+use crate::owner::{Owner, OwnerRecord};
 use crate::token::{FencingToken, OwnerToken};
 
 /// How many operations pass between sweeps of abandoned, expired entries.
@@ -36,6 +37,8 @@ const SWEEP_EVERY: u32 = 1024;
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryLock {
     table: Arc<Mutex<Table>>,
+    /// Who takes locks through this clone (clones may carry different labels).
+    owner: Owner,
 }
 
 #[derive(Debug, Default)]
@@ -54,17 +57,39 @@ struct Slot {
 
 impl Slot {
     fn has_waiters(&self) -> bool {
+        self.waiting() > 0
+    }
+
+    /// Each waiter holds a clone of the wake-up while it waits.
+    fn waiting(&self) -> usize {
         self.waiters
             .as_ref()
-            .is_some_and(|w| Arc::strong_count(w) > 1)
+            .map_or(0, |w| Arc::strong_count(w) - 1)
+    }
+
+    fn view(&self, holder: &Holder, now: Instant) -> HolderView {
+        HolderView::new()
+            .with_fencing(holder.fencing)
+            .with_expiry(holder.expires - now)
+            .with_owner(Some(holder.record.clone()))
+            .with_waiting(self.waiting())
+    }
+
+    /// Frees the slot and wakes one waiter.
+    fn free(&mut self) {
+        self.holder = None;
+        if let Some(waiters) = &self.waiters {
+            waiters.notify_one();
+        }
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Holder {
     owner: OwnerToken,
     fencing: FencingToken,
     expires: Instant,
+    record: OwnerRecord,
 }
 
 impl Holder {
@@ -77,6 +102,15 @@ impl InMemoryLock {
     /// An empty lock table.
     pub fn new() -> Self {
         InMemoryLock::default()
+    }
+
+    /// A clone that records `label` as the application label of the locks it takes (see
+    /// [`OwnerRecord`]); it shares the locks of `self`.
+    pub fn with_owner(&self, label: &str) -> Result<Self> {
+        Ok(InMemoryLock {
+            table: self.table.clone(),
+            owner: self.owner.clone().with_label(label)?,
+        })
     }
 
     /// How many keys have an entry (held, or with waiters, or expired and not yet swept).
@@ -102,8 +136,9 @@ impl Table {
             return;
         }
         self.ops_since_sweep = 0;
-        self.slots
-            .retain(|_, slot| slot.holder.is_some_and(|h| h.live(now)) || slot.has_waiters());
+        self.slots.retain(|_, slot| {
+            slot.holder.as_ref().is_some_and(|h| h.live(now)) || slot.has_waiters()
+        });
     }
 }
 
@@ -123,7 +158,7 @@ impl DistributedLock for InMemoryLock {
         let table = &mut *guard;
         table.sweep_now_and_then(now);
         let slot = table.slots.entry(req.key.clone()).or_default();
-        if let Some(holder) = slot.holder.filter(|h| h.live(now)) {
+        if let Some(holder) = slot.holder.as_ref().filter(|h| h.live(now)) {
             return Ok(Attempt::Busy {
                 retry_after: Some(holder.expires - now),
             });
@@ -134,6 +169,7 @@ impl DistributedLock for InMemoryLock {
             owner: req.owner,
             fencing,
             expires: now + req.ttl,
+            record: self.owner.record(),
         });
         Ok(Attempt::Acquired(Grant::new(fencing, now)))
     }
@@ -160,18 +196,14 @@ impl DistributedLock for InMemoryLock {
         let Entry::Occupied(mut slot) = table.slots.entry(lease.key.clone()) else {
             return Ok(Released::Expired);
         };
-        let outcome = match slot.get().holder {
+        let outcome = match &slot.get().holder {
             Some(h) if h.live(now) && h.owner == lease.owner => Released::Released,
             Some(h) if h.live(now) => return Ok(Released::TakenOver),
             _ => Released::Expired,
         };
         // Free the slot and wake one waiter; drop the entry if nobody waits.
         if slot.get().has_waiters() {
-            let slot = slot.get_mut();
-            slot.holder = None;
-            if let Some(waiters) = &slot.waiters {
-                waiters.notify_one();
-            }
+            slot.get_mut().free();
         } else {
             slot.remove();
         }
@@ -181,13 +213,45 @@ impl DistributedLock for InMemoryLock {
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let now = Instant::now();
         let table = self.table();
-        Ok(match table.slots.get(key).and_then(|slot| slot.holder) {
-            Some(h) if h.live(now) => Holding::Held {
-                fencing: Some(h.fencing),
-                expires_in: Some(h.expires - now),
-            },
+        let Some(slot) = table.slots.get(key) else {
+            return Ok(Holding::Free);
+        };
+        Ok(match &slot.holder {
+            Some(h) if h.live(now) => Holding::Held(slot.view(h, now)),
             _ => Holding::Free,
         })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let now = Instant::now();
+        let table = self.table();
+        Ok(table
+            .slots
+            .iter()
+            .filter(|(key, _)| key.as_str().starts_with(prefix))
+            .filter_map(|(key, slot)| {
+                let holder = slot.holder.as_ref().filter(|h| h.live(now))?;
+                Some(HeldLock::new(key.as_str(), slot.view(holder, now)))
+            })
+            .collect())
+    }
+
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        let now = Instant::now();
+        let mut table = self.table();
+        let Some(slot) = table.slots.get_mut(key) else {
+            return Ok(Eviction::Free);
+        };
+        let Some(holder) = slot.holder.as_ref().filter(|h| h.live(now)) else {
+            return Ok(Eviction::Free);
+        };
+        let view = slot.view(holder, now);
+        if expected.is_some_and(|token| token != holder.fencing) {
+            return Ok(Eviction::Changed(view));
+        }
+        // The next grant takes the next value of the one counter: greater than the evicted one.
+        slot.free();
+        Ok(Eviction::Evicted(view))
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
@@ -196,7 +260,7 @@ impl DistributedLock for InMemoryLock {
             let Some(slot) = table.slots.get_mut(key) else {
                 return Ok(());
             };
-            let expires = slot.holder.map_or(until, |h| h.expires);
+            let expires = slot.holder.as_ref().map_or(until, |h| h.expires);
             let waiters = slot.waiters.get_or_insert_with(Arc::default).clone();
             (waiters, expires.min(until))
         };

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant,
+    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant, Holder,
     Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, Released, Result, SessionState,
     Traced, Waiting,
 };
@@ -702,10 +702,9 @@ impl DistributedLock for ClientState {
         let prefix = self.settings.layout.prefix(key);
         Ok(match holder(&self.requests, &prefix).await? {
             None => Holding::Free,
-            Some(revision) => Holding::Held {
-                fencing: Some(FencingToken(revision.unsigned_abs())),
-                expires_in: None,
-            },
+            Some(revision) => {
+                Holding::Held(Holder::new().with_fencing(FencingToken(revision.unsigned_abs())))
+            }
         })
     }
 

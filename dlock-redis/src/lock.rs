@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee,
-    Grant, Holding, LeaseRef, LockKey, LockRequest, Released, Result,
+    Grant, Holder, Holding, LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -374,10 +374,9 @@ impl DistributedLock for RedisLock {
         if seen.holder.is_none() {
             return Ok(Holding::Free);
         }
-        Ok(Holding::Held {
-            fencing: None,
-            expires_in: seen.pttl,
-        })
+        let mut holder = Holder::new();
+        holder.expires_in = seen.pttl;
+        Ok(Holding::Held(holder))
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

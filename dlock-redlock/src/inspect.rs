@@ -35,7 +35,7 @@
 //! reported with the token of the last dlock holder, since it leaves the counters alone. Keep
 //! other Redlock clients off dlock's lock names, or do not rely on the token `status` shows.
 
-use dlock_core::{FencingToken, Holding, OwnerToken};
+use dlock_core::{FencingToken, Holder, Holding, OwnerToken};
 use dlock_redis::protocol::scripts::Peek;
 
 use crate::quorum::Reply;
@@ -77,10 +77,10 @@ pub(crate) fn decide(
             } else {
                 None
             };
-            return Some(Holding::Held {
-                fencing,
-                expires_in: same.iter().filter_map(|p| p.pttl).min(),
-            });
+            let mut holder = Holder::new();
+            holder.fencing = fencing;
+            holder.expires_in = same.iter().filter_map(|p| p.pttl).min();
+            return Some(Holding::Held(holder));
         }
         largest = largest.max(same.len());
     }
@@ -170,10 +170,9 @@ mod tests {
         ];
         assert_eq!(
             decide(&replies, 0, 3, true),
-            Some(Holding::Held {
-                fencing: None,
-                expires_in: Some(Duration::from_millis(800)),
-            }),
+            Some(Holding::Held(
+                Holder::new().with_expiry(Duration::from_millis(800))
+            )),
             "two agreeing counters are not a quorum"
         );
         let replies = [
@@ -184,17 +183,17 @@ mod tests {
         ];
         assert_eq!(
             decide(&replies, 1, 3, true),
-            Some(Holding::Held {
-                fencing: Some(FencingToken(7)),
-                expires_in: Some(Duration::from_millis(800)),
-            })
+            Some(Holding::Held(
+                Holder::new()
+                    .with_fencing(FencingToken(7))
+                    .with_expiry(Duration::from_millis(800))
+            ))
         );
         assert_eq!(
             decide(&replies, 1, 3, false),
-            Some(Holding::Held {
-                fencing: None,
-                expires_in: Some(Duration::from_millis(800)),
-            }),
+            Some(Holding::Held(
+                Holder::new().with_expiry(Duration::from_millis(800))
+            )),
             "without fencing the counters promise nothing"
         );
     }
@@ -215,10 +214,10 @@ mod tests {
         ];
         assert!(matches!(
             decide(&all, 1, 3, true),
-            Some(Holding::Held {
+            Some(Holding::Held(Holder {
                 fencing: Some(FencingToken(7)),
                 ..
-            })
+            }))
         ));
     }
 
@@ -232,7 +231,7 @@ mod tests {
         ];
         assert!(matches!(
             decide(&replies, 0, 3, true),
-            Some(Holding::Held { fencing: None, .. })
+            Some(Holding::Held(Holder { fencing: None, .. }))
         ));
     }
 

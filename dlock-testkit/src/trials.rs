@@ -257,10 +257,8 @@ where
         .ok_or_else(|| anyhow::anyhow!("a free key was busy"))?;
     let seen = observer.holding(key).await?;
     anyhow::ensure!(
-        seen == Holding::Held {
-            fencing: Some(lease.fencing_token()),
-            expires_in: None
-        },
+        seen.holder()
+            .is_some_and(|h| h.fencing == Some(lease.fencing_token()) && h.expires_in.is_none()),
         "holding() saw {seen:?}, the holder has token {}",
         lease.fencing_token()
     );

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::{FencingToken, Holding, LockKey, Result};
+use dlock_core::{FencingToken, Holder, Holding, LockKey, Result};
 use tokio::time::Instant;
 
 use crate::client::Inner;
@@ -32,16 +32,12 @@ pub(crate) async fn holding(inner: &Arc<Inner>, key: &LockKey) -> Result<Holding
             .await
             .map_err(|f| f.into_error("read the holder's node"))?;
         if let Some(stat) = stat {
-            return Ok(Holding::Held {
-                fencing: u64::try_from(stat.czxid).ok().map(FencingToken),
-                expires_in: None,
-            });
+            let mut holder = Holder::new();
+            holder.fencing = u64::try_from(stat.czxid).ok().map(FencingToken);
+            return Ok(Holding::Held(holder));
         }
     }
     // Every listing showed a holder, but each one was gone a moment later: the lock is busy
     // changing hands, and which token holds it right now cannot be told.
-    Ok(Holding::Held {
-        fencing: None,
-        expires_in: None,
-    })
+    Ok(Holding::Held(Holder::new()))
 }

@@ -49,10 +49,11 @@ pub use locks::Locks;
 pub use dlock_core as core;
 
 pub use dlock_core::{
-    url, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock, DistributedLockExt,
-    Drift, Error, Fence, FenceMode, Fenced, FencingGuarantee, FencingToken, Holding, InMemoryLock,
-    Lease, LeaseEnd, LeaseState, LeaseWatch, LockHandle, LockKey, LockOptions, LostReason,
-    OwnerToken, Released, Result, StaleToken,
+    url, Admin, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock,
+    DistributedLockExt, Drift, Error, Eviction, Fence, FenceMode, Fenced, FencingGuarantee,
+    FencingToken, HeldLock, Holder, Holding, InMemoryLock, Lease, LeaseEnd, LeaseState, LeaseWatch,
+    LockHandle, LockKey, LockOptions, LostReason, OwnerRecord, OwnerToken, Released, Result,
+    StaleToken, Waiter,
 };
 
 /// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).

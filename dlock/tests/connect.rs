@@ -64,7 +64,7 @@ async fn memory_urls_give_a_working_backend_with_the_url_defaults() {
     assert_eq!(locks.options().drift.fixed, Duration::from_millis(3));
     let lease = locks.acquire("k", locks.options()).await.unwrap();
     match locks.holding("k").await.unwrap() {
-        Holding::Held { fencing, .. } => assert_eq!(fencing, Some(lease.fencing_token())),
+        Holding::Held(holder) => assert_eq!(holder.fencing, Some(lease.fencing_token())),
         other => panic!("expected held, got {other:?}"),
     }
     assert!(locks

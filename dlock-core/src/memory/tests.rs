@@ -1,6 +1,7 @@
 //! Backend-level tests of the in-process lock: the raw contract, on tokio's paused clock.
 
 use super::*;
+use crate::inspect::Holder;
 
 fn key(k: &str) -> LockKey {
     LockKey::new(k).unwrap()
@@ -182,10 +183,11 @@ async fn inspect_reads_the_holder_without_taking_the_lock() {
     assert_eq!(locks.inspect(&k).await.unwrap(), Holding::Free);
     let grant = take(&locks, &k, OwnerToken::random(), 100).await;
     match locks.inspect(&k).await.unwrap() {
-        Holding::Held {
+        Holding::Held(Holder {
             fencing,
             expires_in,
-        } => {
+            ..
+        }) => {
             assert_eq!(fencing, Some(grant.fencing));
             assert!(expires_in.is_some_and(|left| left <= Duration::from_millis(100)));
         }

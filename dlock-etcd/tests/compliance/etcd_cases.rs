@@ -186,7 +186,7 @@ async fn etcdctl_holds_and_dlock_waits(env: Env) -> anyhow::Result<()> {
     let etcdctl_revision = contenders(&raw, &locks, &key).await?[0].2;
     let seen = locks.holding(&key).await?;
     ensure!(
-        matches!(seen, Holding::Held { fencing: Some(FencingToken(t)), .. } if t == etcdctl_revision.unsigned_abs()),
+        matches!(&seen, Holding::Held(h) if h.fencing == Some(FencingToken(etcdctl_revision.unsigned_abs()))),
         "holding() saw {seen:?}; etcdctl's key was created at revision {etcdctl_revision}"
     );
     let lease = locks.acquire(&key, &opts).await?;

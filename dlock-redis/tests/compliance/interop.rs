@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLockExt, Holding, LockKey, LockOptions, Released};
+use dlock_core::{DistributedLockExt, Holder, Holding, LockKey, LockOptions, Released};
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
@@ -146,10 +146,11 @@ pub async fn holding_tells_held_or_free_and_the_ttl(url: String) -> anyhow::Resu
         .await?
         .context("a free key was busy")?;
     match ours.holding(&name).await? {
-        Holding::Held {
+        Holding::Held(Holder {
             fencing,
             expires_in,
-        } => {
+            ..
+        }) => {
             ensure!(fencing.is_none(), "claims to know the token: {fencing:?}");
             ensure!(
                 expires_in.is_some_and(|left| left <= ttl && left > ttl / 2),
@@ -169,10 +170,11 @@ pub async fn holding_tells_held_or_free_and_the_ttl(url: String) -> anyhow::Resu
     ensure!(
         matches!(
             seen,
-            Holding::Held {
+            Holding::Held(Holder {
                 fencing: None,
-                expires_in: Some(_)
-            }
+                expires_in: Some(_),
+                ..
+            })
         ),
         "their lock looks {seen:?}"
     );

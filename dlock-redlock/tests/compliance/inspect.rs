@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use dlock_core::{DistributedLock, DistributedLockExt, Holding, LockKey, LockOptions};
+use dlock_core::{DistributedLock, DistributedLockExt, Holder, Holding, LockKey, LockOptions};
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
 use redis::aio::MultiplexedConnection;
@@ -31,10 +31,11 @@ pub async fn a_quorum_decides_held_or_free(urls: Vec<String>) -> anyhow::Result<
     let ttl = Duration::from_secs(30);
     let lease = client.acquire(&name, &LockOptions::new(ttl)).await?;
     match client.inspect(&key).await? {
-        Holding::Held {
+        Holding::Held(Holder {
             fencing,
             expires_in: Some(left),
-        } => {
+            ..
+        }) => {
             ensure!(
                 fencing == Some(lease.fencing_token()),
                 "token {fencing:?}, the lease has {}",
@@ -75,10 +76,11 @@ pub async fn a_quorum_decides_held_or_free(urls: Vec<String>) -> anyhow::Result<
     // A quorum with a value that is not a dlock owner token: held, token unknown.
     plant(&mut cons[..3], &name, "someone-else").await?;
     match client.inspect(&key).await? {
-        Holding::Held {
+        Holding::Held(Holder {
             fencing: None,
             expires_in: Some(_),
-        } => {}
+            ..
+        }) => {}
         other => anyhow::bail!("a foreign holder shows as {other:?}"),
     }
     Ok(())

@@ -55,7 +55,7 @@ pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error(
     }
     let seen = client.inspect(&key).await.context("two masters down")?;
     ensure!(
-        matches!(seen, Holding::Held { fencing: Some(t), .. } if t == token),
+        matches!(&seen, Holding::Held(h) if h.fencing == Some(token)),
         "with two masters down: {seen:?}"
     );
     masters.member(order[2].1)?.stop().await?;

@@ -353,10 +353,7 @@ async fn another_identity_sees_the_queue_but_cannot_touch_it(env: Env) -> anyhow
             .await?,
     );
     match onlooker.holding(&key).await? {
-        Holding::Held {
-            fencing: Some(token),
-            ..
-        } if token == lease.fencing_token() => {}
+        Holding::Held(holder) if holder.fencing == Some(lease.fencing_token()) => {}
         other => bail!("the other identity sees {other:?}"),
     }
     match onlooker.try_acquire(&key, &opts).await {
