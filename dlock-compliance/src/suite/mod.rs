@@ -30,6 +30,7 @@ mod fencing;
 mod input;
 mod keys;
 mod lost;
+mod operator;
 mod outage;
 mod ownership;
 mod queue;
@@ -115,6 +116,9 @@ pub fn cases() -> Vec<Case> {
             cancel::dropped_lease_is_released_promptly,
             keys::unusual_keys_work_and_do_not_collide,
             input::invalid_input_is_rejected_and_leaves_no_state,
+            operator::holding_names_the_holder_and_its_owner,
+            operator::list_shows_the_held_locks_under_a_prefix,
+            operator::forced_unlock_fences_out_the_evicted_holder,
         ],
         Outage: [outage::server_outage_gives_errors_not_hangs_then_recovers],
         Proxy: [silent::silent_link_fails_in_bounded_time_then_recovers],

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingGuarantee, FencingToken,
-    Grant, Layer, LeaseRef, LockRequest, OwnerToken, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Eviction, Extension, FencingGuarantee,
+    FencingToken, Grant, HeldLock, Holder as HolderView, Holding, Layer, LeaseRef, LockKey,
+    LockRequest, Owner, OwnerRecord, OwnerToken, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -40,10 +41,17 @@ pub enum Defect {
     /// A client keeps a connection on which a request timed out, and so fails every later call
     /// (see `link.rs`; the service itself is correct).
     SilentConnectionKept,
+    /// Grants leave no owner record, so nobody can tell who holds a lock.
+    OwnerNotRecorded,
+    /// A forced unlock answers "evicted" but leaves the holder in place.
+    EvictionKeepsHolder,
+    /// A forced unlock winds the fencing counter back, so the next holder gets the evicted
+    /// holder's token again and the fence admits the evicted holder's late write.
+    EvictionReusesToken,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 11] = [
+    pub const ALL: [Defect; 14] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -55,6 +63,9 @@ impl Defect {
         Defect::DeadlineCutsFirstAttempt,
         Defect::QueueEntryOutlivesWaiter,
         Defect::SilentConnectionKept,
+        Defect::OwnerNotRecorded,
+        Defect::EvictionKeepsHolder,
+        Defect::EvictionReusesToken,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,14 +81,28 @@ impl Defect {
             Defect::DeadlineCutsFirstAttempt => "deadline cuts the first attempt",
             Defect::QueueEntryOutlivesWaiter => "queue entry outlives its waiter",
             Defect::SilentConnectionKept => "a connection that stopped answering is kept",
+            Defect::OwnerNotRecorded => "grants leave no owner record",
+            Defect::EvictionKeepsHolder => "a forced unlock keeps the holder",
+            Defect::EvictionReusesToken => "a forced unlock reuses the evicted token",
         }
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Holder {
     owner: OwnerToken,
     expires: Instant,
+    fencing: FencingToken,
+    record: Option<OwnerRecord>,
+}
+
+impl Holder {
+    fn view(&self, now: Instant) -> HolderView {
+        HolderView::new()
+            .with_fencing(self.fencing)
+            .with_expiry(self.expires - now)
+            .with_owner(self.record.clone())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -90,7 +115,7 @@ struct Table {
 
 impl Table {
     fn live(&self, key: &str, now: Instant) -> Option<Holder> {
-        self.holders.get(key).copied().filter(|h| now < h.expires)
+        self.holders.get(key).cloned().filter(|h| now < h.expires)
     }
 }
 
@@ -142,6 +167,9 @@ impl Broken {
             Holder {
                 owner: req.owner,
                 expires: now + ttl,
+                fencing: FencingToken(token),
+                record: (!self.has(Defect::OwnerNotRecorded))
+                    .then(|| Owner::this_process().record()),
             },
         );
         Grant::new(FencingToken(token), now)
@@ -214,6 +242,43 @@ impl DistributedLock for Broken {
         } else {
             Ok(Released::TakenOver)
         }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        let now = Instant::now();
+        Ok(match self.table().live(key.as_str(), now) {
+            Some(holder) => Holding::Held(holder.view(now)),
+            None => Holding::Free,
+        })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let now = Instant::now();
+        let table = self.table();
+        Ok(table
+            .holders
+            .iter()
+            .filter(|(key, holder)| key.starts_with(prefix) && now < holder.expires)
+            .map(|(key, holder)| HeldLock::new(key.as_str(), holder.view(now)))
+            .collect())
+    }
+
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        let now = Instant::now();
+        let mut table = self.table();
+        let Some(holder) = table.live(key.as_str(), now) else {
+            return Ok(Eviction::Free);
+        };
+        if expected.is_some_and(|token| token != holder.fencing) {
+            return Ok(Eviction::Changed(holder.view(now)));
+        }
+        if !self.has(Defect::EvictionKeepsHolder) {
+            table.holders.remove(key.as_str());
+        }
+        if self.has(Defect::EvictionReusesToken) {
+            table.counter = holder.fencing.0 - 1;
+        }
+        Ok(Eviction::Evicted(holder.view(now)))
     }
 }
 
