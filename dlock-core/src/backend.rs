@@ -9,13 +9,11 @@
 //! [`DistributedLockExt`](crate::DistributedLockExt)).
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::inspect::{Eviction, HeldLock, Holding};
@@ -184,9 +182,10 @@ pub enum Released {
     TakenOver,
 }
 
-/// The word a tracing span records as the `outcome` of a lock call, the same in every backend:
-/// `acquired`, `busy`, `extended`, `released`, `expired`, `taken_over` for answers, and
-/// `timeout`, `lost`, `not_owner` or `error` for failures.
+/// The word the tracing and metrics layers record as the `outcome` of a lock call, the same for
+/// every backend: `acquired`, `busy`, `extended`, `released`, `expired`, `taken_over` for answers,
+/// and `timeout`, `lost`, `not_owner`, `unavailable`, `invalid_input`, `backend_error` or
+/// `unsupported` for failures (the kind of [`Error`]).
 pub trait Outcome {
     /// The outcome's word.
     fn outcome(&self) -> &'static str;
@@ -233,7 +232,10 @@ impl Outcome for Error {
             Error::Timeout { .. } => "timeout",
             Error::Lost { .. } => "lost",
             Error::NotOwner { .. } => "not_owner",
-            _ => "error",
+            Error::Unavailable { .. } => "unavailable",
+            Error::InvalidInput { .. } => "invalid_input",
+            Error::Backend { .. } => "backend_error",
+            Error::Unsupported { .. } => "unsupported",
         }
     }
 }
@@ -245,27 +247,6 @@ impl<T: Outcome> Outcome for Result<T> {
             Err(error) => error.outcome(),
         }
     }
-}
-
-/// Runs a backend's operation `op` on `key` inside a `dlock.backend` debug span (fields
-/// `backend`, `op`, `key`) and records its [`Outcome`] there: how every backend traces its
-/// calls, so that one subscriber filter sees them all alike.
-pub async fn traced<T: Outcome>(
-    backend: &'static str,
-    op: &'static str,
-    key: &LockKey,
-    call: impl Future<Output = T>,
-) -> T {
-    let span = tracing::debug_span!(
-        "dlock.backend",
-        backend,
-        op,
-        key = %key,
-        outcome = tracing::field::Empty,
-    );
-    let result = call.instrument(span.clone()).await;
-    span.record("outcome", result.outcome());
-    result
 }
 
 /// A distributed lock service. Implement this for a backend; use it through

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::Instrument;
 
-use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest, Outcome};
+use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest};
 use crate::critical::CriticalSection;
 use crate::error::{Error, Result};
 use crate::inspect::Holding;
@@ -162,30 +161,7 @@ async fn acquire(
         ),
         _ => None,
     };
-    let span = tracing::debug_span!(
-        "dlock.acquire",
-        key = %key,
-        backend = backend.backend_name(),
-        mode = if mode == Mode::Once { "try" } else { "wait" },
-        outcome = tracing::field::Empty,
-        fencing = tracing::field::Empty,
-    );
-    let result = take(&backend, &key, opts, mode, started, deadline)
-        .instrument(span.clone())
-        .await;
-    match &result {
-        Ok(Some(lease)) => {
-            span.record("outcome", "acquired");
-            span.record("fencing", lease.fencing_token().0);
-        }
-        Ok(None) => {
-            span.record("outcome", "busy");
-        }
-        Err(error) => {
-            span.record("outcome", error.outcome());
-        }
-    }
-    result
+    take(&backend, &key, opts, mode, started, deadline).await
 }
 
 async fn take(

@@ -8,16 +8,14 @@
 //! forwards every call by default, so it overrides only what it changes, and a method the trait
 //! gains later reaches every layer by construction.
 
-use std::fmt;
-use std::ops::Deref;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::backend::{
-    traced, Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, Grant, LeaseRef,
-    LockRequest, Released,
+    Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, Grant, LeaseRef, LockRequest,
+    Released,
 };
 use crate::error::Result;
 use crate::inspect::{Eviction, HeldLock, Holding};
@@ -124,77 +122,6 @@ pub trait Layer: Send + Sync + std::fmt::Debug + 'static {
         retry: &Backoff,
     ) -> Result<Grant> {
         self.inner().lock(req, deadline, retry).await
-    }
-}
-
-/// A lock service whose calls that change a lock — `try_lock`, `extend`, `release` and `lock` —
-/// each run in a [`traced`] span named after the service's backend; the rest passes through. A
-/// backend keeps its service behind one (as the ZooKeeper and etcd backends do), so that the span
-/// of each call is written once, here, rather than around every call of every backend. It derefs
-/// to the service.
-#[derive(Clone)]
-pub struct Traced<S>(S);
-
-impl<S> Traced<S> {
-    /// `service`, traced.
-    pub fn new(service: S) -> Self {
-        Traced(service)
-    }
-}
-
-impl<S> Deref for Traced<S> {
-    type Target = S;
-
-    fn deref(&self) -> &S {
-        &self.0
-    }
-}
-
-/// The service's own `Debug`: the tracing is no state worth showing.
-impl<S: fmt::Debug> fmt::Debug for Traced<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-#[async_trait]
-impl<S: DistributedLock> Layer for Traced<S> {
-    fn inner(&self) -> &dyn DistributedLock {
-        &self.0
-    }
-
-    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let call = self.0.try_lock(req);
-        traced(self.0.backend_name(), "try_lock", req.key, call).await
-    }
-
-    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let call = self.0.extend(lease, ttl);
-        traced(self.0.backend_name(), "extend", lease.key, call).await
-    }
-
-    /// One traced [`extend`](Layer::extend) per lease, all at once (the trait's default, so that
-    /// every lease gets its span); a service's own batching is not used.
-    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
-        let extends = requests
-            .iter()
-            .map(|r| Layer::extend(self, &r.lease, r.ttl));
-        futures::future::join_all(extends).await
-    }
-
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let call = self.0.release(lease);
-        traced(self.0.backend_name(), "release", lease.key, call).await
-    }
-
-    async fn lock(
-        &self,
-        req: &LockRequest<'_>,
-        deadline: Option<Instant>,
-        retry: &Backoff,
-    ) -> Result<Grant> {
-        let call = self.0.lock(req, deadline, retry);
-        traced(self.0.backend_name(), "lock", req.key, call).await
     }
 }
 

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::Instrument;
 
-use crate::backend::{DistributedLock, Extension, LeaseRef, Outcome, Released};
+use crate::backend::{DistributedLock, Extension, LeaseRef, Released};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
 use crate::options::{validate_ttl, AutoRenew, Drift};
@@ -17,21 +16,6 @@ use crate::state::{
     self, Condition, LeaseState, LeaseWatch, LostReason, Status, StatusCell, StatusSender,
 };
 use crate::token::{FencingToken, OwnerToken};
-
-/// The span of one operation on a lease (`"dlock.extend"`, `"dlock.release"`): its key, backend
-/// and fencing token, and the outcome recorded when the backend answers. A macro, since a span's
-/// name must be a literal.
-macro_rules! lease_span {
-    ($lease:expr, $name:literal) => {
-        tracing::debug_span!(
-            $name,
-            key = %$lease.key,
-            backend = $lease.backend.backend_name(),
-            fencing = $lease.fencing.0,
-            outcome = tracing::field::Empty,
-        )
-    };
-}
 
 /// A held lock.
 ///
@@ -206,33 +190,22 @@ impl Lease {
     pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
         validate_ttl(ttl)?;
         self.drift.validate(ttl)?;
-        let span = lease_span!(self, "dlock.extend");
-        async {
-            if let LeaseState::Lost(reason) = self.state() {
-                tracing::Span::current().record("outcome", "lost");
-                return Err(self.lost_error(reason));
-            }
-            let sent = Instant::now();
-            let result = self.backend.as_ref().extend(&self.lease_ref(), ttl).await;
-            let outcome = apply_extension(
-                self.status.sender(),
-                &self.key,
-                sent,
-                self.drift.validity(ttl),
-                result,
-            );
-            let word = match &outcome {
-                Ok(()) => "extended",
-                Err(error) => error.outcome(),
-            };
-            tracing::Span::current().record("outcome", word);
-            if outcome.is_ok() {
-                self.ttl = ttl;
-            }
-            outcome
+        if let LeaseState::Lost(reason) = self.state() {
+            return Err(self.lost_error(reason));
         }
-        .instrument(span)
-        .await
+        let sent = Instant::now();
+        let result = self.backend.as_ref().extend(&self.lease_ref(), ttl).await;
+        let outcome = apply_extension(
+            self.status.sender(),
+            &self.key,
+            sent,
+            self.drift.validity(ttl),
+            result,
+        );
+        if outcome.is_ok() {
+            self.ttl = ttl;
+        }
+        outcome
     }
 
     /// Releases the lock and says what happened: released, already expired, or taken over (in
@@ -248,14 +221,7 @@ impl Lease {
     pub async fn release(mut self) -> Result<Released> {
         self.stop_tasks();
         self.status.mark_lost(LostReason::Released);
-        let span = lease_span!(self, "dlock.release");
-        let result = self
-            .backend
-            .as_ref()
-            .release(&self.lease_ref())
-            .instrument(span.clone())
-            .await;
-        span.record("outcome", result.outcome());
+        let result = self.backend.as_ref().release(&self.lease_ref()).await;
         if result.is_ok() {
             self.finished = true;
         }

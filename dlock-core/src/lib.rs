@@ -50,6 +50,7 @@ mod key;
 mod layer;
 mod lease;
 mod memory;
+mod metered;
 mod options;
 mod owner;
 mod pending;
@@ -59,11 +60,11 @@ mod session;
 mod state;
 pub mod tls;
 mod token;
+mod traced;
 pub mod url;
 mod waiting;
 
 pub use admin::Admin;
-pub use backend::traced;
 pub use backend::{
     Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
     LeaseRef, LockRequest, Outcome, Released,
@@ -74,13 +75,15 @@ pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
 pub use inspect::{Eviction, HeldLock, Holder, Holding, Waiter};
 pub use key::{LockKey, MAX_KEY_LEN};
-pub use layer::{Layer, Traced};
+pub use layer::Layer;
 pub use lease::Lease;
 pub use memory::InMemoryLock;
+pub use metered::Metered;
 pub use options::{validate_ttl, AutoRenew, Drift, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL};
 pub use owner::{check_label, Owner, OwnerRecord, MAX_LABEL_LEN};
 pub use retry::{Backoff, MAX_BACKOFF};
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
+pub use traced::Traced;
 pub use waiting::{check_len, check_within, withdraw, Waiting, WITHDRAW_BOUND};

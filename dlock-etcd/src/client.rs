@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant, Holder,
     Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, Released, Result, SessionState,
-    Traced, Waiting,
+    Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
@@ -46,7 +46,7 @@ const LEFTOVER_ATTEMPTS: u32 = 3;
 /// documentation for the protocol and what each guarantee rests on.
 #[derive(Clone)]
 pub struct EtcdLock {
-    state: Traced<Arc<ClientState>>,
+    state: Arc<ClientState>,
 }
 
 /// What every clone of one [`EtcdLock`] shares: its connections, settings, session and the
@@ -249,7 +249,7 @@ impl EtcdLock {
             return Err(explain_closed(error, &state.settings));
         }
         Ok(EtcdLock {
-            state: Traced::new(Arc::new(state)),
+            state: Arc::new(state),
         })
     }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_core::{DistributedLock, Layer, LockKey, Result, Traced};
+use dlock_core::{DistributedLock, Layer, LockKey, Result};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -29,7 +29,7 @@ use crate::stats::{Counters, ZkStats};
 /// through it) closes the session, which deletes its lock nodes at once.
 #[derive(Clone)]
 pub struct ZkLock {
-    service: Traced<Queue>,
+    service: Queue,
 }
 
 /// What every clone of a [`ZkLock`] shares.
@@ -63,7 +63,7 @@ impl fmt::Debug for ZkLock {
     }
 }
 
-/// Every lock call goes to the recipe on the shared state, traced.
+/// Every lock call goes to the recipe on the shared state.
 impl Layer for ZkLock {
     fn inner(&self) -> &dyn DistributedLock {
         &self.service
@@ -101,7 +101,7 @@ impl ZkLock {
         inner.ensure_keeper()?;
         inner.open_session(Instant::now() + connect_timeout).await?;
         Ok(ZkLock {
-            service: Traced::new(Queue(inner)),
+            service: Queue(inner),
         })
     }
 

@@ -1,0 +1,256 @@
+//! The metrics layer: how often locks are contended, how long callers wait and hold, and how
+//! leases end, on the [`metrics`] facade (any exporter: Prometheus, StatsD, OpenTelemetry).
+//!
+//! Wrap any service in [`Metered`] (on the facade: `Locks::builder(url).with_metrics()`) and
+//! install an exporter in the application. Every metric is labelled `backend`; with
+//! [`Metered::with_key_labels`] also `key` — off by default, since lock names can be unbounded
+//! (one per invoice, say) and every name would become a time series.
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `dlock_acquisitions_total` | counter | `outcome` | acquire attempts by outcome: `acquired`, `busy` (a try that found the lock held), `timeout`, or the error's kind (`unavailable`, `backend_error`, …) |
+//! | `dlock_acquire_wait_seconds` | histogram | | from the start of an acquire to its grant |
+//! | `dlock_hold_seconds` | histogram | | from a grant to its release, or to the moment the lease was found lost |
+//! | `dlock_leases_lost_total` | counter | `reason` | leases found gone at a renewal or release: `expired` (nobody held it any more) or `taken_over` (another owner held it) |
+//! | `dlock_renewals_total` | counter | | successful renewals (auto-renew and explicit extends) |
+//! | `dlock_renewal_failures_total` | counter | `outcome` | renewals that got no answer, by the error's kind (the lease is uncertain, not lost) |
+//! | `dlock_leases_held` | gauge | | leases granted through this handle and not yet released or found lost |
+//! | `dlock_acquires_waiting` | gauge | | waiting acquires in flight |
+//!
+//! A lease that a session-based backend (ZooKeeper, etcd) loses when its session ends is counted
+//! when its holder next renews or releases it, since only then does a call pass this layer.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use metrics::{counter, gauge, histogram, Label};
+use tokio::time::Instant;
+
+use crate::backend::{
+    Attempt, DistributedLock, ExtendRequest, Extension, Grant, LeaseRef, LockRequest, Outcome,
+    Released,
+};
+use crate::error::Result;
+use crate::key::LockKey;
+use crate::layer::Layer;
+use crate::retry::Backoff;
+use crate::token::OwnerToken;
+
+/// A lock service that counts and times its calls (see [the module docs](self)).
+pub struct Metered<S> {
+    inner: S,
+    key_labels: bool,
+    /// When each lease still held through this handle was granted.
+    held: Mutex<HashMap<(LockKey, OwnerToken), Instant>>,
+}
+
+impl<S: DistributedLock> Metered<S> {
+    /// `service`, metered, with `backend` labels only.
+    pub fn new(service: S) -> Self {
+        describe();
+        Metered {
+            inner: service,
+            key_labels: false,
+            held: Mutex::default(),
+        }
+    }
+
+    /// Adds a `key` label to every metric. Only for a bounded set of lock names.
+    pub fn with_key_labels(mut self) -> Self {
+        self.key_labels = true;
+        self
+    }
+
+    fn labels(&self, key: &LockKey, extra: Option<(&'static str, &'static str)>) -> Vec<Label> {
+        let mut labels = vec![Label::new("backend", self.inner.backend_name())];
+        if self.key_labels {
+            labels.push(Label::new("key", key.as_str().to_owned()));
+        }
+        if let Some((name, value)) = extra {
+            labels.push(Label::new(name, value));
+        }
+        labels
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<(LockKey, OwnerToken), Instant>> {
+        // The map is consistent after every statement; a panic elsewhere cannot break it.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn attempted<T: Outcome>(&self, key: &LockKey, result: &T) {
+        let outcome = result.outcome();
+        counter!(
+            "dlock_acquisitions_total",
+            self.labels(key, Some(("outcome", outcome)))
+        )
+        .increment(1);
+    }
+
+    fn granted(&self, req: &LockRequest<'_>, started: Instant) {
+        histogram!("dlock_acquire_wait_seconds", self.labels(req.key, None))
+            .record(started.elapsed().as_secs_f64());
+        let fresh = self
+            .held()
+            .insert((req.key.clone(), req.owner), Instant::now())
+            .is_none();
+        if fresh {
+            gauge!("dlock_leases_held", self.labels(req.key, None)).increment(1.0);
+        }
+    }
+
+    /// The lease ended (released, or found lost): its hold time, once. Whether it was still
+    /// counted as held: a lease found lost again, or an abandoned acquire cleaned up by owner
+    /// token, is not a new ending.
+    fn ended(&self, lease: &LeaseRef<'_>) -> bool {
+        let Some(since) = self.held().remove(&(lease.key.clone(), lease.owner)) else {
+            return false;
+        };
+        histogram!("dlock_hold_seconds", self.labels(lease.key, None))
+            .record(since.elapsed().as_secs_f64());
+        gauge!("dlock_leases_held", self.labels(lease.key, None)).decrement(1.0);
+        true
+    }
+
+    fn lost(&self, lease: &LeaseRef<'_>, reason: &'static str) {
+        if self.ended(lease) {
+            counter!(
+                "dlock_leases_lost_total",
+                self.labels(lease.key, Some(("reason", reason)))
+            )
+            .increment(1);
+        }
+    }
+
+    fn renewed(&self, lease: &LeaseRef<'_>, result: &Result<Extension>) {
+        match result {
+            Ok(Extension::Extended) => {
+                counter!("dlock_renewals_total", self.labels(lease.key, None)).increment(1)
+            }
+            Ok(answer) => self.lost(lease, answer.outcome()),
+            Err(error) => counter!(
+                "dlock_renewal_failures_total",
+                self.labels(lease.key, Some(("outcome", error.outcome())))
+            )
+            .increment(1),
+        }
+    }
+}
+
+/// Names the metrics once per process for exporters that print help texts; repeating it is
+/// harmless.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "dlock_acquisitions_total",
+        "Lock acquire attempts by outcome."
+    );
+    describe_histogram!(
+        "dlock_acquire_wait_seconds",
+        Unit::Seconds,
+        "Time from the start of an acquire to its grant."
+    );
+    describe_histogram!(
+        "dlock_hold_seconds",
+        Unit::Seconds,
+        "Time from a grant to its release or to the lease found lost."
+    );
+    describe_counter!(
+        "dlock_leases_lost_total",
+        "Leases found gone at a renewal or release, by reason."
+    );
+    describe_counter!("dlock_renewals_total", "Successful lease renewals.");
+    describe_counter!(
+        "dlock_renewal_failures_total",
+        "Lease renewals that got no answer, by error kind."
+    );
+    describe_gauge!(
+        "dlock_leases_held",
+        "Leases granted through this handle and not yet ended."
+    );
+    describe_gauge!("dlock_acquires_waiting", "Waiting acquires in flight.");
+}
+
+/// Counts one waiting acquire while it is in flight, however it ends (a dropped acquire too).
+struct Waiting(Vec<Label>);
+
+impl Waiting {
+    fn start(labels: Vec<Label>) -> Self {
+        gauge!("dlock_acquires_waiting", labels.clone()).increment(1.0);
+        Waiting(labels)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        gauge!("dlock_acquires_waiting", std::mem::take(&mut self.0)).decrement(1.0);
+    }
+}
+
+/// The service's own `Debug`: the counters are no state worth showing.
+impl<S: fmt::Debug> fmt::Debug for Metered<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+#[async_trait]
+impl<S: DistributedLock> Layer for Metered<S> {
+    fn inner(&self) -> &dyn DistributedLock {
+        &self.inner
+    }
+
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let started = Instant::now();
+        let result = self.inner.try_lock(req).await;
+        self.attempted(req.key, &result);
+        if let Ok(Attempt::Acquired(_)) = &result {
+            self.granted(req, started);
+        }
+        result
+    }
+
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let started = Instant::now();
+        let waiting = Waiting::start(self.labels(req.key, None));
+        let result = self.inner.lock(req, deadline, retry).await;
+        drop(waiting);
+        self.attempted(req.key, &result);
+        if result.is_ok() {
+            self.granted(req, started);
+        }
+        result
+    }
+
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let result = self.inner.extend(lease, ttl).await;
+        self.renewed(lease, &result);
+        result
+    }
+
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        let results = self.inner.extend_many(requests).await;
+        for (request, result) in requests.iter().zip(&results) {
+            self.renewed(&request.lease, result);
+        }
+        results
+    }
+
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let result = self.inner.release(lease).await;
+        match &result {
+            Ok(Released::Released) | Err(_) => {
+                self.ended(lease);
+            }
+            Ok(answer) => self.lost(lease, answer.outcome()),
+        }
+        result
+    }
+}
