@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::exit;
 
-/// Run a command while holding a distributed lock, or show who holds one.
+/// Run a command while holding a distributed lock, show who holds one, list the held locks, or
+/// evict a stuck holder.
 ///
 /// The lock service is named by a URL, as for dlock::connect: memory://, redis://host:6379,
 /// rediss://…, redis+sentinel://h1:26379,h2:26379/mymaster, zk://h1:2181,h2:2181/chroot,
@@ -34,13 +35,71 @@ pub enum Command {
     /// with 76. Otherwise dlock exits with the command's status.
     #[command(after_help = exit::TABLE)]
     Run(RunArgs),
-    /// Show whether the lock is held, and by which fencing token where the backend can tell.
+    /// Show who holds the lock and who waits for it, without taking it.
     ///
-    /// Prints one line and exits with 0 when the lock is free, 75 when it is held, and 3 when
-    /// the backend cannot tell without taking the lock (which status never does) or its servers
-    /// disagree (Redlock masters of which no quorum shows one holder or none).
+    /// Prints the holder (its owner record: label, host and pid; how long it has held the lock;
+    /// its fencing token and remaining TTL where the backend can tell), how many wait, and each
+    /// queued waiter in order where the backend queues them. Exits with 0 when the lock is free,
+    /// 75 when it is held, and 3 when the backend cannot tell without taking the lock (which
+    /// status never does) or its servers disagree (Redlock masters of which no quorum shows one
+    /// holder or none).
     #[command(after_help = exit::TABLE)]
-    Status(Target),
+    Status(StatusArgs),
+    /// List the held locks whose names start with PREFIX (all without one): name, fencing
+    /// token, age and owner.
+    ///
+    /// Lists the locks dlock clients took (they leave an owner record); a peer library's locks
+    /// on the same server are not listed.
+    #[command(after_help = exit::TABLE)]
+    List(ListArgs),
+    /// Evict the lock's current holder (needs --force): shows who it is, asks for confirmation
+    /// unless --yes, then removes it.
+    ///
+    /// Only the holder shown is evicted: if the lock changed hands in between, nothing changes
+    /// (exit 75). The next holder gets a greater fencing token, so a resource that checks tokens
+    /// rejects the evicted holder's late writes, and the evicted holder's lease turns lost at
+    /// its next renewal. Exits with 0 when the holder was evicted or the lock was free.
+    #[command(after_help = exit::TABLE)]
+    Unlock(UnlockArgs),
+}
+
+/// `dlock status`'s arguments.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Which lock.
+    #[command(flatten)]
+    pub target: Target,
+    /// Print one JSON object instead of text (for scripts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dlock list`'s arguments.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The lock service's URL, as for `status`.
+    #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
+    pub url: String,
+    /// List only the locks whose names start with this.
+    #[arg(default_value = "")]
+    pub prefix: String,
+    /// Print one JSON array instead of a table (for scripts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dlock unlock`'s arguments.
+#[derive(Debug, Args)]
+pub struct UnlockArgs {
+    /// Which lock.
+    #[command(flatten)]
+    pub target: Target,
+    /// Required: say that you mean to remove another process's lock.
+    #[arg(long, required = true)]
+    pub force: bool,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 /// Which lock.

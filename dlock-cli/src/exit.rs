@@ -11,13 +11,15 @@ use dlock::Error;
 pub const TABLE: &str = "\
 Exit codes:
   (child's)  run: the command's own exit status; 128+N if it died of signal N
-  0          status: the lock is free
+  0          status: the lock is free; list: listed; unlock: evicted, or free
+  1          unlock: not confirmed, nothing changed
   3          status: the backend cannot tell without taking the lock, or its
              servers disagree
   64         usage: bad arguments, URL, parameter or duration (EX_USAGE)
   69         the lock service is unavailable or failed (EX_UNAVAILABLE)
   75         run: the lock is busy and the wait ended, the command did not run;
-             status: the lock is held (EX_TEMPFAIL, as with flock -E 75)
+             status: the lock is held (EX_TEMPFAIL, as with flock -E 75);
+             unlock: the lock changed hands since it was shown, nothing changed
   76         run: the lease was lost while the command ran; it was stopped
              (SIGTERM, then SIGKILL after --grace)
   126        run: the command could not be executed
@@ -25,6 +27,8 @@ Exit codes:
 
 /// `status`: the lock is free.
 pub const FREE: u8 = 0;
+/// `unlock`: the eviction was not confirmed; nothing changed.
+pub const NOT_CONFIRMED: u8 = 1;
 /// `status`: the backend cannot look at a lock without taking it, or its servers disagree.
 pub const UNKNOWN: u8 = 3;
 /// Bad arguments, URL, query parameter or duration (EX_USAGE).

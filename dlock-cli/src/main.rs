@@ -1,8 +1,11 @@
-//! `dlock`: run a command while holding a distributed lock, or show whether a lock is held.
+//! `dlock`: run a command while holding a distributed lock, show who holds a lock, list the
+//! held locks, or evict a stuck holder.
 //!
 //! ```sh
 //! dlock run --url redis://localhost:6379 --key nightly-report --ttl 30s --wait 0 -- ./report.sh
-//! dlock status --url redis://localhost:6379 --key nightly-report
+//! dlock status --url redis://localhost:6379 --key nightly-report [--json]
+//! dlock list --url redis://localhost:6379 [PREFIX] [--json]
+//! dlock unlock --force --url redis://localhost:6379 --key nightly-report [--yes]
 //! ```
 //!
 //! See `dlock --help` for the commands and the exit codes; the lock service is named by a URL as
@@ -10,8 +13,11 @@
 
 mod args;
 mod exit;
+mod list;
 mod run;
 mod status;
+mod unlock;
+mod view;
 
 use std::process::ExitCode;
 
@@ -39,7 +45,9 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
-            Command::Status(target) => status::status(target).await,
+            Command::Status(args) => status::status(args).await,
+            Command::List(args) => list::list(args).await,
+            Command::Unlock(args) => unlock::unlock(args).await,
         }
     });
     ExitCode::from(outcome.unwrap_or_else(|failure: Failure| {

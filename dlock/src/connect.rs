@@ -21,10 +21,19 @@ use dlock_core::url::ConnectUrl;
 use dlock_core::url::FromUrl;
 use dlock_core::{DistributedLock, Drift, Error, InMemoryLock, LockOptions, Result};
 
-use crate::locks::Locks;
+use crate::locks::{Layers, Locks};
 
-/// The parameters every scheme takes: defaults for each acquire (see [`Locks::options`]).
-pub const COMMON_PARAMETERS: &[&str] = &["ttl", "wait", "drift", "drift_factor"];
+/// The parameters every scheme takes: defaults for each acquire (see [`Locks::options`]), and
+/// the layers to put around the backend (see [`LocksBuilder`](crate::LocksBuilder)).
+pub const COMMON_PARAMETERS: &[&str] = &[
+    "ttl",
+    "wait",
+    "drift",
+    "drift_factor",
+    "tracing",
+    "metrics",
+    "metrics_keys",
+];
 
 /// Every scheme and the Cargo feature of the dlock crate that serves it, so that a scheme whose
 /// backend is not compiled in gets an error naming the feature. (A test checks it against each
@@ -53,7 +62,7 @@ type Backend = Arc<dyn DistributedLock>;
 ///
 /// | URL | backend | Cargo feature | scheme parameters |
 /// |---|---|---|---|
-/// | `memory://` | [`InMemoryLock`], new for each call | — | — |
+/// | `memory://` | [`InMemoryLock`], new for each call | — | `owner` |
 /// | `redis://[user[:password]@]host[:port][/db]`, `redis+unix:///path` | one Redis server | `redis` | `prefix`, `request_timeout`, `connect_timeout`, `fence_ttl` (let idle keys' counters expire, e.g. `30d`), `min_replicas`, `replica_timeout` (`WAIT` for replicas after each write) |
 /// | `rediss://…` (TLS; `#insecure` skips certificate checks) | one Redis server | `redis-tls` | as `redis://` |
 /// | `redis+sentinel://[user[:password]@]host:26379[,host…]/SERVICE[/db]` | the primary of a Redis Sentinel service, followed through failovers | `redis` | as `redis://`, and `sentinel_password` |
@@ -67,7 +76,8 @@ type Backend = Arc<dyn DistributedLock>;
 /// | `etcd+https://[user[:password]@]host:port,…[/namespace]?ca=PATH[&cert=PATH&key=PATH]` | an etcd cluster over TLS | `etcd` | as `etcd://`, and `ca` (required), `cert`, `key` (PEM files), `tls_server_name` |
 ///
 /// Every scheme also takes the per-acquire defaults `ttl`, `wait`, `drift` (the fixed part of
-/// the clock-drift allowance) and `drift_factor`, found in [`Locks::options`]. Durations are
+/// the clock-drift allowance) and `drift_factor`, found in [`Locks::options`], and the layers
+/// `tracing=true`, `metrics=true` and `metrics_keys=true` (see [`LocksBuilder`](crate::LocksBuilder)). Durations are
 /// written `500ms`, `30s`, `2m`. Percent-encode `@ : / ? # %` in user names and passwords.
 ///
 /// ```
@@ -92,6 +102,11 @@ type Backend = Arc<dyn DistributedLock>;
 /// # Cancel safety
 /// Cancel safe: a connection opened by a cancelled call is closed when dropped.
 pub async fn connect(url: &str) -> Result<Locks> {
+    Locks::builder(url).connect().await
+}
+
+/// [`connect`] with the `layers` a [`LocksBuilder`] asked for, on top of those the URL asks for.
+pub(crate) async fn connect_with(url: &str, layers: Layers) -> Result<Locks> {
     let mut url = ConnectUrl::parse(url)?;
     let Some(&(_, feature)) = SCHEMES.iter().find(|(scheme, _)| *scheme == url.scheme()) else {
         let known: Vec<String> = SCHEMES.iter().map(|(s, _)| format!("{s}://")).collect();
@@ -102,6 +117,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
         )));
     };
     let options = lock_options(&mut url)?;
+    let layers = layers.or(url_layers(&mut url)?);
     if !compiled(feature) {
         return Err(missing_feature(&url, feature));
     }
@@ -114,10 +130,19 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "zk" | "zk-tls" => open(&mut url, dlock_zk::ZkLockBuilder::connect).await?,
         #[cfg(feature = "etcd")]
         "etcd" => open(&mut url, dlock_etcd::EtcdLockBuilder::connect).await?,
-        "" => memory(&url)?,
+        "" => memory(&mut url)?,
         other => return Err(missing_feature(&url, other)),
     };
-    Ok(Locks::new(backend, options, url.shown()))
+    Ok(Locks::new(layers.around(backend), options, url.shown()))
+}
+
+/// The layers the URL asks for: `tracing`, `metrics`, `metrics_keys` (each `true` or `false`).
+fn url_layers(url: &mut ConnectUrl) -> Result<Layers> {
+    Ok(Layers {
+        tracing: url.take_bool("tracing")?.unwrap_or(false),
+        metrics: url.take_bool("metrics")?.unwrap_or(false),
+        metrics_keys: url.take_bool("metrics_keys")?.unwrap_or(false),
+    })
 }
 
 /// The per-acquire defaults: the core's defaults with `ttl`, `wait`, `drift` (the fixed part of
@@ -179,13 +204,20 @@ fn missing_feature(url: &ConnectUrl, feature: &str) -> Error {
     ))
 }
 
-/// `memory://`: a fresh in-process lock table; only the common parameters.
-fn memory(url: &ConnectUrl) -> Result<Backend> {
+/// `memory://`: a fresh in-process lock table; the common parameters and `owner` (the
+/// application label of its owner records).
+fn memory(url: &mut ConnectUrl) -> Result<Backend> {
     if url.credentials().is_some() || url.has_hosts() || !url.path().is_empty() {
         return Err(url.invalid("memory:// takes no host, credentials or path"));
     }
+    let mut locks = InMemoryLock::new();
+    if let Some(label) = url.take_text("owner")? {
+        locks = locks
+            .with_owner(&label)
+            .map_err(|e| url.invalid(format!("parameter `owner`: {e}")))?;
+    }
     url.finish(COMMON_PARAMETERS)?;
-    Ok(Arc::new(InMemoryLock::new()))
+    Ok(Arc::new(locks))
 }
 
 /// Makes backend `B`'s builder from the URL, refuses what neither it nor [`COMMON_PARAMETERS`]

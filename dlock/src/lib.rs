@@ -43,7 +43,7 @@ mod locks;
 
 pub use connect::{connect, COMMON_PARAMETERS, SCHEMES};
 pub use dlock_core::url::parse_duration;
-pub use locks::Locks;
+pub use locks::{Locks, LocksBuilder};
 
 /// The core API, for what the root does not re-export.
 pub use dlock_core as core;
@@ -51,9 +51,9 @@ pub use dlock_core as core;
 pub use dlock_core::{
     url, Admin, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock,
     DistributedLockExt, Drift, Error, Eviction, Fence, FenceMode, Fenced, FencingGuarantee,
-    FencingToken, HeldLock, Holder, Holding, InMemoryLock, Lease, LeaseEnd, LeaseState, LeaseWatch,
-    LockHandle, LockKey, LockOptions, LostReason, OwnerRecord, OwnerToken, Released, Result,
-    StaleToken, Waiter,
+    FencingToken, HeldLock, Holder, Holding, InMemoryLock, Layer, Lease, LeaseEnd, LeaseState,
+    LeaseWatch, LockHandle, LockKey, LockOptions, LostReason, Metered, OwnerRecord, OwnerToken,
+    Released, Result, StaleToken, Traced, Waiter,
 };
 
 /// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).
