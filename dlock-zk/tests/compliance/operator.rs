@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use dlock_core::{
     Admin, DistributedLockExt, Eviction, Fenced, FencingToken, Holder, Holding, Lease, LockOptions,
-    Owner, OwnerRecord,
+    Owner, OwnerRecord, Released,
 };
 use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::ZkLock;
@@ -305,6 +305,44 @@ pub async fn evicting_a_paused_holder_fences_it_out(env: Env) -> anyhow::Result<
     ensure!(next.is_held(), "the successor lost the lock");
     next.release().await?;
     drop(stuck);
+    Ok(())
+}
+
+/// A holder that renews learns of its eviction at its next renewal: its lease turns lost, and
+/// its release leaves the next holder alone.
+pub async fn an_auto_renewing_holder_learns_of_its_eviction(env: Env) -> anyhow::Result<()> {
+    let lock = labelled(&env, "renewing").await?;
+    let operator = client(&url(&env.hosts), SESSION).await?;
+    let key = key("renewing");
+    // Renewed every second or so (a third of the TTL).
+    let renewing = LockOptions::new(Duration::from_secs(3)).with_auto_renew();
+    let lease = lock.acquire(&key, &renewing).await?;
+    let lost = lease.lost();
+    let evicted = Instant::now();
+    match Admin::new(&operator).force_unlock(&key, None).await? {
+        Eviction::Evicted(holder) => ensure_ours(holder.owner.as_ref(), "renewing")?,
+        other => bail!("evicting the renewing holder: {other:?}"),
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(10), lost)
+        .await
+        .context("the evicted lease was never told")?;
+    ensure!(lease.state().is_lost(), "the lease is {}", lease.state());
+    eprintln!(
+        "the renewing holder lost its lease {:?} after the eviction: {reason:?}",
+        evicted.elapsed()
+    );
+    let next = operator
+        .try_acquire(&key, &opts())
+        .await?
+        .context("the evicted key is busy")?;
+    ensure!(next.fencing_token() > lease.fencing_token());
+    let released = lease.release().await;
+    ensure!(
+        !matches!(released, Ok(Released::Released)),
+        "the evicted lease released: {released:?}"
+    );
+    ensure!(next.is_held(), "the evicted holder's release took the lock");
+    next.release().await?;
     Ok(())
 }
 

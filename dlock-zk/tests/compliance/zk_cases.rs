@@ -33,6 +33,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(operator::inspect_shows_the_queue_in_order),
         case!(operator::list_finds_the_held_locks_under_a_prefix),
         case!(operator::evicting_a_paused_holder_fences_it_out),
+        case!(operator::an_auto_renewing_holder_learns_of_its_eviction),
         case!(operator::a_kazoo_holder_has_no_record_and_can_be_evicted),
     ]
 }
