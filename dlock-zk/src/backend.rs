@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, Holding, LeaseRef, LockKey,
-    LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Eviction, Extension, FencingToken, Grant,
+    HeldLock, Holding, LeaseRef, LockKey, LockRequest, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -73,14 +73,40 @@ impl DistributedLock for Queue {
         crate::release::release(&self.0, lease).await
     }
 
-    /// Reads the lowest contender node's creation zxid: the holder's fencing token, also for a
-    /// holder using kazoo's or Curator's recipe on the same path. The remaining time is not told:
-    /// the node lives as long as its holder's session.
+    /// Reads the queue: the lowest contender node holds the lock, and its creation zxid is the
+    /// fencing token, also for a holder using kazoo's or Curator's recipe on the same path; the
+    /// other contenders wait in sequence order. Each node's data is its contender's owner record
+    /// (a peer's data reads as none). The remaining time is not told: the node lives as long as
+    /// its holder's session, and its TTL is kept by the holder's client.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         crate::inspect::holding(&self.0, key).await
+    }
+
+    /// Lists the children of the base path (one node per lock key, named by
+    /// [`encode_key`](crate::encode_key)) and looks at each whose name starts with `prefix`; a
+    /// lock is listed when its holder's node carries a dlock owner record.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        crate::inspect::list(&self.0, prefix).await
+    }
+
+    /// Deletes the holder's node (with the version it was read at, and only if its creation
+    /// zxid is `expected` when given). The next waiter's watch fires as on a release; the next
+    /// holder's node is created later, so its zxid (the fencing token) is greater. The evicted
+    /// client finds its node gone at its next extend (auto-renew's), and its lease is lost. If the
+    /// holder that was read leaves before the delete lands, the answer is about whoever holds the
+    /// lock then ([`Eviction::Changed`] or [`Eviction::Free`]): an eviction never removes a
+    /// holder the caller was not shown.
+    ///
+    /// # Cancel safety
+    /// The node may or may not have been deleted.
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        crate::inspect::evict(&self.0, key, expected).await
     }
 
     /// Returns when the current holder's node changes (or at `until`); at once if nobody holds

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{check_len, check_within, Error, Result};
+use dlock_core::{check_within, Error, Owner, Result};
 
 use crate::acl::NodeAcl;
 use crate::connect_string::{check_path, ConnectString};
@@ -24,17 +24,11 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// The base path unless set: every lock key is a child of it (under the chroot, if any).
 pub const DEFAULT_ROOT: &str = "/dlock";
 
-/// The data written into every lock node unless set; kazoo's `Lock.contenders()` shows it.
-pub const DEFAULT_IDENTIFIER: &str = "dlock";
-
 /// The shortest session timeout (or connect or operation timeout) accepted.
 pub const MIN_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The longest session timeout (or connect or operation timeout) accepted.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// The longest identifier accepted, in bytes.
-pub const MAX_IDENTIFIER_LEN: usize = 1024;
 
 /// Validated settings of one backend.
 #[derive(Debug, Clone)]
@@ -45,7 +39,8 @@ pub(crate) struct Config {
     pub(crate) session_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) operation_timeout: Duration,
-    pub(crate) identifier: Vec<u8>,
+    /// Who takes locks through this client: every contender node's data is a fresh record of it.
+    pub(crate) owner: Owner,
     pub(crate) naming: Naming,
     /// The ACL of every node the backend creates (see the `acl` module).
     pub(crate) acl: NodeAcl,
@@ -72,7 +67,7 @@ pub struct ZkLockBuilder {
     connect_timeout: Option<Duration>,
     operation_timeout: Option<Duration>,
     root: String,
-    identifier: String,
+    label: Option<String>,
     naming: Naming,
     tls: Option<TlsFiles>,
 }
@@ -88,7 +83,7 @@ impl fmt::Debug for ZkLockBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.operation_timeout)
             .field("prefix", &self.root)
-            .field("identifier", &self.identifier)
+            .field("owner", &self.label)
             .field("naming", &self.naming)
             .field("tls", &self.tls)
             .finish()
@@ -117,9 +112,18 @@ dlock_core::setters! {
         /// The node under which lock keys live (default `/dlock`), below the chroot if the URL has
         /// one. Created on first use.
         with_prefix(root: impl Into<String>) => root = root.into();
-        /// The data written into each lock node (default `dlock`), e.g. a host name and process
-        /// id, so that operators (and kazoo's `Lock.contenders()`) can see who holds or waits.
-        with_identifier(identifier: impl Into<String>) => identifier = identifier.into();
+        /// The application label of the [owner record](dlock_core::OwnerRecord) this client
+        /// writes as the data of every lock node it creates (1 to
+        /// [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) printable bytes; checked by
+        /// [`connect`](Self::connect)), so that operators — `dlock status`, `zkCli get`, kazoo's
+        /// `Lock.contenders()` — can tell services apart on a shared host. Without it the
+        /// record still names the host and process id.
+        with_owner(label: impl Into<String>) => label = Some(label.into());
+        /// The earlier name of [`with_owner`](Self::with_owner) (and `identifier=` of `owner=`),
+        /// kept so that existing code and URLs work: the identifier is now the owner record's
+        /// label, not the whole node data. kazoo's `Lock.contenders()` shows the record's JSON
+        /// line, which contains it.
+        with_identifier(identifier: impl Into<String>) => label = Some(identifier.into());
         /// How dlock names its own lock nodes (default [`Naming::Kazoo`]), which decides whether
         /// kazoo's `Lock` or Curator's `InterProcessMutex` on the same path waits behind a dlock
         /// holder. dlock waits behind both under either naming; see [`Naming`].
@@ -141,7 +145,7 @@ impl ZkLockBuilder {
             connect_timeout: None,
             operation_timeout: None,
             root: DEFAULT_ROOT.to_owned(),
-            identifier: DEFAULT_IDENTIFIER.to_owned(),
+            label: None,
             naming: Naming::default(),
             tls: None,
         }
@@ -194,7 +198,10 @@ impl ZkLockBuilder {
                 ),
             ));
         }
-        check_len("identifier", &self.identifier, MAX_IDENTIFIER_LEN)?;
+        let owner = match self.label {
+            Some(label) => Owner::this_process().with_label(label)?,
+            None => Owner::this_process(),
+        };
         let base = format!("{}{}", connect.chroot(), self.root);
         let tls = match &self.tls {
             Some(files) => Some(ZkTls::from_files(files)?.load(connect.servers())?),
@@ -207,7 +214,7 @@ impl ZkLockBuilder {
             session_timeout: self.session_timeout,
             connect_timeout,
             operation_timeout,
-            identifier: self.identifier.into_bytes(),
+            owner,
             naming: self.naming,
             acl,
             tls,
@@ -279,10 +286,21 @@ mod tests {
         assert_eq!(field_of(ok().with_prefix("/")), "prefix");
         assert_eq!(field_of(ok().with_prefix("/zookeeper/x")), "prefix");
         assert_eq!(field_of(ok().with_prefix("/a//b")), "prefix");
-        assert_eq!(
-            field_of(ok().with_identifier("x".repeat(2000))),
-            "identifier"
-        );
+        assert_eq!(field_of(ok().with_owner("x".repeat(200))), "owner");
+        assert_eq!(field_of(ok().with_owner("a\nb")), "owner");
+        assert_eq!(field_of(ok().with_identifier("")), "owner");
+    }
+
+    #[test]
+    fn the_label_goes_into_the_owner_record() {
+        let config = ZkLockBuilder::new("zk://a:1").config().unwrap();
+        assert_eq!(config.owner.label(), None);
+        let config = ZkLockBuilder::new("zk://a:1")
+            .with_owner("billing")
+            .config()
+            .unwrap();
+        assert_eq!(config.owner.record().label.as_deref(), Some("billing"));
+        assert_eq!(config.owner.record().pid, std::process::id());
     }
 
     #[test]

@@ -302,6 +302,7 @@ impl FromUrl for ZkLockBuilder {
         "session_timeout",
         "request_timeout",
         "connect_timeout",
+        "owner",
         "identifier",
         "naming",
         "ca",
@@ -316,7 +317,9 @@ impl FromUrl for ZkLockBuilder {
             "session_timeout" => take_duration => Self::with_session_timeout,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
+            // The earlier name first, so that `owner=` wins where a URL has both.
             "identifier" => take_text => Self::with_identifier,
+            "owner" => take_text => Self::with_owner,
         });
         let builder = match url.take("naming") {
             Some(naming) => builder.with_naming(naming.parse()?),
@@ -429,6 +432,30 @@ mod tests {
         let (f, message) = field(ConnectString::parse("zk+tls://zk1:2281?ca=/ca.pem"));
         assert_eq!(f, "url");
         assert!(message.contains("ZkLockBuilder::from_url"), "{message}");
+    }
+
+    #[test]
+    fn owner_and_its_earlier_name_set_the_records_label() {
+        let label = |url: &str| {
+            let config = ZkLockBuilder::from_url(url).unwrap().config().unwrap();
+            config.owner.label().map(str::to_owned)
+        };
+        assert_eq!(label("zk://zk1"), None);
+        assert_eq!(label("zk://zk1?owner=billing").as_deref(), Some("billing"));
+        assert_eq!(
+            label("zk://zk1?identifier=me%40host").as_deref(),
+            Some("me@host")
+        );
+        assert_eq!(
+            label("zk://zk1?identifier=old&owner=new").as_deref(),
+            Some("new")
+        );
+        match ZkLockBuilder::from_url("zk://zk1?owner=").map(ZkLockBuilder::config) {
+            Ok(Err(Error::InvalidInput { field, .. })) | Err(Error::InvalidInput { field, .. }) => {
+                assert_eq!(field, "owner")
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
     }
 
     #[test]

@@ -102,9 +102,31 @@
 //! whatever its prefix, so kazoo's `Lock` and Curator's `InterProcessMutex` holders on the same
 //! path ([`ZkLock::lock_path`], e.g. `/dlock/invoices%2F42` for the key `invoices/42`) make dlock
 //! wait. Which of them waits behind a dlock holder is chosen by [`Naming`]: kazoo's naming (the
-//! default; kazoo's `contenders()` then shows dlock holders with their
-//! [identifier](ZkLockBuilder::with_identifier)) or Curator's. Both directions are tested, kazoo
-//! against the kazoo shipped with Debian.
+//! default; kazoo's `contenders()` then shows dlock holders' owner records) or Curator's. Both
+//! directions are tested, kazoo against the kazoo shipped with Debian.
+//!
+//! # Owner records and operator calls
+//!
+//! Every contender node's data is its [`OwnerRecord`](dlock_core::OwnerRecord): one line of
+//! JSON naming the host, the process id, the label given with
+//! [`with_owner`](ZkLockBuilder::with_owner) (`owner=` in the URL) and when the node was
+//! created. It is written by the create itself and deleted with the node, so it is there exactly
+//! while the contender is; `zkCli get` and kazoo's `Lock.contenders()` show it.
+//! ([`with_identifier`](ZkLockBuilder::with_identifier), which set the whole node data in earlier
+//! releases, now sets the record's label.)
+//!
+//! * [`inspect`](dlock_core::DistributedLock::inspect) reads the queue: the lowest node holds the
+//!   lock (its creation zxid is the fencing token), the others wait in sequence order, each with
+//!   its record. kazoo's and Curator's nodes carry their own data and read as `owner: None`.
+//!   `expires_in` stays `None`: the node has no server-side TTL.
+//! * [`list`](dlock_core::DistributedLock::list) lists the base path's children, decodes them into
+//!   lock names ([`decode_key`]) and looks at each name that starts with the prefix; it lists the
+//!   locks whose holder carries a dlock record.
+//! * [`evict`](dlock_core::DistributedLock::evict) deletes the holder's node, with the version it
+//!   was read at and only if its creation zxid is the expected token. The next waiter wakes as on a
+//!   release, and its node, created later, has a greater zxid. The evicted client does not watch
+//!   its own node: it finds the node gone at its next extend (auto-renew's), and its lease is lost
+//!   from then on; a paused holder that does not renew is stopped by the fence.
 //!
 //! # Connection strings
 //!
@@ -153,8 +175,7 @@ mod tls;
 mod watchdog;
 
 pub use builder::{
-    ZkLockBuilder, DEFAULT_IDENTIFIER, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, MAX_IDENTIFIER_LEN,
-    MAX_TIMEOUT, MIN_TIMEOUT, URL_ENV,
+    ZkLockBuilder, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, MAX_TIMEOUT, MIN_TIMEOUT, URL_ENV,
 };
 pub use client::ZkLock;
 pub use connect_string::{ConnectString, Server, DEFAULT_PORT};

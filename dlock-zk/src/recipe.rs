@@ -49,7 +49,9 @@ pub(crate) async fn create_own(
     let prefix = owner_prefix(inner.config.naming, owner);
     let create_path = format!("{parent}/{prefix}");
     let options = zk::CreateMode::EphemeralSequential.with_acls(inner.config.acl.acls());
-    let data = inner.config.identifier.as_slice();
+    // The owner record, stamped now: `since` is when this contender asked for the lock.
+    let record = inner.config.owner.record().to_json();
+    let data = record.as_bytes();
     let mut missing_parent = 0;
     loop {
         let created = call(inner, session, until, |c| {

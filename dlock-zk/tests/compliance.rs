@@ -15,6 +15,8 @@ mod support;
 
 #[path = "compliance/kazoo.rs"]
 mod kazoo;
+#[path = "compliance/operator.rs"]
+mod operator;
 #[path = "compliance/peers.rs"]
 mod peers;
 #[path = "compliance/zk_cases.rs"]

@@ -70,7 +70,7 @@ fn curator_sort_key(name: &str) -> &str {
 }
 
 /// A Curator `InterProcessMutex` contender: its node, and what Curator decides about it.
-struct Curator {
+pub struct Curator {
     client: zk::Client,
     parent: String,
     name: String,
@@ -78,7 +78,7 @@ struct Curator {
 
 impl Curator {
     /// Creates the contender's node as Curator does (protected mode, ephemeral sequential).
-    async fn enqueue(env: &Env, parent: &str) -> anyhow::Result<Curator> {
+    pub async fn enqueue(env: &Env, parent: &str) -> anyhow::Result<Curator> {
         let client = raw::connect(&env.hosts).await?;
         ensure_path(&client, parent).await?;
         let uuid = format!("{:032x}", rand::random::<u128>());
@@ -111,7 +111,7 @@ impl Curator {
         Ok(index == 0)
     }
 
-    async fn release(self) -> anyhow::Result<()> {
+    pub async fn release(self) -> anyhow::Result<()> {
         self.client
             .delete(&format!("{}/{}", self.parent, self.name), None)
             .await?;

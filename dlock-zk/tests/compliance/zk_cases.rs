@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::support::lossy_proxy::LossyProxy;
 use crate::support::{client, client_with, raw, url, SESSION, SHORT_SESSION, TRIAL_BUDGET};
-use crate::{kazoo, peers, Env};
+use crate::{kazoo, operator, peers, Env};
 
 fn cases() -> Vec<(&'static str, Case<Env>)> {
     vec![
@@ -29,6 +29,12 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_chroot_prefixes_every_node),
         case!(waiter_whose_session_expires_fails_instead_of_waiting),
         case!(holding_reads_the_holder_without_taking_it),
+        case!(operator::the_owner_record_is_the_node_data_kazoo_reads),
+        case!(operator::inspect_shows_the_queue_in_order),
+        case!(operator::list_finds_the_held_locks_under_a_prefix),
+        case!(operator::evicting_a_paused_holder_fences_it_out),
+        case!(operator::an_auto_renewing_holder_learns_of_its_eviction),
+        case!(operator::a_kazoo_holder_has_no_record_and_can_be_evicted),
     ]
 }
 
@@ -165,7 +171,7 @@ async fn fencing_token_grows_across_parent_recreation(env: Env) -> anyhow::Resul
 }
 
 /// Lock nodes are ephemeral nodes of the holder's session, named `<owner hex>__lock__<sequence>`
-/// (kazoo's scheme), carrying the identifier, with their czxid as the fencing token. (That the
+/// (kazoo's scheme), carrying the owner record with the identifier as its label, with their czxid as the fencing token. (That the
 /// parents are container nodes the server removes is checked in the `faults` binary, which runs
 /// long enough for the server's container sweep.)
 async fn lock_nodes_are_session_ephemerals_named_like_kazoos(env: Env) -> anyhow::Result<()> {
@@ -182,7 +188,11 @@ async fn lock_nodes_are_session_ephemerals_named_like_kazoos(env: Env) -> anyhow
     );
     let path = format!("{parent}/{}", names[0]);
     let (data, stat) = observer.get_data(&path).await?;
-    ensure!(data == b"worker-7", "node data {data:?}");
+    let record = dlock_core::OwnerRecord::parse(&data).context("the node data is no record")?;
+    ensure!(
+        record.label.as_deref() == Some("worker-7") && record.pid == std::process::id(),
+        "node data {record:?}"
+    );
     ensure!(
         Some(stat.ephemeral_owner) == lock.session_id(),
         "the node is not an ephemeral of the holder's session"

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::tls::TlsFiles;
-use dlock_core::{DistributedLockExt, Error, Holding, LockOptions};
+use dlock_core::{Admin, DistributedLockExt, Error, Holding, LockOptions};
 use dlock_testkit::case;
 use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::connect_docker;
@@ -264,7 +264,8 @@ async fn raw_tls(
 
 /// Nodes created with credentials carry `digest:USER:…` ALL and `world:anyone` READ: another
 /// identity lists the queue, reads the holder's data and sees who holds (`holding`), but cannot
-/// delete or overwrite the holder's node, nor queue behind it; the holder keeps the lock.
+/// delete or overwrite the holder's node, nor queue behind it, nor evict it; the holder keeps
+/// the lock.
 async fn another_identity_sees_the_queue_but_cannot_touch_it(env: Env) -> anyhow::Result<()> {
     let holder = tls_client(&env.secure, &env.certs, SESSION, |b| {
         b.with_identifier("acl-holder")
@@ -286,7 +287,11 @@ async fn another_identity_sees_the_queue_but_cannot_touch_it(env: Env) -> anyhow
     );
     let node = format!("{parent}/{}", queue[0]);
     let (data, stat) = other.get_data(&node).await?;
-    ensure!(data == b"acl-holder", "the holder's data reads {data:?}");
+    let record = dlock_core::OwnerRecord::parse(&data);
+    ensure!(
+        record.is_some_and(|r| r.label.as_deref() == Some("acl-holder")),
+        "the holder's data reads {data:?}"
+    );
     ensure!(
         stat.czxid == lease.fencing_token().get() as i64,
         "the node's czxid {} is not the lease's token {}",
@@ -363,6 +368,18 @@ async fn another_identity_sees_the_queue_but_cannot_touch_it(env: Env) -> anyhow
         }
         Ok(got) => bail!("the other identity got {got:?}"),
     }
+    // Nor evict it: ZooKeeper checks DELETE on the parent, which only the owner has.
+    match Admin::new(&onlooker)
+        .force_unlock(&key, Some(lease.fencing_token()))
+        .await
+    {
+        Err(e) => shows_no_secret(&format!("{e} {e:?}"), &env.certs)?,
+        Ok(eviction) => bail!("the other identity evicted the holder: {eviction:?}"),
+    }
+    ensure!(
+        lease.is_held(),
+        "the refused eviction cost the holder its lock"
+    );
 
     lease.release().await?;
     ensure!(
@@ -422,8 +439,11 @@ async fn kazoo_over_tls_as_another_identity_sees_the_holder_only(env: Env) -> an
     let mut kazoo = Exec::start(&docker, &env.container, cmd).await?;
     let wait = Duration::from_secs(30);
     let contenders = kazoo.expect("contenders", wait).await?;
+    let record = contenders
+        .strip_prefix("contenders ")
+        .and_then(|json| dlock_core::OwnerRecord::parse(json.as_bytes()));
     ensure!(
-        contenders == "contenders kazoo-sees-me",
+        record.is_some_and(|r| r.label.as_deref() == Some("kazoo-sees-me")),
         "kazoo sees {contenders:?}"
     );
     let delete = kazoo.expect("delete", wait).await?;
