@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{DistributedLock, DistributedLockExt, Lease, LockOptions};
+use dlock_core::{DistributedLock, DistributedLockExt, Lease, LockOptions, Metered, Traced};
 use futures::future::BoxFuture;
 
 /// Something that takes a named lock and gives it back.
@@ -48,6 +48,8 @@ where
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Dlock,
+    /// dlock with the tracing and metrics layers on, compared with plain dlock.
+    Layered,
     Floor,
     Peer,
 }
@@ -76,6 +78,19 @@ impl Side {
                     async move { Ok(Arc::new(Dlock::new(connecting.await?)) as Arc<dyn Locker>) },
                 )
             })),
+        }
+    }
+
+    /// dlock on `locks` inside the tracing and metrics layers, for their cost next to plain
+    /// dlock; no hot key (its contenders would measure the backend again, not the layers).
+    pub fn layered(locks: &Arc<dyn DistributedLock>) -> Side {
+        let layered: Arc<dyn DistributedLock> =
+            Arc::new(Metered::new(Traced::new(locks.clone())));
+        Side {
+            kind: Kind::Layered,
+            label: "dlock + tracing + metrics".to_owned(),
+            locker: Arc::new(Dlock::new(layered)),
+            connect: None,
         }
     }
 

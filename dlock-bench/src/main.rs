@@ -98,6 +98,13 @@ fn main() -> anyhow::Result<()> {
             std::env::set_var(env, url);
         }
     }
+    // What a service that turns the layers on runs with: a metrics exporter installed, and a
+    // subscriber at INFO (dlock's per-call spans are DEBUG, so they are created disabled).
+    metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -80,14 +80,14 @@ pub fn table(report: &Report) -> String {
     for backend in &report.backends {
         let floor = backend.side(Kind::Floor);
         let peer = backend.side(Kind::Peer);
+        let plain = backend.side(Kind::Dlock);
         for side in &backend.sides {
             let is_dlock = side.kind == Kind::Dlock;
-            let compare = |pick: &dyn Fn(&SideReport) -> f64, value: f64| {
-                if is_dlock {
-                    ratios(Some(value), floor.map(pick), peer.map(pick))
-                } else {
-                    String::new()
-                }
+            let compare = |pick: &dyn Fn(&SideReport) -> f64, value: f64| match side.kind {
+                Kind::Dlock => ratios(Some(value), floor.map(pick), peer.map(pick)),
+                Kind::Layered => ratio(Some(value), plain.map(pick))
+                    .map_or(String::new(), |r| format!(" ({r:.2}× without layers)")),
+                Kind::Floor | Kind::Peer => String::new(),
             };
             let mut cells = vec![
                 if is_dlock {

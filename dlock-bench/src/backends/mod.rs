@@ -38,16 +38,19 @@ pub struct Setup {
     pub deployment: Deployment,
 }
 
-/// Starts `backend`'s servers and its sides.
-pub fn start(backend: &'static Backend) -> BoxFuture<'static, anyhow::Result<Setup>> {
-    match backend.name {
+/// Starts `backend`'s servers and its sides, with dlock inside its layers second.
+pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
+    let starting: BoxFuture<'static, anyhow::Result<Setup>> = match backend.name {
         "memory" => Box::pin(memory::start()),
         "redis" => Box::pin(redis::start(backend)),
         "redlock" => Box::pin(redlock::start(backend)),
         "zk" => Box::pin(zk::start(backend)),
         "etcd" => Box::pin(etcd::start(backend)),
         _ => Box::pin(dlock_only::start(backend)),
-    }
+    };
+    let mut setup = starting.await?;
+    setup.sides.insert(1, Side::layered(&setup.locks));
+    Ok(setup)
 }
 
 /// Starts a three-member cluster of `backend` and names member 0's endpoint, which every client
