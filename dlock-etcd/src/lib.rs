@@ -115,6 +115,7 @@ mod client;
 mod contention;
 mod endpoints;
 mod error;
+mod inspect;
 mod keywatch;
 mod layout;
 mod local_queue;
