@@ -59,7 +59,8 @@ pub(crate) async fn evict(
 
 /// The held locks whose keys start with `key_prefix` and whose holder left an owner record:
 /// the contender keys in the range of their names, read in pages of [`PAGE`] keys at the
-/// revision of the first page (one consistent view), grouped by lock.
+/// revision of the first page (one consistent view; a compaction past it between two pages
+/// fails the listing, which can be repeated), grouped by lock.
 pub(crate) async fn list(
     requests: &Requests,
     layout: &KeyLayout,
@@ -78,8 +79,8 @@ pub(crate) async fn list(
         if revision == 0 {
             revision = page.header().map_or(0, |h| h.revision());
         }
-        let more = page.more();
         let kvs = page.take_kvs();
+        let more = page.more() && !kvs.is_empty();
         if let Some(last) = kvs.last() {
             // The next page starts just after the last key read.
             start = last.key().to_vec();
