@@ -195,8 +195,9 @@ impl EtcdLockBuilder {
     }
 
     /// Parses a connection string `etcd://[user[:password]@]host:port[,host:port…][/prefix]`
-    /// with optional `?prefix=…&session_timeout=…&request_timeout=…&connect_timeout=…`
-    /// (durations such as `10s` or `1500ms`), or over TLS
+    /// with optional `?prefix=…&session_timeout=…&request_timeout=…&connect_timeout=…&owner=…`
+    /// (durations such as `10s` or `1500ms`; `owner` as [`with_owner`](Self::with_owner)), or
+    /// over TLS
     /// `etcd+https://…?ca=PATH[&cert=PATH&key=PATH][&tls_server_name=NAME]` (see
     /// [`with_tls`](Self::with_tls)). A malformed string is an [`Error::InvalidInput`] for field
     /// `url` that never repeats the password.
