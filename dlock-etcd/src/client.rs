@@ -1,9 +1,10 @@
 //! The etcd lock client, [`EtcdLock`], and its implementation of the lock contract (on the
 //! state its clones share, which the client serves traced).
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -59,9 +60,8 @@ struct ClientState {
     local_queue: Arc<LocalQueue>,
     keys: Arc<KeyWatch>,
     closed: AtomicBool,
-    /// The `since` of the last owner record, in milliseconds since the epoch (see
-    /// [`ClientState::owner_value`]).
-    last_since: AtomicU64,
+    /// What makes the owner records of one key differ (see [`ClientState::owner_value`]).
+    stamps: Stamps,
 }
 
 impl fmt::Debug for EtcdLock {
@@ -143,18 +143,31 @@ fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
     }
 }
 
-/// `record` as JSON, its `since` moved to one millisecond after `last` (the `since` of the
-/// previous record, which it then becomes) where the clock has not moved on since.
-fn unique_record(mut record: OwnerRecord, last: &AtomicU64) -> String {
+/// The `since` of the owner records this client wrote lately, by lock key, in milliseconds
+/// since the epoch: those at the current millisecond or later (see [`unique_record`]).
+type Stamps = Mutex<HashMap<LockKey, u64>>;
+
+/// `record`, for an acquire of `key`, as JSON whose `since` differs from that of every earlier
+/// record of `key` by this client: moved a millisecond past the last one where the clock has not
+/// moved on since (only when one key is acquired more than once within a millisecond). Records
+/// older than the current millisecond are forgotten, as the clock has passed them; a wall clock
+/// stepped back could meet one again, which at worst leaves an abandoned key to be adopted or
+/// withdrawn by its successor's value.
+fn unique_record(mut record: OwnerRecord, key: &LockKey, stamps: &Stamps) -> String {
     let now = record
         .since
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let next = |last: u64| now.max(last.saturating_add(1));
-    let previous = last
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| Some(next(last)))
-        .unwrap_or(now);
-    record.since = UNIX_EPOCH + Duration::from_millis(next(previous));
+    let since = {
+        let mut stamps = stamps.lock().unwrap_or_else(PoisonError::into_inner);
+        stamps.retain(|_, last| *last >= now);
+        let since = stamps
+            .get(key)
+            .map_or(now, |last| now.max(last.saturating_add(1)));
+        stamps.insert(key.clone(), since);
+        since
+    };
+    record.since = UNIX_EPOCH + Duration::from_millis(since);
     record.to_json()
 }
 
@@ -253,7 +266,7 @@ impl EtcdLock {
             sessions: SessionSlot::default(),
             local_queue: Arc::new(LocalQueue::default()),
             closed: AtomicBool::new(false),
-            last_since: AtomicU64::new(0),
+            stamps: Stamps::default(),
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
@@ -332,15 +345,14 @@ impl ClientState {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// The owner record of one acquire, as the value of its contender key.
+    /// The owner record of one acquire of `key`, as the value of its contender key.
     ///
     /// The value also tells the acquire's own key (a retry finds it) from one an abandoned
     /// acquire of this client left under the same name, which must not be adopted (see
-    /// `contention::remove_leftover`). So no two acquires of one client may write the same
-    /// value: the record's `since`, written to the millisecond, is made one millisecond later
-    /// than the last one where the clock has not moved on since.
-    fn owner_value(&self) -> String {
-        unique_record(self.settings.owner.record(), &self.last_since)
+    /// `contention::remove_leftover`), and keeps the abandoned acquire's withdrawal off the new
+    /// key. So no two acquires of one key by this client write the same value.
+    fn owner_value(&self, key: &LockKey) -> String {
+        unique_record(self.settings.owner.record(), key, &self.stamps)
     }
 
     async fn session(&self) -> Result<Arc<Session>> {
@@ -586,7 +598,7 @@ impl DistributedLock for ClientState {
         };
         let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
-        let value = self.owner_value();
+        let value = self.owner_value(req.key);
         let mut fresh_session = false;
         let mut leftovers = 0;
         loop {
@@ -797,7 +809,7 @@ impl DistributedLock for ClientState {
         };
         let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
-        let value = self.owner_value();
+        let value = self.owner_value(req.key);
         let mut agains = 0u32;
         let contended: Result<Granted> = async {
             loop {
@@ -850,22 +862,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_two_records_of_one_client_are_alike() {
+    fn no_two_records_of_one_key_are_alike() {
         let owner = dlock_core::Owner::this_process();
-        let last = AtomicU64::new(0);
+        let stamps = Stamps::default();
+        let (a, b) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
         let values: Vec<String> = (0..1000)
-            .map(|_| unique_record(owner.record(), &last))
+            .map(|_| unique_record(owner.record(), &a, &stamps))
             .collect();
         let distinct: std::collections::BTreeSet<&String> = values.iter().collect();
         assert_eq!(distinct.len(), values.len());
         let record = OwnerRecord::parse(values[999].as_bytes()).unwrap();
         assert_eq!(record.pid, std::process::id());
-        // Moved by at most the records made within the same milliseconds.
-        let ahead = record
+        // Other keys are not moved by the repeats of `a`.
+        let other = unique_record(owner.record(), &b, &stamps);
+        let ahead = OwnerRecord::parse(other.as_bytes())
+            .unwrap()
             .since
             .duration_since(std::time::SystemTime::now())
             .unwrap_or_default();
-        assert!(ahead < Duration::from_secs(1), "{ahead:?}");
+        assert!(ahead < Duration::from_millis(2), "{ahead:?}");
+        assert!(stamps.lock().unwrap().len() <= 2);
     }
 
     #[test]
