@@ -84,8 +84,7 @@ impl Side {
     /// dlock on `locks` inside the tracing and metrics layers, for their cost next to plain
     /// dlock; no hot key (its contenders would measure the backend again, not the layers).
     pub fn layered(locks: &Arc<dyn DistributedLock>) -> Side {
-        let layered: Arc<dyn DistributedLock> =
-            Arc::new(Metered::new(Traced::new(locks.clone())));
+        let layered: Arc<dyn DistributedLock> = Arc::new(Metered::new(Traced::new(locks.clone())));
         Side {
             kind: Kind::Layered,
             label: "dlock + tracing + metrics".to_owned(),

@@ -3,13 +3,13 @@
 //! An acquire can end without a lock in many ways: busy, a deadline, an error, the caller dropping
 //! the future half-way. Once a request that may create our contender key has been sent, every one
 //! of those endings must delete that key again (if it exists and still carries this acquire's
-//! owner token), or it would stand in the queue until the session ends. [`AcquireGuard`] does that in the
+//! value, its owner record), or it would stand in the queue until the session ends. [`AcquireGuard`] does that in the
 //! background when dropped, and passes the local turn on at once: the next local task that finds
 //! such a key in its way deletes it itself (see `contention::remove_leftover`), so it never waits
 //! for a clean-up that cannot reach the server.
 //!
 //! A request of a dropped acquire may still reach the server after its withdrawal, so the
-//! withdrawal is repeated once after a grace period. (Deleting "if the value is this owner" is
+//! withdrawal is repeated once after a grace period. (Deleting "if the value is this acquire's" is
 //! harmless to repeat.)
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use std::time::Duration;
 use dlock_core::LockKey;
 use tokio::sync::OwnedMutexGuard;
 
-use crate::contention::delete_by_owner;
+use crate::contention::delete_by_value;
 use crate::local_queue::LocalQueue;
 use crate::requests::Requests;
 
@@ -34,15 +34,16 @@ struct Written {
     requests: Requests,
     prefix: Vec<u8>,
     key: Vec<u8>,
-    owner: String,
+    /// The value the acquire writes: its owner record.
+    value: String,
 }
 
 impl Written {
-    /// Deletes the key if it carries our owner token; a few attempts, then gives up (the key then
+    /// Deletes the key if it carries this acquire's value; a few attempts, then gives up (the key then
     /// goes with its session lease, or with the next local contender for the same lock).
     async fn withdraw_once(&self) {
         for attempt in 0..WITHDRAW_ATTEMPTS {
-            match delete_by_owner(&self.requests, &self.prefix, &self.key, &self.owner).await {
+            match delete_by_value(&self.requests, &self.prefix, &self.key, &self.value).await {
                 Ok(_) => return,
                 Err(error) => {
                     tracing::debug!(%error, attempt, "withdrawing an abandoned contender key failed");
@@ -82,19 +83,19 @@ impl AcquireGuard {
         }
     }
 
-    /// To be called before sending a request that may create `key` with value `owner`.
+    /// To be called before sending a request that may create `key` with value `value`.
     pub(crate) fn may_write(
         &mut self,
         requests: &Requests,
         prefix: &[u8],
         key: &[u8],
-        owner: &str,
+        value: &str,
     ) {
         self.written = Some(Written {
             requests: requests.clone(),
             prefix: prefix.to_vec(),
             key: key.to_vec(),
-            owner: owner.to_owned(),
+            value: value.to_owned(),
         });
     }
 
@@ -110,7 +111,7 @@ impl AcquireGuard {
         let Some(w) = &self.written else {
             return;
         };
-        let deletion = delete_by_owner(&w.requests, &w.prefix, &w.key, &w.owner);
+        let deletion = delete_by_value(&w.requests, &w.prefix, &w.key, &w.value);
         if dlock_core::withdraw(&self.key, deletion).await {
             self.written = None;
         }

@@ -7,7 +7,7 @@ use etcd_client::{Certificate, Identity, TlsOptions};
 
 use dlock_core::tls::TlsFiles;
 use dlock_core::url::redact_password;
-use dlock_core::{check_within, Error, Result};
+use dlock_core::{check_within, Error, Owner, Result};
 
 use crate::client::EtcdLock;
 use crate::layout::{KeyLayout, DEFAULT_NAMESPACE};
@@ -139,6 +139,8 @@ pub struct EtcdLockBuilder {
     credentials: Option<(String, Secret)>,
     /// Paths only; TLS is on when any is set (and then needs `ca`).
     tls: TlsFiles,
+    /// The application label of the owner records, checked by `validate`.
+    label: Option<String>,
 }
 
 dlock_core::setters! {
@@ -167,6 +169,7 @@ impl Default for EtcdLockBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             credentials: None,
             tls: TlsFiles::default(),
+            label: None,
         }
     }
 }
@@ -181,6 +184,8 @@ pub(crate) struct Settings {
     pub(crate) connect_timeout: Duration,
     pub(crate) credentials: Option<(String, Secret)>,
     pub(crate) tls: Option<TlsConfig>,
+    /// Who takes the locks: written as the owner record of every contender key.
+    pub(crate) owner: Owner,
 }
 
 impl EtcdLockBuilder {
@@ -190,8 +195,9 @@ impl EtcdLockBuilder {
     }
 
     /// Parses a connection string `etcd://[user[:password]@]host:port[,host:port…][/prefix]`
-    /// with optional `?prefix=…&session_timeout=…&request_timeout=…&connect_timeout=…`
-    /// (durations such as `10s` or `1500ms`), or over TLS
+    /// with optional `?prefix=…&session_timeout=…&request_timeout=…&connect_timeout=…&owner=…`
+    /// (durations such as `10s` or `1500ms`; `owner` as [`with_owner`](Self::with_owner)), or
+    /// over TLS
     /// `etcd+https://…?ca=PATH[&cert=PATH&key=PATH][&tls_server_name=NAME]` (see
     /// [`with_tls`](Self::with_tls)). A malformed string is an [`Error::InvalidInput`] for field
     /// `url` that never repeats the password.
@@ -236,6 +242,17 @@ impl EtcdLockBuilder {
     /// [`Error::InvalidInput`] for the setting at fault naming the path.
     pub fn with_tls(mut self, files: TlsFiles) -> Self {
         self.tls = files;
+        self
+    }
+
+    /// Records `label` as the application label in the owner record of every lock this client
+    /// takes (the value of its contender key; see the crate docs), so that an operator can tell
+    /// services apart on a shared host. 1 to
+    /// [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) bytes without control characters; a bad
+    /// label fails [`connect`](Self::connect) as an [`Error::InvalidInput`] for `owner` before
+    /// anything is sent.
+    pub fn with_owner(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
         self
     }
 
@@ -288,6 +305,10 @@ impl EtcdLockBuilder {
                 return Err(Error::invalid("credentials", "the user name is empty"));
             }
         }
+        let owner = match &self.label {
+            Some(label) => Owner::this_process().with_label(label.clone())?,
+            None => Owner::this_process(),
+        };
         // Read last: every cheaper check comes first.
         let tls = tls_files.map(TlsConfig::load).transpose()?;
         Ok(Settings {
@@ -298,6 +319,7 @@ impl EtcdLockBuilder {
             connect_timeout: self.connect_timeout,
             credentials: self.credentials.clone(),
             tls,
+            owner,
         })
     }
 

@@ -1,16 +1,17 @@
 //! The etcd lock client, [`EtcdLock`], and its implementation of the lock contract (on the
 //! state its clones share, which the client serves traced).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant, Holder,
-    Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, Released, Result, SessionState,
-    Waiting,
+    Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, Extension, FencingToken,
+    Grant, HeldLock, Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, OwnerRecord,
+    Released, Result, SessionState, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
@@ -19,11 +20,12 @@ use tokio::time::Instant;
 use crate::acquire_guard::AcquireGuard;
 use crate::builder::{EtcdLockBuilder, Settings};
 use crate::contention::{
-    ahead, anyone, confirm_own, delete_by_owner, delete_own, holder, join, occupied,
+    ahead, anyone, confirm_own, delete_abandoned, delete_own, join, occupied, queue,
     remove_leftover, take_if_free, Ahead, Contender, Join, Owner, Read, Take,
 };
 use crate::endpoints::Endpoints;
 use crate::error::{closed, BACKEND};
+use crate::inspect::{self, holder_of};
 use crate::keywatch::KeyWatch;
 use crate::layout::{contender_key, lease_hex, KeyLayout};
 use crate::local_queue::{Held, LocalExpiry, LocalQueue};
@@ -58,6 +60,8 @@ struct ClientState {
     local_queue: Arc<LocalQueue>,
     keys: Arc<KeyWatch>,
     closed: AtomicBool,
+    /// What makes the owner records of one key differ (see [`ClientState::owner_value`]).
+    stamps: Stamps,
 }
 
 impl fmt::Debug for EtcdLock {
@@ -137,6 +141,34 @@ fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
     LocalExpiry {
         delete_at: sent + ttl,
     }
+}
+
+/// The `since` of the owner records this client wrote lately, by lock key, in milliseconds
+/// since the epoch: those at the current millisecond or later (see [`unique_record`]).
+type Stamps = Mutex<HashMap<LockKey, u64>>;
+
+/// `record`, for an acquire of `key`, as JSON whose `since` differs from that of every earlier
+/// record of `key` by this client: moved a millisecond past the last one where the clock has not
+/// moved on since (only when one key is acquired more than once within a millisecond). Records
+/// older than the current millisecond are forgotten, as the clock has passed them; a wall clock
+/// stepped back could meet one again, which at worst leaves an abandoned key to be adopted or
+/// withdrawn by its successor's value.
+fn unique_record(mut record: OwnerRecord, key: &LockKey, stamps: &Stamps) -> String {
+    let now = record
+        .since
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let since = {
+        let mut stamps = stamps.lock().unwrap_or_else(PoisonError::into_inner);
+        stamps.retain(|_, last| *last >= now);
+        let since = stamps
+            .get(key)
+            .map_or(now, |last| now.max(last.saturating_add(1)));
+        stamps.insert(key.clone(), since);
+        since
+    };
+    record.since = UNIX_EPOCH + Duration::from_millis(since);
+    record.to_json()
 }
 
 /// Whether a transport error is a connection the server closed as the request went out (not one
@@ -234,6 +266,7 @@ impl EtcdLock {
             sessions: SessionSlot::default(),
             local_queue: Arc::new(LocalQueue::default()),
             closed: AtomicBool::new(false),
+            stamps: Stamps::default(),
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
@@ -310,6 +343,16 @@ impl EtcdLock {
 impl ClientState {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// The owner record of one acquire of `key`, as the value of its contender key.
+    ///
+    /// The value also tells the acquire's own key (a retry finds it) from one an abandoned
+    /// acquire of this client left under the same name, which must not be adopted (see
+    /// `contention::remove_leftover`), and keeps the abandoned acquire's withdrawal off the new
+    /// key. So no two acquires of one key by this client write the same value.
+    fn owner_value(&self, key: &LockKey) -> String {
+        unique_record(self.settings.owner.record(), key, &self.stamps)
     }
 
     async fn session(&self) -> Result<Arc<Session>> {
@@ -409,7 +452,7 @@ impl ClientState {
         acquiring: &mut AcquireGuard,
         req: &LockRequest<'_>,
         prefix: &[u8],
-        owner: &str,
+        value: &str,
         deadline: Option<Instant>,
     ) -> Result<Granted, ContendError> {
         // A session that cannot be granted ends the acquire: no session bounds the wait.
@@ -418,10 +461,10 @@ impl ClientState {
         let c = Contender {
             prefix,
             key: &key,
-            owner,
+            value,
             lease: session.id(),
         };
-        acquiring.may_write(&self.requests, prefix, &key, owner);
+        acquiring.may_write(&self.requests, prefix, &key, value);
         let mut sent = Instant::now();
         let (revision, mut first) = match join(&self.requests, &c).await {
             Ok(Join::Head { revision }) => (revision, true),
@@ -555,7 +598,7 @@ impl DistributedLock for ClientState {
         };
         let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
-        let owner = req.owner.to_hex();
+        let value = self.owner_value(req.key);
         let mut fresh_session = false;
         let mut leftovers = 0;
         loop {
@@ -564,10 +607,10 @@ impl DistributedLock for ClientState {
             let c = Contender {
                 prefix: &prefix,
                 key: &key,
-                owner: &owner,
+                value: &value,
                 lease: session.id(),
             };
-            acquiring.may_write(&self.requests, &prefix, &key, &owner);
+            acquiring.may_write(&self.requests, &prefix, &key, &value);
             match take_if_free(&self.requests, &c).await {
                 Ok(Take::Taken { revision }) => {
                     let granted = Granted {
@@ -678,34 +721,56 @@ impl DistributedLock for ClientState {
             }
             None => {
                 // Not a lock we know of: an acquire whose outcome is unknown may have written
-                // our key with this owner token, or the caller is not the owner at all.
-                let owner = match self.sessions.current_id() {
-                    Some(id) => {
+                // our key (dlock-core releases by owner token after cutting one off), or the
+                // caller is not the owner at all. While this client's turn on the key is free,
+                // no acquire or holder of this client claims our key there: it is abandoned,
+                // and deleting it is what the acquire's own withdrawal does.
+                let turn = self.local_queue.try_turn(lease.key);
+                let owner = match (self.sessions.current_id(), turn) {
+                    (Some(id), Some(_turn)) => {
                         let key = contender_key(&prefix, id);
-                        delete_by_owner(&self.requests, &prefix, &key, &lease.owner.to_hex())
-                            .await?
+                        delete_abandoned(&self.requests, &prefix, &key).await?
                     }
-                    None => anyone(&self.requests, &prefix).await?,
+                    _ => anyone(&self.requests, &prefix).await?,
                 };
                 Ok(released(owner))
             }
         }
     }
 
-    /// Reads the oldest contender key of `key`: its create revision is the holder's fencing
-    /// token, as for a dlock holder, so also for a Go `concurrency.Mutex` or `etcdctl lock`.
-    /// The remaining time is not told: a holder's key lives as long as its session lease.
+    /// Reads the contender keys of `key` in create order: the oldest is the holder, whose create
+    /// revision is its fencing token (for a dlock holder as for a Go `concurrency.Mutex` or
+    /// `etcdctl lock`), and the others are the queue in serving order, each with the owner
+    /// record in its value (`None` for a peer's empty value). The remaining time is not told: a
+    /// holder's key lives as long as its session lease.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let prefix = self.settings.layout.prefix(key);
-        Ok(match holder(&self.requests, &prefix).await? {
-            None => Holding::Free,
-            Some(revision) => {
-                Holding::Held(Holder::new().with_fencing(FencingToken(revision.unsigned_abs())))
-            }
-        })
+        let contenders = queue(&self.requests, &prefix).await?;
+        Ok(holder_of(&contenders).map_or(Holding::Free, Holding::Held))
+    }
+
+    /// Reads the contender keys under the namespace in pages and lists the locks whose holder
+    /// left an owner record (a dlock client's): other data in the namespace, and locks held by
+    /// peers, are not listed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        Ok(inspect::list(&self.requests, &self.settings.layout, prefix).await?)
+    }
+
+    /// Deletes the holder's contender key in one transaction comparing its create revision:
+    /// the next contender is woken as by a release, gets a greater fencing token, and the
+    /// evicted dlock holder, which watches its key, loses its lease at once.
+    ///
+    /// # Cancel safety
+    /// The eviction may or may not have happened.
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        let prefix = self.settings.layout.prefix(key);
+        Ok(inspect::evict(&self.requests, &prefix, expected).await?)
     }
 
     /// Waits for the deletion of any contender key of `key` (a watch), or until `until`.
@@ -744,12 +809,12 @@ impl DistributedLock for ClientState {
         };
         let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
-        let owner = req.owner.to_hex();
+        let value = self.owner_value(req.key);
         let mut agains = 0u32;
         let contended: Result<Granted> = async {
             loop {
                 let error = match self
-                    .contend(&mut acquiring, req, &prefix, &owner, deadline)
+                    .contend(&mut acquiring, req, &prefix, &value, deadline)
                     .await
                 {
                     Ok(granted) => return Ok(granted),
@@ -795,6 +860,29 @@ impl DistributedLock for ClientState {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_two_records_of_one_key_are_alike() {
+        let owner = dlock_core::Owner::this_process();
+        let stamps = Stamps::default();
+        let (a, b) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
+        let values: Vec<String> = (0..1000)
+            .map(|_| unique_record(owner.record(), &a, &stamps))
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = values.iter().collect();
+        assert_eq!(distinct.len(), values.len());
+        let record = OwnerRecord::parse(values[999].as_bytes()).unwrap();
+        assert_eq!(record.pid, std::process::id());
+        // Other keys are not moved by the repeats of `a`.
+        let other = unique_record(owner.record(), &b, &stamps);
+        let ahead = OwnerRecord::parse(other.as_bytes())
+            .unwrap()
+            .since
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        assert!(ahead < Duration::from_millis(2), "{ahead:?}");
+        assert!(stamps.lock().unwrap().len() <= 2);
+    }
 
     #[test]
     fn a_connection_closed_at_once_says_what_may_be_missing() {

@@ -19,8 +19,10 @@ pub(crate) struct Contender<'a> {
     pub(crate) prefix: &'a [u8],
     /// `<name>/<lease id in hex>`.
     pub(crate) key: &'a [u8],
-    /// The owner token in hex, stored as the key's value.
-    pub(crate) owner: &'a str,
+    /// The key's value: the owner record of this acquire, which no other acquire of this key by
+    /// this client shares, so it also tells this acquire's key from an abandoned one (see
+    /// `ClientState::owner_value`).
+    pub(crate) value: &'a str,
     /// The session lease the key is attached to.
     pub(crate) lease: i64,
 }
@@ -106,19 +108,47 @@ fn store_revision(response: &TxnResponse) -> i64 {
 }
 
 fn put(c: &Contender<'_>) -> TxnOp {
-    TxnOp::put(c.key, c.owner, Some(PutOptions::new().with_lease(c.lease)))
+    TxnOp::put(c.key, c.value, Some(PutOptions::new().with_lease(c.lease)))
 }
 
-/// The create revision of the oldest contender under `prefix` — the holder's fencing token —
-/// or `None` when nobody holds or waits. One read; nothing is written.
-pub(crate) async fn holder(
+/// Every contender under `prefix`, oldest first.
+fn all_contenders(prefix: &[u8]) -> TxnOp {
+    TxnOp::get(
+        prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend),
+        ),
+    )
+}
+
+/// The contenders under `prefix` in the order they are served: the holder first, then the
+/// queue. Empty when nobody holds or waits. One read; nothing is written.
+pub(crate) async fn queue(
     requests: &Requests,
     prefix: &[u8],
-) -> Result<Option<i64>, RequestError> {
+) -> Result<Vec<KeyValue>, RequestError> {
     let response = requests
-        .txn(Txn::new().and_then([first_created(prefix)]))
+        .txn(Txn::new().and_then([all_contenders(prefix)]))
         .await?;
-    Ok(kvs(&response, 0).first().map(KeyValue::create_revision))
+    Ok(kvs(&response, 0))
+}
+
+/// Deletes the holder's key `key` if it is still the one created at `revision`; otherwise
+/// changes nothing and answers the contenders as they are now (as [`queue`] reads them).
+pub(crate) async fn delete_holder(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    revision: i64,
+) -> Result<Option<Vec<KeyValue>>, RequestError> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+        .and_then([TxnOp::delete(key, None)])
+        .or_else([all_contenders(prefix)]);
+    let response = requests.txn(txn).await?;
+    Ok((!response.succeeded()).then(|| kvs(&response, 0)))
 }
 
 /// One attempt that never waits: creates our key only if no contender exists at all.
@@ -137,7 +167,7 @@ pub(crate) async fn take_if_free(
         });
     }
     Ok(match kvs(&response, 0).first() {
-        Some(kv) if kv.key() == c.key && kv.value() == c.owner.as_bytes() => Take::Taken {
+        Some(kv) if kv.key() == c.key && kv.value() == c.value.as_bytes() => Take::Taken {
             revision: kv.create_revision(),
         },
         Some(kv) if kv.key() == c.key => Take::Leftover {
@@ -159,7 +189,7 @@ pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join,
         store_revision(&response)
     } else {
         match kvs(&response, 0).first() {
-            Some(kv) if kv.value() == c.owner.as_bytes() => kv.create_revision(),
+            Some(kv) if kv.value() == c.value.as_bytes() => kv.create_revision(),
             Some(kv) => {
                 return Ok(Join::Leftover {
                     mod_revision: kv.mod_revision(),
@@ -297,16 +327,29 @@ pub(crate) async fn confirm_own(
     Ok(owner_from(&requests.txn(txn).await?))
 }
 
-/// Deletes `key` if its value is `owner`: what an acquire whose outcome is unknown may have
+/// Deletes `key` if its value is `value`: what an acquire whose outcome is unknown may have
 /// written.
-pub(crate) async fn delete_by_owner(
+pub(crate) async fn delete_by_value(
     requests: &Requests,
     prefix: &[u8],
     key: &[u8],
-    owner: &str,
+    value: &str,
 ) -> Result<Owner, RequestError> {
     let txn = Txn::new()
-        .when([Compare::value(key, CompareOp::Equal, owner)])
+        .when([Compare::value(key, CompareOp::Equal, value)])
+        .and_then([TxnOp::delete(key, None)])
+        .or_else([any_key(prefix)]);
+    Ok(owner_from(&requests.txn(txn).await?))
+}
+
+/// Deletes `key` if it exists (an abandoned key of ours that no acquire claims).
+pub(crate) async fn delete_abandoned(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+) -> Result<Owner, RequestError> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Greater, 0)])
         .and_then([TxnOp::delete(key, None)])
         .or_else([any_key(prefix)]);
     Ok(owner_from(&requests.txn(txn).await?))

@@ -69,6 +69,38 @@ impl KeyLayout {
         prefix.push(b'/');
         prefix
     }
+
+    /// The lock key whose contender key is `contender` (`<lock name>/<lease hex>`), or `None` for
+    /// a key that no lock key maps to (other data under the namespace, a name escaped otherwise
+    /// than [`lock_name`](Self::lock_name) escapes).
+    pub(crate) fn key_of(&self, contender: &[u8]) -> Option<LockKey> {
+        let contender = std::str::from_utf8(contender).ok()?;
+        let (name, lease) = contender.rsplit_once('/')?;
+        let escaped = name.strip_prefix(self.namespace.as_str())?;
+        if lease.is_empty() || !lease.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return None;
+        }
+        let key = LockKey::new(&unescape(escaped)?).ok()?;
+        // Only the one spelling `lock_name` writes: `%2f` or a bare `/` is not a dlock name.
+        (self.lock_name(&key) == name).then_some(key)
+    }
+}
+
+/// The start and the end (exclusive) of the range of keys beginning with `prefix`, as etcd
+/// takes them; an empty prefix is every key.
+pub(crate) fn range_of(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    if prefix.is_empty() {
+        return (vec![0], vec![0]);
+    }
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return (prefix.to_vec(), end);
+        }
+    }
+    // Only 0xff bytes: every key from the prefix on.
+    (prefix.to_vec(), vec![0])
 }
 
 /// The contender key of session lease `lease` under `prefix`, formatted as Go's `%x` formats a
@@ -87,6 +119,24 @@ pub(crate) fn lease_hex(lease: i64) -> String {
     } else {
         format!("{lease:x}")
     }
+}
+
+/// The inverse of [`escape_into`]: `None` where a `%` starts anything but `%25` or `%2F`.
+fn unescape(escaped: &str) -> Option<String> {
+    let mut key = String::with_capacity(escaped.len());
+    let mut rest = escaped;
+    while let Some(at) = rest.find('%') {
+        key.push_str(&rest[..at]);
+        let code = rest.get(at..at + 3)?;
+        key.push(match code {
+            "%25" => '%',
+            "%2F" => '/',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    key.push_str(rest);
+    Some(key)
 }
 
 fn escape_into(key: &str, out: &mut String) {
@@ -148,6 +198,41 @@ mod tests {
         assert!(!layout
             .lock_name(&key("suite/12345/x"))
             .starts_with(&layout.name_prefix(group)));
+    }
+
+    #[test]
+    fn contender_keys_map_back_to_their_lock_keys() {
+        let layout = KeyLayout::new("ns/").unwrap();
+        for k in ["a", "a/b", "a%2Fb", "%", "/", "a b", "100%/"] {
+            let contender = contender_key(&layout.prefix(&key(k)), 0x694d);
+            assert_eq!(layout.key_of(&contender), Some(key(k)), "{k}");
+        }
+        for other in [
+            &b"ns/a"[..],
+            b"ns/a/",
+            b"ns/a/b/694d",
+            b"ns/a%2fb/694d",
+            b"ns/a%zz/694d",
+            b"ns/a%2/694d",
+            b"other/a/694d",
+            b"ns/a/not-hex",
+            b"ns/\xff/694d",
+        ] {
+            assert_eq!(
+                layout.key_of(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    #[test]
+    fn ranges_cover_their_prefix() {
+        assert_eq!(range_of(b"ab"), (b"ab".to_vec(), b"ac".to_vec()));
+        assert_eq!(range_of(b"a\xff"), (b"a\xff".to_vec(), b"b".to_vec()));
+        assert_eq!(range_of(b"\xff"), (b"\xff".to_vec(), vec![0]));
+        assert_eq!(range_of(b""), (vec![0], vec![0]));
     }
 
     #[test]

@@ -55,6 +55,29 @@
 //!   the watch), and the lease is lost the moment the deletion is reported. Keep-alives alone
 //!   would never reveal a key deleted while the session lives on.
 //!
+//! # Owner records, inspect, list and evict
+//!
+//! * **The owner record is the contender key's value**: the one-line JSON of
+//!   [`OwnerRecord`](dlock_core::OwnerRecord) (host, pid, the label of
+//!   [`EtcdLockBuilder::with_owner`] or `owner=`, and when the acquire began), written with the
+//!   key and gone with it; `etcdctl get <name>/<lease hex>` prints it. Go's `concurrency.Mutex`
+//!   and `etcdctl lock` write an empty value, which reads as no record (`owner: None`). No two
+//!   acquires of one key by one client write the same record (`since` is moved on by a
+//!   millisecond where one key is acquired twice within one), so the value also tells an
+//!   acquire's own key from one an abandoned acquire left.
+//! * **inspect** reads the lock's contender keys in create order: the holder (the oldest; its
+//!   create revision is the fencing token) with its record, and the waiters in the order they
+//!   will be served, each with its record. The remaining time is not told: a key lives as long
+//!   as its session lease, and the per-acquire TTL is kept by the holding client.
+//! * **list** reads the contender keys of the names under the prefix in pages, at the revision
+//!   of the first page, groups them by lock and lists the locks whose holder left a record: other
+//!   data in the namespace, and locks held by peers, are not listed.
+//! * **evict** deletes the holder's key in one transaction comparing its create revision (with
+//!   the expected token, or with the revision just read), so a lock that changed hands answers
+//!   [`Eviction::Changed`](dlock_core::Eviction::Changed) and nothing is deleted. The next
+//!   contender is woken as by a release and its key, created later, carries a greater token; an
+//!   evicted dlock holder learns it at once from its key's watch and its lease turns lost.
+//!
 //! # The per-acquire TTL
 //!
 //! etcd leases are per session, not per lock, so a lock's TTL (`LockOptions::ttl`) cannot be a
@@ -115,6 +138,7 @@ mod client;
 mod contention;
 mod endpoints;
 mod error;
+mod inspect;
 mod keywatch;
 mod layout;
 mod local_queue;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use dlock_core::Error;
 use etcd_client::{
-    LeaseGrantResponse, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnResponse, WatchOptions,
-    WatchStream,
+    GetOptions, GetResponse, LeaseGrantResponse, LeaseKeepAliveStream, LeaseKeeper, Txn,
+    TxnResponse, WatchOptions, WatchStream,
 };
 use tokio::sync::watch;
 
@@ -88,6 +88,21 @@ impl Requests {
             .call("txn", |client| {
                 let (mut kv, txn) = (client.kv_client(), txn.clone());
                 async move { kv.txn(txn).await }
+            })
+            .await
+    }
+
+    /// One range read (for reads in pages, which a transaction cannot continue).
+    pub(crate) async fn get(
+        &self,
+        key: Vec<u8>,
+        options: GetOptions,
+    ) -> Result<GetResponse, RequestError> {
+        self.endpoints
+            .call("range", |client| {
+                let mut kv = client.kv_client();
+                let (key, options) = (key.clone(), options.clone());
+                async move { kv.get(key, Some(options)).await }
             })
             .await
     }

@@ -3,7 +3,8 @@
 //!
 //! Parameters: `prefix` (the key namespace, also given as the path), `session_timeout` (the
 //! session lease's TTL), `request_timeout` and `connect_timeout`, durations such as `10s` or
-//! `1500ms`. The path, percent-decoded, is the prefix; without a path (or with `/` alone) the
+//! `1500ms`, and `owner` (the application label of the owner records, see
+//! [`EtcdLockBuilder::with_owner`]). The path, percent-decoded, is the prefix; without a path (or with `/` alone) the
 //! default prefix is used. With `etcd+https`, `ca` (required: the authority the servers are
 //! verified against), `cert` and `key` (a client certificate, together) and `tls_server_name`
 //! (the name to verify instead of each host) are PEM file paths and a name, as
@@ -31,6 +32,7 @@ impl FromUrl for EtcdLockBuilder {
         "cert",
         "key",
         "tls_server_name",
+        "owner",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
@@ -73,6 +75,9 @@ impl FromUrl for EtcdLockBuilder {
             Some(prefix) => builder = builder.with_prefix(prefix),
             None if !path.is_empty() => builder = builder.with_prefix(path),
             None => {}
+        }
+        if let Some(label) = url.take("owner") {
+            builder = builder.with_owner(label);
         }
         let builder = dlock_core::apply_parameters!(url, builder, {
             "session_timeout" => take_duration => Self::with_session_timeout,
@@ -200,5 +205,21 @@ mod tests {
         assert_eq!(name, "endpoints");
         assert!(!message.contains("hunter2"), "{message}");
         assert_eq!(field("etcd://h:1?session_timeout=0").0, "session_timeout");
+        assert_eq!(field("etcd://h:1?owner=").0, "owner");
+        assert_eq!(field("etcd://h:1?owner=a%0Ab").0, "owner");
+    }
+
+    #[test]
+    fn owner_labels_the_records() {
+        let settings = EtcdLockBuilder::from_url("etcd://h:1?owner=billing%20jobs")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(settings.owner.label(), Some("billing jobs"));
+        let settings = EtcdLockBuilder::from_url("etcd://h:1")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(settings.owner.label(), None);
     }
 }

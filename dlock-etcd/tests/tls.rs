@@ -464,17 +464,36 @@ async fn the_server_name_override_is_what_is_verified(env: Env) -> anyhow::Resul
 }
 
 /// etcd 3.4 with `--client-cert-auth` takes a request without a token as the certificate's
-/// user: a client with the certificate and no password locks as `app`, within `app`'s role.
+/// user: a client with the certificate and no password locks, lists and evicts as `app`, within
+/// `app`'s role.
 async fn the_certificate_names_the_user_without_a_password(env: Env) -> anyhow::Result<()> {
     let builder = EtcdLock::builder()
         .with_endpoints(env.endpoints.iter().cloned())
         .with_prefix(NAMESPACE)
         .with_tls(env.tls());
     let locks = Arc::new(builder.clone().connect().await?);
+    let name = key("cert-user");
     let lease = locks
-        .acquire(&key("cert-user"), &LockOptions::new(Duration::from_secs(5)))
+        .acquire(&name, &LockOptions::new(Duration::from_secs(5)))
         .await?;
-    ensure!(lease.release().await? == Released::Released);
+    // The role's read access to its prefixes is enough to list and evict there.
+    let listed = locks.list(&name).await?;
+    ensure!(
+        listed.len() == 1 && listed[0].holder.fencing == Some(lease.fencing_token()),
+        "{listed:?}"
+    );
+    ensure!(listed[0].holder.owner.as_ref().map(|o| o.pid) == Some(std::process::id()));
+    let evicted = locks
+        .evict(
+            &dlock_core::LockKey::new(&name)?,
+            Some(lease.fencing_token()),
+        )
+        .await?;
+    ensure!(
+        matches!(evicted, dlock_core::Eviction::Evicted(_)),
+        "{evicted:?}"
+    );
+    ensure!(lease.release().await? != Released::Released);
     // Outside the role's prefixes the server refuses.
     let outside = Arc::new(builder.with_prefix("elsewhere/").connect().await?);
     match outside

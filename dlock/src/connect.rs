@@ -72,7 +72,7 @@ type Backend = Arc<dyn DistributedLock>;
 /// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `request_timeout` (each master's), `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use), `fence_ttl` |
 /// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `request_timeout`, `connect_timeout`, `owner` (the owner record's label), `identifier` (its earlier name), `naming` (`kazoo` or `curator`) |
 /// | `zk+tls://[user:password@]host[:port],…[/chroot]?ca=PATH[&cert=PATH&key=PATH]` (ports default to 2281) | a ZooKeeper ensemble over TLS | `zk-tls` | as `zk://`, and `ca`, `cert`, `key` (PEM files) |
-/// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_timeout` (the session lease's TTL), `request_timeout`, `connect_timeout` |
+/// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_timeout` (the session lease's TTL), `request_timeout`, `connect_timeout`, `owner` (the label in the owner records) |
 /// | `etcd+https://[user[:password]@]host:port,…[/namespace]?ca=PATH[&cert=PATH&key=PATH]` | an etcd cluster over TLS | `etcd` | as `etcd://`, and `ca` (required), `cert`, `key` (PEM files), `tls_server_name` |
 ///
 /// Every scheme also takes the per-acquire defaults `ttl`, `wait`, `drift` (the fixed part of

@@ -27,7 +27,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Two workers on one key: one waits while the other holds.
     let mut first = locks.acquire("reports/daily", &opts).await?;
     let second = {
-        let (locks, opts) = (locks.clone(), opts.clone().with_wait(Duration::from_secs(5)));
+        let (locks, opts) = (
+            locks.clone(),
+            opts.clone().with_wait(Duration::from_secs(5)),
+        );
         tokio::spawn(async move { locks.acquire("reports/daily", &opts).await })
     };
     assert!(locks.try_acquire("reports/daily", &opts).await?.is_none()); // busy

@@ -1,13 +1,16 @@
 //! etcd-specific cases, beyond the shared suite: the Go recipe's key layout, exclusion with
 //! `etcdctl lock` in both directions, a waiter whose session ends, closing, local turns, a key
-//! deleted behind the holder's back, unanswered keep-alives, and configuration errors.
+//! deleted behind the holder's back, unanswered keep-alives, configuration errors, and the
+//! operator's view: owner records read with `etcdctl get`, the queue in serving order beside
+//! `etcdctl lock`, listing by prefix, and fenced eviction of a dlock or a peer holder.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{
-    DistributedLockExt, Error, FencingToken, Holding, LeaseState, LockOptions, LostReason, Released,
+    Admin, DistributedLock, DistributedLockExt, Error, Eviction, FencingToken, Holder, Holding,
+    LeaseState, LockOptions, LostReason, OwnerRecord, Released,
 };
 use dlock_etcd::EtcdLock;
 use dlock_testkit::case;
@@ -17,8 +20,8 @@ use libtest_mimic::Trial;
 use tokio::time::Instant;
 
 use crate::support::{
-    self, client, clients, contenders, contenders_until, eventually, raw, Exec, NAMESPACE,
-    TRIAL_BUDGET,
+    self, client, clients, contenders, contenders_until, eventually, labelled_client, raw, Exec,
+    NAMESPACE, TRIAL_BUDGET,
 };
 use crate::SESSION_TTL;
 
@@ -44,6 +47,11 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_holder_learns_at_once_that_its_key_was_deleted),
         case!(hot_key_hand_offs_never_stall),
         case!(unanswered_keep_alives_make_the_lease_uncertain_then_lost),
+        case!(etcdctl_get_reads_the_owner_record),
+        case!(inspect_shows_the_queue_in_serving_order),
+        case!(list_finds_the_dlock_locks_under_a_prefix),
+        case!(evicting_a_paused_holder_fences_it_out),
+        case!(a_peer_holder_has_no_record_and_can_be_evicted),
     ]
 }
 
@@ -103,7 +111,7 @@ async fn holding_reads_the_holder_without_taking_it(
 }
 
 /// Our contender key is `<name>/<session lease in hex>`, attached to the session lease, holding
-/// the owner token, and its create revision is the fencing token.
+/// this process's owner record, and its create revision is the fencing token.
 async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
     let locks = client(&endpoints, SESSION_TTL).await?;
     let raw = raw(&endpoints).await?;
@@ -125,10 +133,8 @@ async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyh
         "key {k:?}, session {session:x}"
     );
     ensure!(*key_lease == session, "attached to lease {key_lease:x}");
-    ensure!(
-        *value == lease.owner().to_hex(),
-        "value is not the owner token"
-    );
+    let record = OwnerRecord::parse(value.as_bytes()).context("value is not an owner record")?;
+    ensure!(record.pid == std::process::id(), "record {value}");
     ensure!(
         lease.fencing_token().get() == u64::try_from(*create_revision)?,
         "token {} but create revision {create_revision}",
@@ -558,5 +564,355 @@ async fn unanswered_keep_alives_make_the_lease_uncertain_then_lost(
     ensure!(next.release().await? == Released::Released);
     let again = holder.acquire(&key, &opts).await?;
     again.release().await?;
+    Ok(())
+}
+
+/// The owner record of this process, from a stored value; fails unless it has `label`.
+fn record_of(value: &[u8], label: &str) -> anyhow::Result<OwnerRecord> {
+    let record = OwnerRecord::parse(value)
+        .with_context(|| format!("not an owner record: {:?}", String::from_utf8_lossy(value)))?;
+    ensure!(record.pid == std::process::id(), "pid in {record:?}");
+    ensure!(
+        record.label.as_deref() == Some(label),
+        "label in {record:?}"
+    );
+    Ok(record)
+}
+
+/// The labels of a holder's queue, in serving order (`None` for a waiter without a record).
+fn queue_labels(holder: &Holder) -> Vec<Option<String>> {
+    holder
+        .queue
+        .iter()
+        .map(|w| w.owner.as_ref().and_then(|o| o.label.clone()))
+        .collect()
+}
+
+/// `etcdctl get` of the contender key prints the owner record: one line of JSON with this
+/// process's pid and the client's label, which `inspect` reads back.
+async fn etcdctl_get_reads_the_owner_record(env: Env) -> anyhow::Result<()> {
+    let locks = labelled_client(&env.endpoints, SESSION_TTL, "etcd-billing").await?;
+    let raw = raw(&env.endpoints).await?;
+    let key = key("owner-record");
+    let lease = locks
+        .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await?;
+    let stored = contenders(&raw, &locks, &key).await?;
+    let (contender, ..) = stored.first().context("no contender key")?;
+    let get = Exec::start(
+        &env.container,
+        support::etcdctl(&["get", contender, "--print-value-only"]),
+    )
+    .await?;
+    let printed = get.finish(Duration::from_secs(10)).await?;
+    let line = printed.trim();
+    ensure!(!line.contains('\n'), "more than one line: {printed:?}");
+    let record = record_of(line.as_bytes(), "etcd-billing")?;
+    let seen = locks.holding(&key).await?;
+    let holder = seen.holder().context("not held")?;
+    ensure!(
+        holder.owner.as_ref() == Some(&record),
+        "inspect saw {seen:?}"
+    );
+    ensure!(
+        holder.fencing == Some(lease.fencing_token()) && holder.expires_in.is_none(),
+        "{seen:?}"
+    );
+    lease.release().await?;
+    ensure!(contenders(&raw, &locks, &key).await?.is_empty());
+    // A bad label is refused before anything is sent.
+    match EtcdLock::builder()
+        .with_endpoints(env.endpoints.iter().cloned())
+        .with_owner("two\nlines")
+        .connect()
+        .await
+    {
+        Err(Error::InvalidInput { field: "owner", .. }) => Ok(()),
+        other => bail!("a label with a newline gave {other:?}"),
+    }
+}
+
+/// Two waiting dlock clients and an `etcdctl lock` between them: `inspect` shows the holder and
+/// the three waiters in the order they are served, etcdctl's without a record, and that is the
+/// order in which they get the lock.
+async fn inspect_shows_the_queue_in_serving_order(env: Env) -> anyhow::Result<()> {
+    let holder = labelled_client(&env.endpoints, SESSION_TTL, "holder").await?;
+    let first = labelled_client(&env.endpoints, SESSION_TTL, "first").await?;
+    let second = labelled_client(&env.endpoints, SESSION_TTL, "second").await?;
+    let raw = raw(&env.endpoints).await?;
+    let key = key("queue");
+    let name = holder.lock_name(&key)?;
+    let marker = format!("{name}-marker");
+    let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(30));
+    let lease = holder.acquire(&key, &opts).await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Each dlock waiter notes, once it holds the lock, whether etcdctl has run its command.
+    let wait = |locks: Arc<EtcdLock>, label: &'static str| {
+        let (key, opts, order) = (key.clone(), opts.clone(), order.clone());
+        let (mut raw, marker) = (raw.clone(), marker.clone());
+        tokio::spawn(async move {
+            let lease = locks.acquire(&key, &opts).await?;
+            let etcdctl_ran = !raw.get(marker, None).await?.kvs().is_empty();
+            order.lock().unwrap().push((label, etcdctl_ran));
+            anyhow::Ok(lease.release().await?)
+        })
+    };
+    let queued = |n: usize, what: &'static str| {
+        contenders_until(
+            what,
+            Duration::from_secs(10),
+            &raw,
+            &holder,
+            &key,
+            move |c| c == n,
+        )
+    };
+    let first_waits = wait(first, "first");
+    queued(2, "the first dlock waiter queues").await?;
+    let script = format!("etcdctl --endpoints=http://127.0.0.1:2379 put {marker} done");
+    let etcdctl = Exec::start(
+        &env.container,
+        support::etcdctl(&["lock", &name, "--", "sh", "-c", &script]),
+    )
+    .await?;
+    queued(3, "etcdctl queues").await?;
+    let second_waits = wait(second, "second");
+    queued(4, "the second dlock waiter queues").await?;
+
+    let seen = holder.holding(&key).await?;
+    let shown = seen.holder().context("not held")?;
+    ensure!(shown.fencing == Some(lease.fencing_token()), "{seen:?}");
+    let owner = shown.owner.as_ref().context("the holder has no record")?;
+    ensure!(owner.label.as_deref() == Some("holder"), "{seen:?}");
+    ensure!(shown.waiting == Some(3), "{seen:?}");
+    let labels = queue_labels(shown);
+    ensure!(
+        labels == [Some("first".to_owned()), None, Some("second".to_owned())],
+        "queue {labels:?}"
+    );
+
+    lease.release().await?;
+    first_waits.await??;
+    let output = etcdctl.finish(Duration::from_secs(15)).await?;
+    ensure!(!output.contains("Error"), "etcdctl: {output}");
+    second_waits.await??;
+    let order = order.lock().unwrap().clone();
+    ensure!(
+        order == [("first", false), ("second", true)],
+        "served (waiter, after etcdctl) {order:?}"
+    );
+    raw.clone().delete(marker, None).await?;
+    Ok(())
+}
+
+/// `list` finds the locks dlock clients hold under a prefix, each with its holder and queue, over
+/// more keys than one page reads, and leaves out locks outside the prefix, a holder without an
+/// owner record (a peer's), and other data in the namespace.
+async fn list_finds_the_dlock_locks_under_a_prefix(env: Env) -> anyhow::Result<()> {
+    const MANY: usize = 300;
+    let locks = labelled_client(&env.endpoints, SESSION_TTL, "lister").await?;
+    let waiter = labelled_client(&env.endpoints, SESSION_TTL, "waiter").await?;
+    let mut raw = raw(&env.endpoints).await?;
+    let group = key("list");
+    let opts = LockOptions::new(Duration::from_secs(60)).with_wait(Duration::from_secs(30));
+    let mut leases = Vec::new();
+    for i in 0..MANY {
+        leases.push(locks.acquire(&format!("{group}/a/{i:03}"), &opts).await?);
+    }
+    let outside = locks.acquire(&format!("{group}-outside"), &opts).await?;
+    let contended = format!("{group}/a/000");
+    let waiting = {
+        let (waiter, key, opts) = (waiter.clone(), contended.clone(), opts.clone());
+        tokio::spawn(async move { waiter.acquire(&key, &opts).await })
+    };
+    contenders_until(
+        "the waiter queues",
+        Duration::from_secs(10),
+        &raw,
+        &locks,
+        &contended,
+        |n| n == 2,
+    )
+    .await?;
+    // A peer's holder (an empty value, as etcdctl writes) and data that is no lock.
+    let peer = format!("{}/694d", locks.lock_name(&format!("{group}/peer"))?);
+    let junk = format!("{}/not-a-lease", locks.lock_name(&format!("{group}/junk"))?);
+    raw.put(peer.as_str(), "", None).await?;
+    raw.put(junk.as_str(), "{}", None).await?;
+
+    let listed = Admin::new(&locks).list(&format!("{group}/")).await?;
+    let names: Vec<&str> = listed.iter().map(|l| l.key.as_str()).collect();
+    let expected: Vec<String> = (0..MANY).map(|i| format!("{group}/a/{i:03}")).collect();
+    ensure!(
+        names == expected.iter().map(String::as_str).collect::<Vec<_>>(),
+        "listed {} locks: first {:?}, last {:?}",
+        names.len(),
+        names.first(),
+        names.last()
+    );
+    for (held, lease) in listed.iter().zip(&leases) {
+        ensure!(
+            held.holder.fencing == Some(lease.fencing_token()),
+            "{held:?}"
+        );
+        record_of(
+            held.holder
+                .owner
+                .as_ref()
+                .context("no record")?
+                .to_json()
+                .as_bytes(),
+            "lister",
+        )?;
+    }
+    let labels = queue_labels(&listed[0].holder);
+    ensure!(labels == [Some("waiter".to_owned())], "queue {labels:?}");
+    ensure!(listed[1].holder.waiting == Some(0), "{:?}", listed[1]);
+    // A narrower prefix, and one that matches nothing.
+    let few = locks.list(&format!("{group}/a/29")).await?;
+    ensure!(few.len() == 10, "{} locks under a/29", few.len());
+    ensure!(locks.list(&format!("{group}/b")).await?.is_empty());
+
+    raw.delete(peer, None).await?;
+    raw.delete(junk, None).await?;
+    for lease in leases {
+        lease.release().await?;
+    }
+    waiting.await??.release().await?;
+    outside.release().await?;
+    ensure!(locks.list(&format!("{group}/")).await?.is_empty());
+    Ok(())
+}
+
+/// A holder that stops renewing (paused) is evicted by an operator: a wrong `expected` token
+/// changes nothing; the right one removes it, the waiter gets the lock with a greater token,
+/// the evicted lease turns lost at once (its key is watched), and its late write through a
+/// fence is rejected after the successor wrote.
+async fn evicting_a_paused_holder_fences_it_out(env: Env) -> anyhow::Result<()> {
+    let holder = labelled_client(&env.endpoints, SESSION_TTL, "paused").await?;
+    let next = labelled_client(&env.endpoints, SESSION_TTL, "next").await?;
+    let operator: Arc<dyn DistributedLock> = Arc::new(client(&env.endpoints, SESSION_TTL).await?);
+    let admin = Admin::new(&operator);
+    let raw = raw(&env.endpoints).await?;
+    let key = key("evict");
+    let opts = LockOptions::new(Duration::from_secs(60)).with_wait(Duration::from_secs(10));
+    ensure!(admin.force_unlock(&key, None).await? == Eviction::Free);
+    let lease = holder.acquire(&key, &opts).await?;
+    let token = lease.fencing_token();
+    let resource = dlock_core::Fenced::new(Vec::new());
+    resource.write(token, |log| log.push("paused"))?;
+    let waiting = {
+        let (next, key, opts) = (next.clone(), key.clone(), opts.clone());
+        tokio::spawn(async move { next.acquire(&key, &opts).await })
+    };
+    contenders_until(
+        "the waiter queues",
+        Duration::from_secs(10),
+        &raw,
+        &holder,
+        &key,
+        |n| n == 2,
+    )
+    .await?;
+    // Past the moment the holder starts watching its key.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let wrong = FencingToken(token.get() + 1000);
+    match admin.force_unlock(&key, Some(wrong)).await? {
+        Eviction::Changed(shown) if shown.fencing == Some(token) => {}
+        other => bail!("evicting token {wrong} gave {other:?}"),
+    }
+    ensure!(
+        lease.is_held(),
+        "a mismatched eviction took the lock: {:?}",
+        lease.state()
+    );
+    ensure!(contenders(&raw, &holder, &key).await?.len() == 2);
+
+    let lost = lease.lost();
+    let evicted_at = Instant::now();
+    match admin.force_unlock(&key, Some(token)).await? {
+        Eviction::Evicted(shown) => {
+            ensure!(shown.fencing == Some(token), "{shown:?}");
+            let owner = shown.owner.as_ref().context("no record")?;
+            record_of(owner.to_json().as_bytes(), "paused")?;
+            ensure!(
+                queue_labels(&shown) == [Some("next".to_owned())],
+                "{shown:?}"
+            );
+        }
+        other => bail!("evicting the holder gave {other:?}"),
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(1), lost)
+        .await
+        .context("the evicted lease did not turn lost")?;
+    ensure!(reason == LostReason::TakenOver, "lost because {reason}");
+    eprintln!(
+        "evicted lease lost {:?} after the eviction ({reason})",
+        evicted_at.elapsed()
+    );
+    let successor = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .context("the waiter was not woken by the eviction")???;
+    ensure!(
+        successor.fencing_token() > token,
+        "{} after {token}",
+        successor.fencing_token()
+    );
+    resource.write(successor.fencing_token(), |log| log.push("next"))?;
+    ensure!(
+        resource.write(token, |log| log.push("late")).is_err(),
+        "the evicted holder's late write was admitted"
+    );
+    ensure!(lease.release().await? != Released::Released);
+    ensure!(successor.is_held(), "{:?}", successor.state());
+    let seen = operator.holding(&key).await?;
+    ensure!(
+        seen.holder().and_then(|h| h.fencing) == Some(successor.fencing_token()),
+        "{seen:?}"
+    );
+    ensure!(successor.release().await? == Released::Released);
+    Ok(())
+}
+
+/// `etcdctl lock` holds: `inspect` shows a holder without an owner record (not an error), and an
+/// eviction without `expected` removes it, so a dlock client takes the lock at once with a
+/// greater token.
+async fn a_peer_holder_has_no_record_and_can_be_evicted(env: Env) -> anyhow::Result<()> {
+    let (locks, raw, key, name, _) = interop(&env.endpoints, "peer-evicted").await?;
+    let etcdctl = etcdctl_lock(&env.container, &name, "sleep 3").await?;
+    contenders_until(
+        "etcdctl holds the lock",
+        Duration::from_secs(10),
+        &raw,
+        &locks,
+        &key,
+        |n| n == 1,
+    )
+    .await?;
+    let peer_revision = contenders(&raw, &locks, &key).await?[0].2;
+    let seen = locks.holding(&key).await?;
+    let shown = seen.holder().context("not held")?;
+    ensure!(
+        shown.owner.is_none() && shown.fencing == Some(FencingToken(peer_revision.unsigned_abs())),
+        "{seen:?}"
+    );
+    ensure!(
+        locks.list(&key).await?.is_empty(),
+        "a peer's lock was listed"
+    );
+    let opts = LockOptions::new(Duration::from_secs(30));
+    ensure!(locks.try_acquire(&key, &opts).await?.is_none());
+    match locks.evict(&dlock_core::LockKey::new(&key)?, None).await? {
+        Eviction::Evicted(shown) if shown.owner.is_none() => {}
+        other => bail!("evicting etcdctl's holder gave {other:?}"),
+    }
+    let lease = locks
+        .try_acquire(&key, &opts)
+        .await?
+        .context("the lock is still held after the eviction")?;
+    ensure!(lease.fencing_token().get() > peer_revision.unsigned_abs());
+    lease.release().await?;
+    etcdctl.finish(Duration::from_secs(15)).await?;
     Ok(())
 }

@@ -40,14 +40,30 @@ pub async fn clients<const N: usize>(
 /// A client of `endpoints` with test timings: a short session TTL, so that the server frees the
 /// locks of a frozen client within a few seconds.
 pub async fn client(endpoints: &[String], session_ttl: Duration) -> anyhow::Result<EtcdLock> {
-    Ok(EtcdLock::builder()
+    Ok(builder(endpoints, session_ttl).connect().await?)
+}
+
+/// A client like [`client`]'s whose owner records carry `label`.
+pub async fn labelled_client(
+    endpoints: &[String],
+    session_ttl: Duration,
+    label: &str,
+) -> anyhow::Result<Arc<EtcdLock>> {
+    Ok(Arc::new(
+        builder(endpoints, session_ttl)
+            .with_owner(label)
+            .connect()
+            .await?,
+    ))
+}
+
+fn builder(endpoints: &[String], session_ttl: Duration) -> dlock_etcd::EtcdLockBuilder {
+    EtcdLock::builder()
         .with_endpoints(endpoints.iter().cloned())
         .with_prefix(NAMESPACE)
         .with_session_timeout(session_ttl)
         .with_request_timeout(Duration::from_secs(2))
         .with_connect_timeout(Duration::from_secs(10))
-        .connect()
-        .await?)
 }
 
 /// A raw etcd client, to look at and tamper with the server's state.
