@@ -44,7 +44,7 @@ fn main() {
         Trial::test("missing_command_is_127", missing_command_is_127),
         Trial::test("unreachable_server_is_69", unreachable_server_is_69),
     ];
-    let server_trials: [(&str, ServerTrial); 11] = [
+    let server_trials: [(&str, ServerTrial); 14] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -78,6 +78,15 @@ fn main() {
         (
             "redlock_status_names_the_holders_token",
             redlock_status_names_the_holders_token,
+        ),
+        (
+            "etcd_status_json_shows_owner_and_queue",
+            status_json_shows_owner_and_queue,
+        ),
+        ("etcd_list_shows_the_held_locks", list_shows_the_held_locks),
+        (
+            "etcd_unlock_force_evicts_only_when_confirmed",
+            unlock_force_evicts_only_when_confirmed,
         ),
         (
             "redis_fence_ttl_from_the_url_reaches_the_counter",
@@ -694,14 +703,13 @@ fn status_shows_holder_then_free(
     let (locks, lease) = hold(servers, url, &key)?;
     let output = dlock_status(url, &key);
     exits(&output, 75)?;
-    let expected = format!(
-        "{key}: held (fencing token {}){after_token}",
-        lease.fencing_token()
-    );
+    let printed = text(&output.stdout);
+    let token = format!("(fencing token {}){after_token}", lease.fencing_token());
     ensure!(
-        text(&output.stdout).starts_with(&expected),
-        "status printed {:?}, expected {expected:?}…",
-        text(&output.stdout)
+        printed.starts_with(&format!("{key}: held by "))
+            && printed.contains(&format!("(pid {})", std::process::id()))
+            && printed.contains(&token),
+        "status printed {printed:?}, expected the holder's record and {token:?}"
     );
     ensure!(
         lease.is_held(),
@@ -810,4 +818,167 @@ fn fence_ttl_from_the_url_reaches_the_counter(redis: &Servers) -> Result<(), Fai
         "the counter's PTTL is {pttl} ms, expected about a day"
     );
     Ok(())
+}
+
+/// `status --json` on etcd while a labelled holder holds the key and a second client waits: one
+/// JSON object with the holder's token, owner record (this process, its label) and the queue.
+fn status_json_shows_owner_and_queue(servers: &Servers) -> Result<(), Failed> {
+    let key = format!("cli-etcd-json-{}", std::process::id());
+    let url = format!("{}?owner=cli-holder", servers.etcd_url);
+    let (locks, lease) = hold(servers, &url, &key)?;
+    let waiter_url = format!("{}?owner=cli-waiter", servers.etcd_url);
+    let waiting = {
+        let (key, url) = (key.clone(), waiter_url.clone());
+        servers.handle.spawn(async move {
+            let locks = dlock::connect(&url).await?;
+            let opts = LockOptions::new(Duration::from_secs(60)).with_wait(PATIENCE);
+            let lease = locks.acquire(&key, &opts).await?;
+            lease.release().await?;
+            Ok::<_, dlock::Error>(())
+        })
+    };
+    let deadline = Instant::now() + PATIENCE;
+    let json = loop {
+        let output = run_to_end(dlock().args([
+            "status",
+            "--json",
+            "--url",
+            &servers.etcd_url,
+            "--key",
+            &key,
+        ]));
+        exits(&output, 75)?;
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        if json["waiting"] == 1 || Instant::now() > deadline {
+            break json;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    ensure!(
+        json["key"] == key.as_str() && json["state"] == "held",
+        "status --json printed {json}"
+    );
+    let holder = &json["holder"];
+    ensure!(
+        holder["fencing"] == lease.fencing_token().0
+            && holder["owner"]["label"] == "cli-holder"
+            && holder["owner"]["pid"] == std::process::id()
+            && holder["expires_in_ms"].is_null(),
+        "the holder shows as {holder}"
+    );
+    ensure!(
+        json["waiting"] == 1 && json["queue"][0]["owner"]["label"] == "cli-waiter",
+        "the queue shows as {json}"
+    );
+    servers.handle.block_on(lease.release())?;
+    servers.handle.block_on(waiting)??;
+    drop(locks);
+    ensure_free(&servers.etcd_url, &key, "after the holder and the waiter")
+}
+
+/// `list PREFIX` on etcd: a table row and a `--json` entry for each held lock under the prefix,
+/// none for a lock outside it.
+fn list_shows_the_held_locks(servers: &Servers) -> Result<(), Failed> {
+    let prefix = format!("cli-etcd-list-{}/", std::process::id());
+    let url = format!("{}?owner=cli-lister", servers.etcd_url);
+    let (locks, a) = hold(servers, &url, &format!("{prefix}a"))?;
+    let b = servers.handle.block_on(locks.acquire(
+        &format!("{prefix}b"),
+        &LockOptions::new(Duration::from_secs(60)),
+    ))?;
+    let outside = servers.handle.block_on(locks.acquire(
+        &format!("cli-etcd-list-{}-outside", std::process::id()),
+        &LockOptions::new(Duration::from_secs(60)),
+    ))?;
+    let output = run_to_end(dlock().args(["list", "--url", &servers.etcd_url, &prefix]));
+    exits(&output, 0)?;
+    let printed = text(&output.stdout);
+    let lines: Vec<&str> = printed.lines().collect();
+    ensure!(
+        lines.len() == 3
+            && lines[0].starts_with("KEY")
+            && lines[1].starts_with(&format!("{prefix}a "))
+            && lines[1].contains(&a.fencing_token().to_string())
+            && lines[1].contains("  cli-lister on ")
+            && lines[2].starts_with(&format!("{prefix}b ")),
+        "list printed {printed:?}"
+    );
+    let output = run_to_end(dlock().args(["list", "--json", "--url", &servers.etcd_url, &prefix]));
+    exits(&output, 0)?;
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let keys: Vec<&str> = json
+        .as_array()
+        .map(|all| all.iter().filter_map(|l| l["key"].as_str()).collect())
+        .unwrap_or_default();
+    ensure!(
+        keys == [format!("{prefix}a"), format!("{prefix}b")]
+            && json[1]["holder"]["fencing"] == b.fencing_token().0
+            && json[1]["holder"]["owner"]["label"] == "cli-lister",
+        "list --json printed {json}"
+    );
+    for lease in [a, b, outside] {
+        servers.handle.block_on(lease.release())?;
+    }
+    drop(locks);
+    Ok(())
+}
+
+/// `unlock --force` on etcd: it shows the holder and asks; "n" (or no answer) changes nothing
+/// (exit 1), "y" evicts (exit 0): the holder's lease turns lost and the next holder gets a
+/// greater token.
+fn unlock_force_evicts_only_when_confirmed(servers: &Servers) -> Result<(), Failed> {
+    let key = format!("cli-etcd-unlock-{}", std::process::id());
+    let url = format!("{}?owner=stuck-job", servers.etcd_url);
+    let (locks, lease) = hold(servers, &url, &key)?;
+    let unlock = |answer: &str| -> Result<Output, Failed> {
+        let mut child = dlock()
+            .args([
+                "unlock",
+                "--force",
+                "--url",
+                &servers.etcd_url,
+                "--key",
+                &key,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            stdin.write_all(answer.as_bytes())?;
+        }
+        Ok(child.wait_with_output()?)
+    };
+    let declined = unlock("n\n")?;
+    exits(&declined, 1)?;
+    let printed = text(&declined.stdout);
+    ensure!(
+        printed.starts_with(&format!("{key}: held by stuck-job on "))
+            && printed.contains("not confirmed; nothing changed")
+            && text(&declined.stderr).contains("[y/N]"),
+        "a declined unlock printed {printed:?} / {:?}",
+        text(&declined.stderr)
+    );
+    ensure!(lease.is_held(), "a declined unlock ended the lease");
+    let evicted = unlock("y\n")?;
+    exits(&evicted, 0)?;
+    ensure!(
+        text(&evicted.stdout).contains(&format!("{key}: evicted")),
+        "a confirmed unlock printed {:?}",
+        text(&evicted.stdout)
+    );
+    let lost = servers
+        .handle
+        .block_on(async { tokio::time::timeout(PATIENCE, lease.lost()).await });
+    ensure!(lost.is_ok(), "the evicted lease did not turn lost");
+    let (next_locks, next) = hold(servers, &servers.etcd_url, &key)?;
+    ensure!(
+        next.fencing_token() > lease.fencing_token(),
+        "the next holder's token {} is not above the evicted {}",
+        next.fencing_token(),
+        lease.fencing_token()
+    );
+    drop((locks, lease));
+    released_then_free(servers, &servers.etcd_url, &key, next_locks, next)
 }
