@@ -35,6 +35,9 @@ pub const COMMON_PARAMETERS: &[&str] = &[
     "metrics_keys",
 ];
 
+/// The parameters `memory://` takes besides [`COMMON_PARAMETERS`].
+pub const MEMORY_PARAMETERS: &[&str] = &["owner"];
+
 /// Every scheme and the Cargo feature of the dlock crate that serves it, so that a scheme whose
 /// backend is not compiled in gets an error naming the feature. (A test checks it against each
 /// backend's own [`FromUrl::SCHEMES`].)
@@ -216,7 +219,12 @@ fn memory(url: &mut ConnectUrl) -> Result<Backend> {
             .with_owner(&label)
             .map_err(|e| url.invalid(format!("parameter `owner`: {e}")))?;
     }
-    url.finish(COMMON_PARAMETERS)?;
+    let known: Vec<&str> = COMMON_PARAMETERS
+        .iter()
+        .chain(MEMORY_PARAMETERS)
+        .copied()
+        .collect();
+    url.finish(&known)?;
     Ok(Arc::new(locks))
 }
 

@@ -41,7 +41,7 @@
 mod connect;
 mod locks;
 
-pub use connect::{connect, COMMON_PARAMETERS, SCHEMES};
+pub use connect::{connect, COMMON_PARAMETERS, MEMORY_PARAMETERS, SCHEMES};
 pub use dlock_core::url::parse_duration;
 pub use locks::{Locks, LocksBuilder};
 

@@ -50,7 +50,10 @@ fn backends() -> BTreeMap<&'static str, (Vec<&'static str>, Vec<&'static str>)> 
         (B::SCHEMES.to_vec(), B::PARAMETERS.to_vec())
     }
     BTreeMap::from([
-        ("memory", (vec!["memory"], vec![])),
+        (
+            "memory",
+            (vec!["memory"], dlock::MEMORY_PARAMETERS.to_vec()),
+        ),
         ("redis", of::<dlock::redis::RedisLockBuilder>()),
         ("redlock", of::<dlock::redlock::RedlockBuilder>()),
         ("zk", of::<dlock::zk::ZkLockBuilder>()),
