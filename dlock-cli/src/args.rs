@@ -17,6 +17,10 @@ use crate::exit;
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, after_help = exit::TABLE)]
 pub struct Cli {
+    /// Trace every lock call (one span each, with key, backend, outcome, wait and fencing token)
+    /// and the backend's own events on standard error; also tracing=true in the URL.
+    #[arg(long, global = true)]
+    pub trace: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -5,8 +5,8 @@ use crate::exit::{self, Failure};
 use crate::view::{table, LockView};
 
 /// Prints the held locks (a table, or one JSON array with `--json`).
-pub async fn list(args: ListArgs) -> Result<u8, Failure> {
-    let locks = dlock::connect(&args.url).await?;
+pub async fn list(args: ListArgs, trace: bool) -> Result<u8, Failure> {
+    let locks = crate::connect(&args.url, trace).await?;
     let held = locks.admin().list(&args.prefix).await?;
     if args.json {
         let views: Vec<LockView> = held

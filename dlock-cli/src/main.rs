@@ -42,18 +42,47 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::UNAVAILABLE);
         }
     };
+    if cli.trace {
+        trace_to_stderr();
+    }
+    let trace = cli.trace;
     let outcome = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await,
-            Command::Status(args) => status::status(args).await,
-            Command::List(args) => list::list(args).await,
-            Command::Unlock(args) => unlock::unlock(args).await,
+            Command::Run(args) => run::run(args, trace).await,
+            Command::Status(args) => status::status(args, trace).await,
+            Command::List(args) => list::list(args, trace).await,
+            Command::Unlock(args) => unlock::unlock(args, trace).await,
         }
     });
     ExitCode::from(outcome.unwrap_or_else(|failure: Failure| {
         eprintln!("{failure}");
         failure.code
     }))
+}
+
+/// Connects to `url`, inside the tracing layer with `--trace`.
+async fn connect(url: &str, trace: bool) -> dlock::Result<dlock::Locks> {
+    let builder = dlock::Locks::builder(url);
+    if trace {
+        builder.with_tracing().connect().await
+    } else {
+        builder.connect().await
+    }
+}
+
+/// `--trace`: dlock's spans and events, at `DEBUG`, on standard error (the command's own output
+/// stays on standard output); other crates' events are left out.
+fn trace_to_stderr() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(std::io::stderr)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .finish()
+        .with(
+            tracing_subscriber::filter::Targets::new().with_target("dlock", tracing::Level::DEBUG),
+        );
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
 /// Help and version go to standard output with status 0; a usage error is one line on standard

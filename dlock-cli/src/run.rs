@@ -18,14 +18,14 @@ use crate::exit::{self, Failure};
 const CLEANUP_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs `args.command` under the lock and returns the exit code.
-pub async fn run(args: RunArgs) -> Result<u8, Failure> {
+pub async fn run(args: RunArgs, trace: bool) -> Result<u8, Failure> {
     // Installed first, so that a SIGINT or SIGTERM while waiting for the lock ends the wait
     // cleanly (and releases whatever was granted) instead of killing dlock on the spot.
     let mut interrupt = listen(SignalKind::interrupt())?;
     let mut terminate = listen(SignalKind::terminate())?;
 
     let key = args.target.key.as_str();
-    let locks = dlock::connect(&args.target.url).await?;
+    let locks = crate::connect(&args.target.url, trace).await?;
     let mut options = locks.options().clone();
     if let Some(ttl) = args.ttl {
         options.ttl = ttl;

@@ -7,8 +7,8 @@ use crate::exit::{self, Failure};
 use crate::view::{held_lines, LockView};
 
 /// Prints the lock's state and returns the exit code that says it.
-pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
-    let locks = dlock::connect(&args.target.url).await?;
+pub async fn status(args: StatusArgs, trace: bool) -> Result<u8, Failure> {
+    let locks = crate::connect(&args.target.url, trace).await?;
     let key = args.target.key.as_str();
     let holding = match locks.holding(key).await {
         Ok(holding) => holding,

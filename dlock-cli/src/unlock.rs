@@ -14,8 +14,8 @@ use crate::view::held_lines;
 
 /// Shows the holder, asks (unless `--yes`), evicts; returns the exit code that says what
 /// happened.
-pub async fn unlock(args: UnlockArgs) -> Result<u8, Failure> {
-    let locks = dlock::connect(&args.target.url).await?;
+pub async fn unlock(args: UnlockArgs, trace: bool) -> Result<u8, Failure> {
+    let locks = crate::connect(&args.target.url, trace).await?;
     let key = args.target.key.as_str();
     let holder = match locks.holding(key).await? {
         Holding::Held(holder) => holder,

@@ -43,6 +43,10 @@ fn main() {
         Trial::test("memory_run_exports_the_token", memory_run_exports_the_token),
         Trial::test("missing_command_is_127", missing_command_is_127),
         Trial::test("unreachable_server_is_69", unreachable_server_is_69),
+        Trial::test(
+            "trace_shows_each_call_on_stderr",
+            trace_shows_each_call_on_stderr,
+        ),
     ];
     let server_trials: [(&str, ServerTrial); 14] = [
         ("redis_runs_never_overlap", runs_never_overlap),
@@ -981,4 +985,34 @@ fn unlock_force_evicts_only_when_confirmed(servers: &Servers) -> Result<(), Fail
     );
     drop((locks, lease));
     released_then_free(servers, &servers.etcd_url, &key, next_locks, next)
+}
+
+/// `--trace` puts one span per lock call on standard error, with its outcome and token, and
+/// leaves standard output as it was.
+fn trace_shows_each_call_on_stderr() -> Result<(), Failed> {
+    let output = run_to_end(dlock().args([
+        "--trace",
+        "run",
+        "--url",
+        "memory://",
+        "--key",
+        "traced",
+        "--",
+        "true",
+    ]));
+    exits(&output, 0)?;
+    let log = text(&output.stderr);
+    for span in ["dlock.acquire{key=traced", "dlock.release{key=traced"] {
+        ensure!(log.contains(span), "no {span}… span on stderr: {log:?}");
+    }
+    ensure!(
+        log.contains("outcome=\"acquired\"") && log.contains("fencing=1"),
+        "the acquire span lacks its outcome or token: {log:?}"
+    );
+    ensure!(
+        text(&output.stdout).is_empty(),
+        "stdout: {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
 }
