@@ -221,13 +221,7 @@ impl RedisLock {
                         cluster::run_on(&mut con, node, page).await
                     })
                     .await?;
-                locks.extend(
-                    names
-                        .iter()
-                        .filter_map(|name| keys::lock_key_of_owner(name))
-                        .filter(|lock| lock.starts_with(start))
-                        .map(str::to_owned),
-                );
+                locks.extend(keys::lock_keys_under(&names, start));
                 if next == 0 {
                     break;
                 }

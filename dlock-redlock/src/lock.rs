@@ -321,13 +321,7 @@ impl RedlockLock {
                     Ok(Ok(page)) => page,
                     Ok(Err(_)) | Err(_) => return None,
                 };
-                locks.extend(
-                    names
-                        .iter()
-                        .filter_map(|name| keys::lock_key_of_owner(name))
-                        .filter(|lock| lock.starts_with(start))
-                        .map(str::to_owned),
-                );
+                locks.extend(keys::lock_keys_under(&names, start));
                 if next == 0 {
                     return Some(locks);
                 }
@@ -631,7 +625,10 @@ impl DistributedLock for RedlockLock {
         for chunk in locks.chunks(LIST_LOOKS) {
             let looks = chunk.iter().map(|lock| async move {
                 let name = lock.strip_prefix(ours).unwrap_or(lock);
-                let key = LockKey::new(name)?;
+                // A record of a name no client could lock is not a lock.
+                let Ok(key) = LockKey::new(name) else {
+                    return Ok((name, Holding::Free));
+                };
                 Ok::<_, Error>((name, self.inspect(&key).await?))
             });
             for (name, holding) in futures::future::try_join_all(looks).await? {

@@ -154,6 +154,19 @@ pub fn lock_key_of_owner(owner_key: &str) -> Option<&str> {
     (!lock.is_empty() && self::owner_key(lock) == owner_key).then_some(lock)
 }
 
+/// The lock keys starting with `start` among the owner records named `names` (a page of
+/// [`scan_owner_records`](super::scripts::scan_owner_records)); other names are skipped.
+pub fn lock_keys_under<'a>(
+    names: &'a [String],
+    start: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    names
+        .iter()
+        .filter_map(|name| lock_key_of_owner(name))
+        .filter(move |lock| lock.starts_with(start))
+        .map(str::to_owned)
+}
+
 /// The channel a release of `lock_key` is published on.
 pub fn release_channel(lock_key: &str) -> String {
     concat(&[RELEASE_CHANNEL_PREFIX, lock_key])

@@ -99,7 +99,8 @@ impl LockScript {
         }
     }
 
-    /// A short name for errors and tracing: `acquire`, `extend`, `release` or `raise_fence`.
+    /// A short name for errors and tracing: `acquire`, `extend`, `extend_many`, `release`,
+    /// `raise_fence` or `evict`.
     pub fn name(&self) -> &'static str {
         self.name
     }

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLock, DistributedLockExt, Error, Holding, LockKey, LockOptions};
+use dlock_core::{
+    Admin, DistributedLock, DistributedLockExt, Error, Eviction, Holding, LockKey, LockOptions,
+};
 use dlock_redis::protocol::keys::fence_key;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;
@@ -14,9 +16,10 @@ use crate::support::{self, unique, PATIENT};
 
 /// The cases of this module, in the order they run.
 pub fn cases() -> Vec<(&'static str, Case<Arc<RedisMasters>>)> {
-    vec![case!(
-        a_minority_down_still_answers_and_no_quorum_is_an_error
-    )]
+    vec![
+        case!(a_minority_down_still_answers_and_no_quorum_is_an_error),
+        case!(eviction_with_a_minority_down_evicts_and_without_a_quorum_fails),
+    ]
 }
 
 /// With two of five masters down the holder is still seen, token included (the three left agree
@@ -67,5 +70,64 @@ pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error(
         other => anyhow::bail!("with three masters down: {other:?}"),
     }
     drop(lease);
+    Ok(())
+}
+
+/// With two of five masters down an eviction by the shown token still evicts (the three left
+/// answered), the evicted lease cannot renew, and the next holder's token is greater; with three
+/// down it fails as unavailable and names what it needed.
+pub async fn eviction_with_a_minority_down_evicts_and_without_a_quorum_fails(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    support::all_serving(&masters).await?;
+    let client = Arc::new(
+        support::builder(&masters.urls())
+            .with_request_timeout(PATIENT)
+            .connect()
+            .await?,
+    );
+    let admin = Admin::new(&client);
+    let name = unique("evict-down");
+    let mut lease = client
+        .acquire(&name, &LockOptions::new(Duration::from_secs(60)))
+        .await?;
+    masters.member(0)?.stop().await?;
+    masters.member(1)?.stop().await?;
+    let shown = client
+        .inspect(&LockKey::new(&name)?)
+        .await
+        .context("two masters down")?;
+    let token = shown.holder().and_then(|h| h.fencing);
+    ensure!(
+        token == Some(lease.fencing_token()),
+        "with two masters down: {shown}"
+    );
+    let evicted = admin.force_unlock(&name, token).await?;
+    ensure!(
+        matches!(evicted, Eviction::Evicted(_)),
+        "with two masters down: {evicted:?}"
+    );
+    ensure!(
+        lease.extend(Duration::from_secs(60)).await.is_err(),
+        "the evicted lease renewed"
+    );
+    let successor = client
+        .acquire(&name, &LockOptions::new(Duration::from_secs(60)))
+        .await?;
+    ensure!(
+        successor.fencing_token() > lease.fencing_token(),
+        "token {} after the evicted {}",
+        successor.fencing_token(),
+        lease.fencing_token()
+    );
+    masters.member(2)?.stop().await?;
+    match admin.force_unlock(&name, None).await {
+        Err(e @ Error::Unavailable { .. }) => {
+            let shown = format!("{e} / {:?}", std::error::Error::source(&e));
+            ensure!(shown.contains("needed 3"), "{shown}");
+        }
+        other => anyhow::bail!("with three masters down: {other:?}"),
+    }
+    drop(successor);
     Ok(())
 }
