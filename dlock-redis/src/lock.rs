@@ -17,7 +17,7 @@ use crate::cluster::{self, ClusterInfo, RedisConnection};
 use crate::connection::Connection;
 use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
-use crate::protocol::scripts::{self, AcquireReply, EvictReply};
+use crate::protocol::scripts::{self, AcquireReply};
 use crate::replicas::{Acknowledged, Acks};
 use crate::wakeups::Wakeups;
 
@@ -456,18 +456,28 @@ impl DistributedLock for RedisLock {
         let lock = self.inner.layout.lock_key(key);
         let channel = self.release_channel(&lock);
         let sharded = self.is_cluster();
-        let reply = self
-            .inner
-            .connection
-            .run("evict", |mut con| async move {
-                scripts::evict(&mut con, &lock, expected, &channel, sharded).await
+        let Some(acks) = self.inner.acks else {
+            let reply = self
+                .inner
+                .connection
+                .run("evict", |mut con| async move {
+                    scripts::evict(&mut con, &lock, expected, &channel, sharded).await
+                })
+                .await?;
+            return Ok(reply);
+        };
+        // With `min_replicas`, an eviction the replicas did not acknowledge is an error, as a
+        // release is: a failover could bring the holder back.
+        let (reply, acknowledged) = self
+            .acknowledged("evict", &acks, |mut con| async move {
+                let reply = scripts::evict(&mut con, &lock, expected, &channel, sharded).await;
+                reply.map(|r| (r, con.acknowledged))
             })
             .await?;
-        Ok(match reply {
-            EvictReply::Free => Eviction::Free,
-            EvictReply::Evicted(holder) => Eviction::Evicted(holder),
-            EvictReply::Changed(holder) => Eviction::Changed(holder),
-        })
+        if matches!(reply, Eviction::Evicted(_)) {
+            acks.check("evict", acknowledged)?;
+        }
+        Ok(reply)
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

@@ -664,7 +664,8 @@ async fn on_replica(url: &str, key: &str) -> anyhow::Result<bool> {
 }
 
 /// With `min_replicas=1` (set through the URL), a lock on each of the three shards is granted,
-/// extended and released; each grant is on its primary's replica by the time it is returned.
+/// extended, released, taken again and evicted; each grant is on its primary's replica by the
+/// time it is returned.
 async fn min_replicas_grants_extends_and_releases_on_every_shard(cx: Cx) -> anyhow::Result<()> {
     let _turn = cx.replica_turn.lock().await;
     let url = format!(
@@ -695,6 +696,14 @@ async fn min_replicas_grants_extends_and_releases_on_every_shard(cx: Cx) -> anyh
         ensure!(
             !exists,
             "{name} is still on primary {primary} after its release"
+        );
+        let again = client.try_acquire(&name, &opts).await?.context("retake")?;
+        let evicted = Admin::new(&client)
+            .force_unlock(&name, Some(again.fencing_token()))
+            .await?;
+        ensure!(
+            matches!(evicted, Eviction::Evicted(_)),
+            "an acknowledged eviction on primary {primary}: {evicted:?}"
         );
     }
     Ok(())

@@ -76,7 +76,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use dlock_core::{Extension, FencingToken, Holder, OwnerRecord, Released};
+use dlock_core::{Eviction, Extension, FencingToken, Holder, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
 
@@ -622,17 +622,6 @@ where
     decode_raise_fence(code)
 }
 
-/// The answer of [`EVICT`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EvictReply {
-    /// Nobody held the lock; nothing was changed.
-    Free,
-    /// This holder was removed.
-    Evicted(Holder),
-    /// This holder is not the expected one; nothing was changed.
-    Changed(Holder),
-}
-
 /// The reply of [`EVICT`]: code, value, pttl, and the owner record's token, fencing and JSON.
 type EvictFields = (
     i64,
@@ -644,7 +633,7 @@ type EvictFields = (
 );
 
 /// Decodes the reply of [`EVICT`].
-pub fn decode_evict(reply: EvictFields) -> RedisResult<EvictReply> {
+pub fn decode_evict(reply: EvictFields) -> RedisResult<Eviction> {
     let (code, value, pttl, token, fencing, record) = reply;
     let seen = Peek {
         holder: value,
@@ -655,9 +644,9 @@ pub fn decode_evict(reply: EvictFields) -> RedisResult<EvictReply> {
         recorded: Recorded::read(token, fencing, record),
     };
     match code {
-        NOT_HELD => Ok(EvictReply::Free),
-        EVICTED => Ok(EvictReply::Evicted(seen.holder_view())),
-        HELD_BY_OTHER => Ok(EvictReply::Changed(seen.holder_view())),
+        NOT_HELD => Ok(Eviction::Free),
+        EVICTED => Ok(Eviction::Evicted(seen.holder_view())),
+        HELD_BY_OTHER => Ok(Eviction::Changed(seen.holder_view())),
         other => Err(unexpected(format!("evict answered {other}"))),
     }
 }
@@ -674,7 +663,7 @@ pub async fn evict<C>(
     expected: Option<FencingToken>,
     channel: &str,
     sharded: bool,
-) -> RedisResult<EvictReply>
+) -> RedisResult<Eviction>
 where
     C: ConnectionLike + Send,
 {

@@ -7,7 +7,7 @@ use anyhow::{ensure, Context};
 use dlock_core::{
     Admin, DistributedLock, DistributedLockExt, Error, Eviction, Holding, LockKey, LockOptions,
 };
-use dlock_redis::protocol::keys::fence_key;
+use dlock_redis::protocol::keys::{fence_key, owner_key};
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;
 use dlock_testkit::trials::Case;
@@ -91,8 +91,21 @@ pub async fn eviction_with_a_minority_down_evicts_and_without_a_quorum_fails(
     let mut lease = client
         .acquire(&name, &LockOptions::new(Duration::from_secs(60)))
         .await?;
-    masters.member(0)?.stop().await?;
-    masters.member(1)?.stop().await?;
+    // Stop two masters, those whose owner record does not show the token first (see above).
+    let mut order = Vec::new();
+    for (i, url) in masters.urls().iter().enumerate() {
+        let mut con = support::raw(url).await?;
+        let recorded: Option<u64> = redis::cmd("HGET")
+            .arg(owner_key(&name))
+            .arg("fencing")
+            .query_async(&mut con)
+            .await?;
+        order.push((recorded == Some(lease.fencing_token().get()), i));
+    }
+    order.sort();
+    for &(_, i) in &order[..2] {
+        masters.member(i)?.stop().await?;
+    }
     let shown = client
         .inspect(&LockKey::new(&name)?)
         .await
@@ -120,7 +133,7 @@ pub async fn eviction_with_a_minority_down_evicts_and_without_a_quorum_fails(
         successor.fencing_token(),
         lease.fencing_token()
     );
-    masters.member(2)?.stop().await?;
+    masters.member(order[2].1)?.stop().await?;
     match admin.force_unlock(&name, None).await {
         Err(e @ Error::Unavailable { .. }) => {
             let shown = format!("{e} / {:?}", std::error::Error::source(&e));
