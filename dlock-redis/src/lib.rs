@@ -160,7 +160,7 @@
 //!
 //! # Storage
 //!
-//! A lock key exists only while the lock is held, but its counter stays: by default one small key
+//! A lock key and its owner record exist only while the lock is held, but its counter stays: by default one small key
 //! per lock name ever granted, which adds up for names made per job or per request. On Redis 7.0,
 //! `MEMORY USAGE` reports 72 bytes for the counter of a name of up to about 15 bytes (104 for a
 //! 44-byte name), and 100,000 counters named like `jobs/item-N` raise `used_memory` by about 90

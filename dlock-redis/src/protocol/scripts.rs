@@ -869,6 +869,38 @@ mod tests {
     }
 
     #[test]
+    fn evict_replies_decode_with_the_holders_record_only() {
+        let owner = b"0123456789abcdef0123456789abcdef".to_vec();
+        let json = br#"{"host":"web-1","pid":7,"since":"2026-11-26T03:40:00Z"}"#.to_vec();
+        let reply = |code, token: &[u8]| {
+            (
+                code,
+                Some(owner.clone()),
+                Some(1500),
+                Some(token.to_vec()),
+                Some(b"42".to_vec()),
+                Some(json.clone()),
+            )
+        };
+        let Eviction::Evicted(holder) = decode_evict(reply(1, &owner)).unwrap() else {
+            panic!("not evicted");
+        };
+        assert_eq!(holder.fencing, Some(FencingToken(42)));
+        assert_eq!(holder.owner.map(|o| o.pid), Some(7));
+        assert_eq!(holder.expires_in, Some(Duration::from_millis(1500)));
+        // A record of another owner token says nothing of this holder.
+        let Eviction::Changed(holder) = decode_evict(reply(2, b"other")).unwrap() else {
+            panic!("not changed");
+        };
+        assert_eq!((holder.fencing, holder.owner), (None, None));
+        assert_eq!(
+            decode_evict((0, None, None, None, None, None)).unwrap(),
+            Eviction::Free
+        );
+        assert!(decode_evict((5, None, None, None, None, None)).is_err());
+    }
+
+    #[test]
     fn ttls_round_up_to_whole_milliseconds() {
         assert_eq!(ttl_millis(Duration::from_millis(10)), 10);
         assert_eq!(ttl_millis(Duration::from_micros(10_001)), 11);
