@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, Error, Eviction, Holding, LockKey, LockOptions,
+    Admin, DistributedLock, DistributedLockExt, Error, Eviction, FencingToken, Holding, LockKey,
+    LockOptions,
 };
-use dlock_redis::protocol::keys::{fence_key, owner_key};
+use dlock_redis::protocol::keys::owner_key;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;
 use dlock_testkit::trials::Case;
@@ -23,7 +24,7 @@ pub fn cases() -> Vec<(&'static str, Case<Arc<RedisMasters>>)> {
 }
 
 /// With two of five masters down the holder is still seen, token included (the three left agree
-/// on the counter); with three down the answer is an error naming reached and needed, not a
+/// on its owner record's token); with three down the answer is an error naming reached and needed, not a
 /// guess.
 pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error(
     masters: Arc<RedisMasters>,
@@ -40,28 +41,14 @@ pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error(
     let lease = client
         .acquire(&name, &LockOptions::new(Duration::from_secs(60)))
         .await?;
-    // Stop two masters, those whose counter is not the token first (a master may have granted
-    // after the client had its quorum, with a larger counter): the three left agree on it.
     let token = lease.fencing_token();
-    let mut order = Vec::new();
-    for (i, url) in masters.urls().iter().enumerate() {
-        let mut con = support::raw(url).await?;
-        let counter: Option<u64> = redis::cmd("GET")
-            .arg(fence_key(&name))
-            .query_async(&mut con)
-            .await?;
-        order.push((counter == Some(token.0), i));
-    }
-    order.sort();
-    for &(_, i) in &order[..2] {
-        masters.member(i)?.stop().await?;
-    }
+    let order = stop_two_not_showing(&masters, &name, token).await?;
     let seen = client.inspect(&key).await.context("two masters down")?;
     ensure!(
         matches!(&seen, Holding::Held(h) if h.fencing == Some(token)),
         "with two masters down: {seen:?}"
     );
-    masters.member(order[2].1)?.stop().await?;
+    masters.member(order[2])?.stop().await?;
     match client.inspect(&key).await {
         Err(e @ Error::Unavailable { .. }) => {
             let shown = format!("{e} / {:?}", std::error::Error::source(&e));
@@ -91,21 +78,7 @@ pub async fn eviction_with_a_minority_down_evicts_and_without_a_quorum_fails(
     let mut lease = client
         .acquire(&name, &LockOptions::new(Duration::from_secs(60)))
         .await?;
-    // Stop two masters, those whose owner record does not show the token first (see above).
-    let mut order = Vec::new();
-    for (i, url) in masters.urls().iter().enumerate() {
-        let mut con = support::raw(url).await?;
-        let recorded: Option<u64> = redis::cmd("HGET")
-            .arg(owner_key(&name))
-            .arg("fencing")
-            .query_async(&mut con)
-            .await?;
-        order.push((recorded == Some(lease.fencing_token().get()), i));
-    }
-    order.sort();
-    for &(_, i) in &order[..2] {
-        masters.member(i)?.stop().await?;
-    }
+    let order = stop_two_not_showing(&masters, &name, lease.fencing_token()).await?;
     let shown = client
         .inspect(&LockKey::new(&name)?)
         .await
@@ -133,7 +106,7 @@ pub async fn eviction_with_a_minority_down_evicts_and_without_a_quorum_fails(
         successor.fencing_token(),
         lease.fencing_token()
     );
-    masters.member(order[2].1)?.stop().await?;
+    masters.member(order[2])?.stop().await?;
     match admin.force_unlock(&name, None).await {
         Err(e @ Error::Unavailable { .. }) => {
             let shown = format!("{e} / {:?}", std::error::Error::source(&e));
@@ -143,4 +116,30 @@ pub async fn eviction_with_a_minority_down_evicts_and_without_a_quorum_fails(
     }
     drop(successor);
     Ok(())
+}
+
+/// Stops two masters, those whose owner record of `name` does not show `token` first (a master
+/// may have granted after the client had its quorum, with a larger token), so that the three
+/// left agree on it; returns the masters in the order they are to be stopped.
+async fn stop_two_not_showing(
+    masters: &RedisMasters,
+    name: &str,
+    token: FencingToken,
+) -> anyhow::Result<Vec<usize>> {
+    let mut order = Vec::new();
+    for (i, url) in masters.urls().iter().enumerate() {
+        let mut con = support::raw(url).await?;
+        let recorded: Option<u64> = redis::cmd("HGET")
+            .arg(owner_key(name))
+            .arg("fencing")
+            .query_async(&mut con)
+            .await?;
+        order.push((recorded == Some(token.get()), i));
+    }
+    order.sort();
+    let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
+    for &i in &order[..2] {
+        masters.member(i)?.stop().await?;
+    }
+    Ok(order)
 }
