@@ -3,13 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{check_within, Result};
+use dlock_core::{check_within, Owner, Result};
 use tracing::Instrument;
 
 use crate::cluster::ClusterSettings;
 use crate::connection::{Connection, Target};
 use crate::endpoint::Endpoint;
-use crate::lock::RedisLock;
+use crate::lock::{Inner, RedisLock};
 use crate::protocol::keys::KeyLayout;
 use crate::replicas::Acks;
 use crate::sentinel::{Primary, SentinelSettings};
@@ -69,6 +69,8 @@ pub struct RedisLockBuilder {
     sentinel: Option<SentinelSettings>,
     min_replicas: u32,
     replica_timeout: Duration,
+    /// The application label of the owner records, checked at connect.
+    owner: Option<String>,
     /// Set by [`RedisLockBuilder::cluster`]: the URL is then unused.
     pub(crate) cluster: Option<ClusterSettings>,
 }
@@ -106,6 +108,12 @@ dlock_core::setters! {
         /// How long each `WAIT` waits for the replicas ([`DEFAULT_REPLICA_TIMEOUT`]); every
         /// request may take this much longer than the request timeout.
         with_replica_timeout(timeout: Duration) => replica_timeout = timeout;
+        /// Puts the application label `label` (the `owner` URL parameter) in the owner record
+        /// every grant leaves next to the lock (see "Owner records" in the [crate docs](crate)),
+        /// so that operators can tell services apart on a shared host: 1 to
+        /// [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) bytes without control characters, checked
+        /// by [`connect`](Self::connect) before anything is sent (field `owner`).
+        with_owner(label: impl Into<String>) => owner = Some(label.into());
     }
 }
 
@@ -122,6 +130,7 @@ impl RedisLockBuilder {
             sentinel: None,
             min_replicas: 0,
             replica_timeout: DEFAULT_REPLICA_TIMEOUT,
+            owner: None,
             cluster: None,
         }
     }
@@ -136,7 +145,7 @@ impl RedisLockBuilder {
     }
 
     /// Settings from a connection string with `?parameters` (`prefix`, `request_timeout`,
-    /// `connect_timeout`, `fence_ttl`), checked before anything is sent.
+    /// `connect_timeout`, `fence_ttl`, `owner`, …), checked before anything is sent.
     pub fn from_url(url: &str) -> Result<Self> {
         <Self as dlock_core::url::FromUrl>::from_url(url)
     }
@@ -144,7 +153,7 @@ impl RedisLockBuilder {
     /// Checks every setting, connects and returns the client.
     ///
     /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) naming the field (`url`, `prefix`, `request_timeout`,
-    /// `connect_timeout`, `fence_ttl`) before any connection is attempted, and with
+    /// `connect_timeout`, `fence_ttl`, `owner`) before any connection is attempted, and with
     /// [`Error::Unavailable`](dlock_core::Error::Unavailable) (or a permanent [`Error::Backend`](dlock_core::Error::Backend), e.g. for a wrong password) if
     /// the server cannot be reached or refuses within the connect timeout.
     ///
@@ -166,6 +175,10 @@ impl RedisLockBuilder {
             ));
         }
         check_timeout("replica_timeout", self.replica_timeout)?;
+        let owner = match self.owner {
+            Some(label) => Owner::this_process().with_label(label)?,
+            None => Owner::this_process(),
+        };
         install_crypto_provider();
         if let Some(cluster) = self.cluster {
             if self.sentinel.is_some() {
@@ -183,6 +196,7 @@ impl RedisLockBuilder {
                 request,
                 self.fence_ttl,
                 acks,
+                owner,
             )
             .await;
         }
@@ -214,15 +228,16 @@ impl RedisLockBuilder {
             self.request_timeout,
             shown.clone(),
         );
-        Ok(RedisLock::new(
+        Ok(RedisLock::new(Inner {
             connection,
             layout,
             wakeups,
-            shown,
-            self.fence_ttl,
-            Acks::new(self.min_replicas, self.replica_timeout),
-            None,
-        ))
+            endpoint: shown,
+            fence_ttl: self.fence_ttl,
+            acks: Acks::new(self.min_replicas, self.replica_timeout),
+            cluster: None,
+            owner,
+        }))
     }
 }
 
@@ -290,8 +305,10 @@ mod tests {
         assert!(builder.sentinel.is_some());
         let shown = format!("{builder:?}");
         assert!(!shown.contains("pw@") && !shown.contains("spw"), "{shown}");
-        let plain = RedisLockBuilder::from_url("redis://h?min_replicas=1").unwrap();
+        let plain =
+            RedisLockBuilder::from_url("redis://h?min_replicas=1&owner=billing%20api").unwrap();
         assert_eq!((plain.min_replicas, plain.sentinel.is_none()), (1, true));
+        assert_eq!(plain.owner.as_deref(), Some("billing api"));
         let invalid = |raw: &str| {
             matches!(
                 RedisLockBuilder::from_url(raw),
@@ -361,6 +378,8 @@ mod tests {
                 RedisLockBuilder::sentinel(SentinelSettings::new(["127.0.0.1:1"], "")),
                 "sentinel_service",
             ),
+            (RedisLockBuilder::new(url).with_owner(""), "owner"),
+            (RedisLockBuilder::new(url).with_owner("a\nb"), "owner"),
         ];
         for (builder, expected) in cases {
             assert_eq!(field(builder.connect().await), expected);

@@ -33,7 +33,7 @@ use std::time::Duration;
 #[cfg(feature = "tls")]
 use dlock_core::tls::TlsFiles;
 use dlock_core::url::ConnectUrl;
-use dlock_core::{Error, Result};
+use dlock_core::{Error, Owner, Result};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
@@ -45,7 +45,7 @@ use crate::builder::RedisLockBuilder;
 use crate::connection::Connection;
 use crate::endpoint::{Endpoint, TakeReplicas};
 use crate::error;
-use crate::lock::RedisLock;
+use crate::lock::{Inner, RedisLock};
 use crate::protocol::keys::{self, KeyLayout};
 use crate::replicas::Acks;
 use crate::wakeups::{Feed, Wakeups};
@@ -333,6 +333,7 @@ pub(crate) fn from_connect_url(url: &mut ConnectUrl) -> Result<RedisLockBuilder>
         "fence_ttl" => take_duration => RedisLockBuilder::with_fence_ttl,
         "min_replicas" => take_replicas => RedisLockBuilder::with_min_replicas,
         "replica_timeout" => take_duration => RedisLockBuilder::with_replica_timeout,
+        "owner" => take_text => RedisLockBuilder::with_owner,
     }))
 }
 
@@ -369,6 +370,7 @@ pub(crate) async fn connect(
     request_timeout: Duration,
     fence_ttl: Option<Duration>,
     acks: Option<Acks>,
+    owner: Owner,
 ) -> Result<RedisLock> {
     let endpoints = settings.endpoints()?;
     let redacted = settings.redacted();
@@ -400,15 +402,16 @@ pub(crate) async fn connect(
         .into_iter()
         .next()
         .ok_or_else(|| Error::invalid("cluster_seeds", "no seed node given"))?;
-    Ok(RedisLock::new(
+    Ok(RedisLock::new(Inner {
         connection,
         layout,
         wakeups,
-        first.redacted().to_owned(),
+        endpoint: first.redacted().to_owned(),
         fence_ttl,
         acks,
-        Some(ClusterInfo { redacted }),
-    ))
+        cluster: Some(ClusterInfo { redacted }),
+        owner,
+    }))
 }
 
 /// Classifies a failed cluster connect. The cluster client reports a refusal of the first
@@ -446,6 +449,57 @@ pub(crate) fn release_channel(lock_key: &str) -> String {
     }
     let tag = keys::slot_tag(keys::hash_slot(lock_key.as_bytes()));
     format!("{}{{{tag}}}{lock_key}", keys::RELEASE_CHANNEL_PREFIX)
+}
+
+/// One slot of each primary of the cluster (from `CLUSTER SLOTS`), to route a command that
+/// names no key — `SCAN` — to every primary once.
+pub(crate) async fn primaries(con: &mut RedisConnection) -> redis::RedisResult<Vec<u16>> {
+    let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(con).await?;
+    let mut first_slot: BTreeMap<Vec<u8>, u16> = BTreeMap::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        let start: Option<u16> = fields
+            .first()
+            .and_then(|v| redis::from_redis_value(v.clone()).ok());
+        // The primary: `[host, port, id, …]`; told apart by address and port (the id is only
+        // there since Redis 4).
+        let primary = match fields.get(2) {
+            Some(Value::Array(node)) => node.iter().take(2).fold(Vec::new(), |mut id, part| {
+                if let Ok(text) = redis::from_redis_value::<String>(part.clone()) {
+                    id.extend(text.bytes());
+                    id.push(b' ');
+                }
+                id
+            }),
+            _ => continue,
+        };
+        if let Some(start) = start {
+            first_slot.entry(primary).or_insert(start);
+        }
+    }
+    Ok(first_slot.into_values().collect())
+}
+
+/// Runs `command` (one that names no key, such as `SCAN`) on the one server, or on the primary
+/// that owns `slot` in a cluster.
+pub(crate) async fn run_on<T: redis::FromRedisValue>(
+    con: &mut RedisConnection,
+    slot: Option<u16>,
+    command: Cmd,
+) -> redis::RedisResult<T> {
+    match (con, slot) {
+        (RedisConnection::Cluster(con), Some(slot)) => {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+            let answer = con
+                .route_command(command, RoutingInfo::SingleNode(route))
+                .await?;
+            Ok(redis::from_redis_value(answer)?)
+        }
+        (con, _) => command.query_async(con).await,
+    }
 }
 
 /// The indexes of `lock_keys` grouped so that each group is in one slot and at most `batch`

@@ -221,6 +221,7 @@ impl FromUrl for RedisLockBuilder {
         "min_replicas",
         "replica_timeout",
         "sentinel_password",
+        "owner",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
@@ -266,6 +267,7 @@ impl RedisLockBuilder {
             "fence_ttl" => take_duration => Self::with_fence_ttl,
             "min_replicas" => take_replicas => Self::with_min_replicas,
             "replica_timeout" => take_duration => Self::with_replica_timeout,
+            "owner" => take_text => Self::with_owner,
         }))
     }
 }

@@ -88,6 +88,7 @@
 //! | what | Redis name | value | expiry |
 //! |---|---|---|---|
 //! | lock | prefix + name, verbatim (prefix empty by default) | owner token, 32 hex digits | the lease's TTL |
+//! | owner record | `dlock:owner:{<lock key>}` (same cluster slot; see [Owner records](#owner-records)) | hash: `token`, `fencing`, `record` | the lease's TTL |
 //! | fencing counter | `{<lock key>}:dlock:fence` (same cluster slot) | integer | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:<lock key>` (pub/sub) | — | — |
 //!
@@ -99,16 +100,44 @@
 //! for the exact rules. In a [cluster](#redis-cluster) the release channel carries the lock
 //! key's hash tag, so that sharded pub/sub can use it.
 //!
+//! # Owner records
+//!
+//! Every grant also writes an owner record, in the same script: a hash named
+//! `dlock:owner:{<lock key>}` (`dlock:owner:{<tag>}<lock key>` when the lock key has a hash tag,
+//! or a `}` without one) in the lock key's slot, with the lock's TTL, re-armed by every extension
+//! and deleted with the lock. Its fields are `token` (the holder's owner token), `fencing` (its
+//! fencing token) and `record`, the [`OwnerRecord`](dlock_core::OwnerRecord) JSON of the client's
+//! [`Owner`](dlock_core::Owner) (label: [`RedisLockBuilder::with_owner`], `owner=` in a URL):
+//! `redis-cli HGET 'dlock:owner:{jobs/nightly}' record` shows who took `jobs/nightly`. The lock
+//! key's value stays the owner token, so the convention's clients (below) are unaffected.
+//!
+//! * [`inspect`](dlock_core::DistributedLock::inspect) reads the lock key, its TTL and its
+//!   record together (`MULTI`): the holder's fencing token and owner are reported when the
+//!   record's `token` is the lock key's value (the grant that wrote both). A holder that took the
+//!   key with a plain `SET NX` has no record: no token, no owner. Waiters leave nothing on the
+//!   server, so their number is unknown.
+//! * [`list`](dlock_core::DistributedLock::list) scans the records (`SCAN` with
+//!   `MATCH dlock:owner:*`, a page of [`SCAN_COUNT`](protocol::scripts::SCAN_COUNT) keys at a
+//!   time; in a cluster on every primary) and reads each lock under the prefix as `inspect` does:
+//!   only locks dlock clients hold are listed, not other data of the keyspace.
+//! * [`evict`](dlock_core::DistributedLock::evict) is one script: it compares the expected token
+//!   with the record's, deletes the lock and its record and announces it on the release channel
+//!   like a release, waking a waiter. The counter is left alone, so the next grant's token is
+//!   greater; the evicted lease finds its key gone at its next renewal and turns lost. A holder
+//!   without a record has no known token, so it is evicted only without an expected one.
+//!
 //! # Operations
 //!
 //! Each operation is one Lua script (see the source of `protocol::scripts`), run by SHA1 with a transparent reload when
 //! the server lost its script cache:
 //!
 //! * acquire: `SET lock owner NX PX ttl` and, only if that succeeded, `INCR` the counter — the
-//!   new fencing token; if busy, the holder's remaining TTL comes back so waiters know when an
+//!   new fencing token — and write the owner record; if busy, the holder's remaining TTL comes back so waiters know when an
 //!   abandoned lock frees;
 //! * extend: re-arm the TTL if the owner still holds the lock; never re-creates it;
-//! * release: delete if the owner still holds it, and publish on the release channel.
+//! * release: delete it and its owner record if the owner still holds it, and publish on the
+//!   release channel;
+//! * evict: delete whoever holds it (the expected holder only, if given) and publish.
 //!
 //! Extending or releasing a lease that expired, or whose lock another owner took in the meantime,
 //! reports it lost and leaves the other owner's key untouched. A renewal (auto-renew) that finds
@@ -131,7 +160,7 @@
 //!
 //! # Storage
 //!
-//! A lock key exists only while the lock is held, but its counter stays: by default one small key
+//! A lock key and its owner record exist only while the lock is held, but its counter stays: by default one small key
 //! per lock name ever granted, which adds up for names made per job or per request. On Redis 7.0,
 //! `MEMORY USAGE` reports 72 bytes for the counter of a name of up to about 15 bytes (104 for a
 //! 44-byte name), and 100,000 counters named like `jobs/item-N` raise `used_memory` by about 90
@@ -179,7 +208,8 @@
 //!
 //! Redis 5 or later (the acquire script may write after reading `TIME`, which needs script
 //! effects replication, the default since Redis 5); the user must be allowed `EVALSHA`, `EVAL`,
-//! `PING`, `MULTI`, `EXEC`, `GET` and `PTTL` (the last four to look at a lock), and — for release notifications — `PUBLISH` and `SUBSCRIBE` on the `dlock:released:*`
+//! `PING`, `MULTI`, `EXEC`, `GET`, `PTTL` and `HMGET` (the last five to look at a lock), `SCAN` (to
+//! list, and `CLUSTER SLOTS` in a cluster), and — for release notifications — `PUBLISH` and `SUBSCRIBE` on the `dlock:released:*`
 //! channels. Without the channel permission (Redis 7's default for new ACL users) locks work the
 //! same, and waiters learn of releases by polling.
 #![deny(missing_docs)]

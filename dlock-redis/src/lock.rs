@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee,
-    Grant, Holder, Holding, LeaseRef, LockKey, LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Eviction, ExtendRequest, Extension,
+    FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
+    Owner, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -25,6 +26,9 @@ use crate::wakeups::Wakeups;
 /// busy for about a millisecond at most.
 pub const EXTEND_BATCH: usize = 500;
 
+/// How many locks `list` reads at a time, pipelined on the one connection.
+const LIST_READS: usize = 64;
+
 /// Locks on one Redis server (a standalone server or a primary with asynchronous replicas).
 ///
 /// Clones share one multiplexed connection and one subscriber connection; make one per process
@@ -35,17 +39,20 @@ pub struct RedisLock {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    connection: Connection,
-    layout: KeyLayout,
-    wakeups: Wakeups,
+/// What a client is made of; built by [`RedisLockBuilder::connect`] (and the cluster's).
+pub(crate) struct Inner {
+    pub(crate) connection: Connection,
+    pub(crate) layout: KeyLayout,
+    pub(crate) wakeups: Wakeups,
     /// The server (or Sentinel service) without passwords.
-    endpoint: String,
-    fence_ttl: Option<Duration>,
+    pub(crate) endpoint: String,
+    pub(crate) fence_ttl: Option<Duration>,
     /// Replica acknowledgement of every write; `None`: no `WAIT`.
-    acks: Option<Acks>,
+    pub(crate) acks: Option<Acks>,
     /// Set for a client of a Redis Cluster.
-    cluster: Option<ClusterInfo>,
+    pub(crate) cluster: Option<ClusterInfo>,
+    /// Who takes locks through this client: every grant leaves its record.
+    pub(crate) owner: Owner,
 }
 
 impl RedisLock {
@@ -62,25 +69,9 @@ impl RedisLock {
         RedisLockBuilder::new(url)
     }
 
-    pub(crate) fn new(
-        connection: Connection,
-        layout: KeyLayout,
-        wakeups: Wakeups,
-        endpoint: String,
-        fence_ttl: Option<Duration>,
-        acks: Option<Acks>,
-        cluster: Option<ClusterInfo>,
-    ) -> Self {
+    pub(crate) fn new(inner: Inner) -> Self {
         RedisLock {
-            inner: Arc::new(Inner {
-                connection,
-                layout,
-                wakeups,
-                endpoint,
-                fence_ttl,
-                acks,
-                cluster,
-            }),
+            inner: Arc::new(inner),
         }
     }
 
@@ -139,12 +130,19 @@ impl RedisLock {
         &self.inner.wakeups
     }
 
-    /// One run of the acquire script on `lock` and its counter `fence`.
+    /// Who takes locks through this client (see [`RedisLockBuilder::with_owner`]).
+    pub fn owner(&self) -> &Owner {
+        &self.inner.owner
+    }
+
+    /// One run of the acquire script on `lock` and its counter `fence`, leaving `record` (the
+    /// owner record's JSON) with a grant.
     pub(crate) async fn attempt(
         &self,
         lock: &str,
         fence: &str,
         owner: &str,
+        record: &str,
         ttl: Duration,
     ) -> Result<AcquireReply> {
         let fence_ttl = self.inner.fence_ttl;
@@ -153,13 +151,14 @@ impl RedisLock {
                 .inner
                 .connection
                 .run("acquire", |mut con| async move {
-                    scripts::acquire(&mut con, lock, fence, owner, ttl, fence_ttl).await
+                    scripts::acquire(&mut con, lock, fence, owner, record, ttl, fence_ttl).await
                 })
                 .await;
         };
         let (reply, acknowledged) = self
             .acknowledged("acquire", &acks, |mut con| async move {
-                let reply = scripts::acquire(&mut con, lock, fence, owner, ttl, fence_ttl).await;
+                let reply =
+                    scripts::acquire(&mut con, lock, fence, owner, record, ttl, fence_ttl).await;
                 reply.map(|reply| (reply, con.acknowledged))
             })
             .await?;
@@ -181,6 +180,57 @@ impl RedisLock {
             return Err(unacknowledged);
         }
         Ok(reply)
+    }
+
+    /// What the server holds for the lock key `lock` ([`scripts::peek`]).
+    async fn peek(&self, lock: String) -> Result<scripts::Peek> {
+        let fence = keys::fence_key(&lock);
+        self.inner
+            .connection
+            .run("inspect", |mut con| async move {
+                scripts::peek(&mut con, &lock, &fence).await
+            })
+            .await
+    }
+
+    /// The lock keys starting with `start` that have an owner record, found by `SCAN` page by
+    /// page (on each primary of a cluster); a key may show up twice if a slot moves meanwhile.
+    async fn scan_owner_records(&self, start: &str) -> Result<Vec<String>> {
+        let nodes: Vec<Option<u16>> = if self.is_cluster() {
+            self.inner
+                .connection
+                .run("list", |mut con| async move {
+                    cluster::primaries(&mut con).await
+                })
+                .await?
+                .into_iter()
+                .map(Some)
+                .collect()
+        } else {
+            vec![None]
+        };
+        let mut locks = Vec::new();
+        for node in nodes {
+            let mut cursor = 0;
+            loop {
+                let (next, names): (u64, Vec<String>) = self
+                    .inner
+                    .connection
+                    .run("list", |mut con| async move {
+                        let page = scripts::scan_owner_records(cursor);
+                        cluster::run_on(&mut con, node, page).await
+                    })
+                    .await?;
+                locks.extend(keys::lock_keys_under(&names, start));
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        locks.sort_unstable();
+        locks.dedup();
+        Ok(locks)
     }
 
     /// Runs `call` on the connection with `WAIT` behind each of its commands
@@ -211,11 +261,17 @@ impl DistributedLock for RedisLock {
         let lock = self.inner.layout.lock_key(req.key);
         let fence = keys::fence_key(&lock);
         let owner = req.owner.to_hex();
+        let record = self.inner.owner.record().to_json();
         let sent = Instant::now();
-        Ok(match self.attempt(&lock, &fence, &owner, req.ttl).await? {
-            AcquireReply::Granted(token) => Attempt::Acquired(Grant::new(token, sent)),
-            AcquireReply::Busy { pttl } => Attempt::Busy { retry_after: pttl },
-        })
+        Ok(
+            match self
+                .attempt(&lock, &fence, &owner, &record, req.ttl)
+                .await?
+            {
+                AcquireReply::Granted(token) => Attempt::Acquired(Grant::new(token, sent)),
+                AcquireReply::Busy { pttl } => Attempt::Busy { retry_after: pttl },
+            },
+        )
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
@@ -357,26 +413,71 @@ impl DistributedLock for RedisLock {
         Ok(released)
     }
 
-    /// Reads the lock key and its remaining TTL with [`scripts::peek`]. The holder's fencing
-    /// token is reported as unknown: the counter holds the token of the last grant by a dlock
-    /// client, but the lock may since have been taken by another client with a plain `SET NX`
-    /// (which does not count), and its value cannot tell: redis-py's tokens, for one, look like
-    /// ours.
+    /// Reads the lock key, its remaining TTL and its owner record with [`scripts::peek`]. The
+    /// holder's fencing token and owner come from the owner record when its owner token is the
+    /// lock key's value (the grant that wrote both); a holder without one — another client's
+    /// plain `SET NX`, which does not count — has neither. Nobody's waiting is known: waiters
+    /// leave nothing on the server.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
-        let keys = self.keys(key);
-        let seen = self
-            .inner
-            .connection
-            .run("inspect", |mut con| async move {
-                scripts::peek(&mut con, &keys.lock, &keys.fence).await
+        let seen = self.peek(self.inner.layout.lock_key(key)).await?;
+        Ok(match seen.holder {
+            Some(_) => Holding::Held(seen.holder_view()),
+            None => Holding::Free,
+        })
+    }
+
+    /// Scans the owner records (`SCAN … MATCH dlock:owner:*`, page by page, on every primary of
+    /// a cluster), keeps those of lock keys under this client's prefix and `prefix`, and looks
+    /// at each lock as [`inspect`](Self::inspect) does; a record whose lock is gone or held by
+    /// someone else (a record outlives its lock by at most a moment) is not listed.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let ours = self.inner.layout.prefix();
+        let start = format!("{ours}{prefix}");
+        let locks = self.scan_owner_records(&start).await?;
+        let mut held = Vec::new();
+        // A few reads in flight at a time on the multiplexed connection.
+        for chunk in locks.chunks(LIST_READS) {
+            let seen = futures::future::try_join_all(chunk.iter().map(|l| self.peek(l.clone())));
+            for (lock, seen) in chunk.iter().zip(seen.await?) {
+                let name = lock.strip_prefix(ours).unwrap_or(lock);
+                if seen.holders_record().is_some() {
+                    held.push(HeldLock::new(name, seen.holder_view()));
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// One [`EVICT`](scripts::EVICT) script: compares the expected token with the owner
+    /// record's, deletes the lock and its record, and announces it on the release channel as a
+    /// release does. The fencing counter stays, so the next grant's token is greater; the
+    /// evicted lease finds its key gone (or another owner's) at its next renewal and turns lost.
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        let lock = self.inner.layout.lock_key(key);
+        let channel = self.release_channel(&lock);
+        let sharded = self.is_cluster();
+        let Some(acks) = self.inner.acks else {
+            let reply = self
+                .inner
+                .connection
+                .run("evict", |mut con| async move {
+                    scripts::evict(&mut con, &lock, expected, &channel, sharded).await
+                })
+                .await?;
+            return Ok(reply);
+        };
+        // With `min_replicas`, an eviction the replicas did not acknowledge is an error, as a
+        // release is: a failover could bring the holder back.
+        let (reply, acknowledged) = self
+            .acknowledged("evict", &acks, |mut con| async move {
+                let reply = scripts::evict(&mut con, &lock, expected, &channel, sharded).await;
+                reply.map(|r| (r, con.acknowledged))
             })
             .await?;
-        if seen.holder.is_none() {
-            return Ok(Holding::Free);
+        if matches!(reply, Eviction::Evicted(_)) {
+            acks.check("evict", acknowledged)?;
         }
-        let mut holder = Holder::new();
-        holder.expires_in = seen.pttl;
-        Ok(Holding::Held(holder))
+        Ok(reply)
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

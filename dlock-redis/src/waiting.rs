@@ -44,8 +44,13 @@ impl RedisLock {
         let lock = self.layout().lock_key(req.key);
         let fence = keys::fence_key(&lock);
         let owner = req.owner.to_hex();
+        // One record for the whole wait: `since` is when the lock was requested.
+        let record = self.owner().record().to_json();
         let sent = Instant::now();
-        if let AcquireReply::Granted(token) = self.attempt(&lock, &fence, &owner, req.ttl).await? {
+        if let AcquireReply::Granted(token) = self
+            .attempt(&lock, &fence, &owner, &record, req.ttl)
+            .await?
+        {
             return Ok(Grant::new(token, sent));
         }
         waiting.check()?;
@@ -67,7 +72,10 @@ impl RedisLock {
                 notified.as_mut().enable();
                 let sent = Instant::now();
                 attempts = attempts.saturating_add(1);
-                let retry_after = match self.attempt(&lock, &fence, &owner, req.ttl).await? {
+                let retry_after = match self
+                    .attempt(&lock, &fence, &owner, &record, req.ttl)
+                    .await?
+                {
                     AcquireReply::Granted(token) => return Ok(Grant::new(token, sent)),
                     AcquireReply::Busy { pttl } => pttl,
                 };

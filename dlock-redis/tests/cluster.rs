@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
-use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+use dlock_core::{Admin, DistributedLock, DistributedLockExt, Eviction, LockOptions};
 use dlock_redis::protocol::keys;
 use dlock_redis::{RedisLock, RedisLockBuilder};
 use dlock_testkit::case;
@@ -120,6 +120,7 @@ impl Cx {
 fn cases() -> Vec<(&'static str, Case<Cx>)> {
     vec![
         case!(locks_spread_over_every_shard_each_with_its_counter),
+        case!(list_finds_locks_on_every_shard_and_evict_wakes_a_waiter_there),
         case!(a_slot_migration_loses_no_lock_and_grants_no_duplicate),
         case!(a_release_wakes_a_waiter_on_every_shard_and_after_a_migration),
         case!(a_cluster_url_connects_with_its_settings),
@@ -227,6 +228,111 @@ async fn locks_spread_over_every_shard_each_with_its_counter(cx: Cx) -> anyhow::
     for lease in leases {
         lease.release().await?;
     }
+    Ok(())
+}
+
+/// Thirty locks spread over the shards, each with its owner record on its node: `list` scans
+/// every primary and finds them all under the prefix; on each shard an eviction with the shown
+/// token frees the lock, wakes a waiter of another client (sharded release channel) and the
+/// waiter's token is greater than the evicted one.
+async fn list_finds_locks_on_every_shard_and_evict_wakes_a_waiter_there(
+    cx: Cx,
+) -> anyhow::Result<()> {
+    let namespace = unique("listed");
+    let client = cx.client().await?;
+    let waiter = cx.client().await?;
+    let opts = LockOptions::new(Duration::from_secs(60));
+    let mut leases = Vec::new();
+    for i in 0..30 {
+        let name = format!("{namespace}/{i}");
+        leases.push(client.acquire(&name, &opts).await?);
+    }
+    for url in cx.cluster.urls() {
+        let mut con = support::raw(&url).await?;
+        let pattern = format!("{}/*", support::glob_escape(&namespace));
+        for lock in support::scan(&mut con, &pattern).await? {
+            let record = keys::owner_key(&lock);
+            let here: bool = redis::cmd("EXISTS")
+                .arg(&record)
+                .query_async(&mut con)
+                .await?;
+            ensure!(
+                here,
+                "{lock} is on {url} but its owner record {record} is not"
+            );
+        }
+    }
+    let admin = Admin::new(&client);
+    let listed = admin.list(&format!("{namespace}/")).await?;
+    ensure!(listed.len() == 30, "listed {} of 30 locks", listed.len());
+    for held in &listed {
+        let lease = leases
+            .iter()
+            .find(|l| l.key() == held.key)
+            .with_context(|| format!("listed {} that nobody took", held.key))?;
+        ensure!(
+            held.holder.fencing == Some(lease.fencing_token()),
+            "{}: {}",
+            held.key,
+            held.holder
+        );
+    }
+
+    let mut evicted_per_node = [false; 3];
+    for lease in &leases {
+        let node = cx
+            .cluster
+            .owner_of(keys::hash_slot(lease.key().as_bytes()))
+            .await?;
+        if std::mem::replace(&mut evicted_per_node[node], true) {
+            continue;
+        }
+        let waiting = {
+            let (waiter, key) = (waiter.clone(), lease.key().to_owned());
+            let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
+            tokio::spawn(async move {
+                let lease = waiter.acquire(&key, &opts).await;
+                (lease, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let evicted_at = Instant::now();
+        let eviction = admin
+            .force_unlock(lease.key(), Some(lease.fencing_token()))
+            .await?;
+        ensure!(
+            matches!(eviction, Eviction::Evicted(_)),
+            "{} on node {node}: {eviction:?}",
+            lease.key()
+        );
+        let (successor, acquired_at) = waiting.await?;
+        let successor = successor?;
+        let took = acquired_at.saturating_duration_since(evicted_at);
+        ensure!(
+            took <= PROMPT,
+            "the waiter got {} {took:?} after the eviction",
+            lease.key()
+        );
+        ensure!(
+            successor.fencing_token() > lease.fencing_token(),
+            "{}: token {} after the evicted {}",
+            lease.key(),
+            successor.fencing_token(),
+            lease.fencing_token()
+        );
+        successor.release().await?;
+    }
+    ensure!(
+        evicted_per_node == [true; 3],
+        "evicted on {evicted_per_node:?}"
+    );
+    for lease in leases {
+        let _ = lease.release().await;
+    }
+    ensure!(
+        admin.list(&namespace).await?.is_empty(),
+        "listed after every release"
+    );
     Ok(())
 }
 
@@ -558,7 +664,8 @@ async fn on_replica(url: &str, key: &str) -> anyhow::Result<bool> {
 }
 
 /// With `min_replicas=1` (set through the URL), a lock on each of the three shards is granted,
-/// extended and released; each grant is on its primary's replica by the time it is returned.
+/// extended, released, taken again and evicted; each grant is on its primary's replica by the
+/// time it is returned.
 async fn min_replicas_grants_extends_and_releases_on_every_shard(cx: Cx) -> anyhow::Result<()> {
     let _turn = cx.replica_turn.lock().await;
     let url = format!(
@@ -589,6 +696,14 @@ async fn min_replicas_grants_extends_and_releases_on_every_shard(cx: Cx) -> anyh
         ensure!(
             !exists,
             "{name} is still on primary {primary} after its release"
+        );
+        let again = client.try_acquire(&name, &opts).await?.context("retake")?;
+        let evicted = Admin::new(&client)
+            .force_unlock(&name, Some(again.fencing_token()))
+            .await?;
+        ensure!(
+            matches!(evicted, Eviction::Evicted(_)),
+            "an acknowledged eviction on primary {primary}: {evicted:?}"
         );
     }
     Ok(())

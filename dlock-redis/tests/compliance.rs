@@ -18,6 +18,8 @@
 mod connecting;
 #[path = "compliance/interop.rs"]
 mod interop;
+#[path = "compliance/operations.rs"]
+mod operations;
 #[path = "compliance/renewing.rs"]
 mod renewing;
 #[path = "compliance/storage.rs"]
@@ -66,6 +68,7 @@ fn main() {
 fn own_trials(url: String) -> Vec<Trial> {
     [
         ("redis::interop", interop::cases()),
+        ("redis::operations", operations::cases()),
         ("redis::storage", storage::cases()),
         ("redis::waiting", waiting::cases()),
         ("redis::renewing", renewing::cases()),

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{check_within, Drift, Error, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
+use dlock_core::{check_within, Drift, Error, Owner, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
 use dlock_redis::protocol::keys::KeyLayout;
 use dlock_redis::protocol::{check_fence_ttl, check_timeout, ServerUrl};
 use dlock_redis::Endpoint;
@@ -65,6 +65,8 @@ pub struct RedlockBuilder {
     fencing: bool,
     delayed_restart: Option<Duration>,
     fence_ttl: Option<Duration>,
+    /// The application label of the owner records, checked at connect.
+    owner: Option<String>,
 }
 
 dlock_core::setters! {
@@ -110,6 +112,11 @@ dlock_core::setters! {
         /// By default counters never expire. See the crate docs for what it keeps of the fencing
         /// guarantee.
         with_fence_ttl(ttl: Duration) => fence_ttl = Some(ttl);
+        /// Puts the application label `label` (the `owner` URL parameter) in the owner record
+        /// every grant leaves next to the lock on each master (see "Owner records" in the
+        /// [crate docs](crate)): 1 to [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) bytes without
+        /// control characters, checked before anything is sent (field `owner`).
+        with_owner(label: impl Into<String>) => owner = Some(label.into());
     }
 }
 
@@ -139,13 +146,15 @@ impl RedlockBuilder {
             fencing: true,
             delayed_restart: None,
             fence_ttl: None,
+            owner: None,
         }
     }
 
     /// Checks every setting, connects to every master in parallel and returns the client.
     ///
     /// Fails with [`Error::InvalidInput`] naming the field (`urls`, `quorum`, `node_timeout`,
-    /// `connect_timeout`, `drift.factor`, `retry_jitter`, `delayed_restart`, `fence_ttl`, `prefix`)
+    /// `connect_timeout`, `drift.factor`, `retry_jitter`, `delayed_restart`, `fence_ttl`, `prefix`,
+    /// `owner`)
     /// before any connection is attempted, and with [`Error::Unavailable`] ("reached R of N
     /// nodes, needed Q") if fewer masters than the quorum answer within the connect timeout.
     /// Masters that did not answer are connected later, when a request needs them.
@@ -221,7 +230,12 @@ impl RedlockBuilder {
             check_fence_ttl(ttl)?;
         }
         let layout = KeyLayout::new(self.prefix.clone())?;
+        let owner = match &self.owner {
+            Some(label) => Owner::this_process().with_label(label.clone())?,
+            None => Owner::this_process(),
+        };
         let settings = Settings {
+            owner,
             layout,
             quorum,
             node_timeout: self.node_timeout,
@@ -324,6 +338,8 @@ mod tests {
             field(five().with_fence_ttl(Duration::from_secs(60))),
             "fence_ttl"
         );
+        assert_eq!(field(five().with_owner("")), "owner");
+        assert_eq!(field(five().with_owner("a\tb")), "owner");
         assert!(five().with_quorum(5).check().is_ok());
     }
 

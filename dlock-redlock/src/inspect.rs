@@ -1,11 +1,14 @@
 //! Who holds a lock, by reading every master: what a quorum of them shows, or "unknown".
 //!
 //! Each master answers with `protocol::scripts::peek` of dlock-redis: the lock key's value,
-//! its remaining TTL and the key's fencing counter, read together. Only masters that count
+//! its remaining TTL and the lock's owner record, read together. Only masters that count
 //! towards a quorum (see [`crate::restart`]) are counted:
 //!
 //! * **held** if a quorum shows the same value — the same owner — on the key. Its remaining time
-//!   is the smallest TTL among those masters: the earliest a master of that quorum lets go.
+//!   is the smallest TTL among those masters: the earliest a master of that quorum lets go. Its
+//!   owner is the owner record those masters keep for that value (the acquire script writes the
+//!   same record on every master with the grant); a holder without one (another library's
+//!   client) has none.
 //! * **free** if a quorum shows no key.
 //! * **unknown** ([`Holding::Unknown`]) if a quorum answered and neither is true: a lock being
 //!   taken or given back right then, or a key held on a minority only (a failed attempt not yet
@@ -16,26 +19,22 @@
 //!
 //! # The holder's fencing token
 //!
-//! The token is reported only when all of these hold, and is otherwise "unknown":
+//! The token is reported only when both of these hold, and is otherwise "unknown":
 //!
-//! * this client has fencing on (the holder's token is meant to be the one a quorum's counters
-//!   agree on only when the holder wrote it back, which fencing does);
-//! * the value is an owner token in dlock's form, 32 lowercase hex digits;
-//! * a quorum of the masters showing that value have the same counter, `T`; `T` is reported.
+//! * this client has fencing on (the masters' tokens are meant to agree only when the holder
+//!   wrote its token back, which fencing does);
+//! * a quorum of the masters showing the value have an owner record of that value (its owner
+//!   token is the value) with the same token, `T`; `T` is reported.
 //!
-//! That is what a dlock grant leaves behind: the holder's token `T` is the maximum counter among
-//! the masters that granted, and the write-back brings a quorum of the masters holding its key to
-//! exactly `T` (masters that already had `T` need none). While the key is held there, nobody else
-//! can increment those counters. A master that granted late, after the client had decided, may
-//! hold a larger counter; it is alone, so it does not change which value a quorum agrees on —
-//! but with masters down, those left may be too few to agree, and the token is then "unknown".
-//!
-//! What it cannot tell: a client of another library that takes the same names on a quorum of the
-//! masters with a value of the same form (node-redlock's values are 32 hex digits too) would be
-//! reported with the token of the last dlock holder, since it leaves the counters alone. Keep
-//! other Redlock clients off dlock's lock names, or do not rely on the token `status` shows.
+//! That is what a dlock grant leaves behind: each granting master records its own counter, the
+//! holder's token `T` is the maximum of them, and the write-back brings the record and the
+//! counter of a quorum of the masters holding its key to exactly `T` (masters that already had
+//! `T` need none). A master that granted late, after the client had decided, may record a larger
+//! token; it is alone, so it does not change which token a quorum agrees on — but with masters
+//! down, those left may be too few to agree, and the token is then "unknown". A client of another
+//! library leaves no owner record, so its holder has no token, whatever its value looks like.
 
-use dlock_core::{FencingToken, Holder, Holding, OwnerToken};
+use dlock_core::{FencingToken, Holder, Holding};
 use dlock_redis::protocol::scripts::Peek;
 
 use crate::quorum::Reply;
@@ -73,11 +72,14 @@ pub(crate) fn decide(
         if same.len() >= quorum {
             let fencing = if fenced {
                 // Held is decided, but the token may need the answers still pending.
-                agreed_token(holder, &same, quorum, pending)?
+                agreed_token(&same, quorum, pending)?
             } else {
                 None
             };
-            let mut holder = Holder::new();
+            let owner = same
+                .iter()
+                .find_map(|p| p.holders_record().and_then(|r| r.owner.clone()));
+            let mut holder = Holder::new().with_owner(owner);
             holder.fencing = fencing;
             holder.expires_in = same.iter().filter_map(|p| p.pttl).min();
             return Some(Holding::Held(holder));
@@ -87,27 +89,31 @@ pub(crate) fn decide(
     (seen.len() >= quorum && largest + pending < quorum).then_some(Holding::Unknown)
 }
 
-/// The counter a quorum of the masters holding `holder` agree on: `Some(Some(token))`;
-/// `Some(None)` if `holder` is not a dlock owner token or no quorum can agree any more; `None`
-/// while the `pending` masters could still make one (the first quorum to answer may include a
-/// master that granted late, with a larger counter).
-fn agreed_token(
-    holder: &[u8],
-    same: &[&Peek],
-    quorum: usize,
-    pending: usize,
-) -> Option<Option<FencingToken>> {
-    let owner = std::str::from_utf8(holder)
-        .ok()
-        .and_then(|text| OwnerToken::from_hex(text).filter(|o| o.to_hex() == text));
-    if owner.is_none() {
-        return Some(None);
-    }
+/// The value a quorum of the counting masters show on the key — the holder's owner token, for a
+/// dlock holder — if there is one.
+pub(crate) fn quorum_value(replies: &[Reply<Peek>], quorum: usize) -> Option<Vec<u8>> {
+    let values: Vec<&Vec<u8>> = replies
+        .iter()
+        .filter(|r| r.counts)
+        .filter_map(|r| r.result.as_ref().ok()?.holder.as_ref())
+        .collect();
+    values
+        .iter()
+        .find(|v| values.iter().filter(|w| w == v).count() >= quorum)
+        .map(|v| (*v).clone())
+}
+
+/// The token a quorum of the masters showing one holder (`same`) record for it:
+/// `Some(Some(token))`; `Some(None)` if no quorum can agree any more (a holder without owner
+/// records never can); `None` while the `pending` masters could still make one (the first quorum
+/// to answer may include a master that granted late, with a larger token).
+fn agreed_token(same: &[&Peek], quorum: usize, pending: usize) -> Option<Option<FencingToken>> {
+    let recorded = |p: &Peek| p.holders_record().and_then(|r| r.fencing);
     let mut most = 0;
-    for counter in same.iter().filter_map(|p| p.counter) {
-        let agreeing = same.iter().filter(|p| p.counter == Some(counter)).count();
+    for token in same.iter().filter_map(|p| recorded(p)) {
+        let agreeing = same.iter().filter(|p| recorded(p) == Some(token)).count();
         if agreeing >= quorum {
-            return Some(Some(FencingToken(counter)));
+            return Some(Some(token));
         }
         most = most.max(agreeing);
     }
@@ -121,17 +127,30 @@ mod tests {
 
     use super::*;
     use crate::node::NodeFailure;
+    use dlock_core::Owner;
+    use dlock_redis::protocol::scripts::Recorded;
 
     const OWNER: &str = "0123456789abcdef0123456789abcdef";
 
-    fn held(holder: &str, pttl: u64, counter: u64) -> Reply<Peek> {
+    /// A master holding `holder` with its owner record of token `recorded`.
+    fn held(holder: &str, pttl: u64, recorded: u64) -> Reply<Peek> {
+        let record = Recorded {
+            token: holder.as_bytes().to_vec(),
+            fencing: Some(FencingToken(recorded)),
+            owner: None,
+        };
+        peeked(holder, pttl, Some(record))
+    }
+
+    fn peeked(holder: &str, pttl: u64, recorded: Option<Recorded>) -> Reply<Peek> {
         Reply {
             index: 0,
             counts: true,
             result: Ok(Peek {
                 holder: Some(holder.as_bytes().to_vec()),
                 pttl: Some(Duration::from_millis(pttl)),
-                counter: Some(counter),
+                counter: Some(1),
+                recorded,
             }),
         }
     }
@@ -144,6 +163,7 @@ mod tests {
                 holder: None,
                 pttl: None,
                 counter: Some(1),
+                recorded: None,
             }),
         }
     }
@@ -222,17 +242,50 @@ mod tests {
     }
 
     #[test]
-    fn a_foreign_value_is_held_without_a_token() {
-        let foreign = "0123456789ABCDEF0123456789ABCDEF";
+    fn a_holder_without_its_owner_records_is_held_without_a_token_or_owner() {
+        let stale = Recorded {
+            token: b"fedcba9876543210fedcba9876543210".to_vec(),
+            fencing: Some(FencingToken(7)),
+            owner: Some(Owner::this_process().record()),
+        };
         let replies = [
-            held(foreign, 1, 7),
-            held(foreign, 1, 7),
-            held(foreign, 1, 7),
+            peeked(OWNER, 1, None),
+            peeked(OWNER, 1, Some(stale.clone())),
+            peeked(OWNER, 1, Some(stale)),
         ];
-        assert!(matches!(
+        assert_eq!(
             decide(&replies, 0, 3, true),
-            Some(Holding::Held(Holder { fencing: None, .. }))
-        ));
+            Some(Holding::Held(
+                Holder::new().with_expiry(Duration::from_millis(1))
+            ))
+        );
+    }
+
+    #[test]
+    fn the_owner_comes_from_the_holders_records() {
+        let owner = Owner::this_process()
+            .with_label("billing")
+            .unwrap()
+            .record();
+        let record = Recorded {
+            token: OWNER.as_bytes().to_vec(),
+            fencing: Some(FencingToken(7)),
+            owner: Some(owner.clone()),
+        };
+        let replies = [
+            peeked(OWNER, 5, Some(record.clone())),
+            peeked(OWNER, 5, Some(record.clone())),
+            peeked(OWNER, 5, Some(record)),
+        ];
+        assert_eq!(
+            decide(&replies, 0, 3, true),
+            Some(Holding::Held(
+                Holder::new()
+                    .with_owner(Some(owner))
+                    .with_fencing(FencingToken(7))
+                    .with_expiry(Duration::from_millis(5))
+            ))
+        );
     }
 
     #[test]

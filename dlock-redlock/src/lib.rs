@@ -138,7 +138,7 @@
 //! # Looking at a lock
 //!
 //! [`inspect`](dlock_core::DistributedLock::inspect) (and `dlock status`) reads the lock key, its
-//! remaining TTL and its counter on every master without changing anything, and reports:
+//! remaining TTL and its owner record on every master without changing anything, and reports:
 //!
 //! * **held** if a quorum of the masters show the same owner on the key, expiring after the
 //!   smallest remaining TTL among them;
@@ -148,12 +148,35 @@
 //!   hold the lock with);
 //! * [`Error::Unavailable`](dlock_core::Error::Unavailable) if fewer than a quorum answered.
 //!
-//! The holder's fencing token is reported only when the key's value has the form of a dlock owner
-//! token (32 lowercase hex digits), this client has fencing on, and a quorum of the masters
-//! holding that value agree on their counter — which the fencing write-back above guarantees for a
-//! dlock holder; otherwise it is "unknown". Another library's Redlock client that took the same
-//! name on a quorum with a value of that form (node-redlock's are) would be shown with the last
-//! dlock holder's token, since it leaves the counters alone: keep other clients off dlock's names.
+//! The holder's fencing token is reported only when this client has fencing on and a quorum of
+//! the masters holding the key have its owner record (the record's owner token is the key's
+//! value) with the same token — which the fencing write-back above guarantees for a dlock holder;
+//! otherwise it is "unknown". Another library's client leaves no record, so its holder shows no
+//! token and no owner.
+//!
+//! # Owner records
+//!
+//! Every grant writes the same owner record on every master that grants, in the acquire script
+//! of [`dlock_redis`] (see its crate docs for the hash `dlock:owner:{<lock key>}` and its fields:
+//! owner token, fencing token and the [`OwnerRecord`](dlock_core::OwnerRecord) JSON, label from
+//! [`RedlockBuilder::with_owner`] or `owner=`); it lives as long as the lock key on that master,
+//! and the fencing write-back sets its token to the lease's.
+//!
+//! * [`list`](dlock_core::DistributedLock::list) scans the records on every master (`SCAN`, page by
+//!   page) and looks at each lock found under the prefix as `inspect` does, listing those a quorum
+//!   shows held by a holder with a record. A lock held on a quorum has records on a quorum, so the
+//!   scan needs all but `quorum − 1` masters; with fewer it fails as unavailable.
+//! * [`evict`](dlock_core::DistributedLock::evict) looks first (by quorum), compares the expected
+//!   token with the token it found (a holder without one is evicted only without an expected
+//!   token), then deletes the holder's owner token from every master with the release script
+//!   (compare-and-delete of the key and its record on each). It counts as evicted once a quorum of
+//!   masters answered: none of them keeps the key, so the holder can no longer renew (its lease
+//!   turns lost at its next renewal) and the next grant, whose quorum meets one of them, gets a
+//!   greater token (no counter is touched). With fewer answers it fails as unavailable: the
+//!   masters that answered no longer hold the key, the others keep it until its TTL, and evicting
+//!   again finishes the job. Masters that disagree on the holder
+//!   ([`Holding::Unknown`](dlock_core::Holding::Unknown)) are an error: look again once the lock
+//!   settles.
 //!
 //! # Storage
 //!

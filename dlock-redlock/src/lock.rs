@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Drift, Error, ExtendRequest, Extension,
-    FencingGuarantee, FencingToken, Grant, Holding, LeaseRef, LockKey, LockRequest, OwnerToken,
-    Released, Result,
+    Attempt, Capabilities, DistributedLock, Drift, Error, Eviction, ExtendRequest, Extension,
+    FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
+    Owner, OwnerToken, Released, Result,
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{self, AcquireReply, FenceRaise, Peek};
@@ -23,6 +23,9 @@ use crate::quorum::{gather, Progress, QuorumFailure, Reply};
 
 /// The backend's name in errors and tracing.
 pub(crate) const BACKEND: &str = "redlock";
+
+/// How many locks `list` looks at together, each on every master.
+const LIST_LOOKS: usize = 16;
 
 /// The Redis names and the owner of one request, shared by its per-master calls (which may
 /// outlive the request, see [`gather`]).
@@ -55,6 +58,8 @@ pub(crate) struct Settings {
     pub(crate) fencing: bool,
     pub(crate) delayed_restart: Option<Duration>,
     pub(crate) fence_ttl: Option<Duration>,
+    /// Who takes locks through this client: every grant leaves its record on every master.
+    pub(crate) owner: Owner,
 }
 
 impl Settings {
@@ -271,6 +276,74 @@ impl RedlockLock {
 }
 
 impl RedlockLock {
+    /// What a quorum of the masters shows for `key` (see [`inspect`](DistributedLock::inspect)),
+    /// and the value they show, if a quorum shows one.
+    async fn look(&self, key: &LockKey) -> Result<(Holding, Option<Vec<u8>>)> {
+        let settings = &self.inner.settings;
+        let (quorum, fenced) = (settings.quorum, settings.fencing);
+        let lock: Arc<str> = settings.layout.lock_key(key).into();
+        let fence: Arc<str> = keys::fence_key(&lock).into();
+        let call = move |mut con| {
+            let (lock, fence) = (lock.clone(), fence.clone());
+            async move { scripts::peek(&mut con, &lock, &fence).await }
+        };
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "inspect",
+            settings.untimed_node_timeout(),
+            call,
+            |p: Progress<'_, Peek>| inspect::decide(p.replies, p.pending, quorum, fenced).is_some(),
+        )
+        .await;
+        let holding = inspect::decide(&replies, 0, quorum, fenced).ok_or_else(|| {
+            QuorumFailure::of("inspect", &replies, &self.inner.nodes, quorum).into_error()
+        })?;
+        Ok((holding, inspect::quorum_value(&replies, quorum)))
+    }
+
+    /// The lock keys starting with `start` that have an owner record on a master, scanned on
+    /// every master at once (each page bounded by the request timeout); fails unless all but
+    /// `quorum - 1` masters were scanned to the end.
+    async fn scan_owner_records(&self, start: &str) -> Result<Vec<String>> {
+        let settings = &self.inner.settings;
+        let timeout = settings.untimed_node_timeout();
+        let scans = self.inner.nodes.iter().map(|node| async move {
+            let mut locks = Vec::new();
+            let mut cursor = 0;
+            loop {
+                let page = node.run("list", move |mut con| async move {
+                    scripts::scan_owner_records(cursor)
+                        .query_async::<(u64, Vec<String>)>(&mut con)
+                        .await
+                });
+                let (next, names) = match tokio::time::timeout(timeout, page).await {
+                    Ok(Ok(page)) => page,
+                    Ok(Err(_)) | Err(_) => return None,
+                };
+                locks.extend(keys::lock_keys_under(&names, start));
+                if next == 0 {
+                    return Some(locks);
+                }
+                cursor = next;
+            }
+        });
+        let scanned: Vec<Option<Vec<String>>> = futures::future::join_all(scans).await;
+        let complete = scanned.iter().filter(|s| s.is_some()).count();
+        let needed = self.inner.nodes.len() + 1 - settings.quorum;
+        if complete < needed {
+            return Err(Error::Unavailable {
+                reached: complete,
+                needed,
+                source: Some("list: too few masters scanned to find every held lock".into()),
+            });
+        }
+        let mut locks: Vec<String> = scanned.into_iter().flatten().flatten().collect();
+        locks.sort_unstable();
+        locks.dedup();
+        Ok(locks)
+    }
+
     /// [`extend_many`](DistributedLock::extend_many) for at most [`EXTEND_BATCH`] leases: one
     /// script to every master, then each lease decided as a single `extend` would be. A lease
     /// whose TTL the settings refuse is answered at once and not sent.
@@ -382,12 +455,15 @@ impl DistributedLock for RedlockLock {
         let names = Names::new(&settings.layout, req.key, req.owner);
         let quorum = settings.quorum;
         let (ttl, fence_ttl) = (req.ttl, settings.fence_ttl);
+        // One record for every master, so that they agree on who holds the lock.
+        let record: Arc<str> = settings.owner.record().to_json().into();
         let call = {
             let names = names.clone();
             move |mut con| {
-                let n = names.clone();
+                let (n, record) = (names.clone(), record.clone());
                 async move {
-                    scripts::acquire(&mut con, &n.lock, &n.fence, &n.owner, ttl, fence_ttl).await
+                    let (lock, fence, owner) = (&n.lock, &n.fence, &n.owner);
+                    scripts::acquire(&mut con, lock, fence, owner, &record, ttl, fence_ttl).await
                 }
             }
         };
@@ -532,26 +608,90 @@ impl DistributedLock for RedlockLock {
     /// [the crate docs](crate#looking-at-a-lock) for when it is "unknown" and when the holder's
     /// fencing token is reported.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        Ok(self.look(key).await?.0)
+    }
+
+    /// Scans the owner records on every master (`SCAN … MATCH dlock:owner:*`, page by page),
+    /// then looks at each lock found under this client's prefix and `prefix` as
+    /// [`inspect`](Self::inspect) does, listing those a quorum shows held by a holder with an
+    /// owner record. A lock held on a quorum has records on a quorum, so the scan needs all but
+    /// `quorum - 1` masters to find every one; with fewer it fails as unavailable.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let settings = &self.inner.settings;
-        let (quorum, fenced) = (settings.quorum, settings.fencing);
-        let lock: Arc<str> = settings.layout.lock_key(key).into();
-        let fence: Arc<str> = keys::fence_key(&lock).into();
-        let call = move |mut con| {
-            let (lock, fence) = (lock.clone(), fence.clone());
-            async move { scripts::peek(&mut con, &lock, &fence).await }
+        let ours = settings.layout.prefix();
+        let start = format!("{ours}{prefix}");
+        let locks = self.scan_owner_records(&start).await?;
+        let mut held = Vec::new();
+        for chunk in locks.chunks(LIST_LOOKS) {
+            let looks = chunk.iter().map(|lock| async move {
+                let name = lock.strip_prefix(ours).unwrap_or(lock);
+                // A record of a name no client could lock is not a lock.
+                let Ok(key) = LockKey::new(name) else {
+                    return Ok((name, Holding::Free));
+                };
+                Ok::<_, Error>((name, self.inspect(&key).await?))
+            });
+            for (name, holding) in futures::future::try_join_all(looks).await? {
+                if let Holding::Held(holder) = holding {
+                    if holder.owner.is_some() {
+                        held.push(HeldLock::new(name, holder));
+                    }
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// Looks at the lock as [`inspect`](Self::inspect) does, then removes the value a quorum
+    /// shows — the holder's owner token — from every master with the release script (a
+    /// compare-and-delete of the key and its owner record on each). The holder is evicted once a
+    /// quorum of masters answered: none of them keeps its key any more, so it can no longer
+    /// renew (its lease turns lost at its next renewal) and the next grant, whose quorum meets
+    /// one of them, gets a greater token (no counter is touched). With fewer answers the
+    /// eviction fails as unavailable: the masters that answered dropped the key, the others keep
+    /// it until its TTL, and evicting again finishes the job.
+    ///
+    /// `expected` is compared with the token a quorum of the masters agree on; a holder without
+    /// one (no fencing, another library's client, masters too few to agree) is only evicted
+    /// without `expected`. Masters that disagree on the holder ([`Holding::Unknown`]) are an
+    /// error: look again once the lock settles.
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        let settings = &self.inner.settings;
+        let quorum = settings.quorum;
+        let (holding, value) = self.look(key).await?;
+        let holder = match holding {
+            Holding::Free => return Ok(Eviction::Free),
+            Holding::Held(holder) => holder,
+            _ => {
+                return Err(Error::backend(
+                    BACKEND,
+                    true,
+                    "evict: the masters disagree on the holder; look again",
+                ))
+            }
         };
-        let replies = gather(
-            &self.inner.nodes,
-            self.all(),
-            "inspect",
-            settings.untimed_node_timeout(),
-            call,
-            |p: Progress<'_, Peek>| inspect::decide(p.replies, p.pending, quorum, fenced).is_some(),
-        )
-        .await;
-        inspect::decide(&replies, 0, quorum, fenced).ok_or_else(|| {
-            QuorumFailure::of("inspect", &replies, &self.inner.nodes, quorum).into_error()
-        })
+        if expected.is_some_and(|token| holder.fencing != Some(token)) {
+            return Ok(Eviction::Changed(holder));
+        }
+        let Some(value) = value.and_then(|v| String::from_utf8(v).ok()) else {
+            return Err(Error::backend(
+                BACKEND,
+                false,
+                "evict: the holder's value is not text",
+            ));
+        };
+        let names = Names {
+            lock: settings.layout.lock_key(key).into(),
+            fence: Arc::from(""),
+            owner: value.into(),
+        };
+        let replies = self
+            .release_everywhere(&names, settings.untimed_node_timeout(), |_| false)
+            .await;
+        if answered(&replies) >= quorum {
+            return Ok(Eviction::Evicted(holder));
+        }
+        Err(QuorumFailure::of("evict", &replies, &self.inner.nodes, quorum).into_error())
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

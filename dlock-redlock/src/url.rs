@@ -2,7 +2,7 @@
 //! one Redis master per host, sharing the credentials and the database.
 //!
 //! Parameters: `prefix`, `quorum`, `request_timeout` (each master's), `connect_timeout`,
-//! `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart`, `fence_ttl`. Masters that need
+//! `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart`, `fence_ttl`, `owner`. Masters that need
 //! their own credentials or TLS settings are given one URL each to
 //! [`RedlockBuilder::from_urls`].
 
@@ -25,6 +25,7 @@ impl FromUrl for RedlockBuilder {
         "fencing",
         "delayed_restart",
         "fence_ttl",
+        "owner",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
@@ -38,6 +39,7 @@ impl FromUrl for RedlockBuilder {
             "fencing" => take_bool => Self::with_fencing,
             "delayed_restart" => take_duration => Self::with_delayed_restart,
             "fence_ttl" => take_duration => Self::with_fence_ttl,
+            "owner" => take_text => Self::with_owner,
         });
         Ok(builder)
     }

@@ -21,6 +21,8 @@ mod support;
 mod fencing;
 #[path = "compliance/inspect.rs"]
 mod inspect;
+#[path = "compliance/operations.rs"]
+mod operations;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,6 +63,7 @@ fn own_trials(urls: Vec<String>) -> Vec<Trial> {
     [
         ("redlock::fencing", fencing::cases()),
         ("redlock::inspect", inspect::cases()),
+        ("redlock::operations", operations::cases()),
     ]
     .iter()
     .flat_map(|(prefix, cases)| trials::cases(prefix, cases, &urls, support::TRIAL_BUDGET))

@@ -66,13 +66,13 @@ type Backend = Arc<dyn DistributedLock>;
 /// | URL | backend | Cargo feature | scheme parameters |
 /// |---|---|---|---|
 /// | `memory://` | [`InMemoryLock`], new for each call | — | `owner` |
-/// | `redis://[user[:password]@]host[:port][/db]`, `redis+unix:///path` | one Redis server | `redis` | `prefix`, `request_timeout`, `connect_timeout`, `fence_ttl` (let idle keys' counters expire, e.g. `30d`), `min_replicas`, `replica_timeout` (`WAIT` for replicas after each write) |
+/// | `redis://[user[:password]@]host[:port][/db]`, `redis+unix:///path` | one Redis server | `redis` | `prefix`, `request_timeout`, `connect_timeout`, `fence_ttl` (let idle keys' counters expire, e.g. `30d`), `min_replicas`, `replica_timeout` (`WAIT` for replicas after each write), `owner` (the label in each grant's owner record) |
 /// | `rediss://…` (TLS; `#insecure` skips certificate checks) | one Redis server | `redis-tls` | as `redis://` |
 /// | `redis+sentinel://[user[:password]@]host:26379[,host…]/SERVICE[/db]` | the primary of a Redis Sentinel service, followed through failovers | `redis` | as `redis://`, and `sentinel_password` |
 /// | `rediss+sentinel://…` (TLS to sentinels and primary) | as `redis+sentinel://` | `redis-tls` | as `redis+sentinel://`, and `ca`, `cert`, `key` |
 /// | `redis+cluster://[user[:password]@]host:port[,host:port…]` | a Redis Cluster (seed nodes) | `redis` | as `redis://` |
 /// | `rediss+cluster://…?ca=PATH[&cert=PATH&key=PATH]` | a Redis Cluster over TLS | `redis-tls` | as `redis://`, and `ca`, `cert`, `key` (PEM files) |
-/// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `request_timeout` (each master's), `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use), `fence_ttl` |
+/// | `redlock://host[:port],host[:port],…[/db]` | Redlock over independent Redis masters | `redlock` | `prefix`, `quorum`, `request_timeout` (each master's), `connect_timeout`, `retry_jitter`, `fencing` (`true`/`false`), `delayed_restart` (the longest TTL in use), `fence_ttl`, `owner` |
 /// | `zk://[user:password@]host[:port],…[/chroot]` | a ZooKeeper ensemble | `zk` | `prefix` (root node, e.g. `/dlock`), `session_timeout`, `request_timeout`, `connect_timeout`, `owner` (the owner record's label), `identifier` (its earlier name), `naming` (`kazoo` or `curator`) |
 /// | `zk+tls://[user:password@]host[:port],…[/chroot]?ca=PATH[&cert=PATH&key=PATH]` (ports default to 2281) | a ZooKeeper ensemble over TLS | `zk-tls` | as `zk://`, and `ca`, `cert`, `key` (PEM files) |
 /// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_timeout` (the session lease's TTL), `request_timeout`, `connect_timeout`, `owner` (the label in the owner records) |

@@ -1,8 +1,10 @@
-//! Where a lock lives in Redis: the lock key, its fencing counter, and its release channel.
+//! Where a lock lives in Redis: the lock key, its owner record, its fencing counter, and its
+//! release channel.
 //!
 //! | what | name | value | expiry |
 //! |---|---|---|---|
 //! | lock | `PREFIX` + name, verbatim | the owner token (32 hex digits) | the lease's TTL (`PX`) |
+//! | owner record | see [`owner_key`] | a hash: `token` (the owner token), `fencing` (the holder's fencing token), `record` (the [`OwnerRecord`](dlock_core::OwnerRecord) JSON) | the lease's TTL, re-armed with it |
 //! | fencing counter | see [`fence_key`] | an integer, incremented per grant | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:` + lock key | (pub/sub channel, not a key) | — |
 //!
@@ -23,7 +25,25 @@
 //!
 //! Names are not escaped, so a lock whose key equals another lock's counter key (for example a
 //! lock named `{a}:dlock:fence` next to a lock named `a`) collides with it: keys ending in
-//! [`FENCE_SUFFIX`] and keys starting with [`SHARED_FENCE_PREFIX`] are reserved.
+//! [`FENCE_SUFFIX`] and keys starting with [`SHARED_FENCE_PREFIX`] or [`OWNER_PREFIX`] are
+//! reserved.
+//!
+//! # The owner record
+//!
+//! The lock key's value must stay the plain owner token (other clients compare it), so who took
+//! the lock is kept in a companion hash in the lock key's slot, written by the acquire script
+//! with the lock's TTL, re-armed by the extend scripts and deleted with the lock. Its name
+//! starts with [`OWNER_PREFIX`], so that one `SCAN … MATCH dlock:owner:*` finds every lock a
+//! dlock client holds, and it names exactly one lock key ([`lock_key_of_owner`] reads it back):
+//!
+//! * a lock key without a hash tag or a `}` is wrapped whole: `dlock:owner:{jobs/nightly}`;
+//! * a lock key with a hash tag keeps it in front: `dlock:owner:{t7}jobs:{t7}:nightly`;
+//! * a lock key with a `}` but no valid hash tag gets its slot's numeric tag in front:
+//!   `dlock:owner:{5061}a}b`.
+//!
+//! The hash's `token` tells whose record it is: it describes the holder only while it equals
+//! the lock key's value (a peer's `SET NX` on the plain key leaves no record, and a record
+//! never outlives its lock's TTL).
 
 use std::sync::OnceLock;
 
@@ -34,6 +54,9 @@ pub const FENCE_SUFFIX: &str = ":dlock:fence";
 
 /// The start of a fencing counter shared by the keys of one slot that cannot carry their own.
 pub const SHARED_FENCE_PREFIX: &str = "dlock:fence:";
+
+/// The start of every owner record's name (see [the module docs](self#the-owner-record)).
+pub const OWNER_PREFIX: &str = "dlock:owner:";
 
 /// The start of every release channel; the lock key follows.
 pub const RELEASE_CHANNEL_PREFIX: &str = "dlock:released:";
@@ -58,6 +81,8 @@ pub struct LockKeys {
     /// The fencing counter, in the lock key's cluster slot; it never expires unless the client
     /// has a fence TTL.
     pub fence: String,
+    /// The owner record, in the lock key's cluster slot, living as long as the lock.
+    pub owner: String,
     /// The pub/sub channel a release is announced on.
     pub channel: String,
 }
@@ -86,6 +111,7 @@ impl KeyLayout {
         let lock = self.lock_key(name);
         LockKeys {
             fence: fence_key(&lock),
+            owner: owner_key(&lock),
             channel: release_channel(&lock),
             lock,
         }
@@ -102,6 +128,43 @@ pub fn fence_key(lock_key: &str) -> String {
     }
     let tag = slot_tag(hash_slot(lock_key.as_bytes())).to_string();
     concat(&[SHARED_FENCE_PREFIX, "{", &tag, "}"])
+}
+
+/// The owner record of `lock_key`, in the same cluster slot (see
+/// [the module docs](self#the-owner-record)).
+pub fn owner_key(lock_key: &str) -> String {
+    if let Some(tag) = hash_tag(lock_key.as_bytes()) {
+        let tag = String::from_utf8_lossy(tag);
+        return concat(&[OWNER_PREFIX, "{", &tag, "}", lock_key]);
+    }
+    if !lock_key.contains('}') {
+        return concat(&[OWNER_PREFIX, "{", lock_key, "}"]);
+    }
+    let tag = slot_tag(hash_slot(lock_key.as_bytes())).to_string();
+    concat(&[OWNER_PREFIX, "{", &tag, "}", lock_key])
+}
+
+/// The lock key an owner record's name `owner_key` belongs to, or `None` for a name
+/// [`owner_key`] does not make.
+pub fn lock_key_of_owner(owner_key: &str) -> Option<&str> {
+    let rest = owner_key.strip_prefix(OWNER_PREFIX)?.strip_prefix('{')?;
+    let close = rest.find('}')?;
+    let (tag, lock) = (&rest[..close], &rest[close + 1..]);
+    let lock = if lock.is_empty() { tag } else { lock };
+    (!lock.is_empty() && self::owner_key(lock) == owner_key).then_some(lock)
+}
+
+/// The lock keys starting with `start` among the owner records named `names` (a page of
+/// [`scan_owner_records`](super::scripts::scan_owner_records)); other names are skipped.
+pub fn lock_keys_under<'a>(
+    names: &'a [String],
+    start: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    names
+        .iter()
+        .filter_map(|name| lock_key_of_owner(name))
+        .filter(move |lock| lock.starts_with(start))
+        .map(str::to_owned)
 }
 
 /// The channel a release of `lock_key` is published on.
@@ -274,6 +337,49 @@ mod tests {
             layout.keys(&key("jobs/nightly")).channel,
             "dlock:released:jobs/nightly"
         );
+    }
+
+    #[test]
+    fn owner_records_share_the_slot_and_name_their_lock_key() {
+        let names = [
+            "jobs/nightly",
+            "{tenant}:job",
+            "a}b",
+            "x{}y",
+            "{}",
+            "}",
+            "{",
+            "a{b",
+            "ключ",
+            "a\nb",
+            "{a}b",
+            "{a}",
+            "a",
+            "{5061}a}b",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            let keys = KeyLayout::default().keys(&key(name));
+            assert_eq!(
+                hash_slot(keys.owner.as_bytes()),
+                hash_slot(keys.lock.as_bytes()),
+                "{name:?}: {keys:?}"
+            );
+            assert_eq!(lock_key_of_owner(&keys.owner), Some(name), "{keys:?}");
+            assert!(
+                seen.insert(keys.owner.clone()),
+                "{name:?} shares {}",
+                keys.owner
+            );
+        }
+        assert_eq!(owner_key("jobs/nightly"), "dlock:owner:{jobs/nightly}");
+        assert_eq!(
+            owner_key("jobs:{t7}:nightly"),
+            "dlock:owner:{t7}jobs:{t7}:nightly"
+        );
+        assert_eq!(lock_key_of_owner("dlock:owner:{}"), None);
+        assert_eq!(lock_key_of_owner("dlock:owner:{a}b"), None);
+        assert_eq!(lock_key_of_owner("jobs/nightly"), None);
     }
 
     #[test]

@@ -5,20 +5,30 @@
 //! runs the same scripts on every master.
 //!
 //! * [`ACQUIRE`]: `SET lock owner NX PX ttl`; only if that succeeded, `INCR` the fencing
-//!   counter (and re-arm its expiry, if it has one) and return the new token. Otherwise return the holder's remaining `PTTL`, so a
+//!   counter (and re-arm its expiry, if it has one), write the owner record with the lock's TTL
+//!   and return the new token. Otherwise return the holder's remaining `PTTL`, so a
 //!   waiter knows when an abandoned lock runs out. A repeated request by the same owner (a retry
 //!   after a lost reply) re-arms the TTL and is granted a new, larger token.
-//! * [`EXTEND`]: if the lock's value is the owner, `PEXPIRE` it; never re-creates it.
+//! * [`EXTEND`]: if the lock's value is the owner, `PEXPIRE` it and its owner record; never
+//!   re-creates it.
 //! * [`EXTEND_MANY`]: [`EXTEND`] for many locks in one call, so auto-renew costs one round trip
 //!   per batch rather than one per lease.
-//! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and `PUBLISH` on its release channel.
+//! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and its owner record and `PUBLISH`
+//!   on its release channel.
 //! * [`RELEASE_SHARDED`]: [`RELEASE`] for a Redis Cluster, announcing with `SPUBLISH` on a channel
 //!   of the lock key's slot.
 //! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
-//!   owner, raise the fencing counter to at least a given token, never lowering it.
+//!   owner, raise the fencing counter to at least a given token, never lowering it, and put the
+//!   token in the owner record.
+//! * [`EVICT`]: whoever holds the lock — only the holder with a given fencing token, if one is
+//!   given — `DEL` the lock and its owner record and announce it as a release does. The counter
+//!   is left alone, so the next grant's token is greater than the evicted one.
 //!
-//! * [`peek`] (a `MULTI`, not a script): the lock's value and remaining TTL and the counter,
-//!   read together without changing anything, for `inspect`.
+//! * [`peek`] (a `MULTI`, not a script): the lock's value and remaining TTL, the counter and the
+//!   owner record, read together without changing anything, for `inspect` and `list`.
+//!
+//! Every script names the owner record ([`keys::owner_key`](super::keys::owner_key)) next to the
+//! lock key; the Rust functions below derive it from the lock key.
 //!
 //! Extend and release tell "expired" (no lock) from "taken over" (another owner's lock, left
 //! untouched).
@@ -66,9 +76,11 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use dlock_core::{Extension, FencingToken, Released};
+use dlock_core::{Eviction, Extension, FencingToken, Holder, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
+
+use super::keys::owner_key;
 
 /// One Lua script with its SHA1, ready to run by hash.
 #[derive(Debug)]
@@ -87,7 +99,8 @@ impl LockScript {
         }
     }
 
-    /// A short name for errors and tracing: `acquire`, `extend`, `release` or `raise_fence`.
+    /// A short name for errors and tracing: `acquire`, `extend`, `extend_many`, `release`,
+    /// `raise_fence` or `evict`.
     pub fn name(&self) -> &'static str {
         self.name
     }
@@ -153,8 +166,12 @@ fn is_noscript(error: &RedisError) -> bool {
 /// holds the lock, `-1 - PTTL` (negative) or 0 if the holder's key has no TTL. See
 /// [`decode_acquire`].
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms,
-/// optional `ARGV[3]` the counter's expiry in ms (see [the module docs](self#the-fencing-counters-expiry)).
+/// A grant writes the owner record hash (`token`, `fencing`, `record`) with the lock's TTL. The
+/// token goes in as text made by `%d`: Lua's own number-to-text conversion keeps only 14 digits.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fencing counter, `KEYS[3]` owner record; `ARGV[1]` owner token,
+/// `ARGV[2]` TTL in ms, `ARGV[3]` the owner record's JSON, optional `ARGV[4]` the counter's
+/// expiry in ms (see [the module docs](self#the-fencing-counters-expiry)).
 /// Needs Redis 5 or later (effects replication, for `TIME` followed by a write).
 pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
@@ -173,16 +190,18 @@ if token == 1 then
   redis.call('SET', KEYS[2], seed)
   token = tonumber(seed)
 end
-if ARGV[3] then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+if ARGV[4] then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
+redis.call('HSET', KEYS[3], 'token', ARGV[1], 'fencing', string.format('%d', token), 'record', ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[2])
 return token
 "#,
     )
 });
 
-/// Re-arms a lock's TTL if the owner still holds it. Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or
-/// [`HELD_BY_OTHER`].
+/// Re-arms a lock's TTL, and its owner record's, if the owner still holds it. Returns
+/// [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+/// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
 pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "extend",
@@ -190,6 +209,7 @@ pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return 1
 end
 if holder then return 2 end
@@ -200,16 +220,18 @@ return 0
 
 /// [`EXTEND`] for many locks in one script: returns one code per key, in order.
 ///
-/// `KEYS[i]` lock key; `ARGV[2i - 1]` its owner token, `ARGV[2i]` its TTL in ms.
+/// `KEYS[2i - 1]` lock key, `KEYS[2i]` its owner record; `ARGV[2i - 1]` its owner token,
+/// `ARGV[2i]` its TTL in ms.
 pub static EXTEND_MANY: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "extend_many",
         r#"
 local answers = {}
-for i, key in ipairs(KEYS) do
-  local holder = redis.call('GET', key)
+for i = 1, #KEYS / 2 do
+  local holder = redis.call('GET', KEYS[2 * i - 1])
   if holder == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', key, ARGV[2 * i])
+    redis.call('PEXPIRE', KEYS[2 * i - 1], ARGV[2 * i])
+    redis.call('PEXPIRE', KEYS[2 * i], ARGV[2 * i])
     answers[i] = 1
   elseif holder then
     answers[i] = 2
@@ -222,20 +244,21 @@ return answers
     )
 });
 
-/// Deletes a lock if the owner still holds it and announces the release on a channel (none if
-/// the channel argument is empty). Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
+/// Deletes a lock and its owner record if the owner still holds it and announces the release on
+/// a channel (none if the channel argument is empty). Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
 ///
 /// The announcement is best effort (`redis.pcall`): a user without permission for the channel
 /// (Redis 7 gives new ACL users none) still releases; waiters then find out by polling.
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel or `""`.
+/// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` owner token, `ARGV[2]` release channel
+/// or `""`.
 pub static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "release",
         r#"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   if ARGV[2] ~= '' then redis.pcall('PUBLISH', ARGV[2], '') end
   return 1
 end
@@ -251,15 +274,15 @@ return 0
 /// like the lock key (the cluster's release channel does). On a server without `SPUBLISH` the
 /// `pcall` fails and the release still happens; waiters then find out by polling.
 ///
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel (in the lock key's slot)
-/// or `""`.
+/// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` owner token, `ARGV[2]` release channel
+/// (in the lock key's slot) or `""`.
 pub static RELEASE_SHARDED: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "release",
         r#"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   if ARGV[2] ~= '' then redis.pcall('SPUBLISH', ARGV[2], '') end
   return 1
 end
@@ -278,10 +301,11 @@ return 0
 /// start at the server's clock in microseconds (about 2^51 today), so that holds for centuries.
 ///
 /// `SET` drops a key's expiry, so a raised counter gets the expiry of `ARGV[3]` again (an unraised
-/// one keeps the expiry the acquire script just gave it).
+/// one keeps the expiry the acquire script just gave it). The owner record's `fencing` becomes the
+/// token, so that a quorum of masters shows the holder's token (`HSET` keeps the record's expiry).
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fencing counter; `ARGV[1]` owner token, `ARGV[2]` token,
-/// optional `ARGV[3]` the counter's expiry in ms.
+/// `KEYS[1]` lock key, `KEYS[2]` fencing counter, `KEYS[3]` owner record; `ARGV[1]` owner token,
+/// `ARGV[2]` token, optional `ARGV[3]` the counter's expiry in ms.
 pub static RAISE_FENCE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "raise_fence",
@@ -296,10 +320,51 @@ if current < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2])
   if ARGV[3] then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 end
+if redis.call('HGET', KEYS[3], 'token') == ARGV[1] then
+  redis.call('HSET', KEYS[3], 'fencing', ARGV[2])
+end
 return 1
 "#,
     )
 });
+
+/// Removes whoever holds a lock — only the holder whose owner record shows the fencing token
+/// `ARGV[1]`, if it is not empty — with its owner record, and announces it as a release does.
+/// The fencing counter is left alone, so the next grant's token is greater than the evicted
+/// holder's. A holder without an owner record (a peer's `SET NX`) has no known token: it is
+/// evicted only without an expected token.
+///
+/// Returns `{code, value, pttl, record token, record fencing, record JSON}`: code
+/// [`NOT_HELD`] (nothing else follows), [`EVICTED`] or [`HELD_BY_OTHER`] (the holder is not the
+/// expected one; nothing changed), with what the lock and its owner record held (see
+/// [`decode_evict`]).
+///
+/// One script for both kinds of server: `ARGV[3]` is the publishing command, `PUBLISH`, or
+/// `SPUBLISH` on a Redis Cluster (whose channel is in the lock key's slot; see
+/// [`RELEASE_SHARDED`]). Best effort, as for a release.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` expected fencing token or `""`,
+/// `ARGV[2]` release channel or `""`, `ARGV[3]` `PUBLISH` or `SPUBLISH`.
+pub static EVICT: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        "evict",
+        r#"
+local holder = redis.call('GET', KEYS[1])
+if not holder then return {0} end
+local pttl = redis.call('PTTL', KEYS[1])
+local record = redis.call('HMGET', KEYS[2], 'token', 'fencing', 'record')
+if ARGV[1] ~= '' and (record[1] ~= holder or record[2] ~= ARGV[1]) then
+  return {2, holder, pttl, record[1], record[2], record[3]}
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+if ARGV[2] ~= '' then redis.pcall(ARGV[3], ARGV[2], '') end
+return {1, holder, pttl, record[1], record[2], record[3]}
+"#,
+    )
+});
+
+/// Evict answer: the holder was removed.
+pub const EVICTED: i64 = 1;
 
 /// Extend/release answer: the caller held the lock (and the change was made).
 pub const HELD_BY_CALLER: i64 = 1;
@@ -393,7 +458,8 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
 }
 
 /// Runs [`ACQUIRE`] for `owner` (the owner token's hex form) on `lock_key` and its `fence_key`
-/// (see [`crate::protocol::keys`]); `fence_ttl`, if any, becomes the counter's expiry.
+/// (see [`crate::protocol::keys`]), leaving `record` (an owner record's JSON) in the lock's owner
+/// record; `fence_ttl`, if any, becomes the counter's expiry.
 ///
 /// # Cancel safety
 /// If dropped, the lock may or may not have been taken; release by owner token to be sure.
@@ -402,6 +468,7 @@ pub async fn acquire<C>(
     lock_key: &str,
     fence_key: &str,
     owner: &str,
+    record: &str,
     ttl: Duration,
     fence_ttl: Option<Duration>,
 ) -> RedisResult<AcquireReply>
@@ -410,9 +477,11 @@ where
 {
     let ttl = ttl_millis(ttl).to_string();
     let fence_ttl = fence_ttl.map(|t| ttl_millis(t).to_string());
-    let mut args = vec![owner.as_bytes(), ttl.as_bytes()];
+    let mut args = vec![owner.as_bytes(), ttl.as_bytes(), record.as_bytes()];
     args.extend(fence_ttl.as_deref().map(str::as_bytes));
-    let reply: i64 = ACQUIRE.invoke(con, &[lock_key, fence_key], &args).await?;
+    let owner_record = owner_key(lock_key);
+    let keys = [lock_key, fence_key, owner_record.as_str()];
+    let reply: i64 = ACQUIRE.invoke(con, &keys, &args).await?;
     Ok(decode_acquire(reply))
 }
 
@@ -430,8 +499,13 @@ where
     C: ConnectionLike + Send,
 {
     let ttl = ttl_millis(ttl).to_string();
+    let record = owner_key(lock_key);
     let code: i64 = EXTEND
-        .invoke(con, &[lock_key], &[owner.as_bytes(), ttl.as_bytes()])
+        .invoke(
+            con,
+            &[lock_key, &record],
+            &[owner.as_bytes(), ttl.as_bytes()],
+        )
         .await?;
     decode_extend(code)
 }
@@ -447,7 +521,12 @@ pub async fn extend_many<C>(
 where
     C: ConnectionLike + Send,
 {
-    let keys: Vec<&str> = locks.iter().map(|(key, _, _)| *key).collect();
+    let records: Vec<String> = locks.iter().map(|(key, _, _)| owner_key(key)).collect();
+    let keys: Vec<&str> = locks
+        .iter()
+        .zip(&records)
+        .flat_map(|((key, _, _), record)| [*key, record.as_str()])
+        .collect();
     let ttls: Vec<String> = locks
         .iter()
         .map(|(_, _, ttl)| ttl_millis(*ttl).to_string())
@@ -481,8 +560,13 @@ pub async fn release<C>(
 where
     C: ConnectionLike + Send,
 {
+    let record = owner_key(lock_key);
     let code: i64 = RELEASE
-        .invoke(con, &[lock_key], &[owner.as_bytes(), channel.as_bytes()])
+        .invoke(
+            con,
+            &[lock_key, &record],
+            &[owner.as_bytes(), channel.as_bytes()],
+        )
         .await?;
     decode_release(code)
 }
@@ -500,8 +584,13 @@ pub async fn release_sharded<C>(
 where
     C: ConnectionLike + Send,
 {
+    let record = owner_key(lock_key);
     let code: i64 = RELEASE_SHARDED
-        .invoke(con, &[lock_key], &[owner.as_bytes(), channel.as_bytes()])
+        .invoke(
+            con,
+            &[lock_key, &record],
+            &[owner.as_bytes(), channel.as_bytes()],
+        )
         .await?;
     decode_release(code)
 }
@@ -526,10 +615,91 @@ where
     let fence_ttl = fence_ttl.map(|t| ttl_millis(t).to_string());
     let mut args = vec![owner.as_bytes(), token.as_bytes()];
     args.extend(fence_ttl.as_deref().map(str::as_bytes));
+    let record = owner_key(lock_key);
     let code: i64 = RAISE_FENCE
-        .invoke(con, &[lock_key, fence_key], &args)
+        .invoke(con, &[lock_key, fence_key, &record], &args)
         .await?;
     decode_raise_fence(code)
+}
+
+/// The reply of [`EVICT`]: code, value, pttl, and the owner record's token, fencing and JSON.
+type EvictFields = (
+    i64,
+    Option<Vec<u8>>,
+    Option<i64>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+);
+
+/// Decodes the reply of [`EVICT`].
+pub fn decode_evict(reply: EvictFields) -> RedisResult<Eviction> {
+    let (code, value, pttl, token, fencing, record) = reply;
+    let seen = Peek {
+        holder: value,
+        pttl: pttl
+            .and_then(|p| u64::try_from(p).ok())
+            .map(Duration::from_millis),
+        counter: None,
+        recorded: Recorded::read(token, fencing, record),
+    };
+    match code {
+        NOT_HELD => Ok(Eviction::Free),
+        EVICTED => Ok(Eviction::Evicted(seen.holder_view())),
+        HELD_BY_OTHER => Ok(Eviction::Changed(seen.holder_view())),
+        other => Err(unexpected(format!("evict answered {other}"))),
+    }
+}
+
+/// Runs [`EVICT`] on `lock_key`: removes its holder (only the one with the fencing token
+/// `expected`, if given) and announces it on `channel` (none if empty) with `PUBLISH`, or with
+/// `SPUBLISH` if `sharded`.
+///
+/// # Cancel safety
+/// If dropped, the eviction may or may not have happened.
+pub async fn evict<C>(
+    con: &mut C,
+    lock_key: &str,
+    expected: Option<FencingToken>,
+    channel: &str,
+    sharded: bool,
+) -> RedisResult<Eviction>
+where
+    C: ConnectionLike + Send,
+{
+    let expected = expected.map(|t| t.0.to_string()).unwrap_or_default();
+    let publish = if sharded { "SPUBLISH" } else { "PUBLISH" };
+    let record = owner_key(lock_key);
+    let args = [expected.as_bytes(), channel.as_bytes(), publish.as_bytes()];
+    let reply: Vec<redis::Value> = EVICT.invoke(con, &[lock_key, &record], &args).await?;
+    let field = |i: usize| reply.get(i).cloned().unwrap_or(redis::Value::Nil);
+    let fields: EvictFields = (
+        redis::from_redis_value(field(0))?,
+        redis::from_redis_value(field(1))?,
+        redis::from_redis_value(field(2))?,
+        redis::from_redis_value(field(3))?,
+        redis::from_redis_value(field(4))?,
+        redis::from_redis_value(field(5))?,
+    );
+    decode_evict(fields)
+}
+
+/// How many keys one `SCAN` page of [`scan_owner_records`] asks the server to look at: a page
+/// costs the server well under a millisecond, and a keyspace of a million keys takes a thousand
+/// pages.
+pub const SCAN_COUNT: usize = 1000;
+
+/// `SCAN cursor MATCH dlock:owner:* COUNT` [`SCAN_COUNT`]: one page of owner records, whose
+/// names [`keys::lock_key_of_owner`](super::keys::lock_key_of_owner) turns into lock keys. Every
+/// lock a dlock client holds has one; other data does not match.
+pub fn scan_owner_records(cursor: u64) -> Cmd {
+    let mut scan = redis::cmd("SCAN");
+    scan.arg(cursor)
+        .arg("MATCH")
+        .arg(format!("{}*", super::keys::OWNER_PREFIX))
+        .arg("COUNT")
+        .arg(SCAN_COUNT);
+    scan
 }
 
 /// What one server holds for a lock, read by [`peek`].
@@ -541,10 +711,61 @@ pub struct Peek {
     pub pttl: Option<Duration>,
     /// The fencing counter, if it exists and holds a number.
     pub counter: Option<u64>,
+    /// The owner record, if there is one.
+    pub recorded: Option<Recorded>,
 }
 
-/// Reads `lock_key`'s value and remaining TTL and its counter `fence_key` in one `MULTI`, so the
-/// three belong together; changes nothing.
+/// What a lock's owner record holds (see [`keys`](super::keys#the-owner-record)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The owner token of the grant that wrote it.
+    pub token: Vec<u8>,
+    /// That grant's fencing token.
+    pub fencing: Option<FencingToken>,
+    /// Who took the lock, if the JSON parses.
+    pub owner: Option<OwnerRecord>,
+}
+
+impl Recorded {
+    /// The record from its hash fields; `None` without a token (no record).
+    pub fn read(
+        token: Option<Vec<u8>>,
+        fencing: Option<Vec<u8>>,
+        record: Option<Vec<u8>>,
+    ) -> Option<Self> {
+        Some(Recorded {
+            token: token?,
+            fencing: fencing
+                .and_then(|f| String::from_utf8(f).ok())
+                .and_then(|f| f.parse().ok())
+                .map(FencingToken),
+            owner: record.as_deref().and_then(OwnerRecord::parse),
+        })
+    }
+}
+
+impl Peek {
+    /// The owner record, if it is the current holder's: its token is the lock key's value. A
+    /// holder without one (a peer's `SET NX`) has `None`.
+    pub fn holders_record(&self) -> Option<&Recorded> {
+        let holder = self.holder.as_ref()?;
+        self.recorded.as_ref().filter(|r| &r.token == holder)
+    }
+
+    /// The holder as one server shows it: its remaining TTL, and its fencing token and owner
+    /// from its owner record. The token is certain: the acquire script wrote it with the grant
+    /// whose owner token is still the lock key's value.
+    pub fn holder_view(&self) -> Holder {
+        let recorded = self.holders_record();
+        let mut holder = Holder::new().with_owner(recorded.and_then(|r| r.owner.clone()));
+        holder.fencing = recorded.and_then(|r| r.fencing);
+        holder.expires_in = self.pttl;
+        holder
+    }
+}
+
+/// Reads `lock_key`'s value and remaining TTL, its counter `fence_key` and its owner record in
+/// one `MULTI`, so they belong together; changes nothing.
 ///
 /// # Cancel safety
 /// Cancel safe: it only reads.
@@ -552,11 +773,21 @@ pub async fn peek<C>(con: &mut C, lock_key: &str, fence_key: &str) -> RedisResul
 where
     C: ConnectionLike + Send,
 {
-    let (holder, pttl, counter): (Option<Vec<u8>>, i64, Option<Vec<u8>>) = redis::pipe()
+    type Fields = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
+    let record = owner_key(lock_key);
+    let (holder, pttl, counter, (token, fencing, json)): (
+        Option<Vec<u8>>,
+        i64,
+        Option<Vec<u8>>,
+        Fields,
+    ) = redis::pipe()
         .atomic()
         .get(lock_key)
         .pttl(lock_key)
         .get(fence_key)
+        .cmd("HMGET")
+        .arg(&record)
+        .arg(&["token", "fencing", "record"])
         .query_async(con)
         .await?;
     Ok(Peek {
@@ -565,6 +796,7 @@ where
         counter: counter
             .and_then(|c| String::from_utf8(c).ok())
             .and_then(|c| c.parse().ok()),
+        recorded: Recorded::read(token, fencing, json),
     })
 }
 
@@ -581,6 +813,7 @@ mod tests {
             &*RELEASE,
             &*RELEASE_SHARDED,
             &*RAISE_FENCE,
+            &*EVICT,
         ] {
             assert_eq!(script.hash().len(), 40, "{}", script.name());
             assert_eq!(
@@ -633,6 +866,38 @@ mod tests {
         assert_eq!(decode_raise_fence(0).unwrap(), FenceRaise::NotHeld);
         assert_eq!(decode_raise_fence(2).unwrap(), FenceRaise::HeldByOther);
         assert!(decode_raise_fence(7).is_err());
+    }
+
+    #[test]
+    fn evict_replies_decode_with_the_holders_record_only() {
+        let owner = b"0123456789abcdef0123456789abcdef".to_vec();
+        let json = br#"{"host":"web-1","pid":7,"since":"2026-11-26T03:40:00Z"}"#.to_vec();
+        let reply = |code, token: &[u8]| {
+            (
+                code,
+                Some(owner.clone()),
+                Some(1500),
+                Some(token.to_vec()),
+                Some(b"42".to_vec()),
+                Some(json.clone()),
+            )
+        };
+        let Eviction::Evicted(holder) = decode_evict(reply(1, &owner)).unwrap() else {
+            panic!("not evicted");
+        };
+        assert_eq!(holder.fencing, Some(FencingToken(42)));
+        assert_eq!(holder.owner.map(|o| o.pid), Some(7));
+        assert_eq!(holder.expires_in, Some(Duration::from_millis(1500)));
+        // A record of another owner token says nothing of this holder.
+        let Eviction::Changed(holder) = decode_evict(reply(2, b"other")).unwrap() else {
+            panic!("not changed");
+        };
+        assert_eq!((holder.fencing, holder.owner), (None, None));
+        assert_eq!(
+            decode_evict((0, None, None, None, None, None)).unwrap(),
+            Eviction::Free
+        );
+        assert!(decode_evict((5, None, None, None, None, None)).is_err());
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLockExt, Holder, Holding, LockKey, LockOptions, Released};
+use dlock_core::{
+    Admin, DistributedLockExt, Eviction, FencingToken, Holder, Holding, LockKey, LockOptions,
+    Released,
+};
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
@@ -129,8 +132,10 @@ pub async fn a_convention_lock_and_ours_exclude_each_other(url: String) -> anyho
     Ok(())
 }
 
-/// `holding` reads the lock without taking it: held with its remaining TTL, the token unknown
-/// (it cannot be told from another client's holder, whose take did not count), then free.
+/// `holding` reads the lock without taking it: our holder with its remaining TTL, its token and
+/// its owner record, then free; another client's holder with its TTL but no token and no owner
+/// (its take did not count and left no record), never listed, and evicted only without an
+/// expected token.
 pub async fn holding_tells_held_or_free_and_the_ttl(url: String) -> anyhow::Result<()> {
     let ours = Arc::new(RedisLock::connect(&url).await?);
     let mut theirs = ConventionClient::new(&url).await?;
@@ -149,9 +154,18 @@ pub async fn holding_tells_held_or_free_and_the_ttl(url: String) -> anyhow::Resu
         Holding::Held(Holder {
             fencing,
             expires_in,
+            owner,
             ..
         }) => {
-            ensure!(fencing.is_none(), "claims to know the token: {fencing:?}");
+            ensure!(
+                fencing == Some(lease.fencing_token()),
+                "the token shown is {fencing:?}, not {}",
+                lease.fencing_token()
+            );
+            ensure!(
+                owner.is_some_and(|o| o.pid == std::process::id()),
+                "no owner record shown"
+            );
             ensure!(
                 expires_in.is_some_and(|left| left <= ttl && left > ttl / 2),
                 "remaining {expires_in:?} of {ttl:?}"
@@ -173,18 +187,41 @@ pub async fn holding_tells_held_or_free_and_the_ttl(url: String) -> anyhow::Resu
             Holding::Held(Holder {
                 fencing: None,
                 expires_in: Some(_),
+                owner: None,
                 ..
             })
         ),
         "their lock looks {seen:?}"
     );
-    ensure!(theirs.release(&name).await?, "their release");
+    let admin = Admin::new(&ours);
+    ensure!(
+        admin.list(&name).await?.is_empty(),
+        "their lock is listed as ours"
+    );
+    ensure!(
+        matches!(
+            admin.force_unlock(&name, Some(FencingToken(1))).await?,
+            Eviction::Changed(_)
+        ),
+        "their lock was evicted by an expected token it does not show"
+    );
+    ensure!(
+        matches!(
+            admin.force_unlock(&name, None).await?,
+            Eviction::Evicted(Holder { owner: None, .. })
+        ),
+        "their lock was not evicted"
+    );
+    ensure!(
+        !theirs.release(&name).await?,
+        "their lock survived its eviction"
+    );
     Ok(())
 }
 
 /// While held: the lock key is prefix + name with the owner token as value and the lease's TTL;
-/// the counter holds the lease's fencing token and never expires; after release only the counter
-/// is left.
+/// the owner record is a hash beside it with the same TTL; the counter holds the lease's fencing
+/// token and never expires; after release only the counter is left.
 pub async fn the_key_layout_is_as_documented(url: String) -> anyhow::Result<()> {
     let prefix = format!("{}:", unique("prefix"));
     let client = Arc::new(
@@ -224,6 +261,23 @@ pub async fn the_key_layout_is_as_documented(url: String) -> anyhow::Result<()> 
     ensure!(
         pttl > 25_000 && pttl <= 30_000,
         "the lock's PTTL is {pttl} ms for a {ttl:?} lease"
+    );
+    ensure!(
+        keys.owner == format!("dlock:owner:{{{lock_key}}}"),
+        "owner record key {:?}",
+        keys.owner
+    );
+    let record_type: String = redis::cmd("TYPE")
+        .arg(&keys.owner)
+        .query_async(&mut raw)
+        .await?;
+    let record_pttl: i64 = redis::cmd("PTTL")
+        .arg(&keys.owner)
+        .query_async(&mut raw)
+        .await?;
+    ensure!(
+        record_type == "hash" && record_pttl > 25_000 && record_pttl <= 30_000,
+        "the owner record is a {record_type} with PTTL {record_pttl}"
     );
     let counter: Option<u64> = redis::cmd("GET")
         .arg(&keys.fence)

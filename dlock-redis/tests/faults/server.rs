@@ -8,7 +8,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{AutoRenew, DistributedLockExt, Error, LockOptions, Released};
+use dlock_core::{
+    Admin, AutoRenew, DistributedLockExt, Error, Eviction, Holding, LockOptions, Released,
+};
 use dlock_redis::protocol::scripts;
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
@@ -23,6 +25,7 @@ pub fn cases() -> Vec<(&'static str, Case<Arc<RedisServer>>)> {
         case!(paused_server_ends_a_waiting_acquire_by_its_deadline),
         case!(restart_without_persistence_errors_then_recovers_and_loses_leases),
         case!(flushed_script_cache_is_reloaded),
+        case!(list_and_evict_on_a_paused_server_fail_in_bounded_time),
     ]
 }
 
@@ -294,6 +297,89 @@ pub async fn flushed_script_cache_is_reloaded(server: Arc<RedisServer>) -> anyho
         cached == [true],
         "the acquire script was not put back in the cache"
     );
-    again.release().await?;
+    flush(&mut raw).await?;
+    let evicted = Admin::new(&client)
+        .force_unlock(&key, Some(again.fencing_token()))
+        .await
+        .context("evict after SCRIPT FLUSH")?;
+    ensure!(
+        matches!(evicted, Eviction::Evicted(_)),
+        "evict after SCRIPT FLUSH: {evicted:?}"
+    );
+    ensure!(
+        again.release().await? != Released::Released,
+        "the evicted lease released"
+    );
+    Ok(())
+}
+
+/// The server freezes while an operator lists and evicts: both fail as unavailable within the
+/// request timeout. After the thaw the eviction may or may not have run (it may have reached the
+/// server), so the lock is the holder's or free — never someone else's — and the next grant's
+/// token is greater than the holder's either way.
+pub async fn list_and_evict_on_a_paused_server_fail_in_bounded_time(
+    server: Arc<RedisServer>,
+) -> anyhow::Result<()> {
+    let member = server.member()?;
+    let [holder, operator] = support::clients(&server.url()).await?;
+    let key = unique("paused-evict");
+    let lease = holder
+        .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await?;
+    let admin = Admin::new(&operator);
+    member.pause().await?;
+    let outcome = async {
+        let bound = operator.request_timeout() + SLACK;
+        let start = Instant::now();
+        let listed = admin.list("").await;
+        ensure!(
+            matches!(listed, Err(Error::Unavailable { .. })),
+            "list on a paused server: {listed:?}"
+        );
+        ensure!(start.elapsed() <= bound, "list took {:?}", start.elapsed());
+        let start = Instant::now();
+        let evicted = admin.force_unlock(&key, Some(lease.fencing_token())).await;
+        ensure!(
+            matches!(evicted, Err(Error::Unavailable { .. })),
+            "evict on a paused server: {evicted:?}"
+        );
+        ensure!(start.elapsed() <= bound, "evict took {:?}", start.elapsed());
+        anyhow::Ok(())
+    }
+    .await;
+    member.unpause().await?;
+    outcome?;
+
+    // The operator's client replaces its timed-out connection on the next request.
+    let thawed = Instant::now();
+    let seen = loop {
+        match operator.holding(&key).await {
+            Ok(seen) => break seen,
+            Err(e) if thawed.elapsed() < Duration::from_secs(5) => eprintln!("after the thaw: {e}"),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    match &seen {
+        Holding::Free => {}
+        Holding::Held(h) if h.fencing == Some(lease.fencing_token()) => {}
+        other => bail!("after the thaw the lock is {other}"),
+    }
+    let evicted = admin
+        .force_unlock(&key, Some(lease.fencing_token()))
+        .await?;
+    ensure!(
+        matches!(evicted, Eviction::Evicted(_) | Eviction::Free),
+        "evicting again: {evicted:?}"
+    );
+    let successor = operator
+        .acquire(&key, &LockOptions::new(Duration::from_secs(5)))
+        .await?;
+    ensure!(
+        successor.fencing_token() > lease.fencing_token(),
+        "token {} after the evicted {}",
+        successor.fencing_token(),
+        lease.fencing_token()
+    );
+    successor.release().await?;
     Ok(())
 }
