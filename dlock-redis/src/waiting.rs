@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use dlock_core::{Backoff, Grant, LockRequest, Outcome, Result, Waiting};
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::lock::RedisLock;
 use crate::protocol::keys;
@@ -54,13 +53,6 @@ impl RedisLock {
             return Ok(Grant::new(token, sent));
         }
         waiting.check()?;
-        let span = tracing::debug_span!(
-            "dlock.redis.wait",
-            key = %req.key,
-            backend = "redis",
-            attempts = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
         let mut attempts: u32 = 1;
         let waited = async {
             let registration = self.wakeups().register(&self.release_channel(&lock));
@@ -87,10 +79,9 @@ impl RedisLock {
                 }
             }
         }
-        .instrument(span.clone())
         .await;
-        span.record("attempts", attempts);
-        span.record("outcome", waited.outcome());
+        // The wait's own detail, inside the caller's `dlock.acquire` span when it traces.
+        tracing::debug!(attempts, outcome = waited.outcome(), "redis: waited for the lock");
         waited
     }
 }
