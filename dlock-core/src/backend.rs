@@ -4,9 +4,13 @@
 //! ([`try_lock`](DistributedLock::try_lock)), may it keep it longer
 //! ([`extend`](DistributedLock::extend)), may it give it back ([`release`](DistributedLock::release)),
 //! and, optionally, tell me when it may be free ([`wait_for_release`](DistributedLock::wait_for_release)).
-//! Everything a user touches — validation, validity deadlines, leases, renewal, cancellation,
-//! tracing — is written once in this crate on top of these calls (see
-//! [`DistributedLockExt`](crate::DistributedLockExt)).
+//! For operators it may also say who holds a key ([`inspect`](DistributedLock::inspect)), which
+//! keys are held ([`list`](DistributedLock::list)), and evict a stuck holder
+//! ([`evict`](DistributedLock::evict)). Everything a user touches — validation, validity
+//! deadlines, leases, renewal, cancellation — is written once in this crate on top of these calls
+//! (see [`DistributedLockExt`](crate::DistributedLockExt)), and tracing and metrics are
+//! [layers](crate::Layer) around any backend ([`Traced`](crate::Traced),
+//! [`Metered`](crate::Metered)).
 
 use std::fmt;
 use std::sync::Arc;

@@ -17,6 +17,10 @@
 //! * [`Lease::release`] is explicit and async; dropping a lease never blocks.
 //! * A [`Fence`] lets a resource reject the writes of a holder whose lease already ended, which no
 //!   lock service can prevent by time alone.
+//! * Every grant leaves an [`OwnerRecord`] (host, pid, label) next to the lock;
+//!   [`holding`](DistributedLockExt::holding) shows the holder and its waiters, and [`Admin`]
+//!   lists the held locks and evicts a stuck holder, fenced so that its late writes are rejected.
+//! * [`Traced`] and [`Metered`] are [`Layer`]s that trace and meter every call of any backend.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
