@@ -1,24 +1,4 @@
 //! The metrics layer: how often locks are contended, how long callers wait and hold, and how
-//! leases end, on the [`metrics`] facade (any exporter: Prometheus, StatsD, OpenTelemetry).
-//!
-//! Wrap any service in [`Metered`] (on the facade: `Locks::builder(url).with_metrics()`) and
-//! install an exporter in the application. Every metric is labelled `backend`; with
-//! [`Metered::with_key_labels`] also `key` — off by default, since lock names can be unbounded
-//! (one per invoice, say) and every name would become a time series.
-//!
-//! | metric | kind | labels | what |
-//! |---|---|---|---|
-//! | `dlock_acquisitions_total` | counter | `outcome` | acquire attempts by outcome: `acquired`, `busy` (a try that found the lock held), `timeout`, or the error's kind (`unavailable`, `backend_error`, …) |
-//! | `dlock_acquire_wait_seconds` | histogram | | from the start of an acquire to its grant |
-//! | `dlock_hold_seconds` | histogram | | from a grant to its release, or to the moment the lease was found lost |
-//! | `dlock_leases_lost_total` | counter | `reason` | leases found gone at a renewal or release: `expired` (nobody held it any more) or `taken_over` (another owner held it) |
-//! | `dlock_renewals_total` | counter | | successful renewals (auto-renew and explicit extends) |
-//! | `dlock_renewal_failures_total` | counter | `outcome` | renewals that got no answer, by the error's kind (the lease is uncertain, not lost) |
-//! | `dlock_leases_held` | gauge | | leases granted through this handle and not yet released or found lost |
-//! | `dlock_acquires_waiting` | gauge | | waiting acquires in flight |
-//!
-//! A lease that a session-based backend (ZooKeeper, etcd) loses when its session ends is counted
-//! when its holder next renews or releases it, since only then does a call pass this layer.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -39,7 +19,27 @@ use crate::layer::Layer;
 use crate::retry::Backoff;
 use crate::token::OwnerToken;
 
-/// A lock service that counts and times its calls (see [the module docs](self)).
+/// The metrics layer: how often locks are contended, how long callers wait and hold, and how
+/// leases end, on the [`metrics`] facade (any exporter: Prometheus, StatsD, OpenTelemetry).
+///
+/// Wrap any service in [`Metered`] (on the facade: `Locks::builder(url).with_metrics()`) and
+/// install an exporter in the application. Every metric is labelled `backend`; with
+/// [`Metered::with_key_labels`] also `key` — off by default, since lock names can be unbounded
+/// (one per invoice, say) and every name would become a time series.
+///
+/// | metric | kind | labels | what |
+/// |---|---|---|---|
+/// | `dlock_acquisitions_total` | counter | `outcome` | acquire attempts by outcome: `acquired`, `busy` (a try that found the lock held), `timeout`, or the error's kind (`unavailable`, `backend_error`, …) |
+/// | `dlock_acquire_wait_seconds` | histogram | | from the start of an acquire to its grant |
+/// | `dlock_hold_seconds` | histogram | | from a grant to its release, or to the moment the lease was found lost |
+/// | `dlock_leases_lost_total` | counter | `reason` | leases found gone at a renewal or release: `expired` (nobody held it any more) or `taken_over` (another owner held it) |
+/// | `dlock_renewals_total` | counter | | successful renewals (auto-renew and explicit extends) |
+/// | `dlock_renewal_failures_total` | counter | `outcome` | renewals that got no answer, by the error's kind (the lease is uncertain, not lost) |
+/// | `dlock_leases_held` | gauge | | leases granted through this handle and not yet released or found lost |
+/// | `dlock_acquires_waiting` | gauge | | waiting acquires in flight |
+///
+/// A lease that a session-based backend (ZooKeeper, etcd) loses when its session ends is counted
+/// when its holder next renews or releases it, since only then does a call pass this layer.
 pub struct Metered<S> {
     inner: S,
     key_labels: bool,

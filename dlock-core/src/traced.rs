@@ -1,21 +1,4 @@
 //! The tracing layer: one span per lock call, the same fields for every backend.
-//!
-//! Wrap any service in [`Traced`] (on the facade: `Locks::builder(url).with_tracing()`) and each
-//! call runs inside a span named after what the caller did:
-//!
-//! | span | call | fields |
-//! |---|---|---|
-//! | `dlock.acquire` | a waiting acquire ([`lock`](DistributedLock::lock)) | `key`, `backend`, `outcome`, `wait_ms`, `fencing` |
-//! | `dlock.try_acquire` | one attempt ([`try_lock`](DistributedLock::try_lock)) | `key`, `backend`, `outcome`, `wait_ms`, `fencing` |
-//! | `dlock.extend` | an explicit extend | `key`, `backend`, `outcome`, `fencing` |
-//! | `dlock.renew` | each lease of an auto-renew batch ([`extend_many`](DistributedLock::extend_many)) | `key`, `backend`, `outcome`, `fencing` |
-//! | `dlock.release` | a release | `key`, `backend`, `outcome`, `fencing` |
-//! | `dlock.inspect`, `dlock.list` | the read-only looks | `key` or `prefix`, `backend`, `outcome` |
-//! | `dlock.evict` | a forced unlock, at `INFO` with an event naming the evicted holder | `key`, `backend`, `outcome`, `fencing` |
-//!
-//! `outcome` is the call's [`Outcome`] word. The backend's own detail (reconnects, watches,
-//! script retries) is logged as events, which a subscriber shows inside these spans. Without the
-//! layer nothing is traced and nothing is paid.
 
 use std::fmt;
 use std::time::Duration;
@@ -35,7 +18,24 @@ use crate::layer::Layer;
 use crate::retry::Backoff;
 use crate::token::FencingToken;
 
-/// A lock service whose every call runs in a span (see [the module docs](self)).
+/// The tracing layer: one span per lock call, the same fields for every backend.
+///
+/// Wrap any service in [`Traced`] (on the facade: `Locks::builder(url).with_tracing()`) and each
+/// call runs inside a span named after what the caller did:
+///
+/// | span | call | fields |
+/// |---|---|---|
+/// | `dlock.acquire` | a waiting acquire ([`lock`](DistributedLock::lock)) | `key`, `backend`, `outcome`, `wait_ms`, `fencing` |
+/// | `dlock.try_acquire` | one attempt ([`try_lock`](DistributedLock::try_lock)) | `key`, `backend`, `outcome`, `wait_ms`, `fencing` |
+/// | `dlock.extend` | an explicit extend | `key`, `backend`, `outcome`, `fencing` |
+/// | `dlock.renew` | each lease of an auto-renew batch ([`extend_many`](DistributedLock::extend_many)) | `key`, `backend`, `outcome`, `fencing` |
+/// | `dlock.release` | a release | `key`, `backend`, `outcome`, `fencing` |
+/// | `dlock.inspect`, `dlock.list` | the read-only looks | `key` or `prefix`, `backend`, `outcome` |
+/// | `dlock.evict` | a forced unlock, at `INFO` with an event naming the evicted holder | `key`, `backend`, `outcome`, `fencing` |
+///
+/// `outcome` is the call's [`Outcome`] word. The backend's own detail (reconnects, watches,
+/// script retries) is logged as events, which a subscriber shows inside these spans. Without the
+/// layer nothing is traced and nothing is paid.
 #[derive(Clone)]
 pub struct Traced<S>(S);
 

@@ -81,7 +81,11 @@ impl RedisLock {
         }
         .await;
         // The wait's own detail, inside the caller's `dlock.acquire` span when it traces.
-        tracing::debug!(attempts, outcome = waited.outcome(), "redis: waited for the lock");
+        tracing::debug!(
+            attempts,
+            outcome = waited.outcome(),
+            "redis: waited for the lock"
+        );
         waited
     }
 }
