@@ -1,4 +1,4 @@
-//! The metrics layer: how often locks are contended, how long callers wait and hold, and how
+//! The metrics layer ([`Metered`]).
 
 use std::collections::HashMap;
 use std::fmt;

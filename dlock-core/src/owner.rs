@@ -1,27 +1,4 @@
-//! Who holds a lock: the owner record every grant leaves next to the lock on the server.
-//!
-//! When a lock is stuck, the first question is who took it. The owner token (a random number)
-//! cannot answer it, so every backend also writes a small record of the taking process next to
-//! the lock — the Redis companion key, the etcd key's value, the ZooKeeper node's data — where
-//! peers' tools (`redis-cli get`, `etcdctl get`, `zkCli get`) and [`inspect`] read it back.
-//!
-//! The record is one line of JSON, the same on every backend:
-//!
-//! ```text
-//! {"host":"web-1","pid":4242,"label":"billing","since":"2026-11-26T03:40:00.123Z"}
-//! ```
-//!
-//! | field | what |
-//! |---|---|
-//! | `host` | the host name of the taking process (as the operating system reports it) |
-//! | `pid` | its process id |
-//! | `label` | the application label given to the client (`owner=` in the URL, `with_owner` on a builder); absent when none was given |
-//! | `since` | when the lock was requested, on the taking host's wall clock (RFC 3339, UTC, milliseconds) |
-//!
-//! `since` comes from the taking host's clock, so an age computed from it on another host is off
-//! by the difference between the two clocks; it is for people, never for safety.
-//!
-//! [`inspect`]: crate::DistributedLock::inspect
+//! Who holds a lock: the owner record every grant leaves next to the lock ([`OwnerRecord`]).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -104,7 +81,30 @@ pub fn check_label(label: &str) -> Result<()> {
     Ok(())
 }
 
-/// What the server keeps about the process that took a lock (see [the module docs](self)).
+/// Who holds a lock: the owner record every grant leaves next to the lock on the server.
+///
+/// When a lock is stuck, the first question is who took it. The owner token (a random number)
+/// cannot answer it, so every backend also writes a small record of the taking process next to
+/// the lock — the Redis companion key, the etcd key's value, the ZooKeeper node's data — where
+/// peers' tools (`redis-cli get`, `etcdctl get`, `zkCli get`) and [`inspect`] read it back.
+///
+/// The record is one line of JSON, the same on every backend:
+///
+/// ```text
+/// {"host":"web-1","pid":4242,"label":"billing","since":"2026-11-26T03:40:00.123Z"}
+/// ```
+///
+/// | field | what |
+/// |---|---|
+/// | `host` | the host name of the taking process (as the operating system reports it) |
+/// | `pid` | its process id |
+/// | `label` | the application label given to the client (`owner=` in the URL, `with_owner` on a builder); absent when none was given |
+/// | `since` | when the lock was requested, on the taking host's wall clock (RFC 3339, UTC, milliseconds) |
+///
+/// `since` comes from the taking host's clock, so an age computed from it on another host is off
+/// by the difference between the two clocks; it is for people, never for safety.
+///
+/// [`inspect`]: crate::DistributedLock::inspect
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnerRecord {
     /// The taking process's host name.

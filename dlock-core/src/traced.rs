@@ -1,4 +1,4 @@
-//! The tracing layer: one span per lock call, the same fields for every backend.
+//! The tracing layer ([`Traced`]).
 
 use std::fmt;
 use std::time::Duration;
