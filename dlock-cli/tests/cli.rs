@@ -541,11 +541,14 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
         "status of a held lock exited {}",
         code(&output)
     );
-    // Redis cannot tell a dlock holder's token for certain (see RedisLock's inspect), and the
-    // command says so rather than guess; the TTL it can tell.
+    // The owner record beside the key names the holder and its token; the TTL Redis tells.
+    let pid = format!("(pid {}) for ", std::process::id());
+    let token = format!("(fencing token {}), expires in ", lease.fencing_token());
     ensure!(
-        stdout.starts_with(&format!("{key}: held (fencing token unknown), expires in ")),
-        "status printed {stdout:?}"
+        stdout.starts_with(&format!("{key}: held by "))
+            && stdout.contains(&pid)
+            && stdout.contains(&token),
+        "status printed {stdout:?}, expected …{pid}…{token}…"
     );
 
     released_then_free(redis, &redis.url, &key, locks, lease)
