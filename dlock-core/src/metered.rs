@@ -2,11 +2,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use metrics::{counter, gauge, histogram, Label};
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use tokio::time::Instant;
 
 use crate::backend::{
@@ -43,8 +43,73 @@ use crate::token::OwnerToken;
 pub struct Metered<S> {
     inner: S,
     key_labels: bool,
-    /// When each lease still held through this handle was granted.
-    held: Mutex<HashMap<(LockKey, OwnerToken), Instant>>,
+    /// The instruments without a key label, registered once, at the first call (with the
+    /// recorder installed by then): a call then costs an atomic update, not a registry lookup.
+    /// `None` with key labels.
+    fixed: Option<OnceLock<Fixed>>,
+    /// When each lease still held through this handle was granted, by its (random) owner token.
+    held: Mutex<HashMap<OwnerToken, Instant>>,
+}
+
+/// The outcome words an acquire is counted by (see [`Outcome`]).
+const ACQUIRE_OUTCOMES: [&str; 9] = [
+    "acquired",
+    "busy",
+    "timeout",
+    "lost",
+    "not_owner",
+    "unavailable",
+    "invalid_input",
+    "backend_error",
+    "unsupported",
+];
+
+/// The reasons a lease is found lost.
+const LOST_REASONS: [&str; 2] = ["expired", "taken_over"];
+
+/// Instruments registered once, each with its metric name and the value of its extra label.
+struct Fixed {
+    counters: Vec<(&'static str, Option<&'static str>, Counter)>,
+    histograms: Vec<(&'static str, Histogram)>,
+    gauges: Vec<(&'static str, Gauge)>,
+}
+
+impl Fixed {
+    fn new(backend: &'static str) -> Self {
+        let labels = |extra: Option<(&'static str, &'static str)>| {
+            let mut labels = vec![Label::new("backend", backend)];
+            labels.extend(extra.map(|(name, value)| Label::new(name, value)));
+            labels
+        };
+        let mut counters = Vec::new();
+        let mut add = |name: &'static str, label: &'static str, values: &[&'static str]| {
+            for &value in values {
+                let counter = counter!(name, labels(Some((label, value))));
+                counters.push((name, Some(value), counter));
+            }
+        };
+        add("dlock_acquisitions_total", "outcome", &ACQUIRE_OUTCOMES);
+        add(
+            "dlock_renewal_failures_total",
+            "outcome",
+            &ACQUIRE_OUTCOMES[2..],
+        );
+        add("dlock_leases_lost_total", "reason", &LOST_REASONS);
+        counters.push((
+            "dlock_renewals_total",
+            None,
+            counter!("dlock_renewals_total", labels(None)),
+        ));
+        Fixed {
+            counters,
+            histograms: ["dlock_acquire_wait_seconds", "dlock_hold_seconds"]
+                .map(|name| (name, histogram!(name, labels(None))))
+                .into(),
+            gauges: ["dlock_leases_held", "dlock_acquires_waiting"]
+                .map(|name| (name, gauge!(name, labels(None))))
+                .into(),
+        }
+    }
 }
 
 impl<S: DistributedLock> Metered<S> {
@@ -54,6 +119,7 @@ impl<S: DistributedLock> Metered<S> {
         Metered {
             inner: service,
             key_labels: false,
+            fixed: Some(OnceLock::new()),
             held: Mutex::default(),
         }
     }
@@ -61,6 +127,7 @@ impl<S: DistributedLock> Metered<S> {
     /// Adds a `key` label to every metric. Only for a bounded set of lock names.
     pub fn with_key_labels(mut self) -> Self {
         self.key_labels = true;
+        self.fixed = None;
         self
     }
 
@@ -75,29 +142,67 @@ impl<S: DistributedLock> Metered<S> {
         labels
     }
 
-    fn held(&self) -> MutexGuard<'_, HashMap<(LockKey, OwnerToken), Instant>> {
+    fn fixed(&self) -> Option<&Fixed> {
+        let cell = self.fixed.as_ref()?;
+        Some(cell.get_or_init(|| Fixed::new(self.inner.backend_name())))
+    }
+
+    fn counter(
+        &self,
+        key: &LockKey,
+        name: &'static str,
+        extra: Option<(&'static str, &'static str)>,
+    ) -> Counter {
+        let value = extra.map(|(_, value)| value);
+        let fixed = self.fixed().and_then(|fixed| {
+            fixed
+                .counters
+                .iter()
+                .find(|(n, v, _)| *n == name && *v == value)
+        });
+        match fixed {
+            Some((_, _, counter)) => counter.clone(),
+            None => counter!(name, self.labels(key, extra)),
+        }
+    }
+
+    fn histogram(&self, key: &LockKey, name: &'static str) -> Histogram {
+        let fixed = self
+            .fixed()
+            .and_then(|fixed| fixed.histograms.iter().find(|(n, _)| *n == name));
+        match fixed {
+            Some((_, histogram)) => histogram.clone(),
+            None => histogram!(name, self.labels(key, None)),
+        }
+    }
+
+    fn gauge(&self, key: &LockKey, name: &'static str) -> Gauge {
+        let fixed = self
+            .fixed()
+            .and_then(|fixed| fixed.gauges.iter().find(|(n, _)| *n == name));
+        match fixed {
+            Some((_, gauge)) => gauge.clone(),
+            None => gauge!(name, self.labels(key, None)),
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Instant>> {
         // The map is consistent after every statement; a panic elsewhere cannot break it.
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn attempted<T: Outcome>(&self, key: &LockKey, result: &T) {
         let outcome = result.outcome();
-        counter!(
-            "dlock_acquisitions_total",
-            self.labels(key, Some(("outcome", outcome)))
-        )
-        .increment(1);
+        self.counter(key, "dlock_acquisitions_total", Some(("outcome", outcome)))
+            .increment(1);
     }
 
     fn granted(&self, req: &LockRequest<'_>, started: Instant) {
-        histogram!("dlock_acquire_wait_seconds", self.labels(req.key, None))
+        self.histogram(req.key, "dlock_acquire_wait_seconds")
             .record(started.elapsed().as_secs_f64());
-        let fresh = self
-            .held()
-            .insert((req.key.clone(), req.owner), Instant::now())
-            .is_none();
+        let fresh = self.held().insert(req.owner, Instant::now()).is_none();
         if fresh {
-            gauge!("dlock_leases_held", self.labels(req.key, None)).increment(1.0);
+            self.gauge(req.key, "dlock_leases_held").increment(1.0);
         }
     }
 
@@ -105,20 +210,21 @@ impl<S: DistributedLock> Metered<S> {
     /// counted as held: a lease found lost again, or an abandoned acquire cleaned up by owner
     /// token, is not a new ending.
     fn ended(&self, lease: &LeaseRef<'_>) -> bool {
-        let Some(since) = self.held().remove(&(lease.key.clone(), lease.owner)) else {
+        let Some(since) = self.held().remove(&lease.owner) else {
             return false;
         };
-        histogram!("dlock_hold_seconds", self.labels(lease.key, None))
+        self.histogram(lease.key, "dlock_hold_seconds")
             .record(since.elapsed().as_secs_f64());
-        gauge!("dlock_leases_held", self.labels(lease.key, None)).decrement(1.0);
+        self.gauge(lease.key, "dlock_leases_held").decrement(1.0);
         true
     }
 
     fn lost(&self, lease: &LeaseRef<'_>, reason: &'static str) {
         if self.ended(lease) {
-            counter!(
+            self.counter(
+                lease.key,
                 "dlock_leases_lost_total",
-                self.labels(lease.key, Some(("reason", reason)))
+                Some(("reason", reason)),
             )
             .increment(1);
         }
@@ -126,15 +232,17 @@ impl<S: DistributedLock> Metered<S> {
 
     fn renewed(&self, lease: &LeaseRef<'_>, result: &Result<Extension>) {
         match result {
-            Ok(Extension::Extended) => {
-                counter!("dlock_renewals_total", self.labels(lease.key, None)).increment(1)
-            }
+            Ok(Extension::Extended) => self
+                .counter(lease.key, "dlock_renewals_total", None)
+                .increment(1),
             Ok(answer) => self.lost(lease, answer.outcome()),
-            Err(error) => counter!(
-                "dlock_renewal_failures_total",
-                self.labels(lease.key, Some(("outcome", error.outcome())))
-            )
-            .increment(1),
+            Err(error) => self
+                .counter(
+                    lease.key,
+                    "dlock_renewal_failures_total",
+                    Some(("outcome", error.outcome())),
+                )
+                .increment(1),
         }
     }
 }
@@ -174,18 +282,18 @@ fn describe() {
 }
 
 /// Counts one waiting acquire while it is in flight, however it ends (a dropped acquire too).
-struct Waiting(Vec<Label>);
+struct Waiting(Gauge);
 
 impl Waiting {
-    fn start(labels: Vec<Label>) -> Self {
-        gauge!("dlock_acquires_waiting", labels.clone()).increment(1.0);
-        Waiting(labels)
+    fn start(gauge: Gauge) -> Self {
+        gauge.increment(1.0);
+        Waiting(gauge)
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        gauge!("dlock_acquires_waiting", std::mem::take(&mut self.0)).decrement(1.0);
+        self.0.decrement(1.0);
     }
 }
 
@@ -219,7 +327,7 @@ impl<S: DistributedLock> Layer for Metered<S> {
         retry: &Backoff,
     ) -> Result<Grant> {
         let started = Instant::now();
-        let waiting = Waiting::start(self.labels(req.key, None));
+        let waiting = Waiting::start(self.gauge(req.key, "dlock_acquires_waiting"));
         let result = self.inner.lock(req, deadline, retry).await;
         drop(waiting);
         self.attempted(req.key, &result);
