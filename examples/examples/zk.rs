@@ -1,5 +1,5 @@
 //! The ZooKeeper backend through its own builder: a chroot in the URL, the session timeout and
-//! a node identifier, then one fenced lease.
+//! the owner label (written into the owner record of every node it creates), then one fenced lease.
 //!
 //! Needs a ZooKeeper ensemble (3.5 or later). Run it with
 //!
@@ -23,7 +23,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let url = std::env::var("ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181/examples".to_owned());
     let zk = ZkLock::builder(&url)
         .with_session_timeout(Duration::from_secs(15))
-        .with_identifier(format!("example pid {}", std::process::id()))
+        .with_owner("zk-example")
         .connect()
         .await?;
     let locks: Arc<dyn DistributedLock> = Arc::new(zk);
