@@ -163,18 +163,28 @@ async fn a_tls_sentinel_url_locks_and_follows_a_failover(cx: Cx) -> anyhow::Resu
         cx.sentinel.announced_port(promoted) != old,
         "the failover kept the primary"
     );
-    let after = support::unique("tls-after-failover");
-    let lease = acquire_through_failover(&a, &after, &opts, Duration::from_secs(20)).await?;
-    let mut con = cx.primary_connection().await?;
-    let exists: bool = redis::cmd("EXISTS")
-        .arg(&after)
-        .query_async(&mut con)
-        .await?;
-    ensure!(
-        exists,
-        "the lock was granted elsewhere than on the new primary"
-    );
-    lease.release().await?;
+    // Until the client hears of the promotion (`+switch-master`, or a failed request), it may
+    // still be granted on the old primary, which takes writes until the sentinels demote it:
+    // wait for the first grant on the new one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let after = support::unique("tls-after-failover");
+        let lease = acquire_through_failover(&a, &after, &opts, Duration::from_secs(20)).await?;
+        let mut con = cx.primary_connection().await?;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&after)
+            .query_async(&mut con)
+            .await?;
+        lease.release().await?;
+        if exists {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no lock was granted on the new primary within 20 s of the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     cx.sentinel.wait_healthy().await?;
     Ok(())
 }
