@@ -45,6 +45,15 @@ impl Owner {
         Ok(self)
     }
 
+    /// This process, with the application label `label` when one is given: what a backend's
+    /// builder makes of its `owner=` setting (checked as [`with_label`](Self::with_label) does).
+    pub fn labelled(label: Option<String>) -> Result<Self> {
+        match label {
+            Some(label) => Owner::this_process().with_label(label),
+            None => Ok(Owner::this_process()),
+        }
+    }
+
     /// The application label, if one was given.
     pub fn label(&self) -> Option<&str> {
         self.label.as_deref()

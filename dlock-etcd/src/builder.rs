@@ -305,10 +305,7 @@ impl EtcdLockBuilder {
                 return Err(Error::invalid("credentials", "the user name is empty"));
             }
         }
-        let owner = match &self.label {
-            Some(label) => Owner::this_process().with_label(label.clone())?,
-            None => Owner::this_process(),
-        };
+        let owner = Owner::labelled(self.label.clone())?;
         // Read last: every cheaper check comes first.
         let tls = tls_files.map(TlsConfig::load).transpose()?;
         Ok(Settings {

@@ -175,10 +175,7 @@ impl RedisLockBuilder {
             ));
         }
         check_timeout("replica_timeout", self.replica_timeout)?;
-        let owner = match self.owner {
-            Some(label) => Owner::this_process().with_label(label)?,
-            None => Owner::this_process(),
-        };
+        let owner = Owner::labelled(self.owner)?;
         install_crypto_provider();
         if let Some(cluster) = self.cluster {
             if self.sentinel.is_some() {

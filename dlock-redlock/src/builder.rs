@@ -230,10 +230,7 @@ impl RedlockBuilder {
             check_fence_ttl(ttl)?;
         }
         let layout = KeyLayout::new(self.prefix.clone())?;
-        let owner = match &self.owner {
-            Some(label) => Owner::this_process().with_label(label.clone())?,
-            None => Owner::this_process(),
-        };
+        let owner = Owner::labelled(self.owner.clone())?;
         let settings = Settings {
             owner,
             layout,

@@ -198,10 +198,7 @@ impl ZkLockBuilder {
                 ),
             ));
         }
-        let owner = match self.label {
-            Some(label) => Owner::this_process().with_label(label)?,
-            None => Owner::this_process(),
-        };
+        let owner = Owner::labelled(self.label)?;
         let base = format!("{}{}", connect.chroot(), self.root);
         let tls = match &self.tls {
             Some(files) => Some(ZkTls::from_files(files)?.load(connect.servers())?),
