@@ -3,7 +3,7 @@
 //! An acquire can end without a lock in many ways: busy, a deadline, an error, the caller dropping
 //! the future half-way. Once a request that may create our contender key has been sent, every one
 //! of those endings must delete that key again (if it exists and still carries this acquire's
-//! value, its owner record), or it would stand in the queue until the session ends. [`AcquireGuard`] does that in the
+//! value, its owner record with its owner token), or it would stand in the queue until the session ends. [`AcquireGuard`] does that in the
 //! background when dropped, and passes the local turn on at once: the next local task that finds
 //! such a key in its way deletes it itself (see `contention::remove_leftover`), so it never waits
 //! for a clean-up that cannot reach the server.
@@ -34,7 +34,7 @@ struct Written {
     requests: Requests,
     prefix: Vec<u8>,
     key: Vec<u8>,
-    /// The value the acquire writes: its owner record.
+    /// The value the acquire writes: its owner record with its owner token.
     value: String,
 }
 

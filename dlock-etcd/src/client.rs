@@ -1,17 +1,16 @@
 //! The etcd lock client, [`EtcdLock`], and its implementation of the lock contract (on the
 //! state its clones share, which the client serves traced).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, Extension, FencingToken,
     Grant, HeldLock, Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, OwnerRecord,
-    Released, Result, SessionState, Waiting,
+    OwnerToken, Released, Result, SessionState, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
@@ -60,8 +59,6 @@ struct ClientState {
     local_queue: Arc<LocalQueue>,
     keys: Arc<KeyWatch>,
     closed: AtomicBool,
-    /// What makes the owner records of one key differ (see [`ClientState::owner_value`]).
-    stamps: Stamps,
 }
 
 impl fmt::Debug for EtcdLock {
@@ -143,32 +140,28 @@ fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
     }
 }
 
-/// The `since` of the owner records this client wrote lately, by lock key, in milliseconds
-/// since the epoch: those at the current millisecond or later (see [`unique_record`]).
-type Stamps = Mutex<HashMap<LockKey, u64>>;
-
-/// `record`, for an acquire of `key`, as JSON whose `since` differs from that of every earlier
-/// record of `key` by this client: moved a millisecond past the last one where the clock has not
-/// moved on since (only when one key is acquired more than once within a millisecond). Records
-/// older than the current millisecond are forgotten, as the clock has passed them; a wall clock
-/// stepped back could meet one again, which at worst leaves an abandoned key to be adopted or
-/// withdrawn by its successor's value.
-fn unique_record(mut record: OwnerRecord, key: &LockKey, stamps: &Stamps) -> String {
-    let now = record
-        .since
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let since = {
-        let mut stamps = stamps.lock().unwrap_or_else(PoisonError::into_inner);
-        stamps.retain(|_, last| *last >= now);
-        let since = stamps
-            .get(key)
-            .map_or(now, |last| now.max(last.saturating_add(1)));
-        stamps.insert(key.clone(), since);
-        since
-    };
-    record.since = UNIX_EPOCH + Duration::from_millis(since);
-    record.to_json()
+/// The value of one acquire's contender key: its owner record, with the acquire's owner token
+/// as `token` (readers of the record ignore the field).
+///
+/// The token, random for every acquire, makes the value the acquire's own: a retry finds its
+/// key by it, a key an abandoned acquire of this client left under the same name is told apart
+/// and not adopted (see `contention::remove_leftover`), and the abandoned acquire's withdrawal
+/// (a delete if the value is its own) stays off the new key.
+fn contender_value(record: OwnerRecord, owner: OwnerToken) -> String {
+    #[derive(serde::Serialize)]
+    struct Value {
+        #[serde(flatten)]
+        record: OwnerRecord,
+        token: String,
+    }
+    let token = owner.to_hex();
+    // A record of strings, an integer and a time always serializes; the token alone would still
+    // be a value of the acquire's own.
+    serde_json::to_string(&Value {
+        record,
+        token: token.clone(),
+    })
+    .unwrap_or(token)
 }
 
 /// Whether a transport error is a connection the server closed as the request went out (not one
@@ -266,7 +259,6 @@ impl EtcdLock {
             sessions: SessionSlot::default(),
             local_queue: Arc::new(LocalQueue::default()),
             closed: AtomicBool::new(false),
-            stamps: Stamps::default(),
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
@@ -345,14 +337,9 @@ impl ClientState {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// The owner record of one acquire of `key`, as the value of its contender key.
-    ///
-    /// The value also tells the acquire's own key (a retry finds it) from one an abandoned
-    /// acquire of this client left under the same name, which must not be adopted (see
-    /// `contention::remove_leftover`), and keeps the abandoned acquire's withdrawal off the new
-    /// key. So no two acquires of one key by this client write the same value.
-    fn owner_value(&self, key: &LockKey) -> String {
-        unique_record(self.settings.owner.record(), key, &self.stamps)
+    /// The value of the contender key of the acquire `req` (see [`contender_value`]).
+    fn owner_value(&self, req: &LockRequest<'_>) -> String {
+        contender_value(self.settings.owner.record(), req.owner)
     }
 
     async fn session(&self) -> Result<Arc<Session>> {
@@ -598,7 +585,7 @@ impl DistributedLock for ClientState {
         };
         let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
-        let value = self.owner_value(req.key);
+        let value = self.owner_value(req);
         let mut fresh_session = false;
         let mut leftovers = 0;
         loop {
@@ -809,7 +796,7 @@ impl DistributedLock for ClientState {
         };
         let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);
         let prefix = self.settings.layout.prefix(req.key);
-        let value = self.owner_value(req.key);
+        let value = self.owner_value(req);
         let mut agains = 0u32;
         let contended: Result<Granted> = async {
             loop {
@@ -862,26 +849,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_two_records_of_one_key_are_alike() {
+    fn every_acquire_writes_a_value_of_its_own() {
         let owner = dlock_core::Owner::this_process();
-        let stamps = Stamps::default();
-        let (a, b) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
         let values: Vec<String> = (0..1000)
-            .map(|_| unique_record(owner.record(), &a, &stamps))
+            .map(|_| contender_value(owner.record(), OwnerToken::random()))
             .collect();
         let distinct: std::collections::BTreeSet<&String> = values.iter().collect();
         assert_eq!(distinct.len(), values.len());
         let record = OwnerRecord::parse(values[999].as_bytes()).unwrap();
         assert_eq!(record.pid, std::process::id());
-        // Other keys are not moved by the repeats of `a`.
-        let other = unique_record(owner.record(), &b, &stamps);
-        let ahead = OwnerRecord::parse(other.as_bytes())
-            .unwrap()
-            .since
-            .duration_since(std::time::SystemTime::now())
-            .unwrap_or_default();
-        assert!(ahead < Duration::from_millis(2), "{ahead:?}");
-        assert!(stamps.lock().unwrap().len() <= 2);
     }
 
     #[test]

@@ -19,9 +19,9 @@ pub(crate) struct Contender<'a> {
     pub(crate) prefix: &'a [u8],
     /// `<name>/<lease id in hex>`.
     pub(crate) key: &'a [u8],
-    /// The key's value: the owner record of this acquire, which no other acquire of this key by
-    /// this client shares, so it also tells this acquire's key from an abandoned one (see
-    /// `ClientState::owner_value`).
+    /// The key's value: the owner record of this acquire with its owner token, which no other
+    /// acquire shares, so it also tells this acquire's key from an abandoned one (see
+    /// `client::contender_value`).
     pub(crate) value: &'a str,
     /// The session lease the key is attached to.
     pub(crate) lease: i64,

@@ -61,10 +61,9 @@
 //!   [`OwnerRecord`](dlock_core::OwnerRecord) (host, pid, the label of
 //!   [`EtcdLockBuilder::with_owner`] or `owner=`, and when the acquire began), written with the
 //!   key and gone with it; `etcdctl get <name>/<lease hex>` prints it. Go's `concurrency.Mutex`
-//!   and `etcdctl lock` write an empty value, which reads as no record (`owner: None`). No two
-//!   acquires of one key by one client write the same record (`since` is moved on by a
-//!   millisecond where one key is acquired twice within one), so the value also tells an
-//!   acquire's own key from one an abandoned acquire left.
+//!   and `etcdctl lock` write an empty value, which reads as no record (`owner: None`). The
+//!   value also carries the acquire's random owner token as `token`, so it tells an acquire's
+//!   own key from one an abandoned acquire left.
 //! * **inspect** reads the lock's contender keys in create order: the holder (the oldest; its
 //!   create revision is the fencing token) with its record, and the waiters in the order they
 //!   will be served, each with its record. The remaining time is not told: a key lives as long
