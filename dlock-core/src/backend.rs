@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::inspect::{Eviction, HeldLock, Holding};
 use crate::key::LockKey;
+use crate::primitive::{Primitive, Primitives};
 use crate::retry::Backoff;
 use crate::session::SessionWatch;
 use crate::token::{FencingToken, OwnerToken};
@@ -49,6 +50,8 @@ pub struct Capabilities {
     pub notifies_waiters: bool,
     /// Whether a lease is tied to a client session (ZooKeeper, etcd) rather than a per-key TTL.
     pub session_based: bool,
+    /// The primitives served besides the lock ([`DistributedLock::primitive`]).
+    pub primitives: Primitives,
 }
 
 impl Capabilities {
@@ -58,6 +61,7 @@ impl Capabilities {
             fencing,
             notifies_waiters: false,
             session_based: false,
+            primitives: Primitives::NONE,
         }
     }
 
@@ -78,6 +82,12 @@ impl Capabilities {
     /// Declares that leases live in a client session.
     pub fn with_sessions(mut self) -> Self {
         self.session_based = true;
+        self
+    }
+
+    /// Declares the primitives served besides the lock.
+    pub fn with_primitives(mut self, primitives: Primitives) -> Self {
+        self.primitives = primitives;
         self
     }
 }
@@ -238,6 +248,7 @@ impl Outcome for Error {
             Error::NotOwner { .. } => "not_owner",
             Error::Unavailable { .. } => "unavailable",
             Error::InvalidInput { .. } => "invalid_input",
+            Error::Mismatch { .. } => "mismatch",
             Error::Backend { .. } => "backend_error",
             Error::Unsupported { .. } => "unsupported",
         }
@@ -376,6 +387,22 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// A view of this service that serves `primitive` (a semaphore, one side of a read-write
+    /// lock, an election) instead of the lock: its `try_lock`, `extend`, `release`,
+    /// `wait_for_release`, `inspect` and `lock` act on the primitive's layout for the same key
+    /// names, and its grants become ordinary [`Lease`](crate::Lease)s. `primitive` is validated
+    /// first (see [`Primitive::validate`]).
+    ///
+    /// Optional: the default answers [`Error::Unsupported`]; a backend that serves a primitive
+    /// declares it in [`Capabilities::primitives`].
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        Err(Error::Unsupported {
+            backend: self.backend_name(),
+            what: primitive.name(),
+        })
+    }
+
     /// Takes the lock, waiting until `deadline` (or forever) while it is busy.
     ///
     /// The default repeats [`try_lock`](Self::try_lock), waiting in between with
@@ -450,6 +477,9 @@ macro_rules! forward_distributed_lock {
                 expected: Option<FencingToken>,
             ) -> Result<Eviction> {
                 (**self).evict(key, expected).await
+            }
+            fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+                (**self).primitive(primitive)
             }
             async fn lock(
                 &self,

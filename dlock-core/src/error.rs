@@ -66,6 +66,17 @@ pub enum Error {
         message: String,
     },
 
+    /// The name is in use with other settings: a semaphore with another number of permits, or a
+    /// name that another kind of primitive or a peer library's client holds in an incompatible
+    /// layout. Nothing was changed on the server.
+    #[error("{key:?} is in use with other settings: {message}")]
+    Mismatch {
+        /// The name.
+        key: String,
+        /// What differs.
+        message: String,
+    },
+
     /// The backend's client or server failed in a way not covered above.
     #[error("{backend} backend error: {source}")]
     Backend {
@@ -109,7 +120,16 @@ impl Error {
             Error::Lost { .. }
             | Error::NotOwner { .. }
             | Error::InvalidInput { .. }
+            | Error::Mismatch { .. }
             | Error::Unsupported { .. } => false,
+        }
+    }
+
+    /// Builds an [`Error::Mismatch`].
+    pub fn mismatch(key: impl fmt::Display, message: impl Into<String>) -> Self {
+        Error::Mismatch {
+            key: key.to_string(),
+            message: message.into(),
         }
     }
 

@@ -8,12 +8,16 @@ use tokio::time::Instant;
 
 use crate::backend::{Attempt, DistributedLock, Grant, LeaseRef, LockRequest};
 use crate::critical::CriticalSection;
+use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::inspect::Holding;
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseParts};
+use crate::multi::MultiLease;
 use crate::options::LockOptions;
 use crate::pending::PendingAcquire;
+use crate::rwlock::RwLock;
+use crate::semaphore::Semaphore;
 use crate::state::{LeaseWatch, LostReason};
 use crate::token::OwnerToken;
 use crate::waiting::withdraw;
@@ -108,6 +112,63 @@ pub trait DistributedLockExt: LockHandle {
         let handle = self.shared();
         let key = LockKey::new(key);
         async move { handle.inspect(&key?).await }
+    }
+
+    /// Takes every key in `keys`, or none: waits up to `opts.wait` in all, and on a timeout or
+    /// error gives back the keys it took before returning. Each key gets a lease with its own
+    /// fencing token ([`MultiLease`]).
+    ///
+    /// Keys are taken one at a time in one global order (byte order), whatever order they are
+    /// named in, so clients naming overlapping sets cannot deadlock. A key taken early is held
+    /// while later ones are awaited: take them with
+    /// [`auto-renew`](LockOptions::with_auto_renew) when the wait may outlast the TTL. An empty
+    /// list, a key named twice or more than [`MAX_KEYS`](crate::MAX_KEYS) keys is
+    /// [`Error::InvalidInput`], and nothing is sent.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect: keys a dropped call took are released in the background.
+    fn acquire_all(
+        &self,
+        keys: &[&str],
+        opts: &LockOptions,
+    ) -> impl Future<Output = Result<MultiLease>> + Send {
+        let handle = self.shared();
+        async move {
+            match crate::multi::acquire_all(handle, keys, opts, true).await? {
+                Some(all) => Ok(all),
+                None => Err(Error::Timeout {
+                    key: keys.join(", "),
+                    waited: opts.wait.unwrap_or_default(),
+                }),
+            }
+        }
+    }
+
+    /// One attempt at every key in `keys`: all of them, or `None` (with nothing held) if any is
+    /// busy.
+    fn try_acquire_all(
+        &self,
+        keys: &[&str],
+        opts: &LockOptions,
+    ) -> impl Future<Output = Result<Option<MultiLease>>> + Send {
+        crate::multi::acquire_all(self.shared(), keys, opts, false)
+    }
+
+    /// The semaphore `name` of `permits` permits ([`Semaphore`]). Fails with
+    /// [`Error::InvalidInput`] for a bad name or permits and [`Error::Unsupported`] where the
+    /// backend has no semaphore; nothing is sent.
+    fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(self.shared().as_ref(), name, permits)
+    }
+
+    /// The read-write lock `name` ([`RwLock`]).
+    fn rw(&self, name: &str) -> Result<RwLock> {
+        RwLock::new(self.shared().as_ref(), name)
+    }
+
+    /// The election `name` ([`Election`]).
+    fn election(&self, name: &str) -> Result<Election> {
+        Election::new(self.shared(), name)
     }
 
     /// Acquires `key`, runs `work` with a view of the lease, and releases.

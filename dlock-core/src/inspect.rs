@@ -59,6 +59,12 @@ pub struct Holder {
     /// The waiting contenders in the order they will be served, where the backend queues them;
     /// empty otherwise.
     pub queue: Vec<Waiter>,
+    /// How many hold the name at once, for the primitives that share it (a semaphore's permits
+    /// in use, a read lock's readers); `None` for an exclusive hold. The other fields describe
+    /// the earliest of them.
+    pub holders: Option<usize>,
+    /// The value an election's leader published; `None` elsewhere.
+    pub value: Option<String>,
 }
 
 impl Holder {
@@ -88,6 +94,18 @@ impl Holder {
     /// With a count of waiting contenders whose order is not known.
     pub fn with_waiting(mut self, waiting: usize) -> Self {
         self.waiting = Some(waiting);
+        self
+    }
+
+    /// Shared by `holders` holders at once (a semaphore, a read lock).
+    pub fn with_holders(mut self, holders: usize) -> Self {
+        self.holders = Some(holders);
+        self
+    }
+
+    /// With the value an election's leader published.
+    pub fn with_value(mut self, value: Option<String>) -> Self {
+        self.value = value;
         self
     }
 

@@ -8,6 +8,7 @@
 //! forwards every call by default, so it overrides only what it changes, and a method the trait
 //! gains later reaches every layer by construction.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,6 +21,7 @@ use crate::backend::{
 use crate::error::Result;
 use crate::inspect::{Eviction, HeldLock, Holding};
 use crate::key::LockKey;
+use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::FencingToken;
 
@@ -113,6 +115,12 @@ pub trait Layer: Send + Sync + std::fmt::Debug + 'static {
         self.inner().evict(key, expected).await
     }
 
+    /// [`DistributedLock::primitive`]; forwarded by default, which leaves this layer out of the
+    /// view: a layer that should also wrap the primitives (tracing, metrics) overrides it.
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        self.inner().primitive(primitive)
+    }
+
     /// [`DistributedLock::lock`]; forwarded by default (to the inner service's own waiting loop,
     /// which calls the inner `try_lock`, not the layer's).
     async fn lock(
@@ -165,6 +173,10 @@ impl<L: Layer> DistributedLock for L {
 
     async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
         Layer::evict(self, key, expected).await
+    }
+
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        Layer::primitive(self, primitive)
     }
 
     async fn lock(

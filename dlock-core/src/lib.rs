@@ -21,6 +21,9 @@
 //!   [`holding`](DistributedLockExt::holding) shows the holder and its waiters, and [`Admin`]
 //!   lists the held locks and evicts a stuck holder, fenced so that its late writes are rejected.
 //! * [`Traced`] and [`Metered`] are [`Layer`]s that trace and meter every call of any backend.
+//! * Beside the lock: a [`Semaphore`], a read-write lock ([`RwLock`]), leader [`Election`] and
+//!   [`acquire_all`](DistributedLockExt::acquire_all) over several keys, each hold a fenced
+//!   [`Lease`] like the lock's.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -46,6 +49,7 @@
 mod admin;
 mod backend;
 mod critical;
+mod election;
 mod error;
 mod ext;
 mod fence;
@@ -55,11 +59,15 @@ mod layer;
 mod lease;
 mod memory;
 mod metered;
+mod multi;
 mod options;
 mod owner;
 mod pending;
+mod primitive;
 mod renew;
 mod retry;
+mod rwlock;
+mod semaphore;
 mod session;
 mod state;
 pub mod tls;
@@ -74,6 +82,7 @@ pub use backend::{
     LeaseRef, LockRequest, Outcome, Released,
 };
 pub use critical::{CriticalSection, LeaseEnd};
+pub use election::{Election, Leader, Leadership, OBSERVE_INTERVAL};
 pub use error::{BoxError, Error, Result};
 pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
@@ -83,9 +92,13 @@ pub use layer::Layer;
 pub use lease::Lease;
 pub use memory::InMemoryLock;
 pub use metered::Metered;
+pub use multi::{MultiLease, MAX_KEYS};
 pub use options::{validate_ttl, AutoRenew, Drift, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL};
 pub use owner::{check_label, Owner, OwnerRecord, MAX_LABEL_LEN};
+pub use primitive::{check_value, Primitive, Primitives, MAX_PERMITS, MAX_VALUE_LEN};
 pub use retry::{Backoff, MAX_BACKOFF};
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
 pub use session::{SessionState, SessionWatch};
 pub use state::{LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};

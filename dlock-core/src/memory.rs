@@ -22,6 +22,7 @@ use crate::error::Result;
 use crate::inspect::{Eviction, HeldLock, Holder as HolderView, Holding};
 use crate::key::LockKey;
 use crate::owner::{Owner, OwnerRecord};
+use crate::primitive::{Primitive, Primitives};
 use crate::token::{FencingToken, OwnerToken};
 
 /// How many operations pass between sweeps of abandoned, expired entries.
@@ -37,6 +38,8 @@ const SWEEP_EVERY: u32 = 1024;
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryLock {
     table: Arc<Mutex<Table>>,
+    /// The semaphores, read-write locks and elections.
+    groups: Arc<Mutex<primitives::Groups>>,
     /// Who takes locks through this clone (clones may carry different labels).
     owner: Owner,
 }
@@ -109,6 +112,7 @@ impl InMemoryLock {
     pub fn with_owner(&self, label: &str) -> Result<Self> {
         Ok(InMemoryLock {
             table: self.table.clone(),
+            groups: self.groups.clone(),
             owner: self.owner.clone().with_label(label)?,
         })
     }
@@ -149,7 +153,19 @@ impl DistributedLock for InMemoryLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::Monotonic).with_notifications()
+        Capabilities::new(FencingGuarantee::Monotonic)
+            .with_notifications()
+            .with_primitives(Primitives::ALL)
+    }
+
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        Ok(Arc::new(primitives::View {
+            groups: self.groups.clone(),
+            owner: self.owner.clone(),
+            primitive: primitive.clone(),
+            capabilities: self.capabilities(),
+        }))
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
@@ -274,5 +290,6 @@ impl DistributedLock for InMemoryLock {
     }
 }
 
+mod primitives;
 #[cfg(test)]
 mod tests;

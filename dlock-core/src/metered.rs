@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,6 +16,7 @@ use crate::backend::{
 use crate::error::Result;
 use crate::key::LockKey;
 use crate::layer::Layer;
+use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::OwnerToken;
 
@@ -308,6 +309,16 @@ impl<S: fmt::Debug> fmt::Debug for Metered<S> {
 impl<S: DistributedLock> Layer for Metered<S> {
     fn inner(&self) -> &dyn DistributedLock {
         &self.inner
+    }
+
+    /// The primitive's view is metered too, with the same labels.
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        let view = Metered::new(self.inner.primitive(primitive)?);
+        Ok(Arc::new(if self.key_labels {
+            view.with_key_labels()
+        } else {
+            view
+        }))
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {

@@ -1,6 +1,7 @@
 //! The tracing layer ([`Traced`]).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,6 +16,7 @@ use crate::error::Result;
 use crate::inspect::{Eviction, HeldLock, Holding};
 use crate::key::LockKey;
 use crate::layer::Layer;
+use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::FencingToken;
 
@@ -90,6 +92,11 @@ fn record_lease(span: &Span, lease: &LeaseRef<'_>, outcome: &str) {
 impl<S: DistributedLock> Layer for Traced<S> {
     fn inner(&self) -> &dyn DistributedLock {
         &self.0
+    }
+
+    /// The primitive's view is traced too.
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(Traced::new(self.0.primitive(primitive)?)))
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
