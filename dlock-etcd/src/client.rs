@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, Extension, FencingToken,
     Grant, HeldLock, Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, OwnerRecord,
-    OwnerToken, Released, Result, SessionState, Waiting,
+    OwnerToken, Primitive, Primitives, Released, Result, SessionState, Waiting,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;
@@ -28,6 +28,7 @@ use crate::inspect::{self, holder_of};
 use crate::keywatch::KeyWatch;
 use crate::layout::{contender_key, lease_hex, KeyLayout};
 use crate::local_queue::{Held, LocalExpiry, LocalQueue};
+use crate::primitives::{Holds, View};
 use crate::requests::{RequestError, Requests};
 use crate::session::{Session, SessionSlot};
 use crate::waiting::{arm, WaitError, Woken};
@@ -52,13 +53,15 @@ pub struct EtcdLock {
 
 /// What every clone of one [`EtcdLock`] shares: its connections, settings, session and the
 /// locks it holds or waits for.
-struct ClientState {
-    requests: Requests,
-    settings: Settings,
+pub(crate) struct ClientState {
+    pub(crate) requests: Requests,
+    pub(crate) settings: Settings,
     sessions: SessionSlot,
     local_queue: Arc<LocalQueue>,
     keys: Arc<KeyWatch>,
     closed: AtomicBool,
+    /// The grants of the primitives (semaphore, read-write lock, election).
+    pub(crate) holds: Arc<Holds>,
 }
 
 impl fmt::Debug for EtcdLock {
@@ -83,6 +86,24 @@ impl fmt::Debug for EtcdLock {
 impl Layer for EtcdLock {
     fn inner(&self) -> &dyn DistributedLock {
         &self.state
+    }
+
+    /// The semaphore, the read-write lock and the election: views on the same client (see the
+    /// crate documentation for their layout).
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        let capabilities = self.state.capabilities();
+        if !capabilities.primitives.serves(primitive) {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: primitive.name(),
+            });
+        }
+        Ok(Arc::new(View::new(
+            self.state.clone(),
+            primitive,
+            capabilities,
+        )?))
     }
 }
 
@@ -147,7 +168,7 @@ fn expiry(sent: Instant, ttl: Duration) -> LocalExpiry {
 /// key by it, a key an abandoned acquire of this client left under the same name is told apart
 /// and not adopted (see `contention::remove_leftover`), and the abandoned acquire's withdrawal
 /// (a delete if the value is its own) stays off the new key.
-fn contender_value(record: OwnerRecord, owner: OwnerToken) -> String {
+pub(crate) fn contender_value(record: OwnerRecord, owner: OwnerToken) -> String {
     #[derive(serde::Serialize)]
     struct Value {
         #[serde(flatten)]
@@ -259,6 +280,7 @@ impl EtcdLock {
             sessions: SessionSlot::default(),
             local_queue: Arc::new(LocalQueue::default()),
             closed: AtomicBool::new(false),
+            holds: Arc::default(),
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
@@ -287,6 +309,13 @@ impl EtcdLock {
     /// service locking this name excludes, and is excluded by, dlock clients locking `key`.
     pub fn lock_name(&self, key: &str) -> Result<String> {
         Ok(self.layout().lock_name(&LockKey::new(key)?))
+    }
+
+    /// The election name of `key` for etcd's Go `concurrency.NewElection` and `etcdctl elect`:
+    /// Go candidates and observers of this name share the election with dlock's candidates and
+    /// observers of `key` (see [`KeyLayout::family_name`]).
+    pub fn election_name(&self, key: &str) -> Result<String> {
+        Ok(self.layout().family_name("election", &LockKey::new(key)?))
     }
 
     /// The endpoint of the member this client currently talks to. Everything — requests, the
@@ -325,6 +354,7 @@ impl EtcdLock {
         let state = &self.state;
         state.closed.store(true, Ordering::SeqCst);
         drop(state.local_queue.clear());
+        state.holds.revoke_all().await;
         match state.sessions.take() {
             Some(session) => session.revoke().await,
             None => Ok(()),
@@ -333,7 +363,7 @@ impl EtcdLock {
 }
 
 impl ClientState {
-    fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
 
@@ -571,7 +601,7 @@ impl DistributedLock for ClientState {
     /// Fencing tokens are create revisions of a consensus store: they only grow. Waiters are
     /// woken by watches; leases follow the client's session lease.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::session_queue()
+        Capabilities::session_queue().with_primitives(Primitives::ALL)
     }
 
     /// # Cancel safety

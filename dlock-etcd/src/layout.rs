@@ -55,6 +55,15 @@ impl KeyLayout {
         name
     }
 
+    /// The name of `key` in a family of primitives (`election`, `semaphore`, `rw`):
+    /// `<namespace>%<family>/<key with % and / escaped>`. No lock name reaches into it, since an
+    /// escaped key's `%` is always followed by `25` or `2F`.
+    pub fn family_name(&self, family: &str, key: &LockKey) -> String {
+        let mut name = format!("{}%{family}/", self.namespace);
+        escape_into(key.as_str(), &mut name);
+        name
+    }
+
     /// The prefix of every lock name whose key starts with `key_prefix` (for counting what a
     /// group of keys left on the server).
     pub fn name_prefix(&self, key_prefix: &str) -> String {
@@ -225,6 +234,31 @@ mod tests {
                 String::from_utf8_lossy(other)
             );
         }
+    }
+
+    #[test]
+    fn primitive_names_are_apart_from_lock_names() {
+        let layout = KeyLayout::new("ns/").unwrap();
+        let keys = ["a", "a/b", "%election", "election", "%", "/", "a%2Fb"];
+        for family in ["election", "semaphore", "rw"] {
+            for k in keys {
+                let name = layout.family_name(family, &key(k));
+                assert!(name.starts_with(&format!("ns/%{family}/")), "{name}");
+                let contender = contender_key(format!("{name}/").as_bytes(), 0x694d);
+                // Not a lock's contender (so never listed as one), and no lock's range holds it.
+                assert_eq!(layout.key_of(&contender), None, "{name}");
+                for other in keys {
+                    assert!(
+                        !contender.starts_with(&layout.prefix(&key(other))),
+                        "{name}"
+                    );
+                }
+            }
+        }
+        assert_ne!(
+            layout.family_name("election", &key("a")),
+            layout.family_name("election", &key("a/b"))
+        );
     }
 
     #[test]

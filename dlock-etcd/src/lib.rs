@@ -141,6 +141,7 @@ mod inspect;
 mod keywatch;
 mod layout;
 mod local_queue;
+mod primitives;
 mod requests;
 mod session;
 mod url;

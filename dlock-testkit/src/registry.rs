@@ -396,7 +396,7 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "etcd",
         fixture: Fixture::EtcdCluster,
-        capabilities: Some(session_backend),
+        capabilities: Some(etcd),
         safety: &[
             (Safe, "the oldest contender key holds the lock"),
             (CaughtByFencing, "the session lease expires while paused; revisions only grow"),
@@ -489,6 +489,11 @@ fn session_backend() -> Capabilities {
     Capabilities::new(FencingGuarantee::Monotonic)
         .with_notifications()
         .with_sessions()
+}
+
+/// etcd's declaration: a session backend that also serves every primitive.
+fn etcd() -> Capabilities {
+    session_backend().with_primitives(dlock_core::Primitives::ALL)
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll.

@@ -25,6 +25,9 @@ use crate::support::{
 };
 use crate::SESSION_TTL;
 
+#[path = "primitive_cases.rs"]
+mod primitives;
+
 /// What the cases need to know about the shared cluster.
 #[derive(Debug, Clone)]
 pub struct Env {
@@ -52,6 +55,12 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(list_finds_the_dlock_locks_under_a_prefix),
         case!(evicting_a_paused_holder_fences_it_out),
         case!(a_peer_holder_has_no_record_and_can_be_evicted),
+        case!(primitives::election_keys_follow_the_go_layout),
+        case!(primitives::etcdctl_leads_and_dlock_waits),
+        case!(primitives::dlock_leads_and_etcdctl_waits),
+        case!(primitives::semaphore_permits_and_mismatch),
+        case!(primitives::rw_lock_queues_writers_fairly),
+        case!(primitives::cancelled_acquires_leave_no_key),
     ]
 }
 

@@ -1,0 +1,359 @@
+//! The primitives on etcd: the election beside `etcdctl elect` in both directions, the
+//! semaphore's and the read-write lock's layout and rules, and acquires that time out or are
+//! dropped leaving no key behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use dlock_core::{DistributedLock, DistributedLockExt, Error, Holding, LockOptions};
+use dlock_etcd::EtcdLock;
+use tokio::time::Instant;
+
+use super::{key, Env};
+use crate::support::{self, clients, count, eventually, raw, Exec};
+use crate::SESSION_TTL;
+
+fn opts() -> LockOptions {
+    LockOptions::new(Duration::from_secs(30))
+}
+
+fn shared(locks: &Arc<EtcdLock>) -> Arc<dyn DistributedLock> {
+    locks.clone()
+}
+
+/// The keys under `prefix`: (key, value, create revision, lease), oldest first.
+async fn keys_under(
+    raw: &etcd_client::Client,
+    prefix: &str,
+) -> anyhow::Result<Vec<(String, String, i64, i64)>> {
+    let options = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let response = raw.clone().get(prefix, Some(options)).await?;
+    response
+        .kvs()
+        .iter()
+        .map(|kv| {
+            Ok((
+                kv.key_str()?.to_owned(),
+                kv.value_str()?.to_owned(),
+                kv.create_revision(),
+                kv.lease(),
+            ))
+        })
+        .collect()
+}
+
+/// The name of `key` in `family` (`semaphore`, `rw`, `election`).
+fn family_name(locks: &EtcdLock, family: &str, key: &str) -> anyhow::Result<String> {
+    Ok(locks
+        .layout()
+        .family_name(family, &dlock_core::LockKey::new(key)?))
+}
+
+/// `etcdctl` inside the member's container, ended with SIGTERM after `seconds` (on which
+/// `etcdctl elect` resigns).
+async fn etcdctl_for(container: &str, seconds: u32, args: &[&str]) -> anyhow::Result<Exec> {
+    let mut cmd = vec!["timeout".to_owned(), seconds.to_string()];
+    cmd.extend(support::etcdctl(args));
+    Exec::start(container, cmd).await
+}
+
+/// A dlock candidate's key is `<election>/<lease hex>` holding the value, on that lease, and
+/// its create revision is the term; the observer reports value and term; resigning frees it.
+pub async fn election_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let [candidate, observer] = clients(&endpoints, SESSION_TTL).await?;
+    let raw = raw(&endpoints).await?;
+    let key = key("election-layout");
+    let name = candidate.election_name(&key)?;
+    let election = shared(&candidate).election(&key)?;
+    let leadership = election.campaign("10.0.0.7:8080", &opts()).await?;
+    let stored = keys_under(&raw, &format!("{name}/")).await?;
+    ensure!(stored.len() == 1, "keys: {stored:?}");
+    let (k, value, create_revision, lease) = &stored[0];
+    ensure!(
+        *k == format!("{name}/{lease:x}"),
+        "key {k:?} on lease {lease:x}"
+    );
+    ensure!(value == "10.0.0.7:8080", "value {value:?}");
+    ensure!(leadership.term().get() == u64::try_from(*create_revision)?);
+    let leader = shared(&observer)
+        .election(&key)?
+        .leader()
+        .await?
+        .context("no leader seen")?;
+    ensure!(
+        leader.value.as_deref() == Some("10.0.0.7:8080"),
+        "{leader:?}"
+    );
+    ensure!(leader.term == Some(leadership.term()), "{leader:?}");
+    leadership.resign().await?;
+    ensure!(keys_under(&raw, &format!("{name}/")).await?.is_empty());
+    ensure!(shared(&observer).election(&key)?.leader().await?.is_none());
+    Ok(())
+}
+
+/// `etcdctl elect` leads: dlock's observer reports its value and term, a dlock candidate is
+/// refused while it leads and wins once etcdctl resigns, with a greater term.
+pub async fn etcdctl_leads_and_dlock_waits(env: Env) -> anyhow::Result<()> {
+    let [candidate, observer] = clients(&env.endpoints, SESSION_TTL).await?;
+    let raw = raw(&env.endpoints).await?;
+    let key = key("etcdctl-leads");
+    let name = candidate.election_name(&key)?;
+    let etcdctl = etcdctl_for(&env.container, 4, &["elect", &name, "etcdctl-value"]).await?;
+    eventually("etcdctl leads", Duration::from_secs(10), || async {
+        Ok(!keys_under(&raw, &format!("{name}/")).await?.is_empty())
+    })
+    .await?;
+    let etcdctl_key = keys_under(&raw, &format!("{name}/")).await?[0].clone();
+    let started = Instant::now();
+    let election = shared(&observer).election(&key)?;
+    let leader = election.leader().await?.context("no leader seen")?;
+    ensure!(
+        leader.value.as_deref() == Some("etcdctl-value"),
+        "{leader:?}"
+    );
+    ensure!(
+        leader.term.map(|t| t.get()) == Some(u64::try_from(etcdctl_key.2)?),
+        "{leader:?}; etcdctl's key {etcdctl_key:?}"
+    );
+    let candidates = shared(&candidate).election(&key)?;
+    ensure!(
+        candidates
+            .try_campaign("dlock-value", &opts())
+            .await?
+            .is_none(),
+        "dlock led beside etcdctl"
+    );
+    let leadership = candidates
+        .campaign("dlock-value", &opts().with_wait(Duration::from_secs(15)))
+        .await?;
+    ensure!(
+        started.elapsed() >= Duration::from_secs(2),
+        "dlock led after {:?}, before etcdctl resigned",
+        started.elapsed()
+    );
+    ensure!(leadership.term().get() > u64::try_from(etcdctl_key.2)?);
+    let output = etcdctl.finish(Duration::from_secs(10)).await?;
+    ensure!(output.contains("etcdctl-value"), "etcdctl: {output}");
+    let leader = election.leader().await?.context("no leader seen")?;
+    ensure!(leader.value.as_deref() == Some("dlock-value"), "{leader:?}");
+    ensure!(leader.term == Some(leadership.term()), "{leader:?}");
+    leadership.resign().await?;
+    Ok(())
+}
+
+/// dlock leads: `etcdctl elect -l` prints dlock's value, `etcdctl elect` waits behind it and
+/// leads once dlock resigns, which dlock's observer reports with etcdctl's value and term.
+pub async fn dlock_leads_and_etcdctl_waits(env: Env) -> anyhow::Result<()> {
+    let [candidate, observer] = clients(&env.endpoints, SESSION_TTL).await?;
+    let raw = raw(&env.endpoints).await?;
+    let key = key("dlock-leads");
+    let name = candidate.election_name(&key)?;
+    let leadership = shared(&candidate)
+        .election(&key)?
+        .campaign("dlock-value", &opts())
+        .await?;
+    let listen = etcdctl_for(&env.container, 2, &["elect", "-l", &name]).await?;
+    let listened = listen.finish(Duration::from_secs(10)).await?;
+    ensure!(
+        listened.contains("dlock-value"),
+        "etcdctl elect -l: {listened}"
+    );
+    let etcdctl = etcdctl_for(&env.container, 6, &["elect", &name, "etcdctl-value"]).await?;
+    eventually("etcdctl campaigns", Duration::from_secs(10), || async {
+        Ok(keys_under(&raw, &format!("{name}/")).await?.len() == 2)
+    })
+    .await?;
+    let election = shared(&observer).election(&key)?;
+    let leader = election.leader().await?.context("no leader seen")?;
+    ensure!(leader.value.as_deref() == Some("dlock-value"), "{leader:?}");
+    let dlock_term = leadership.term();
+    leadership.resign().await?;
+    eventually("etcdctl leads", Duration::from_secs(5), || async {
+        let leader = election.leader().await?;
+        Ok(leader.is_some_and(|l| l.value.as_deref() == Some("etcdctl-value")))
+    })
+    .await?;
+    let leader = election.leader().await?.context("no leader seen")?;
+    let etcdctl_key = keys_under(&raw, &format!("{name}/")).await?[0].clone();
+    ensure!(
+        leader.term.map(|t| t.get()) == Some(u64::try_from(etcdctl_key.2)?),
+        "{leader:?}; etcdctl's key {etcdctl_key:?}"
+    );
+    ensure!(
+        leader.term > Some(dlock_term),
+        "{leader:?} after {dlock_term}"
+    );
+    let output = etcdctl.finish(Duration::from_secs(15)).await?;
+    ensure!(output.contains("etcdctl-value"), "etcdctl: {output}");
+    Ok(())
+}
+
+/// Two permits: two holders on keys `<semaphore>/<lease hex>` with the owner record, tokens
+/// increasing; a third is refused; a client asking with another number is refused with a
+/// mismatch and writes nothing; once the name is free, another number is agreed.
+pub async fn semaphore_permits_and_mismatch(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let [a, b, c] = clients(&endpoints, SESSION_TTL).await?;
+    let mut raw = raw(&endpoints).await?;
+    let key = key("semaphore");
+    let name = family_name(&a, "semaphore", &key)?;
+    let first = shared(&a).semaphore(&key, 2)?.acquire(&opts()).await?;
+    let second = shared(&a).semaphore(&key, 2)?.acquire(&opts()).await?;
+    ensure!(second.fencing_token() > first.fencing_token());
+    ensure!(
+        shared(&b)
+            .semaphore(&key, 2)?
+            .try_acquire(&opts())
+            .await?
+            .is_none(),
+        "a third permit of two"
+    );
+    let stored = keys_under(&raw, &format!("{name}/")).await?;
+    ensure!(stored.len() == 2, "keys: {stored:?}");
+    for (k, value, _, lease) in &stored {
+        ensure!(*k == format!("{name}/{lease:x}"), "key {k:?}");
+        ensure!(
+            dlock_core::OwnerRecord::parse(value.as_bytes()).is_some(),
+            "value {value:?}"
+        );
+    }
+    ensure!(
+        stored[0].2 == i64::try_from(first.fencing_token().get())?,
+        "{stored:?}"
+    );
+    let held = shared(&c).semaphore(&key, 2)?.holding().await?;
+    ensure!(
+        matches!(&held, Holding::Held(h) if h.holders == Some(2) && h.fencing == Some(first.fencing_token())),
+        "{held:?}"
+    );
+    let before = count(&mut raw, &name).await?;
+    let other = shared(&c).semaphore(&key, 3)?.try_acquire(&opts()).await;
+    ensure!(matches!(other, Err(Error::Mismatch { .. })), "{other:?}");
+    let waited = shared(&c)
+        .semaphore(&key, 3)?
+        .acquire(&opts().with_wait(Duration::from_secs(1)))
+        .await;
+    ensure!(matches!(waited, Err(Error::Mismatch { .. })), "{waited:?}");
+    ensure!(count(&mut raw, &name).await? == before, "a refusal wrote");
+    first.release().await?;
+    let third = shared(&b).semaphore(&key, 2)?.acquire(&opts()).await?;
+    ensure!(third.fencing_token() > second.fencing_token());
+    second.release().await?;
+    third.release().await?;
+    let agreed = shared(&c).semaphore(&key, 3)?.try_acquire(&opts()).await?;
+    ensure!(agreed.is_some(), "a free name refused another number");
+    if let Some(lease) = agreed {
+        lease.release().await?;
+    }
+    ensure!(keys_under(&raw, &format!("{name}/")).await?.is_empty());
+    Ok(())
+}
+
+/// Readers share; a waiting writer's key holds back readers that come after it (writers are
+/// not starved); the writer's token is above every earlier reader's; readers go again after it.
+pub async fn rw_lock_queues_writers_fairly(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let [a, b, c] = clients(&endpoints, SESSION_TTL).await?;
+    let raw = raw(&endpoints).await?;
+    let key = key("rw");
+    let name = family_name(&a, "rw", &key)?;
+    let r1 = shared(&a).rw(&key)?.read(&opts()).await?;
+    let r2 = shared(&b).rw(&key)?.read(&opts()).await?;
+    ensure!(
+        shared(&c).rw(&key)?.try_write(&opts()).await?.is_none(),
+        "a writer beside readers"
+    );
+    let stored = keys_under(&raw, &format!("{name}/")).await?;
+    ensure!(stored.len() == 2, "a busy try_write left a key: {stored:?}");
+    ensure!(stored
+        .iter()
+        .all(|(k, _, _, lease)| *k == format!("{name}/read/{lease:x}")));
+    let writers = shared(&c).rw(&key)?;
+    let writer = tokio::spawn(async move {
+        writers
+            .write(&opts().with_wait(Duration::from_secs(20)))
+            .await
+    });
+    eventually("the writer queues", Duration::from_secs(5), || async {
+        Ok(keys_under(&raw, &format!("{name}/write/")).await?.len() == 1)
+    })
+    .await?;
+    ensure!(
+        shared(&a).rw(&key)?.try_read(&opts()).await?.is_none(),
+        "a reader overtook a waiting writer"
+    );
+    let held = shared(&a).rw(&key)?.holding().await?;
+    ensure!(
+        matches!(&held, Holding::Held(h) if h.holders == Some(2)),
+        "{held:?}"
+    );
+    let top_reader = r1.fencing_token().max(r2.fencing_token());
+    r1.release().await?;
+    ensure!(!writer.is_finished(), "the writer went beside a reader");
+    r2.release().await?;
+    let w = tokio::time::timeout(Duration::from_secs(5), writer).await???;
+    ensure!(w.fencing_token() > top_reader);
+    ensure!(shared(&a).rw(&key)?.try_read(&opts()).await?.is_none());
+    let writer_token = w.fencing_token();
+    w.release().await?;
+    let r3 = shared(&a).rw(&key)?.try_read(&opts()).await?;
+    ensure!(r3.is_some(), "no reader after the writer");
+    if let Some(r3) = r3 {
+        ensure!(r3.fencing_token() > writer_token);
+        r3.release().await?;
+    }
+    Ok(())
+}
+
+/// A semaphore acquire and a writer that time out have withdrawn their keys when the timeout
+/// returns; a dropped waiting acquire's key goes right after; the name is usable again.
+pub async fn cancelled_acquires_leave_no_key(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let [a, b] = clients(&endpoints, SESSION_TTL).await?;
+    let raw = raw(&endpoints).await?;
+    let key = key("cancel");
+    let sem = family_name(&a, "semaphore", &key)?;
+    let rw = family_name(&a, "rw", &key)?;
+    let holder = shared(&a).semaphore(&key, 1)?.acquire(&opts()).await?;
+    let short = opts().with_wait(Duration::from_millis(300));
+    let timed_out = shared(&b).semaphore(&key, 1)?.acquire(&short).await;
+    ensure!(
+        matches!(timed_out, Err(Error::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    let left = keys_under(&raw, &format!("{sem}/")).await?;
+    ensure!(left.len() == 1, "a timed-out acquire left a key: {left:?}");
+    let semaphore = shared(&b).semaphore(&key, 1)?;
+    let waiting = tokio::spawn(async move { semaphore.acquire(&opts()).await });
+    eventually("the acquire queues", Duration::from_secs(5), || async {
+        Ok(keys_under(&raw, &format!("{sem}/")).await?.len() == 2)
+    })
+    .await?;
+    waiting.abort();
+    eventually(
+        "the dropped acquire's key goes",
+        Duration::from_secs(2),
+        || async { Ok(keys_under(&raw, &format!("{sem}/")).await?.len() == 1) },
+    )
+    .await?;
+    holder.release().await?;
+    ensure!(keys_under(&raw, &format!("{sem}/")).await?.is_empty());
+
+    let reader = shared(&a).rw(&key)?.read(&opts()).await?;
+    let writer = shared(&b).rw(&key)?.write(&short).await;
+    ensure!(matches!(writer, Err(Error::Timeout { .. })), "{writer:?}");
+    let left = keys_under(&raw, &format!("{rw}/")).await?;
+    ensure!(left.len() == 1, "a timed-out writer left a key: {left:?}");
+    let another = shared(&b).rw(&key)?.try_read(&opts()).await?;
+    ensure!(
+        another.is_some(),
+        "readers still held back by a gone writer"
+    );
+    if let Some(another) = another {
+        another.release().await?;
+    }
+    reader.release().await?;
+    ensure!(keys_under(&raw, &format!("{rw}/")).await?.is_empty());
+    Ok(())
+}
