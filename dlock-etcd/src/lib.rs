@@ -77,6 +77,30 @@
 //!   contender is woken as by a release and its key, created later, carries a greater token; an
 //!   evicted dlock holder learns it at once from its key's watch and its lease turns lost.
 //!
+//! # Semaphore, read-write lock and election
+//!
+//! [`DistributedLock::primitive`](dlock_core::DistributedLock::primitive) serves all three as
+//! queues of contender keys in create-revision order, each name in a folder of its family that
+//! no lock name reaches ([`KeyLayout::family_name`]): `<namespace>%election/<key>`,
+//! `<namespace>%semaphore/<key>`, `<namespace>%rw/<key>`. Every grant has an etcd lease of its
+//! own (the session TTL, kept alive like the session) and its key is `<name>/<that lease in
+//! hex>`, so one client may hold several permits or read holds of one name, and an acquire that
+//! is dropped, times out or is answered busy is withdrawn by revoking its lease (a write still on
+//! its way is then refused by the server).
+//!
+//! * **Election**: the layout of Go's `concurrency.Election` and `etcdctl elect`
+//!   ([`EtcdLock::election_name`]): the value of a candidate's key is its value, the leader is the
+//!   oldest key and its create revision is the term. A candidate waits until every older key is
+//!   gone. Go candidates and observers share the election with dlock's.
+//! * **Semaphore**: the first `permits` keys hold. The key `<name>` keeps the permits agreed on;
+//!   joining compares it in the same transaction, so a client with another number is refused
+//!   with [`Error::Mismatch`](dlock_core::Error::Mismatch) while the name has contenders, and
+//!   writes nothing.
+//! * **Read-write lock**: readers `<name>/read/<lease>`, writers `<name>/write/<lease>` in one
+//!   queue; a reader holds when no older writer key exists, a writer when no older key does. A
+//!   waiting writer's key holds back every reader that comes after it, so writers are not
+//!   starved; a `try_lock` writes only when it would hold at once.
+//!
 //! # The per-acquire TTL
 //!
 //! etcd leases are per session, not per lock, so a lock's TTL (`LockOptions::ttl`) cannot be a

@@ -89,6 +89,8 @@ pub async fn election_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> a
         "{leader:?}"
     );
     ensure!(leader.term == Some(leadership.term()), "{leader:?}");
+    // The value is the candidate's own, as Go writes it: no owner record beside it.
+    ensure!(leader.owner.is_none(), "{leader:?}");
     leadership.resign().await?;
     ensure!(keys_under(&raw, &format!("{name}/")).await?.is_empty());
     ensure!(shared(&observer).election(&key)?.leader().await?.is_none());
@@ -270,6 +272,10 @@ pub async fn rw_lock_queues_writers_fairly(Env { endpoints, .. }: Env) -> anyhow
     ensure!(stored
         .iter()
         .all(|(k, _, _, lease)| *k == format!("{name}/read/{lease:x}")));
+    ensure!(
+        stored[0].2 == i64::try_from(r1.fencing_token().get())?,
+        "{stored:?}"
+    );
     let writers = shared(&c).rw(&key)?;
     let writer = tokio::spawn(async move {
         writers
@@ -280,6 +286,11 @@ pub async fn rw_lock_queues_writers_fairly(Env { endpoints, .. }: Env) -> anyhow
         Ok(keys_under(&raw, &format!("{name}/write/")).await?.len() == 1)
     })
     .await?;
+    let queued = keys_under(&raw, &format!("{name}/write/")).await?;
+    ensure!(
+        queued[0].0 == format!("{name}/write/{:x}", queued[0].3),
+        "{queued:?}"
+    );
     ensure!(
         shared(&a).rw(&key)?.try_read(&opts()).await?.is_none(),
         "a reader overtook a waiting writer"
@@ -295,6 +306,7 @@ pub async fn rw_lock_queues_writers_fairly(Env { endpoints, .. }: Env) -> anyhow
     r2.release().await?;
     let w = tokio::time::timeout(Duration::from_secs(5), writer).await???;
     ensure!(w.fencing_token() > top_reader);
+    ensure!(w.fencing_token().get() == u64::try_from(queued[0].2)?);
     ensure!(shared(&a).rw(&key)?.try_read(&opts()).await?.is_none());
     let writer_token = w.fencing_token();
     w.release().await?;
@@ -355,5 +367,49 @@ pub async fn cancelled_acquires_leave_no_key(Env { endpoints, .. }: Env) -> anyh
     }
     reader.release().await?;
     ensure!(keys_under(&raw, &format!("{rw}/")).await?.is_empty());
+    Ok(())
+}
+
+/// A permit that is not renewed goes at its TTL (the client revokes its lease), and the permit
+/// of a client cut off from the server returns when its lease runs out there (session TTL).
+pub async fn permits_return_at_the_ttl_and_when_a_client_is_cut_off(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let [a, b] = clients(&endpoints, SESSION_TTL).await?;
+    let raw = raw(&endpoints).await?;
+    let key = key("permit-ttl");
+    let sem = family_name(&a, "semaphore", &key)?;
+    let short = shared(&a)
+        .semaphore(&key, 1)?
+        .acquire(&LockOptions::new(Duration::from_millis(800)))
+        .await?;
+    ensure!(keys_under(&raw, &format!("{sem}/")).await?.len() == 1);
+    eventually(
+        "the permit's key goes at its TTL",
+        Duration::from_secs(3),
+        || async { Ok(keys_under(&raw, &format!("{sem}/")).await?.is_empty()) },
+    )
+    .await?;
+    ensure!(!short.is_held(), "a permit past its TTL is held");
+    let next = shared(&b).semaphore(&key, 1)?.try_acquire(&opts()).await?;
+    let next = next.context("the permit did not return at its TTL")?;
+    let endpoint = endpoints.first().context("no endpoint")?;
+    let (frozen, freeze) = support::freezable_client(endpoint, SESSION_TTL).await?;
+    next.release().await?;
+    let cut_off = frozen.semaphore(&key, 1)?.acquire(&opts()).await?;
+    freeze.freeze();
+    let started = Instant::now();
+    let after = shared(&b)
+        .semaphore(&key, 1)?
+        .acquire(&opts().with_wait(Duration::from_secs(15)))
+        .await?;
+    ensure!(
+        started.elapsed() >= Duration::from_secs(1),
+        "the permit of a cut-off client returned after {:?}",
+        started.elapsed()
+    );
+    ensure!(after.fencing_token() > cut_off.fencing_token());
+    freeze.thaw();
+    after.release().await?;
     Ok(())
 }
