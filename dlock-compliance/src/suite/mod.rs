@@ -141,11 +141,13 @@ pub fn cases() -> Vec<Case> {
             primitives::readers_share_and_a_writer_excludes,
             primitives::no_reader_overlaps_a_writer,
             primitives::a_waiting_writer_is_not_starved_by_readers,
+            primitives::abandoned_rw_waiters_leave_nothing,
         ],
         Election: [
             primitives::one_leader_per_term_and_observers_agree,
             primitives::resigning_hands_over_at_once,
             primitives::a_leader_that_stops_renewing_is_lost,
+            primitives::abandoned_campaigns_leave_no_candidacy,
         ],
         Outage: [outage::server_outage_gives_errors_not_hangs_then_recovers],
         Proxy: [silent::silent_link_fails_in_bounded_time_then_recovers],

@@ -834,3 +834,88 @@ async fn free_but<const N: usize>(
     }
     Ok(())
 }
+
+/// Readers and writers that give up waiting (timed out or dropped) leave no place in the
+/// queue: once the writer leaves, a new writer gets in at once.
+pub(crate) async fn abandoned_rw_waiters_leave_nothing(cx: Ctx) -> anyhow::Result<()> {
+    let [a, b, c] = cx.clients().await?;
+    let name = cx.key("abandoned-rw");
+    let (holder, quitter, last) = (a.rw(&name)?, b.rw(&name)?, c.rw(&name)?);
+    let opts = cx.opts(cx.long_ttl());
+    let writing = holder
+        .try_write(&opts)
+        .await?
+        .context("a free write was refused")?;
+    let short = opts.clone().with_wait(Duration::from_millis(200));
+    super::expect_timeout(
+        quitter.read(&short).await,
+        "a reader got in beside a writer",
+    )?;
+    super::expect_timeout(quitter.write(&short).await, "a second writer got in")?;
+    let long = opts.clone().with_wait(Duration::from_secs(30));
+    for read in [true, false] {
+        let gave_up = if read {
+            tokio::time::timeout(Duration::from_millis(200), quitter.read(&long)).await
+        } else {
+            tokio::time::timeout(Duration::from_millis(200), quitter.write(&long)).await
+        };
+        ensure!(gave_up.is_err(), "a waiter got in beside a writer");
+    }
+    let released_at = Instant::now();
+    writing.release().await?;
+    let next = last
+        .write(&opts.clone().with_wait(cx.slack()))
+        .await
+        .context("after the waiters gave up, the free lock was not granted to a writer")?;
+    ensure!(
+        released_at.elapsed() <= cx.slack(),
+        "the writer got in only {:?} after the release",
+        released_at.elapsed()
+    );
+    next.release().await?;
+    Ok(())
+}
+
+/// Candidates that give up campaigning (timed out or dropped) leave no candidacy: when the
+/// leader resigns, nobody leads until a live candidate campaigns, and it leads at once.
+pub(crate) async fn abandoned_campaigns_leave_no_candidacy(cx: Ctx) -> anyhow::Result<()> {
+    let [a, b, c] = cx.clients().await?;
+    let name = cx.key("abandoned-campaign");
+    let (leader, quitter, last) = (a.election(&name)?, b.election(&name)?, c.election(&name)?);
+    let opts = cx.opts(cx.long_ttl());
+    let leading = leader.campaign("leader", &opts).await?;
+    let timed_out = quitter
+        .campaign(
+            "quitter",
+            &opts.clone().with_wait(Duration::from_millis(200)),
+        )
+        .await;
+    ensure!(
+        matches!(timed_out, Err(Error::Timeout { .. })),
+        "a campaign beside a leader did not time out: {:?}",
+        timed_out.map(|l| l.term())
+    );
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(200),
+        quitter.campaign("quitter", &opts.clone().with_wait(Duration::from_secs(30))),
+    )
+    .await;
+    ensure!(dropped.is_err(), "a campaign beside a leader won");
+    let resigned_at = Instant::now();
+    leading.resign().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(ghost) = last.leader().await? {
+        bail!("after the leader resigned, an abandoned candidacy leads: {ghost:?}");
+    }
+    let next = last
+        .campaign("last", &opts.clone().with_wait(cx.slack()))
+        .await
+        .context("a live candidate could not lead after the others gave up")?;
+    ensure!(
+        resigned_at.elapsed() <= cx.slack() + Duration::from_millis(300),
+        "the live candidate led only {:?} after the resignation",
+        resigned_at.elapsed()
+    );
+    next.resign().await?;
+    Ok(())
+}
