@@ -413,3 +413,25 @@ pub async fn permits_return_at_the_ttl_and_when_a_client_is_cut_off(
     after.release().await?;
     Ok(())
 }
+
+/// Closing a client revokes the leases of its grants: their keys are gone when `close`
+/// returns, and the leadership and the permit are lost.
+pub async fn close_ends_the_grants_at_once(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let [a, b] = clients(&endpoints, SESSION_TTL).await?;
+    let raw = raw(&endpoints).await?;
+    let key = key("close");
+    let sem = family_name(&a, "semaphore", &key)?;
+    let election = a.election_name(&key)?;
+    let permit = shared(&a).semaphore(&key, 1)?.acquire(&opts()).await?;
+    let leadership = shared(&a).election(&key)?.campaign("a", &opts()).await?;
+    a.close().await?;
+    ensure!(keys_under(&raw, &format!("{sem}/")).await?.is_empty());
+    ensure!(keys_under(&raw, &format!("{election}/")).await?.is_empty());
+    ensure!(!permit.is_held() && !leadership.is_leader());
+    let next = shared(&b)
+        .election(&key)?
+        .try_campaign("b", &opts())
+        .await?;
+    ensure!(next.is_some(), "the closed client's leadership stood");
+    Ok(())
+}
