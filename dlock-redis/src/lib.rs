@@ -224,6 +224,7 @@ mod lock;
 pub mod protocol;
 mod replicas;
 mod sentinel;
+mod view;
 mod waiting;
 mod wakeups;
 

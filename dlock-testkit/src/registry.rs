@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Capabilities, FencingGuarantee};
+use dlock_core::{Capabilities, FencingGuarantee, Primitives};
 use serde::{Serialize, Serializer};
 
 use crate::fixtures::{
@@ -327,7 +327,9 @@ pub const BACKENDS: &[Backend] = &[
         scheme: "redis",
         fixture: Fixture::RedisServer,
         capabilities: Some(|| {
-            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+                .with_notifications()
+                .with_primitives(Primitives::ALL)
         }),
         safety: &[
             (Safe, "SET NX PX and the counter INCR run in one script"),
