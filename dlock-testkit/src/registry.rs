@@ -493,9 +493,11 @@ fn session_backend() -> Capabilities {
         .with_sessions()
 }
 
-/// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll.
+/// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll; the
+/// read-write lock and the election, no semaphore (not sound by majority quorum).
 fn redlock() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+        .with_primitives(Primitives::ALL.without_semaphore())
 }
 
 /// The same reason for every line of the Redis `WAIT` variant but the failover.
