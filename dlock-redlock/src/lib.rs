@@ -198,14 +198,17 @@
 //! The read-write lock and the election are served by quorum, like the lock: the scripts of
 //! `dlock_redis::protocol::primitives` run on every master, a place (a read hold, the write hold,
 //! a leadership) is granted when a quorum granted it within the validity, its token is the
-//! maximum over that quorum written back to the masters behind, and a refused attempt is given
-//! back everywhere. Readers and writers of a name draw from one counter per master, so by the
+//! maximum over every master that granted (unlike the lock's acquire, it waits for every
+//! counting master's answer, at most the per-node timeout) written back to the masters behind,
+//! and a refused attempt is given back everywhere. Readers and writers of a name draw from one counter per master, so by the
 //! intersection argument above a writer's token is above every earlier reader's, and a new
 //! leader's term above every earlier leader's. A writer waiting in `lock()` leaves an expiring
 //! intent on every master it reached, which makes new readers busy there; it is withdrawn when
 //! the writer is served or gives up, and runs out by itself after the request's TTL.
 //! [`inspect`](dlock_core::DistributedLock::inspect) reports the earliest holder a quorum of
-//! masters agree on, with the token a quorum shows (an election's leader, its value and term).
+//! masters agree on (an election's leader, its value and term) once a quorum shows the greatest
+//! token any of them shows for it; while a grant's write-back is under way the holder is
+//! [`Holding::Unknown`](dlock_core::Holding::Unknown), which an observer takes as no leader yet.
 //!
 //! The **semaphore is not served** ([`Primitives::ALL.without_semaphore()`](dlock_core::Primitives)):
 //! majority quorum does not make it sound. Each master admits up to N holders, and N + 1

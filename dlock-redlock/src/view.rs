@@ -2,8 +2,9 @@
 //! `dlock_redis::protocol::primitives` run on every master, decided like the lock.
 //!
 //! A place (a read hold, the write hold, the leadership) is granted when a quorum of masters
-//! granted it within the validity; the token is the maximum over them, written back to the
-//! granted masters that are behind, as for the lock. A refused attempt is given back on every
+//! granted it within the validity; the token is the maximum over every master that granted
+//! (the client waits for each counting master's answer, at most the per-node timeout), written
+//! back to the granted masters that are behind, as for the lock. A refused attempt is given back on every
 //! master. A writer waiting in `lock()` leaves its intent on every master it reached (where it was
 //! busy, and where it was granted but the quorum was not), so that new readers cannot gather a
 //! quorum while it waits; giving up withdraws it everywhere.
@@ -136,9 +137,13 @@ impl RedlockView {
             "acquire",
             timeout,
             call,
+            // Unlike the lock's, a grant waits for every counting master (at most the per-node
+            // timeout), so that the token is the maximum over every master that granted and no
+            // late grant shows a greater one (see `agreed`).
             |p: Progress<'_, PrimitiveReply>| {
                 let granted = counted(p.replies, |r| matches!(r, PrimitiveReply::Granted(_)));
-                granted >= quorum || (granted + p.pending < quorum && answered(p.replies) >= quorum)
+                (granted >= quorum && p.pending == 0)
+                    || (granted + p.pending < quorum && answered(p.replies) >= quorum)
             },
         )
         .await;
@@ -246,8 +251,15 @@ impl RedlockView {
     }
 }
 
-/// What a quorum of masters shows of a group: free, its earliest holder, or unknown.
-fn agreed(replies: &[Reply<Option<GroupView>>], quorum: usize, family: Family) -> Holding {
+/// What a quorum of masters shows of a group: free, its earliest holder, or unknown. With
+/// fencing on, the holder is reported only once a quorum shows the greatest token any master
+/// shows for it (the write-back finished): before, its term is not settled, and it is unknown.
+fn agreed(
+    replies: &[Reply<Option<GroupView>>],
+    quorum: usize,
+    family: Family,
+    fencing: bool,
+) -> Holding {
     if counted(replies, Option::is_none) >= quorum {
         return Holding::Free;
     }
@@ -260,21 +272,20 @@ fn agreed(replies: &[Reply<Option<GroupView>>], quorum: usize, family: Family) -
     let Some(views) = by_owner.into_values().find(|views| views.len() >= quorum) else {
         return Holding::Unknown;
     };
-    // The token a quorum shows (the write-back makes a quorum show the holder's), else none.
-    let mut tokens: HashMap<Option<FencingToken>, usize> = HashMap::new();
-    for view in &views {
-        *tokens.entry(view.fencing).or_default() += 1;
-    }
-    let fencing = tokens
-        .into_iter()
-        .find(|(token, count)| token.is_some() && *count >= quorum)
-        .and_then(|(token, _)| token);
-    let mut shown = views
+    let greatest = views.iter().filter_map(|view| view.fencing).max();
+    let showing = views
         .iter()
-        .min_by_key(|view| view.pttl)
-        .map(|view| (*view).clone())
-        .unwrap_or_else(|| views[0].clone());
-    shown.fencing = fencing;
+        .filter(|view| greatest.is_some() && view.fencing == greatest)
+        .count();
+    let token = greatest.filter(|_| showing >= quorum);
+    if fencing && token.is_none() {
+        return Holding::Unknown;
+    }
+    let Some(first) = views.iter().min_by_key(|view| view.pttl) else {
+        return Holding::Unknown;
+    };
+    let mut shown = (*first).clone();
+    shown.fencing = token;
     shown.count = views.iter().map(|view| view.count).min().unwrap_or(1);
     Holding::Held(shown.holder(family))
 }
@@ -346,7 +357,7 @@ impl DistributedLock for RedlockView {
     }
 
     /// What a quorum of masters shows: free, the earliest holder a quorum agrees on (with the
-    /// token a quorum shows), or unknown.
+    /// token a quorum shows), or unknown (see [`agreed`]).
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let settings = &self.lock.inner.settings;
         let quorum = settings.quorum;
@@ -368,7 +379,7 @@ impl DistributedLock for RedlockView {
         if answered(&replies) < quorum {
             return Err(QuorumFailure::of("inspect", &replies, nodes, quorum).into_error());
         }
-        Ok(agreed(&replies, quorum, self.family))
+        Ok(agreed(&replies, quorum, self.family, settings.fencing))
     }
 
     /// The core's waiting loop; a writer re-arms its intent with every attempt (lasting the
