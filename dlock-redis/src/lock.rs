@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Eviction, ExtendRequest, Extension,
     FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
-    Owner, Released, Result,
+    Owner, Primitive, Primitives, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -19,6 +19,7 @@ use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
 use crate::protocol::scripts::{self, AcquireReply};
 use crate::replicas::{Acknowledged, Acks};
+use crate::view::RedisView;
 use crate::wakeups::Wakeups;
 
 /// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough
@@ -36,7 +37,7 @@ const LIST_READS: usize = 64;
 /// See the [crate docs](crate) for the key layout, the fencing guarantee and how waiting works.
 #[derive(Clone)]
 pub struct RedisLock {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// What a client is made of; built by [`RedisLockBuilder::connect`] (and the cluster's).
@@ -253,8 +254,31 @@ impl DistributedLock for RedisLock {
         BACKEND
     }
 
+    /// The primitives are declared unless the client waits for replicas (`min_replicas`), which
+    /// they do not do.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+        let primitives = if self.inner.acks.is_some() {
+            Primitives::NONE
+        } else {
+            Primitives::ALL
+        };
+        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+            .with_notifications()
+            .with_primitives(primitives)
+    }
+
+    /// A semaphore, read-write lock or election on this client's connection; see
+    /// [`protocol::primitives`](crate::protocol::primitives) for the layout. Unsupported with
+    /// `min_replicas`.
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        if !self.capabilities().primitives.serves(primitive) {
+            return Err(dlock_core::Error::Unsupported {
+                backend: BACKEND,
+                what: "primitives with min_replicas (no WAIT is sent for them)",
+            });
+        }
+        Ok(Arc::new(RedisView::new(self.clone(), primitive.clone())))
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {

@@ -14,6 +14,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "compliance/primitives.rs"]
+mod primitives;
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +45,10 @@ fn main() {
         trials.extend(trials::placeholders(trials::names(
             "redis_cluster",
             &cases(),
+        )));
+        trials.extend(trials::placeholders(trials::names(
+            "redis_cluster::primitives",
+            &primitives::cases(),
         )));
         trials::run_ignored(&args, trials);
     }
@@ -79,6 +85,13 @@ fn main() {
             replicated: replicated.clone(),
             replica_turn: Arc::default(),
         },
+        support::TRIAL_BUDGET,
+    ));
+    let connect: primitives::Connect = Arc::new(connect_to(shared.seeds()));
+    trials.extend(trials::cases(
+        "redis_cluster::primitives",
+        &primitives::cases(),
+        &connect,
         support::TRIAL_BUDGET,
     ));
     trials::run_then(&args, trials, &runtime, || async {

@@ -24,7 +24,36 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
         case!(list_finds_the_held_locks_by_prefix_and_nothing_else),
         case!(eviction_fences_out_a_paused_holder_and_wakes_a_waiter),
         case!(an_unexpected_token_evicts_nothing),
+        case!(primitives_are_declared_and_refused_only_with_min_replicas),
     ]
+}
+
+/// A plain client declares every primitive; one with `min_replicas` declares none and refuses
+/// them (they send no `WAIT`) before anything is sent.
+async fn primitives_are_declared_and_refused_only_with_min_replicas(
+    url: String,
+) -> anyhow::Result<()> {
+    use dlock_core::{DistributedLock, Primitive, Primitives};
+    let plain = RedisLock::connect(&url).await?;
+    ensure!(plain.capabilities().primitives == Primitives::ALL);
+    ensure!(plain.primitive(&Primitive::semaphore(2)).is_ok());
+    let waiting = RedisLockBuilder::new(&url)
+        .with_min_replicas(1)
+        .connect()
+        .await?;
+    ensure!(waiting.capabilities().primitives == Primitives::NONE);
+    for primitive in [
+        Primitive::semaphore(2),
+        Primitive::Read,
+        Primitive::Write,
+        Primitive::candidate("x"),
+    ] {
+        match waiting.primitive(&primitive) {
+            Err(dlock_core::Error::Unsupported { .. }) => {}
+            other => bail!("{primitive:?} with min_replicas: {other:?}"),
+        }
+    }
+    Ok(())
 }
 
 /// The owner record's fields, read as a plain client (`HMGET`) does.
