@@ -174,7 +174,7 @@ impl<'a> LeaderView<'a> {
         }
     }
 
-    /// `scheduler: led by "10.0.0.7:8080" (term 12), web-1 (pid 4242)`, or
+    /// `scheduler: led by "10.0.0.7:8080" (term 12), owner web-1 (pid 4242)`, or
     /// `scheduler: no leader`. The value is quoted, so that one leader is always one line.
     pub fn line(&self) -> String {
         let key = self.key;
@@ -189,7 +189,7 @@ impl<'a> LeaderView<'a> {
             .term
             .map_or_else(|| "term unknown".to_owned(), |t| format!("term {t}"));
         match leader.owner {
-            Some(owner) => format!("{key}: led by {value} ({term}), {owner}"),
+            Some(owner) => format!("{key}: led by {value} ({term}), owner {owner}"),
             None => format!("{key}: led by {value} ({term})"),
         }
     }

@@ -58,7 +58,7 @@ fn main() {
             memory_leader_shows_nobody_with_0,
         ),
     ];
-    let server_trials: [(&str, ServerTrial); 18] = [
+    let server_trials: [(&str, ServerTrial); 20] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -121,6 +121,14 @@ fn main() {
         (
             "redis_lost_leadership_stops_the_command_76",
             lost_leadership_stops_the_command,
+        ),
+        (
+            "redlock_run_permits_is_unsupported_69",
+            redlock_run_permits_is_unsupported,
+        ),
+        (
+            "redis_interrupted_campaign_runs_nothing_143",
+            interrupted_campaign_runs_nothing,
         ),
     ];
 
@@ -1216,12 +1224,19 @@ impl Running {
         Ok(self.0.len() - 1)
     }
 
-    /// Sends SIGTERM to process `which`.
-    fn sigterm(&self, which: usize) -> Result<(), Failed> {
-        match &self.0[which] {
-            Some(child) => sigterm(child),
-            None => Err("the process has already finished".into()),
-        }
+    /// Sends `signal` to process `which`.
+    fn signal(&self, which: usize, signal: nix::sys::signal::Signal) -> Result<(), Failed> {
+        let child = self.0[which]
+            .as_ref()
+            .ok_or("the process has already finished")?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+        nix::sys::signal::kill(pid, signal)?;
+        Ok(())
+    }
+
+    /// The process id of process `which`.
+    fn pid(&self, which: usize) -> u32 {
+        self.0[which].as_ref().map_or(0, Child::id)
     }
 
     /// Waits for process `which` to exit (as [`finish`]).
@@ -1426,6 +1441,10 @@ fn readers_share_and_a_writer_waits(servers: &Servers) -> Result<(), Failed> {
     };
     let (read_tokens, write_tokens) = (tokens("r+ ")?, tokens("w ")?);
     ensure!(
+        read_tokens[0] != read_tokens[1],
+        "the readers share a token: {lines:?}"
+    );
+    ensure!(
         write_tokens
             .iter()
             .all(|w| read_tokens.iter().all(|r| w > r)),
@@ -1469,11 +1488,23 @@ fn elect_hands_over_and_leader_watch_sees_both_terms(servers: &Servers) -> Resul
     let term_a = lines_after(&log, "a ").concat();
     let output = run_to_end(&mut leader());
     exits(&output, 75)?;
-    let shown = format!("{key}: led by \"a\" (term {term_a})");
+    // The leader's owner record is the `elect` process's.
+    let shown = format!("{key}: led by \"a\" (term {term_a}), owner ");
+    let owner = format!(" (pid {})\n", running.pid(a));
     ensure!(
-        text(&output.stdout).starts_with(&shown),
-        "leader printed {:?}, expected {shown:?}…",
+        text(&output.stdout).starts_with(&shown) && text(&output.stdout).ends_with(&owner),
+        "leader printed {:?}, expected {shown:?}…{owner:?}",
         text(&output.stdout)
+    );
+    let output = run_to_end(leader().arg("--json"));
+    exits(&output, 75)?;
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    ensure!(
+        json["key"] == key.as_str()
+            && json["leader"]["value"] == "a"
+            && json["leader"]["term"].as_u64() == term_a.parse().ok()
+            && json["leader"]["owner"]["pid"] == running.pid(a),
+        "leader --json printed {json}"
     );
     wait_for(&watched, "\"a\"")?;
     wait_for(&watched_json, "\"a\"")?;
@@ -1490,9 +1521,14 @@ fn elect_hands_over_and_leader_watch_sees_both_terms(servers: &Servers) -> Resul
     wait_for(&watched_json, "\"b\"")?;
     open_gate(&go_b)?;
     exits(&running.finish(b)?, 0)?;
-    for watcher in [watch, watch_json] {
-        running.sigterm(watcher)?;
-        exits(&running.finish(watcher)?, 143)?;
+    // A watch ends with SIGTERM or SIGINT, as the shell's convention says.
+    use nix::sys::signal::Signal;
+    for (watcher, signal, code) in [
+        (watch, Signal::SIGTERM, 143),
+        (watch_json, Signal::SIGINT, 130),
+    ] {
+        running.signal(watcher, signal)?;
+        exits(&running.finish(watcher)?, code)?;
     }
     let lines: Vec<String> = read(&watched).lines().map(str::to_owned).collect();
     ensure!(
@@ -1562,4 +1598,59 @@ fn lost_leadership_stops_the_command(servers: &Servers) -> Result<(), Failed> {
         read(&log)
     );
     stderr_says(&output, &format!("the leadership of {key:?} is lost"))
+}
+
+/// Redlock serves no semaphore (N + 1 holders could each hold a majority of the masters):
+/// `run --permits` says so in one line and exits 69 without running the command.
+fn redlock_run_permits_is_unsupported(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("redlock-permits");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-redlock-permits-{}", std::process::id());
+    let output = dlock_run_to_end(
+        &servers.redlock_url,
+        &key,
+        &["--permits", "2"],
+        &["touch", &marker],
+    );
+    exits(&output, 69)?;
+    one_line_error(
+        &output,
+        "unsupported by the redlock backend: a semaphore by quorum",
+    )?;
+    never_ran(&marker)
+}
+
+/// SIGTERM to an `elect` waiting while another candidate leads: it exits with 143 without
+/// running the command, and leaves no candidacy behind: once the leader resigns, nobody leads.
+fn interrupted_campaign_runs_nothing(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("interrupted-campaign");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-interrupted-campaign-{}", std::process::id());
+    let url = servers.url.clone();
+    let (locks, leadership) = servers.handle.block_on(async {
+        let locks = dlock::connect(&url).await?;
+        let opts = LockOptions::new(Duration::from_secs(60));
+        let leadership = locks.election(&key)?.campaign("holder", &opts).await?;
+        Ok::<_, dlock::Error>((locks, leadership))
+    })?;
+    let mut running = Running::default();
+    let candidate = running.start(dlock().args([
+        "elect", "--url", &url, "--key", &key, "--value", "waiter", "--wait", "60s", "--", "touch",
+        &marker,
+    ]))?;
+    // Time to connect and start campaigning (generous on a loaded machine).
+    std::thread::sleep(Duration::from_secs(2));
+    running.signal(candidate, nix::sys::signal::Signal::SIGTERM)?;
+    exits(&running.finish(candidate)?, 143)?;
+    never_ran(&marker)?;
+    servers.handle.block_on(leadership.resign())?;
+    drop(locks);
+    let output = run_to_end(dlock().args(["leader", "--url", &url, "--key", &key]));
+    exits(&output, 0)?;
+    ensure!(
+        text(&output.stdout) == format!("{key}: no leader\n"),
+        "after the leader resigned, leader printed {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
 }
