@@ -143,7 +143,7 @@ pub fn table(rows: &[(&str, &Holder)]) -> Vec<String> {
 ///
 /// ```text
 /// {"key":"scheduler","leader":{"value":"10.0.0.7:8080","term":12,
-///  "owner":{"host":"web-1","pid":4242,"label":null,"since":"2026-11-26T03:40:00.123Z"}}}
+///  "owner":{"host":"web-1","pid":4242,"since":"2026-11-26T03:40:00.123Z"}}}
 /// {"key":"scheduler","leader":null}
 /// ```
 ///

@@ -1622,6 +1622,7 @@ fn redlock_run_permits_is_unsupported(servers: &Servers) -> Result<(), Failed> {
 
 /// SIGTERM to an `elect` waiting while another candidate leads: it exits with 143 without
 /// running the command, and leaves no candidacy behind: once the leader resigns, nobody leads.
+/// A `leader --watch` started meanwhile prints the leader it finds, and only that one.
 fn interrupted_campaign_runs_nothing(servers: &Servers) -> Result<(), Failed> {
     let dir = scratch("interrupted-campaign");
     let marker = dir.join("ran").display().to_string();
@@ -1634,6 +1635,16 @@ fn interrupted_campaign_runs_nothing(servers: &Servers) -> Result<(), Failed> {
         Ok::<_, dlock::Error>((locks, leadership))
     })?;
     let mut running = Running::default();
+    // A watch started while someone leads prints that leader first.
+    let watched = dir.join("watch");
+    let watch = running.start_to(
+        dlock().args(["leader", "--watch", "--url", &url, "--key", &key]),
+        &watched,
+    )?;
+    wait_for(
+        &watched,
+        &format!("{key}: led by \"holder\" (term {}", leadership.term()),
+    )?;
     let candidate = running.start(dlock().args([
         "elect", "--url", &url, "--key", &key, "--value", "waiter", "--wait", "60s", "--", "touch",
         &marker,
@@ -1643,6 +1654,13 @@ fn interrupted_campaign_runs_nothing(servers: &Servers) -> Result<(), Failed> {
     running.signal(candidate, nix::sys::signal::Signal::SIGTERM)?;
     exits(&running.finish(candidate)?, 143)?;
     never_ran(&marker)?;
+    running.signal(watch, nix::sys::signal::Signal::SIGTERM)?;
+    exits(&running.finish(watch)?, 143)?;
+    ensure!(
+        read(&watched).lines().count() == 1,
+        "the watch printed {:?}",
+        read(&watched)
+    );
     servers.handle.block_on(leadership.resign())?;
     drop(locks);
     let output = run_to_end(dlock().args(["leader", "--url", &url, "--key", &key]));
