@@ -33,7 +33,8 @@ Exit codes:
   126        run, elect: the command could not be executed
   127        run, elect: the command was not found
   128+N      run, elect: dlock got signal N while waiting (nothing ran);
-             leader --watch: ended by signal N";
+             leader --watch: ended by signal N; leader: 141 (as SIGPIPE)
+             when its output cannot be written";
 
 /// `status`: the lock is free; `leader`: nobody leads.
 pub const FREE: u8 = 0;

@@ -1172,7 +1172,7 @@ fn memory_primitives_export_their_tokens() -> Result<(), Failed> {
 }
 
 /// `leader` where nobody leads: `KEY: no leader` and exit 0, as `status` does for a free lock;
-/// `--json` prints the same as an object with a null leader.
+/// `--json` prints the same as an object with a null leader; 141 where it cannot print.
 fn memory_leader_shows_nobody_with_0() -> Result<(), Failed> {
     let output = run_to_end(dlock().args(["leader", "--url", "memory://", "--key", "e"]));
     exits(&output, 0)?;
@@ -1188,6 +1188,14 @@ fn memory_leader_shows_nobody_with_0() -> Result<(), Failed> {
         json == serde_json::json!({"key": "e", "leader": null}),
         "leader --json printed {json}"
     );
+    // Output that cannot be written (a reader gone, a full disk) ends it as SIGPIPE would, not
+    // with a panic.
+    let output = dlock()
+        .args(["leader", "--url", "memory://", "--key", "e"])
+        .stdout(std::fs::File::create("/dev/full")?)
+        .output()?;
+    exits(&output, 141)?;
+    ensure!(output.stderr.is_empty(), "stderr: {}", text(&output.stderr));
     Ok(())
 }
 
