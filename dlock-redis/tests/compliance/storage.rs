@@ -20,7 +20,50 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
     vec![
         case!(fence_ttl_is_rearmed_by_each_grant),
         case!(a_primitives_keys_share_a_slot_carry_the_holder_and_vanish_but_the_counter),
+        case!(a_waiting_writers_intent_expires_within_the_requests_ttl),
     ]
+}
+
+/// While a writer waits, its intent is stored with an expiry no longer than the request's TTL,
+/// so a writer that crashes while waiting holds readers back for that long at most; once it is
+/// served the intent is gone.
+async fn a_waiting_writers_intent_expires_within_the_requests_ttl(
+    url: String,
+) -> anyhow::Result<()> {
+    use dlock_core::DistributedLock;
+    let locks: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&url).await?);
+    let name = unique("intent");
+    let ttl = Duration::from_secs(2);
+    let reader = locks
+        .rw(&name)?
+        .try_read(&LockOptions::new(Duration::from_secs(10)))
+        .await?
+        .context("a reader")?;
+    let writer = {
+        let rw = locks.rw(&name)?;
+        let opts = LockOptions::new(ttl).with_wait(Duration::from_secs(20));
+        tokio::spawn(async move { rw.write(&opts).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut con = support::raw(&url).await?;
+    let intents = format!("dlock:rw:intents:{{{name}}}");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&intents)
+        .query_async(&mut con)
+        .await?;
+    ensure!(
+        pttl > 0 && pttl <= ttl.as_millis() as i64,
+        "the intent's expiry is {pttl} ms for a {ttl:?} request"
+    );
+    reader.release().await?;
+    let lease = writer.await??;
+    let count: i64 = redis::cmd("ZCARD")
+        .arg(&intents)
+        .query_async(&mut con)
+        .await?;
+    ensure!(count == 0, "{count} intents once the writer was served");
+    lease.release().await?;
+    Ok(())
 }
 
 /// A semaphore, a read-write lock and an election of one name live in the documented keys,
