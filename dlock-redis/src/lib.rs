@@ -217,7 +217,9 @@
 //! expiring intent that makes new readers busy until it is served or gives up; an election
 //! keeps the leader's value beside its place, so that `inspect` shows value and term. Releases
 //! are announced on `dlock:released:<holders key>` (sharded in a cluster) and wake waiters.
-//! Not served with [`RedisLockBuilder::with_min_replicas`]: primitives send no `WAIT`.
+//! With [`RedisLockBuilder::with_min_replicas`], `WAIT` follows each of their grants, extensions
+//! and releases as for the lock: a grant too few replicas acknowledged is given back and
+//! reported as [`Error::Unavailable`](dlock_core::Error::Unavailable).
 //!
 //! # Server requirements
 //!

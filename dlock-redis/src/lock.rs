@@ -236,7 +236,12 @@ impl RedisLock {
 
     /// Runs `call` on the connection with `WAIT` behind each of its commands
     /// ([`Acknowledged`]), bounded by the request timeout plus the replica timeout.
-    async fn acknowledged<T, F, Fut>(&self, op: &'static str, acks: &Acks, call: F) -> Result<T>
+    pub(crate) async fn acknowledged<T, F, Fut>(
+        &self,
+        op: &'static str,
+        acks: &Acks,
+        call: F,
+    ) -> Result<T>
     where
         F: FnOnce(Acknowledged<RedisConnection>) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -254,30 +259,16 @@ impl DistributedLock for RedisLock {
         BACKEND
     }
 
-    /// The primitives are declared unless the client waits for replicas (`min_replicas`), which
-    /// they do not do.
     fn capabilities(&self) -> Capabilities {
-        let primitives = if self.inner.acks.is_some() {
-            Primitives::NONE
-        } else {
-            Primitives::ALL
-        };
         Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
             .with_notifications()
-            .with_primitives(primitives)
+            .with_primitives(Primitives::ALL)
     }
 
     /// A semaphore, read-write lock or election on this client's connection; see
-    /// [`protocol::primitives`](crate::protocol::primitives) for the layout. Unsupported with
-    /// `min_replicas`.
+    /// [`protocol::primitives`](crate::protocol::primitives) for the layout.
     fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
         primitive.validate()?;
-        if !self.capabilities().primitives.serves(primitive) {
-            return Err(dlock_core::Error::Unsupported {
-                backend: BACKEND,
-                what: "primitives with min_replicas (no WAIT is sent for them)",
-            });
-        }
         Ok(Arc::new(RedisView::new(self.clone(), primitive.clone())))
     }
 

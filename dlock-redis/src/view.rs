@@ -1,7 +1,8 @@
 //! The semaphore, the read-write lock and the election on Redis: views of a [`RedisLock`] that
 //! run the scripts of [`protocol::primitives`](crate::protocol::primitives) on the same
-//! connection (single server, Sentinel or Cluster) and wake waiters with the same release
-//! notifications.
+//! connection (single server, Sentinel or Cluster), with `WAIT` behind each grant, extension and
+//! release when the client has `min_replicas` (as for the lock), and wake waiters with the same
+//! release notifications.
 
 use std::fmt;
 use std::time::Duration;
@@ -16,6 +17,35 @@ use tokio::time::Instant;
 use crate::error::BACKEND;
 use crate::lock::RedisLock;
 use crate::protocol::primitives::{self, Family, Mode, PrimitiveKeys, PrimitiveReply};
+
+/// Runs `$body` (which uses the connection `$con`) on the client's connection, with `WAIT`
+/// behind it when the client has `min_replicas`; evaluates to `Result<(answer, acknowledged)>`.
+macro_rules! on_server {
+    ($view:expr, $op:expr, |$con:ident| $body:expr) => {{
+        match $view.lock.inner.acks {
+            None => {
+                $view
+                    .lock
+                    .inner
+                    .connection
+                    .run(
+                        $op,
+                        |mut $con| async move { $body.map(|answer| (answer, None)) },
+                    )
+                    .await
+            }
+            Some(acks) => {
+                $view
+                    .lock
+                    .acknowledged($op, &acks, |mut $con| async move {
+                        let answer = $body;
+                        answer.map(|answer| (answer, $con.acknowledged))
+                    })
+                    .await
+            }
+        }
+    }};
+}
 
 /// One primitive served by a Redis client.
 #[derive(Clone)]
@@ -63,14 +93,28 @@ impl RedisView {
         let owner = req.owner.to_hex();
         let (ttl, fence_ttl) = (req.ttl, self.lock.fence_ttl());
         let sent = Instant::now();
-        let reply = self
-            .lock
-            .inner
-            .connection
-            .run("acquire", |mut con| async move {
-                primitives::acquire(&mut con, keys, mode, &owner, record, ttl, fence_ttl).await
-            })
-            .await?;
+        let owner_ = owner.clone();
+        let (reply, acknowledged) = on_server!(self, "acquire", |con| {
+            primitives::acquire(&mut con, keys, mode, &owner_, record, ttl, fence_ttl).await
+        })?;
+        if let (PrimitiveReply::Granted(_), Some(acks)) = (&reply, self.lock.inner.acks) {
+            if let Err(unacknowledged) = acks.check("acquire", acknowledged) {
+                // Never returned as held: take it back (a failed release leaves it to its TTL).
+                let publish = self.publish();
+                let released = self
+                    .lock
+                    .inner
+                    .connection
+                    .run("release", |mut con| async move {
+                        primitives::release(&mut con, keys, &owner, publish, None).await
+                    })
+                    .await;
+                if let Err(error) = released {
+                    tracing::warn!(%error, "redis: an unacknowledged grant could not be released; it expires with its TTL");
+                }
+                return Err(unacknowledged);
+            }
+        }
         match reply {
             PrimitiveReply::Granted(token) => Ok(Attempt::Acquired(Grant::new(token, sent))),
             PrimitiveReply::Busy { pttl } => Ok(Attempt::Busy { retry_after: pttl }),
@@ -149,13 +193,13 @@ impl DistributedLock for RedisView {
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let keys = self.keys(lease.key);
         let owner = lease.owner.to_hex();
-        self.lock
-            .inner
-            .connection
-            .run("extend", |mut con| async move {
-                primitives::extend(&mut con, &keys, &owner, ttl).await
-            })
-            .await
+        let (extension, acknowledged) = on_server!(self, "extend", |con| {
+            primitives::extend(&mut con, &keys, &owner, ttl).await
+        })?;
+        if let (Extension::Extended, Some(acks)) = (extension, self.lock.inner.acks) {
+            acks.check("extend", acknowledged)?;
+        }
+        Ok(extension)
     }
 
     /// Removes the holder (and a waiting writer's intent of the same owner token, which is how
@@ -164,13 +208,13 @@ impl DistributedLock for RedisView {
         let keys = self.keys(lease.key);
         let owner = lease.owner.to_hex();
         let publish = self.publish();
-        self.lock
-            .inner
-            .connection
-            .run("release", |mut con| async move {
-                primitives::release(&mut con, &keys, &owner, publish, None).await
-            })
-            .await
+        let (released, acknowledged) = on_server!(self, "release", |con| {
+            primitives::release(&mut con, &keys, &owner, publish, None).await
+        })?;
+        if let (Released::Released, Some(acks)) = (released, self.lock.inner.acks) {
+            acks.check("release", acknowledged)?;
+        }
+        Ok(released)
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {

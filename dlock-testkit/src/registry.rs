@@ -353,7 +353,9 @@ pub const BACKENDS: &[Backend] = &[
         scheme: "redis",
         fixture: Fixture::RedisServer,
         capabilities: Some(|| {
-            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+                .with_notifications()
+                .with_primitives(Primitives::ALL)
         }),
         safety: &[
             (NotApplicable, SAME_AS_REDIS),
