@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use dlock_core::LockOptions;
 
+use crate::Scenario;
+
 /// The time scale and load of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
@@ -39,6 +41,26 @@ impl Plan {
             slack: Duration::from_secs(5),
             clients: 8,
             rounds: 250,
+        }
+    }
+
+    /// The scenarios run on each primitive a backend declares (the lock runs all of them): the
+    /// paused holder's fenced write in the quick run; in the full run also contention, the
+    /// delayed write and reply, the crashed and the cut-off holder, and the late release. The
+    /// scenarios left out break servers or a single node's clock, and cost a restart each.
+    pub fn primitive_scenarios(&self) -> &'static [Scenario] {
+        if self.quick {
+            &[Scenario::HolderPaused]
+        } else {
+            &[
+                Scenario::Contention,
+                Scenario::HolderPaused,
+                Scenario::WriteDelayed,
+                Scenario::ReplyDelayed,
+                Scenario::HolderCrashed,
+                Scenario::HolderCutOff,
+                Scenario::ReleaseAfterExpiry,
+            ]
         }
     }
 
