@@ -58,7 +58,7 @@ impl Expected {
                 reason: format!(
                     "{} does not declare the {} in capabilities().primitives",
                     backend.title,
-                    subject.title()
+                    subject.declared_as()
                 ),
             };
         }

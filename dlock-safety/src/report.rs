@@ -249,6 +249,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn primitive_cells_get_a_table_of_their_own_and_a_column_in_the_details() {
+        use crate::cell::Expected;
+        use dlock_core::Primitives;
+        use dlock_testkit::registry::backend;
+
+        let memory = backend("memory").unwrap();
+        let redis = backend("redis").unwrap();
+        let cell = |b: &'static Backend, subject, served| {
+            let expected = Expected::of(b, Scenario::HolderPaused, subject, Some(served));
+            let note = expected.reason.clone();
+            let observed = match expected.class {
+                Class::NotApplicable => Class::NotApplicable,
+                _ => Class::NotRun,
+            };
+            Cell::skipped(Scenario::HolderPaused, b, subject, observed, expected, note)
+        };
+        let cells = vec![
+            cell(memory, Subject::Lock, Primitives::ALL),
+            cell(memory, Subject::Semaphore, Primitives::ALL),
+            cell(redis, Subject::Semaphore, Primitives::NONE),
+        ];
+        let report = Report::new(Plan::quick(), &cells);
+        let matrix = report.matrix();
+        assert!(
+            matrix.contains("| 2. holder paused past its lease | not yet run | — |"),
+            "{matrix}"
+        );
+        assert!(
+            matrix.contains(
+                "| 2. holder paused past its lease | semaphore, 1 permit | not yet run | n/a |"
+            ),
+            "{matrix}"
+        );
+        assert!(cells[1]
+            .reason
+            .starts_with("as the lock: a permit is a lease"));
+        assert_eq!(
+            cells[2].reason,
+            "Redis does not declare the semaphore in capabilities().primitives"
+        );
+        assert!(report
+            .details()
+            .contains("| 2 | in-process | semaphore, 1 permit |"));
+        assert!(report
+            .json()
+            .unwrap()
+            .contains("\"primitive\": \"semaphore\""));
+    }
+
+    #[test]
     fn the_readme_section_is_replaced_between_its_markers_only() {
         let readme = format!("intro\n{README_START}\nold\n{README_END}\noutro\n");
         let new = replace_section(&readme, "new\n").unwrap();

@@ -62,6 +62,16 @@ impl Subject {
         }
     }
 
+    /// What a backend declares to serve it (the flag of `Primitives`).
+    pub fn declared_as(self) -> &'static str {
+        match self {
+            Subject::Lock => "lock",
+            Subject::Write => "read-write lock",
+            Subject::Semaphore => "semaphore",
+            Subject::Election => "election",
+        }
+    }
+
     /// What a grant of it is called.
     pub fn grant(self) -> &'static str {
         match self {
