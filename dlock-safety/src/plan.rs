@@ -74,3 +74,22 @@ impl Plan {
         LockOptions::new(self.ttl).with_wait(wait)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn primitives_run_the_paused_holder_quickly_and_seven_scenarios_in_full() {
+        assert_eq!(
+            Plan::quick().primitive_scenarios(),
+            &[Scenario::HolderPaused]
+        );
+        let full: Vec<u8> = Plan::full()
+            .primitive_scenarios()
+            .iter()
+            .map(|s| s.number())
+            .collect();
+        assert_eq!(full, [1, 2, 3, 4, 5, 6, 11]);
+    }
+}
