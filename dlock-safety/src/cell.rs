@@ -1,14 +1,81 @@
 //! One cell of the matrix: a scenario on a backend, declared, observed and compared.
 
+use dlock_core::Primitives;
 use dlock_testkit::Analysis;
 use serde::Serialize;
 
 use crate::class::Class;
+use crate::subject::Subject;
 use crate::Scenario;
 use crate::{Backend, Declared};
 
 /// The counts of a cell's history: its [`Analysis`].
 pub type Counts = Analysis;
+
+/// What a cell expects, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    /// The class expected.
+    pub class: Class,
+    /// The documented guarantee it rests on.
+    pub reason: String,
+}
+
+impl From<Declared> for Expected {
+    fn from(d: Declared) -> Self {
+        Expected {
+            class: d.class,
+            reason: d.reason.to_owned(),
+        }
+    }
+}
+
+impl Expected {
+    /// What the cell of `scenario` on `backend`'s `subject` expects. The lock's cell expects the
+    /// backend's declaration. A primitive's cell expects the same: its exclusive view's grants
+    /// are leases like the lock's, renewed, lost and fenced by the same mechanism. A primitive
+    /// that `served` (what the backend declares; `None` for a baseline) leaves out is not
+    /// applicable.
+    pub fn of(
+        backend: &Backend,
+        scenario: Scenario,
+        subject: Subject,
+        served: Option<Primitives>,
+    ) -> Expected {
+        let lock = backend.declared(scenario);
+        if subject == Subject::Lock {
+            return lock.into();
+        }
+        let Some(served) = served else {
+            return Expected {
+                class: Class::NotApplicable,
+                reason: "a baseline client, not a dlock backend: it serves no primitives".into(),
+            };
+        };
+        if !subject.served_by(&served) {
+            return Expected {
+                class: Class::NotApplicable,
+                reason: format!(
+                    "{} does not declare the {} in capabilities().primitives",
+                    backend.title,
+                    subject.declared_as()
+                ),
+            };
+        }
+        match lock.class {
+            Class::NotApplicable | Class::NotRun => lock.into(),
+            class => Expected {
+                class,
+                reason: format!(
+                    "as the lock: {} is a lease granted, renewed and fenced by the same \
+                     mechanism; {}",
+                    subject.grant(),
+                    lock.reason
+                ),
+            },
+        }
+    }
+}
 
 /// A finished cell.
 #[derive(Debug, Clone, Serialize)]
@@ -19,10 +86,13 @@ pub struct Cell {
     pub scenario_title: &'static str,
     /// The backend.
     pub backend: &'static Backend,
-    /// What the backend declares.
+    /// What the scenario ran on: `lock`, or a primitive's exclusive view (`write`, `semaphore`,
+    /// `election`).
+    pub primitive: Subject,
+    /// What the backend declares (for a primitive: what it declares for its lock).
     pub expected: Class,
     /// Why it declares that.
-    pub reason: &'static str,
+    pub reason: String,
     /// What was observed.
     pub observed: Class,
     /// Whether the observation agrees with the declaration (always true for cells not run).
@@ -47,14 +117,16 @@ impl Cell {
     pub fn skipped(
         scenario: Scenario,
         backend: &'static Backend,
+        primitive: Subject,
         observed: Class,
-        expected: Declared,
+        expected: Expected,
         note: String,
     ) -> Cell {
         Cell {
             scenario: scenario.number(),
             scenario_title: scenario.title(),
             backend,
+            primitive,
             expected: expected.class,
             reason: expected.reason,
             observed,

@@ -33,12 +33,14 @@ pub mod plan;
 pub mod report;
 pub mod run;
 pub mod scenarios;
+pub mod subject;
 pub mod targets;
 
-pub use cell::{Cell, Counts};
+pub use cell::{Cell, Counts, Expected};
 pub use class::{classify, Class};
 /// The rows and columns of the matrix, and what each row declares: the test kit's registry.
 pub use dlock_testkit::{Backend, Declared, Scenario};
 pub use filter::Filter;
 pub use plan::Plan;
 pub use report::Report;
+pub use subject::Subject;

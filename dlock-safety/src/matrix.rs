@@ -4,16 +4,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::Primitives;
 use dlock_testkit::fixtures::{FixtureError, RedisMasters, RedisReplicated, RedisServer};
 use dlock_testkit::registry::{Fixture, Role, BACKENDS};
 use tokio::time::Instant;
 
-use crate::cell::Cell;
+use crate::cell::{Cell, Expected};
 use crate::class::{classify, Class};
 use crate::filter::Filter;
 use crate::plan::Plan;
 use crate::run::Run;
 use crate::scenarios;
+use crate::subject::{PrimitiveTarget, Subject};
 use crate::targets::{
     ConsensusTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, RedlockTarget,
     Target,
@@ -161,13 +163,46 @@ async fn redis(
     )))
 }
 
+/// The cells of `backend` that `filter` selects, in matrix order: the lock's, then each
+/// primitive's (the plan's [`primitive_scenarios`](Plan::primitive_scenarios)).
+fn selected_cells(backend: &Backend, plan: Plan, filter: &Filter) -> Vec<(Scenario, Subject)> {
+    Subject::ALL
+        .into_iter()
+        .flat_map(|subject| {
+            let scenarios: &[Scenario] = match subject {
+                Subject::Lock => &Scenario::ALL,
+                _ => plan.primitive_scenarios(),
+            };
+            scenarios.iter().map(move |s| (*s, subject))
+        })
+        .filter(|(s, p)| filter.selects(*s, backend, *p))
+        .collect()
+}
+
+/// What `backend` declares it serves besides the lock: `None` for a baseline; what its client
+/// answers in `capabilities().primitives` once the servers run, else its registry entry.
+async fn served(
+    backend: &Backend,
+    started: Option<&Started>,
+) -> Result<Option<Primitives>, String> {
+    let Some(declared) = backend.capabilities else {
+        return Ok(None);
+    };
+    match started {
+        Some(started) => match started.target().client().await {
+            Ok(client) => Ok(Some(client.capabilities().primitives)),
+            Err(e) => Err(format!("no client to ask for its primitives: {e:#}")),
+        },
+        None => Ok(Some(declared().primitives)),
+    }
+}
+
 /// Runs every cell `filter` selects, printing progress, and returns them in matrix order.
 pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
     let total = BACKENDS
         .iter()
-        .flat_map(|b| Scenario::ALL.iter().map(move |s| (*s, b)))
-        .filter(|(s, b)| filter.selects(*s, b))
-        .count();
+        .map(|b| selected_cells(b, plan, filter).len())
+        .sum();
     let nonce = format!(
         "{}-{}",
         std::process::id(),
@@ -179,14 +214,11 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
     let mut servers = Servers::default();
     let mut cells = Vec::with_capacity(total);
     for backend in BACKENDS {
-        let selected: Vec<Scenario> = Scenario::ALL
-            .into_iter()
-            .filter(|s| filter.selects(*s, backend))
-            .collect();
+        let selected = selected_cells(backend, plan, filter);
         if selected.is_empty() {
             continue;
         }
-        let needs_servers = selected.iter().any(|s| {
+        let needs_servers = selected.iter().any(|(s, _)| {
             !matches!(
                 backend.declared(*s).class,
                 Class::NotApplicable | Class::NotRun
@@ -194,25 +226,61 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
         });
         let started = if needs_servers {
             eprintln!("starting {} …", backend.title);
-            let replica_needed = selected.contains(&Scenario::LaggingReplicaPromoted);
+            let replica_needed = selected
+                .iter()
+                .any(|(s, _)| *s == Scenario::LaggingReplicaPromoted);
             start(backend, &mut servers, plan, replica_needed).await
         } else {
             Ok(None)
         };
-        for scenario in selected {
-            let cell = match &started {
-                Ok(Some(started)) => {
-                    cell(scenario, backend, Some(started.target()), plan, &nonce).await
+        let served = if selected.iter().any(|(_, p)| *p != Subject::Lock) {
+            served(backend, started.as_ref().ok().and_then(Option::as_ref)).await
+        } else {
+            Ok(None)
+        };
+        for (scenario, subject) in selected {
+            let expected = match (&served, subject) {
+                (Err(e), Subject::Write | Subject::Semaphore | Subject::Election) => {
+                    let expected = Expected::of(backend, scenario, Subject::Lock, None);
+                    let cell = failed(scenario, backend, subject, expected, e.clone());
+                    progress(cells.len() + 1, total, &cell);
+                    cells.push(cell);
+                    continue;
                 }
-                Ok(None) => cell(scenario, backend, None, plan, &nonce).await,
+                (Err(_), Subject::Lock) => Expected::of(backend, scenario, subject, None),
+                (Ok(served), _) => Expected::of(backend, scenario, subject, *served),
+            };
+            let cell = match &started {
+                _ if expected.class == Class::NotApplicable => {
+                    let note = expected.reason.clone();
+                    Cell::skipped(
+                        scenario,
+                        backend,
+                        subject,
+                        Class::NotApplicable,
+                        expected,
+                        note,
+                    )
+                }
+                Ok(started) => {
+                    let target = started.as_ref().map(Started::target);
+                    cell(scenario, backend, subject, expected, target, plan, &nonce).await
+                }
                 Err(e) if opted_out(e) => Cell::skipped(
                     scenario,
                     backend,
+                    subject,
                     Class::NotRun,
-                    backend.declared(scenario),
+                    expected,
                     format!("{e:#}"),
                 ),
-                Err(e) => failed(scenario, backend, format!("servers did not start: {e:#}")),
+                Err(e) => failed(
+                    scenario,
+                    backend,
+                    subject,
+                    expected,
+                    format!("servers did not start: {e:#}"),
+                ),
             };
             progress(cells.len() + 1, total, &cell);
             cells.push(cell);
@@ -225,29 +293,48 @@ pub async fn run(plan: Plan, filter: &Filter) -> Vec<Cell> {
     cells
 }
 
+/// Runs one cell: `scenario` on `subject` (the lock, or the primitive's view of every client)
+/// of `backend`'s `target`.
 async fn cell(
     scenario: Scenario,
     backend: &'static Backend,
+    subject: Subject,
+    expected: Expected,
     target: Option<&dyn Target>,
     plan: Plan,
     nonce: &str,
 ) -> Cell {
-    let declared = backend.declared(scenario);
-    let target = match (declared.class, target) {
+    let target = match (expected.class, target) {
         (Class::NotApplicable | Class::NotRun, _) | (_, None) => {
-            let observed = match declared.class {
+            let observed = match expected.class {
                 Class::NotApplicable => Class::NotApplicable,
                 _ => Class::NotRun,
             };
-            let note = declared.reason.to_owned();
-            return Cell::skipped(scenario, backend, observed, declared, note);
+            let note = expected.reason.clone();
+            return Cell::skipped(scenario, backend, subject, observed, expected, note);
         }
         (_, Some(target)) => target,
     };
-    let run = Run::new(
-        plan,
-        format!("safety/{nonce}/{}/{}", backend.name, scenario.number()),
-    );
+    let view;
+    let (target, key): (&dyn Target, String) = match subject {
+        Subject::Lock => (
+            target,
+            format!("safety/{nonce}/{}/{}", backend.name, scenario.number()),
+        ),
+        _ => {
+            view = PrimitiveTarget::new(target, subject);
+            (
+                &view,
+                format!(
+                    "safety/{nonce}/{}/{}/{}",
+                    backend.name,
+                    subject.name(),
+                    scenario.number()
+                ),
+            )
+        }
+    };
+    let run = Run::new(plan, key);
     let started = Instant::now();
     let budget = if plan.quick {
         Duration::from_secs(120)
@@ -261,28 +348,32 @@ async fn cell(
     let outcome = match result {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) if e.downcast_ref::<FaultUnavailable>().is_some() => {
-            return Cell::skipped(scenario, backend, Class::NotRun, declared, format!("{e:#}"));
+            let note = format!("{e:#}");
+            return Cell::skipped(scenario, backend, subject, Class::NotRun, expected, note);
         }
         Ok(Err(e)) => {
-            return Cell {
-                elapsed_ms,
-                ..failed(scenario, backend, format!("failed: {e:#}"))
-            }
-        }
-        Err(_) => {
             return Cell {
                 elapsed_ms,
                 ..failed(
                     scenario,
                     backend,
-                    format!("hung: not finished within {budget:?}"),
+                    subject,
+                    expected,
+                    format!("failed: {e:#}"),
                 )
             }
+        }
+        Err(_) => {
+            let note = format!("hung: not finished within {budget:?}");
+            return Cell {
+                elapsed_ms,
+                ..failed(scenario, backend, subject, expected, note)
+            };
         }
     };
     let analysis = run.history.analyze(target.fencing());
     let observed = classify(&analysis, outcome.handed_on);
-    let matches = observed == declared.class;
+    let matches = observed == expected.class;
     let history = if matches {
         Vec::new()
     } else {
@@ -297,8 +388,9 @@ async fn cell(
         scenario: scenario.number(),
         scenario_title: scenario.title(),
         backend,
-        expected: declared.class,
-        reason: declared.reason,
+        primitive: subject,
+        expected: expected.class,
+        reason: expected.reason,
         observed,
         matches,
         counts: analysis,
@@ -320,16 +412,16 @@ fn opted_out(e: &anyhow::Error) -> bool {
 }
 
 /// A cell whose scenario could not be carried out: it fails the run.
-fn failed(scenario: Scenario, backend: &'static Backend, note: String) -> Cell {
+fn failed(
+    scenario: Scenario,
+    backend: &'static Backend,
+    subject: Subject,
+    expected: Expected,
+    note: String,
+) -> Cell {
     Cell {
         matches: false,
-        ..Cell::skipped(
-            scenario,
-            backend,
-            Class::NotRun,
-            backend.declared(scenario),
-            note,
-        )
+        ..Cell::skipped(scenario, backend, subject, Class::NotRun, expected, note)
     }
 }
 
@@ -342,8 +434,9 @@ fn progress(n: usize, total: usize, cell: &Cell) {
         "skipped"
     };
     eprintln!(
-        "[{n:>2}/{total}] {:<24} {:>2} {:<36} {:<22} expected {:<22} {verdict:<8} {:>6.1} s  {}",
+        "[{n:>2}/{total}] {:<24} {:<9} {:>2} {:<36} {:<22} expected {:<22} {verdict:<8} {:>6.1} s  {}",
         cell.backend.title,
+        cell.primitive.name(),
         cell.scenario,
         cell.scenario_title,
         cell.observed.label(),

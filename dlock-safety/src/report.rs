@@ -9,6 +9,7 @@ use dlock_testkit::BACKENDS;
 use crate::cell::Cell;
 use crate::class::Class;
 use crate::plan::Plan;
+use crate::subject::Subject;
 use crate::Backend;
 use crate::Scenario;
 
@@ -51,7 +52,8 @@ impl<'a> Report<'a> {
     }
 
     /// The matrix: scenarios down, backends across, each cell its observed class and whether that
-    /// matches the declaration.
+    /// matches the declaration; then, if any primitive's cells were selected, the same for each
+    /// scenario and primitive.
     pub fn matrix(&self) -> String {
         let backends: Vec<&Backend> = BACKENDS
             .iter()
@@ -65,36 +67,27 @@ impl<'a> Report<'a> {
              not that it is safe); ✗: the outcome contradicts the declaration.\n",
             self.run, self.ttl_ms, self.contention.0, self.contention.1
         );
-        let _ = write!(out, "| scenario |");
-        for b in &backends {
-            let _ = write!(out, " {} |", b.title);
-        }
-        let _ = write!(out, "\n|---|");
-        for _ in &backends {
-            let _ = write!(out, "---|");
-        }
-        out.push('\n');
-        for s in Scenario::ALL {
-            let row: Vec<&Cell> = backends
-                .iter()
-                .filter_map(|b| {
-                    self.cells
-                        .iter()
-                        .find(|c| c.backend == *b && c.scenario == s.number())
-                })
-                .collect();
-            if row.is_empty() {
-                continue;
+        if self.cells.iter().any(|c| c.primitive == Subject::Lock) {
+            table_header(&mut out, &["scenario"], &backends);
+            for s in Scenario::ALL {
+                let title = format!("{}. {}", s.number(), s.title());
+                self.table_row(&mut out, &title, &backends, s, Subject::Lock);
             }
-            let _ = write!(out, "| {}. {} |", s.number(), s.title());
-            for b in &backends {
-                let cell = self
-                    .cells
-                    .iter()
-                    .find(|c| c.backend == *b && c.scenario == s.number());
-                let _ = write!(out, " {} |", cell.map_or(String::from("—"), short));
+        }
+        if self.cells.iter().any(|c| c.primitive != Subject::Lock) {
+            out.push_str(
+                "\nPrimitives: the same scenarios on each primitive's exclusive view (the write side of \
+                 the read-write lock, a semaphore of 1 permit, an election candidate), each expected \
+                 to behave as the backend declares for its lock; *n/a* where the backend does not \
+                 declare the primitive.\n\n",
+            );
+            table_header(&mut out, &["scenario", "primitive"], &backends);
+            for s in Scenario::ALL {
+                for p in Subject::PRIMITIVES {
+                    let title = format!("{}. {} | {}", s.number(), s.title(), p.title());
+                    self.table_row(&mut out, &title, &backends, s, p);
+                }
             }
-            out.push('\n');
         }
         out.push_str(
             "\n*safe*: no violation and the lock was handed on; *caught by fencing*: holds overlapped or \
@@ -105,11 +98,37 @@ impl<'a> Report<'a> {
         out
     }
 
+    /// The row of `scenario` on `subject`, titled `title`: each backend's cell, `—` where it has
+    /// none; nothing if no backend has one.
+    fn table_row(
+        &self,
+        out: &mut String,
+        title: &str,
+        backends: &[&Backend],
+        scenario: Scenario,
+        subject: Subject,
+    ) {
+        let row: Vec<&Cell> = self
+            .cells
+            .iter()
+            .filter(|c| c.primitive == subject && c.scenario == scenario.number())
+            .collect();
+        if row.is_empty() {
+            return;
+        }
+        let _ = write!(out, "| {title} |");
+        for b in backends {
+            let cell = row.iter().find(|c| c.backend == *b);
+            let _ = write!(out, " {} |", cell.map_or(String::from("—"), |c| short(c)));
+        }
+        out.push('\n');
+    }
+
     /// One line per cell with its counts, times, declaration and notes.
     pub fn details(&self) -> String {
         let mut out = String::from(
-            "| # | backend | observed | expected (why) | ok | acq | overlaps | token regr. | stale acc./rej. | lost upd. | indet. | recovery (bound) | notes |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| # | backend | primitive | observed | expected (why) | ok | acq | overlaps | token regr. | stale acc./rej. | lost upd. | indet. | recovery (bound) | notes |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for c in self.cells {
             let k = &c.counts;
@@ -137,9 +156,10 @@ impl<'a> Report<'a> {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} ({}) | {mark} | {counts} | {recovery} | {} |",
+                "| {} | {} | {} | {} | {} ({}) | {mark} | {counts} | {recovery} | {} |",
                 c.scenario,
                 c.backend.title,
+                c.primitive.title(),
                 c.observed.label(),
                 c.expected.label(),
                 c.reason,
@@ -156,10 +176,11 @@ impl<'a> Report<'a> {
             .filter(|c| !c.matches)
             .map(|c| {
                 format!(
-                    "scenario {} ({}) on {}: observed {}, declared {} because {:?}; {}",
+                    "scenario {} ({}) on {}, {}: observed {}, declared {} because {:?}; {}",
                     c.scenario,
                     c.scenario_title,
                     c.backend.title,
+                    c.primitive.title(),
                     c.observed,
                     c.expected,
                     c.reason,
@@ -168,6 +189,23 @@ impl<'a> Report<'a> {
             })
             .collect()
     }
+}
+
+/// A table's header: the `first` columns, then one per backend.
+fn table_header(out: &mut String, first: &[&str], backends: &[&Backend]) {
+    let _ = write!(out, "|");
+    for title in first
+        .iter()
+        .copied()
+        .chain(backends.iter().map(|b| b.title))
+    {
+        let _ = write!(out, " {title} |");
+    }
+    out.push_str("\n|");
+    for _ in 0..first.len() + backends.len() {
+        out.push_str("---|");
+    }
+    out.push('\n');
 }
 
 fn short(c: &Cell) -> String {
@@ -209,6 +247,56 @@ pub fn replace_section(readme: &str, section: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn primitive_cells_get_a_table_of_their_own_and_a_column_in_the_details() {
+        use crate::cell::Expected;
+        use dlock_core::Primitives;
+        use dlock_testkit::registry::backend;
+
+        let memory = backend("memory").unwrap();
+        let redis = backend("redis").unwrap();
+        let cell = |b: &'static Backend, subject, served| {
+            let expected = Expected::of(b, Scenario::HolderPaused, subject, Some(served));
+            let note = expected.reason.clone();
+            let observed = match expected.class {
+                Class::NotApplicable => Class::NotApplicable,
+                _ => Class::NotRun,
+            };
+            Cell::skipped(Scenario::HolderPaused, b, subject, observed, expected, note)
+        };
+        let cells = vec![
+            cell(memory, Subject::Lock, Primitives::ALL),
+            cell(memory, Subject::Semaphore, Primitives::ALL),
+            cell(redis, Subject::Semaphore, Primitives::NONE),
+        ];
+        let report = Report::new(Plan::quick(), &cells);
+        let matrix = report.matrix();
+        assert!(
+            matrix.contains("| 2. holder paused past its lease | not yet run | — |"),
+            "{matrix}"
+        );
+        assert!(
+            matrix.contains(
+                "| 2. holder paused past its lease | semaphore, 1 permit | not yet run | n/a |"
+            ),
+            "{matrix}"
+        );
+        assert!(cells[1]
+            .reason
+            .starts_with("as the lock: a permit is a lease"));
+        assert_eq!(
+            cells[2].reason,
+            "Redis does not declare the semaphore in capabilities().primitives"
+        );
+        assert!(report
+            .details()
+            .contains("| 2 | in-process | semaphore, 1 permit |"));
+        assert!(report
+            .json()
+            .unwrap()
+            .contains("\"primitive\": \"semaphore\""));
+    }
 
     #[test]
     fn the_readme_section_is_replaced_between_its_markers_only() {
