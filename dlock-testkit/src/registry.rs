@@ -304,7 +304,11 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "memory",
         fixture: Fixture::InProcess,
-        capabilities: Some(|| Capabilities::new(FencingGuarantee::Monotonic).with_notifications()),
+        capabilities: Some(|| {
+            Capabilities::new(FencingGuarantee::Monotonic)
+                .with_notifications()
+                .with_primitives(Primitives::ALL)
+        }),
         safety: &[
             (Safe, "one table behind a mutex"),
             (CaughtByFencing, "the lease expires in-process; the token counter only grows"),
