@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Capabilities, FencingGuarantee};
+use dlock_core::{Capabilities, FencingGuarantee, Primitives};
 use serde::{Serialize, Serializer};
 
 use crate::fixtures::{
@@ -374,7 +374,7 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "zk",
         fixture: Fixture::ZkEnsemble,
-        capabilities: Some(session_backend),
+        capabilities: Some(zk_backend),
         safety: &[
             (Safe, "the lowest sequence node holds the lock"),
             (CaughtByFencing, "the session expires while paused; czxids only grow"),
@@ -489,6 +489,11 @@ fn session_backend() -> Capabilities {
     Capabilities::new(FencingGuarantee::Monotonic)
         .with_notifications()
         .with_sessions()
+}
+
+/// ZooKeeper's declaration: a session backend that serves every primitive (kazoo's layouts).
+fn zk_backend() -> Capabilities {
+    session_backend().with_primitives(Primitives::ALL)
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll.
