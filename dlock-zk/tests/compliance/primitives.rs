@@ -13,7 +13,7 @@ use dlock_core::{
     Primitive, Released,
 };
 use dlock_testkit::fixtures::connect_docker;
-use dlock_zk::ZkLock;
+use dlock_zk::{Naming, ZkLock};
 use tokio::time::Instant;
 
 use crate::kazoo::python;
@@ -27,6 +27,7 @@ use crate::Env;
 /// * `try`: one attempt without waiting (`try acquired` / `try busy` / `try error …`), released;
 /// * `hold SECONDS` (in N's place for locks, after N for the semaphore): takes it (waiting up to
 ///   30 s), prints `held`, holds, releases, prints `released`;
+/// * `wait SECONDS`: waits up to SECONDS (`wait acquired` / `wait timeout`), released;
 /// * `contenders`: prints `contenders ` and the JSON list of `contenders()` (locks, elections)
 ///   or `lease_holders()` (semaphores).
 const KAZOO: &str = r#"
@@ -68,6 +69,14 @@ elif action == "hold":
         time.sleep(seconds)
         r.release()
     print("released", flush=True)
+elif action == "wait":
+    try:
+        got = r.acquire(timeout=float(rest.pop(0)))
+    except LockTimeout:
+        got = False
+    print("wait " + ("acquired" if got else "timeout"), flush=True)
+    if got:
+        r.release()
 elif action == "contenders":
     names = r.lease_holders() if kind == "semaphore" else r.contenders()
     print("contenders " + json.dumps(names), flush=True)
@@ -214,6 +223,16 @@ pub async fn primitives_use_kazoos_layout(env: Env) -> anyhow::Result<()> {
     );
     permit.release().await?;
     ensure!(children(&env, &sem).await?.is_empty());
+    // The node stays, as kazoo's does; with no lease held, the next holder sets the number.
+    let permit = view(&lock, Primitive::semaphore(3))?
+        .acquire(&key, &opts())
+        .await?;
+    let (data, _) = client.get_data(&sem).await?;
+    ensure!(
+        data == b"3",
+        "the semaphore's data is {data:?} after a holder of 3"
+    );
+    permit.release().await?;
 
     let leader = view(&lock, Primitive::candidate("10.0.0.7:8080"))?
         .acquire(&key, &opts())
@@ -229,6 +248,21 @@ pub async fn primitives_use_kazoos_layout(env: Env) -> anyhow::Result<()> {
     ensure!(children(&env, &election).await?.is_empty());
     // The lock of the same name is another thing: untouched by all of the above.
     ensure!(children(&env, &base).await?.is_empty());
+
+    // The lock's `naming` setting does not apply: the primitives always name nodes as kazoo.
+    let curator = client_with(&url(&env.hosts), SESSION, |b| {
+        b.with_naming(Naming::Curator)
+    })
+    .await?;
+    let read = view(&curator, Primitive::Read)?
+        .acquire(&key, &opts())
+        .await?;
+    let nodes = children(&env, &rw).await?;
+    ensure!(
+        nodes.len() == 1 && is_node(&nodes[0], &hex(&read), "__rlock__"),
+        "{nodes:?}"
+    );
+    read.release().await?;
     Ok(())
 }
 
@@ -468,6 +502,8 @@ pub async fn kazoo_leader_is_seen_by_dlock(env: Env) -> anyhow::Result<()> {
     ensure!(
         seen.value.as_deref() == Some("dlock-candidate") && seen.term == Some(leadership.term())
     );
+    // The node data is the value (what kazoo shows): there is no owner record beside it.
+    ensure!(seen.owner.is_none(), "{seen:?}");
     leadership.resign().await?;
     ensure!(
         election.leader().await?.is_none(),
@@ -669,4 +705,53 @@ pub fn strip_primitive_suffix(name: &str) -> &str {
         }
     }
     name
+}
+
+/// kazoo 2.8's `ReadLock` (Debian's) also waits for writers queued *after* it (kazoo issue
+/// #649, fixed in 2.9): a kazoo reader queued between two dlock writers waits for the later
+/// writer once the first leaves, while that writer waits for the reader. Neither proceeds
+/// until one gives up; here the later writer times out, and only then is kazoo's reader served.
+pub async fn a_kazoo_28_reader_waits_for_a_later_writer(env: Env) -> anyhow::Result<()> {
+    let lock = dlock(&env, "later-writer").await?;
+    let key = key("kazoo-649");
+    let path = lock.primitive_path(&key, &Primitive::Read)?;
+    let rw = lock.rw(&key)?;
+    let first = rw.write(&opts()).await?;
+    let mut reader = kazoo(&env, &["read", &path, "wait", "8"]).await?;
+    let queued = |n: usize| {
+        let env = env.clone();
+        let path = path.clone();
+        async move {
+            let by = Instant::now() + Duration::from_secs(20);
+            while children(&env, &path).await?.len() < n {
+                ensure!(Instant::now() < by, "{n} contenders did not queue");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(())
+        }
+    };
+    queued(2).await?;
+    let later = {
+        let rw = rw.clone();
+        tokio::spawn(async move { rw.write(&opts().with_wait(Duration::from_secs(3))).await })
+    };
+    queued(3).await?;
+    first.release().await?;
+    match later.await? {
+        Err(Error::Timeout { .. }) => {}
+        other => bail!("the later writer, queued behind kazoo's reader: {other:?}"),
+    }
+    let gave_up = Instant::now();
+    let answer = reader.expect("wait ", Duration::from_secs(10)).await?;
+    reader.finish(Duration::from_secs(10)).await?;
+    ensure!(
+        answer == "wait acquired",
+        "kazoo's reader after the later writer gave up: {answer}"
+    );
+    ensure!(
+        gave_up.elapsed() < Duration::from_secs(3),
+        "kazoo's reader was served {:?} after the writer gave up",
+        gave_up.elapsed()
+    );
+    Ok(())
 }
