@@ -14,6 +14,7 @@ use dlock_core::{
 };
 use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::{Naming, ZkLock};
+use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::kazoo::python;
@@ -224,6 +225,10 @@ pub async fn primitives_use_kazoos_layout(env: Env) -> anyhow::Result<()> {
     permit.release().await?;
     ensure!(children(&env, &sem).await?.is_empty());
     // The node stays, as kazoo's does; with no lease held, the next holder sets the number.
+    ensure!(
+        raw::stat(&client, &sem).await?.is_some(),
+        "the semaphore node went with its last lease"
+    );
     let permit = view(&lock, Primitive::semaphore(3))?
         .acquire(&key, &opts())
         .await?;
@@ -478,6 +483,15 @@ pub async fn kazoo_leader_is_seen_by_dlock(env: Env) -> anyhow::Result<()> {
         seen.value.as_deref() == Some("kazoo-leader") && seen.term == Some(FencingToken(term)),
         "dlock sees {seen:?}, kazoo's term is {term}"
     );
+    let mut observed = Box::pin(election.observe());
+    let first = tokio::time::timeout(Duration::from_secs(10), observed.next())
+        .await?
+        .context("the observation ended")??;
+    ensure!(
+        first.value.as_deref() == Some("kazoo-leader") && first.term == Some(FencingToken(term)),
+        "observe() shows {first:?}"
+    );
+    drop(observed);
     ensure!(
         election
             .try_campaign("dlock-candidate", &opts())
@@ -592,10 +606,15 @@ pub async fn cancelled_acquires_leave_no_node(env: Env) -> anyhow::Result<()> {
         };
         tokio::time::sleep(Duration::from_millis(500)).await;
         ensure!(
-            queued().await?.len() > alone.len(),
+            queued().await?.len() == alone.len() + 1,
             "{}: the waiter is not queued",
             waits.name()
         );
+        if matches!(held, Primitive::Semaphore { .. }) {
+            // A waiting permit waits holding the semaphore's lock, as kazoo's does.
+            let queue = children(&env, &format!("{path}-__lock__")).await?;
+            ensure!(queue.len() == 1, "the semaphore's lock queue: {queue:?}");
+        }
         dropped.abort();
         let _ = dropped.await;
         let by = Instant::now() + Duration::from_secs(5);
