@@ -33,6 +33,7 @@ mod lost;
 mod operator;
 mod outage;
 mod ownership;
+mod primitives;
 mod queue;
 mod silent;
 
@@ -50,6 +51,12 @@ pub enum Needs {
     /// Clients whose links go through proxies the case can silence
     /// ([`Subject::with_proxied`]).
     Proxy,
+    /// A backend that declares the semaphore.
+    Semaphore,
+    /// A backend that declares the read-write lock.
+    ReadWrite,
+    /// A backend that declares the election.
+    Election,
 }
 
 type CaseFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -119,6 +126,28 @@ pub fn cases() -> Vec<Case> {
             operator::holding_names_the_holder_and_its_owner,
             operator::list_shows_the_held_locks_under_a_prefix,
             operator::forced_unlock_fences_out_the_evicted_holder,
+            primitives::primitives_are_served_as_declared,
+            primitives::acquire_all_does_not_deadlock,
+            primitives::acquire_all_takes_every_key_or_none,
+        ],
+        Semaphore: [
+            primitives::semaphore_grants_exactly_its_permits,
+            primitives::semaphore_never_exceeds_its_permits,
+            primitives::semaphore_refuses_another_number_of_permits,
+            primitives::crashed_permit_returns_after_its_ttl,
+            primitives::abandoned_permit_waiters_leave_nothing,
+        ],
+        ReadWrite: [
+            primitives::readers_share_and_a_writer_excludes,
+            primitives::no_reader_overlaps_a_writer,
+            primitives::a_waiting_writer_is_not_starved_by_readers,
+            primitives::abandoned_rw_waiters_leave_nothing,
+        ],
+        Election: [
+            primitives::one_leader_per_term_and_observers_agree,
+            primitives::resigning_hands_over_at_once,
+            primitives::a_leader_that_stops_renewing_is_lost,
+            primitives::abandoned_campaigns_leave_no_candidacy,
         ],
         Outage: [outage::server_outage_gives_errors_not_hangs_then_recovers],
         Proxy: [silent::silent_link_fails_in_bounded_time_then_recovers],
@@ -134,6 +163,9 @@ pub fn applicable(subject: &Subject) -> Vec<Case> {
             Needs::Fencing => subject.capabilities.fencing != FencingGuarantee::None,
             Needs::Outage => subject.outage.is_some(),
             Needs::Proxy => subject.proxied.is_some(),
+            Needs::Semaphore => subject.capabilities.primitives.semaphore,
+            Needs::ReadWrite => subject.capabilities.primitives.read_write,
+            Needs::Election => subject.capabilities.primitives.election,
         })
         .collect()
 }

@@ -4,14 +4,14 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLockExt, Error};
+use dlock_core::{DistributedLockExt, Error, Primitive};
 use tokio::time::Instant;
 
 use super::Ctx;
 
 /// Stops the subject's dedicated server, checks that operations fail in bounded time with
 /// [`Error::Unavailable`] (the same error for the same situation on every backend), restarts it,
-/// and checks that service resumes.
+/// and checks that service resumes — for the lock and for every primitive the subject declares.
 pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
     cx: Ctx,
 ) -> anyhow::Result<()> {
@@ -22,6 +22,19 @@ pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
     let key = cx.key("outage");
     let ttl = cx.ttl();
     cx.take_and_release(&client, &key).await?;
+    let declared = cx.subject().capabilities.primitives;
+    let mut views = Vec::new();
+    for primitive in [
+        Primitive::semaphore(2),
+        Primitive::Write,
+        Primitive::candidate("outage"),
+    ] {
+        if declared.serves(&primitive) {
+            let view = client.primitive(&primitive)?;
+            cx.take_and_release(&view, &key).await?;
+            views.push((primitive.name(), view));
+        }
+    }
     outage.control.stop().await?;
     let result = async {
         let start = Instant::now();
@@ -41,6 +54,16 @@ pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
             "acquire with a {wait:?} deadline took {:?} to fail",
             start.elapsed()
         );
+        for (name, view) in &views {
+            let start = Instant::now();
+            let attempt = view.try_acquire(&key, &cx.opts(ttl)).await;
+            unavailable(name, attempt.map(|lease| lease.is_some()))?;
+            ensure!(
+                start.elapsed() <= ttl + cx.slack(),
+                "the {name} took {:?} to fail",
+                start.elapsed()
+            );
+        }
         anyhow::Ok(())
     }
     .await;
@@ -52,7 +75,7 @@ pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
         match client.try_acquire(&key, &cx.opts(ttl)).await {
             Ok(Some(lease)) => {
                 lease.release().await?;
-                return Ok(());
+                break;
             }
             Ok(None) => bail!("the key is busy after the restart"),
             Err(e) if start.elapsed() > recovery => {
@@ -61,6 +84,14 @@ pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
+    for (name, view) in &views {
+        let lease = view
+            .try_acquire(&key, &cx.opts(ttl))
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the {name} is busy after the restart"))?;
+        lease.release().await?;
+    }
+    Ok(())
 }
 
 /// Checks that `op` failed as unavailable; `Ok(true)` means it took the lock.

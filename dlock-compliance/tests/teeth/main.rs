@@ -4,6 +4,7 @@
 
 mod broken;
 mod link;
+mod primitives;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,7 @@ use dlock_compliance::suite::{self, Case};
 use dlock_compliance::Subject;
 use dlock_core::DistributedLock;
 use libtest_mimic::{Arguments, Failed, Trial};
+use primitives::{BrokenPrimitives, PrimitiveDefect};
 
 /// Which lock service a subject runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +59,18 @@ fn subject(service_kind: Service) -> Subject {
                 Arc::new(link::Linked::new(inner, addr, replaces_silent));
             Ok(client)
         }
+    })
+}
+
+/// The in-process service whose primitives have `defect` (or none); its lock is correct.
+fn primitives_subject(defect: Option<PrimitiveDefect>) -> Subject {
+    let service = BrokenPrimitives::new(defect);
+    let capabilities = service.capabilities();
+    let client: Arc<dyn DistributedLock> = Arc::new(service);
+    let name = defect.map_or("correct primitives", PrimitiveDefect::name);
+    Subject::new(name, capabilities, move || {
+        let client = client.clone();
+        async move { Ok(client) }
     })
 }
 
@@ -111,6 +125,36 @@ fn main() {
         })
     })
     .collect();
+    trials.push(Trial::test(
+        "teeth::correct_primitives_pass_every_case",
+        || {
+            let failed = failing_cases(&primitives_subject(None))
+                .map_err(|e| Failed::from(e.to_string()))?;
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                let lines: Vec<String> = failed.iter().map(|(c, e)| format!("{c}: {e}")).collect();
+                Err(format!("the correct primitives failed:\n{}", lines.join("\n")).into())
+            }
+        },
+    ));
+    for defect in PrimitiveDefect::ALL {
+        let table = table.clone();
+        let name = format!("teeth::{}", defect.name().replace([' ', '-'], "_"));
+        trials.push(Trial::test(name, move || {
+            let failed = failing_cases(&primitives_subject(Some(defect)))
+                .map_err(|e| Failed::from(e.to_string()))?;
+            let caught: Vec<&'static str> = failed.iter().map(|(case, _)| *case).collect();
+            if let Ok(mut table) = table.lock() {
+                table.insert(defect.name(), caught.clone());
+            }
+            if caught.is_empty() {
+                Err(format!("no case caught the defect \"{}\"", defect.name()).into())
+            } else {
+                Ok(())
+            }
+        }));
+    }
     for defect in Defect::ALL {
         let table = table.clone();
         let name = format!("teeth::{}", defect.name().replace([' ', '-'], "_"));
