@@ -325,3 +325,25 @@ async fn look(
     }
     Ok(Holding::Held(Holder::new()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode_key, encode_key};
+
+    #[test]
+    fn primitive_paths_never_name_a_lock() {
+        for key in ["a", "a%rw", "a/b", "%", "x%semaphore-__lock__"] {
+            let stem = encode_key(key);
+            for suffix in [
+                RW_SUFFIX.to_owned(),
+                ELECTION_SUFFIX.to_owned(),
+                SEMAPHORE_SUFFIX.to_owned(),
+                semaphore_lock_path(SEMAPHORE_SUFFIX),
+            ] {
+                let name = format!("{stem}{suffix}");
+                assert_eq!(decode_key(&name), None, "{name} decodes as a lock key");
+            }
+        }
+    }
+}

@@ -774,3 +774,45 @@ pub async fn a_kazoo_28_reader_waits_for_a_later_writer(env: Env) -> anyhow::Res
     );
     Ok(())
 }
+
+/// Waiting permits are served in the order they came: each waits in the semaphore's lock queue,
+/// and the first of them keeps the lock until a lease goes.
+pub async fn semaphore_waiters_are_served_in_order(env: Env) -> anyhow::Result<()> {
+    let lock = dlock(&env, "order").await?;
+    let key = key("order");
+    let sem = lock.semaphore(&key, 1)?;
+    let held = sem.acquire(&opts()).await?;
+    let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for name in ["first", "second", "third"] {
+        let sem = sem.clone();
+        let tx = tx.clone();
+        waiters.push(tokio::spawn(async move {
+            let lease = sem
+                .acquire(&opts().with_wait(Duration::from_secs(30)))
+                .await?;
+            let _ = tx.send(name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            lease.release().await?;
+            anyhow::Ok(())
+        }));
+        // Queued one after the other.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    held.release().await?;
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let name = tokio::time::timeout(Duration::from_secs(20), served.recv())
+            .await?
+            .context("a waiter ended without a permit")?;
+        order.push(name);
+    }
+    for waiter in waiters {
+        waiter.await??;
+    }
+    ensure!(
+        order == ["first", "second", "third"],
+        "served in the order {order:?}"
+    );
+    Ok(())
+}

@@ -44,6 +44,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(primitives::cancelled_acquires_leave_no_node),
         case!(primitives::tokens_grow_in_grant_order),
         case!(primitives::a_kazoo_28_reader_waits_for_a_later_writer),
+        case!(primitives::semaphore_waiters_are_served_in_order),
     ]
 }
 
