@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{DistributedLock, DistributedLockExt, Lease, LockOptions, Metered, Traced};
+use dlock_core::{
+    DistributedLock, DistributedLockExt, Leadership, Lease, LockOptions, Metered, Traced,
+};
 use futures::future::BoxFuture;
 
 /// Something that takes a named lock and gives it back.
@@ -52,6 +54,21 @@ pub enum Kind {
     Layered,
     Floor,
     Peer,
+    /// One of dlock's primitives, compared with dlock's lock and with the peer's recipe for the
+    /// same primitive.
+    Primitive(Recipe),
+    /// A peer's recipe for a primitive.
+    PrimitivePeer(Recipe),
+}
+
+/// Which primitive a side measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recipe {
+    /// One permit of a one-permit semaphore: taken and given back.
+    Permit,
+    /// A campaign that wins, then a resignation; on the hot key, the hand-over between leaders.
+    Election,
 }
 
 /// One row of a backend's comparison.
@@ -91,6 +108,42 @@ impl Side {
             locker: Arc::new(Dlock::new(layered)),
             connect: None,
         }
+    }
+
+    /// dlock's primitives on `locks`, where the backend declares them: a one-permit semaphore
+    /// and an election, each with contenders of their own on the hot key.
+    pub fn primitives(locks: &Arc<dyn DistributedLock>, client: &Client) -> Vec<Side> {
+        let declared = locks.capabilities().primitives;
+        let mut sides = Vec::new();
+        for (recipe, label, served) in [
+            (
+                Recipe::Permit,
+                "dlock semaphore: 1 permit",
+                declared.semaphore,
+            ),
+            (
+                Recipe::Election,
+                "dlock election: campaign + resign",
+                declared.election,
+            ),
+        ] {
+            if !served {
+                continue;
+            }
+            let client = client.clone();
+            sides.push(Side {
+                kind: Kind::Primitive(recipe),
+                label: label.to_owned(),
+                locker: Arc::new(Primitive::new(locks.clone(), recipe)),
+                connect: Some(Arc::new(move || {
+                    let connecting = client();
+                    Box::pin(async move {
+                        Ok(Arc::new(Primitive::new(connecting.await?, recipe)) as Arc<dyn Locker>)
+                    })
+                })),
+            });
+        }
+        sides
     }
 
     /// A floor: bare round trips, no exclusion, so no hot key.
@@ -136,6 +189,48 @@ impl Dlock {
 impl Locker for Dlock {
     async fn acquire(&self, key: &str) -> anyhow::Result<Held> {
         Ok(Box::new(self.locks.acquire(key, &self.opts).await?))
+    }
+}
+
+/// A dlock primitive held like a lock: a permit, or a leadership.
+pub struct Primitive {
+    locks: Arc<dyn DistributedLock>,
+    recipe: Recipe,
+    opts: LockOptions,
+}
+
+impl Primitive {
+    /// A 30 s lease, waiting up to a minute, as [`Dlock::new`].
+    pub fn new(locks: Arc<dyn DistributedLock>, recipe: Recipe) -> Self {
+        let opts = Dlock::new(locks.clone()).opts;
+        Primitive {
+            locks,
+            recipe,
+            opts,
+        }
+    }
+}
+
+#[async_trait]
+impl Locker for Primitive {
+    async fn acquire(&self, key: &str) -> anyhow::Result<Held> {
+        Ok(match self.recipe {
+            Recipe::Permit => Box::new(self.locks.semaphore(key, 1)?.acquire(&self.opts).await?),
+            Recipe::Election => Box::new(
+                self.locks
+                    .election(key)?
+                    .campaign("bench", &self.opts)
+                    .await?,
+            ),
+        })
+    }
+}
+
+#[async_trait]
+impl Release for Leadership {
+    async fn release(self: Box<Self>) -> anyhow::Result<()> {
+        Leadership::resign(*self).await?;
+        Ok(())
     }
 }
 

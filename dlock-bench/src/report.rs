@@ -64,6 +64,23 @@ fn ratios(value: Option<f64>, floor: Option<f64>, peer: Option<f64>) -> String {
     }
 }
 
+/// `1.1× lock, 0.9× peer` for a primitive: against dlock's lock on the same backend and against
+/// the peer's recipe for the same primitive.
+fn primitive_ratios(value: Option<f64>, lock: Option<f64>, peer: Option<f64>) -> String {
+    let mut parts = Vec::new();
+    if let Some(r) = ratio(value, lock) {
+        parts.push(format!("{r:.2}× lock"));
+    }
+    if let Some(r) = ratio(value, peer) {
+        parts.push(format!("{r:.2}× peer"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
 /// The one table: a row per side; dlock's rows carry the ratios and the backend-wide figures.
 pub fn table(report: &Report) -> String {
     let mut out = String::new();
@@ -87,7 +104,11 @@ pub fn table(report: &Report) -> String {
                 Kind::Dlock => ratios(Some(value), floor.map(pick), peer.map(pick)),
                 Kind::Layered => ratio(Some(value), plain.map(pick))
                     .map_or(String::new(), |r| format!(" ({r:.2}× without layers)")),
-                Kind::Floor | Kind::Peer => String::new(),
+                Kind::Primitive(recipe) => {
+                    let recipe_peer = backend.side(Kind::PrimitivePeer(recipe));
+                    primitive_ratios(Some(value), plain.map(pick), recipe_peer.map(pick))
+                }
+                Kind::Floor | Kind::Peer | Kind::PrimitivePeer(_) => String::new(),
             };
             let mut cells = vec![
                 if is_dlock {
@@ -115,11 +136,17 @@ pub fn table(report: &Report) -> String {
             }
             match &side.hot_key {
                 Some(hot) => {
-                    let peer_rate = peer.and_then(|p| p.hot_key).map(|h| h.handoffs_per_s);
-                    let ratio = if is_dlock {
-                        ratios(Some(hot.handoffs_per_s), None, peer_rate)
-                    } else {
-                        String::new()
+                    let rate_of = |s: Option<&SideReport>| {
+                        s.and_then(|s| s.hot_key).map(|h| h.handoffs_per_s)
+                    };
+                    let ratio = match side.kind {
+                        Kind::Dlock => ratios(Some(hot.handoffs_per_s), None, rate_of(peer)),
+                        Kind::Primitive(recipe) => primitive_ratios(
+                            Some(hot.handoffs_per_s),
+                            rate_of(plain),
+                            rate_of(backend.side(Kind::PrimitivePeer(recipe))),
+                        ),
+                        _ => String::new(),
                     };
                     cells.push(format!(
                         "{}{ratio}{}",

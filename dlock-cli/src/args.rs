@@ -7,8 +7,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::exit;
 
-/// Run a command while holding a distributed lock, show who holds one, list the held locks, or
-/// evict a stuck holder.
+/// Run a command while holding a distributed lock (or a semaphore permit, or one side of a
+/// read-write lock), run it while leading an election, show who holds a lock or leads an
+/// election, list the held locks, or evict a stuck holder.
 ///
 /// The lock service is named by a URL, as for dlock::connect: memory://, redis://host:6379,
 /// rediss://…, redis+sentinel://h1:26379,h2:26379/mymaster, zk://h1:2181,h2:2181/chroot,
@@ -31,7 +32,11 @@ pub struct Cli {
 pub enum Command {
     /// Take the lock, run COMMAND while holding it (renewing it), release it.
     ///
-    /// The command sees the lease's fencing token in DLOCK_FENCING_TOKEN and the key in
+    /// With --permits N it takes one of the N permits of the semaphore KEY instead, so that up
+    /// to N commands run at once; with --read or --write, the read or the write side of the
+    /// read-write lock KEY (any number of readers, or one writer). Without these, run takes the
+    /// plain lock KEY, which is independent of the semaphore and the read-write lock of the same
+    /// name. The command sees the lease's fencing token in DLOCK_FENCING_TOKEN and the key in
     /// DLOCK_KEY; pass the token to the resource you write to, so it can reject a holder whose
     /// lease already ended. SIGINT and SIGTERM sent to dlock are passed on to the command. If the
     /// lease is lost (the service cannot be reached for longer than the lease is valid, or the
@@ -39,6 +44,24 @@ pub enum Command {
     /// with 76. Otherwise dlock exits with the command's status.
     #[command(after_help = exit::TABLE)]
     Run(RunArgs),
+    /// Campaign in the election KEY with --value, run COMMAND while leading (renewing the
+    /// leadership), resign when it ends.
+    ///
+    /// Waits until no other candidate leads (up to --wait), then runs the command; it sees its
+    /// term (the leadership's fencing token, greater for every later leader) in
+    /// DLOCK_FENCING_TOKEN and the election's name in DLOCK_KEY. When the command ends, dlock
+    /// resigns at once, so the next candidate takes over, and exits with the command's status.
+    /// SIGINT and SIGTERM sent to dlock are passed on to the command. If the leadership is lost,
+    /// the command gets SIGTERM, then SIGKILL after --grace, and dlock exits with 76.
+    #[command(after_help = exit::TABLE)]
+    Elect(ElectArgs),
+    /// Show who leads the election KEY: the leader's value and term.
+    ///
+    /// Exits with 0 when nobody leads and 75 when someone does, as status does for a free and
+    /// a held lock. With --watch, prints the current leader (if any) and then each new leader as
+    /// it takes over, one line each, in increasing term order, until interrupted.
+    #[command(after_help = exit::TABLE)]
+    Leader(LeaderArgs),
     /// Show who holds the lock and who waits for it, without taking it.
     ///
     /// Prints the holder (its owner record: label, host and pid; how long it has held the lock;
@@ -65,6 +88,58 @@ pub enum Command {
     /// its next renewal. Exits with 0 when the holder was evicted or the lock was free.
     #[command(after_help = exit::TABLE)]
     Unlock(UnlockArgs),
+}
+
+/// `dlock elect`'s arguments.
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// Which election.
+    #[command(flatten)]
+    pub target: ElectionTarget,
+    /// What this candidate publishes while it leads, for `dlock leader` and other observers (its
+    /// address, say): 1 to 1024 bytes.
+    #[arg(long)]
+    pub value: String,
+    /// How long the service keeps the leadership if dlock goes silent; renewed every third of it
+    /// while the command runs. Default: the URL's ttl parameter, else 30s.
+    #[arg(long, value_parser = dlock::parse_duration)]
+    pub ttl: Option<Duration>,
+    /// How long to wait while another candidate leads; 0 tries once. Default: the URL's wait
+    /// parameter, else wait until this candidate leads.
+    #[arg(long, value_parser = dlock::parse_duration)]
+    pub wait: Option<Duration>,
+    /// How long the command has to exit after SIGTERM, once the leadership is lost, before
+    /// SIGKILL.
+    #[arg(long, value_parser = dlock::parse_duration, default_value = "10s")]
+    pub grace: Duration,
+    /// The command and its arguments (after --).
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// `dlock leader`'s arguments.
+#[derive(Debug, Args)]
+pub struct LeaderArgs {
+    /// Which election.
+    #[command(flatten)]
+    pub target: ElectionTarget,
+    /// Keep watching: print each new leader as it takes over, until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+    /// Print a JSON object (one line per leader with --watch) instead of text (for scripts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which election.
+#[derive(Debug, Args)]
+pub struct ElectionTarget {
+    /// The lock service's URL, as for `run`.
+    #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
+    pub url: String,
+    /// The election's name (1 to 1024 bytes).
+    #[arg(long)]
+    pub key: String,
 }
 
 /// `dlock status`'s arguments.
@@ -137,6 +212,25 @@ pub struct RunArgs {
     /// How long the command has to exit after SIGTERM, once the lease is lost, before SIGKILL.
     #[arg(long, value_parser = dlock::parse_duration, default_value = "10s")]
     pub grace: Duration,
+    /// Run under one of the N permits of the semaphore KEY instead of the lock: up to N
+    /// commands hold a permit at once. Every client of KEY must pass the same N (1 to 10000);
+    /// while the semaphore is in use, another N is refused (exit 64).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(dlock::MAX_PERMITS)),
+        conflicts_with_all = ["read", "write"]
+    )]
+    pub permits: Option<u32>,
+    /// Run under the read side of the read-write lock KEY: shared with other --read runs, never
+    /// with a --write run, and held back while a --write run waits.
+    #[arg(long, conflicts_with = "write")]
+    pub read: bool,
+    /// Run under the write side of the read-write lock KEY: alone, after every reader has left.
+    /// (Without --read or --write, run takes the plain lock KEY, another thing than the
+    /// read-write lock of that name.)
+    #[arg(long)]
+    pub write: bool,
     /// The command and its arguments (after --).
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,

@@ -10,22 +10,33 @@ use dlock::Error;
 /// The help text's table of exit codes (also in the README).
 pub const TABLE: &str = "\
 Exit codes:
-  (child's)  run: the command's own exit status; 128+N if it died of signal N
-  0          status: the lock is free; list: listed; unlock: evicted, or free
+  (child's)  run, elect: the command's own exit status; 128+N if it died of
+             signal N
+  0          status: the lock is free; leader: nobody leads; list: listed;
+             unlock: evicted, or free
   1          unlock: not confirmed, nothing changed
   3          status: the backend cannot tell without taking the lock, or its
              servers disagree
-  64         usage: bad arguments, URL, parameter or duration (EX_USAGE)
-  69         the lock service is unavailable or failed (EX_UNAVAILABLE)
-  75         run: the lock is busy and the wait ended, the command did not run;
-             status: the lock is held (EX_TEMPFAIL, as with flock -E 75);
-             unlock: the lock changed hands since it was shown, nothing changed
-  76         run: the lease was lost while the command ran; it was stopped
+  64         usage: bad arguments, URL, parameter or duration; run --permits:
+             another N than the semaphore's holders use (EX_USAGE)
+  69         the lock service is unavailable, failed, or does not serve the
+             primitive asked for (EX_UNAVAILABLE)
+  75         run: the lock is busy (every permit held, a writer or readers in
+             the way) and the wait ended, the command did not run;
+             elect: another candidate leads and the wait ended, the command
+             did not run; status: the lock is held; leader: someone leads
+             (EX_TEMPFAIL, as with flock -E 75); unlock: the lock changed
+             hands since it was shown, nothing changed
+  76         run: the lease was lost while the command ran; elect: the
+             leadership was lost while the command ran; it was stopped
              (SIGTERM, then SIGKILL after --grace)
-  126        run: the command could not be executed
-  127        run: the command was not found";
+  126        run, elect: the command could not be executed
+  127        run, elect: the command was not found
+  128+N      run, elect: dlock got signal N while waiting (nothing ran);
+             leader --watch: ended by signal N; leader: 141 (as SIGPIPE)
+             when its output cannot be written";
 
-/// `status`: the lock is free.
+/// `status`: the lock is free; `leader`: nobody leads.
 pub const FREE: u8 = 0;
 /// `unlock`: the eviction was not confirmed; nothing changed.
 pub const NOT_CONFIRMED: u8 = 1;
@@ -35,14 +46,21 @@ pub const UNKNOWN: u8 = 3;
 pub const USAGE: u8 = 64;
 /// The lock service could not be reached or failed (EX_UNAVAILABLE).
 pub const UNAVAILABLE: u8 = 69;
-/// The lock is busy: `run` gave up waiting, `status` found it held (EX_TEMPFAIL).
+/// The lock is busy: `run` or `elect` gave up waiting, `status` found it held, `leader` found a
+/// leader (EX_TEMPFAIL).
 pub const BUSY: u8 = 75;
-/// `run`: the lease was lost while the command ran, and the command was stopped.
+/// `run`, `elect`: the lease or leadership was lost while the command ran, and the command was
+/// stopped.
 pub const LOST: u8 = 76;
-/// `run`: the command exists but could not be executed.
+/// `run`, `elect`: the command exists but could not be executed.
 pub const CANNOT_EXECUTE: u8 = 126;
-/// `run`: the command was not found.
+/// `run`, `elect`: the command was not found.
 pub const NOT_FOUND: u8 = 127;
+
+/// The shell's convention for a process ended by `signal`: 128 + its number.
+pub fn signalled(signal: nix::sys::signal::Signal) -> u8 {
+    128 + signal as u8
+}
 
 /// Why `dlock` stops early: an exit code and a message for one line of standard error.
 #[derive(Debug)]
@@ -65,7 +83,7 @@ impl Failure {
 impl From<Error> for Failure {
     fn from(error: Error) -> Self {
         let code = match &error {
-            Error::InvalidInput { .. } => USAGE,
+            Error::InvalidInput { .. } | Error::Mismatch { .. } => USAGE,
             Error::Timeout { .. } => BUSY,
             _ => UNAVAILABLE,
         };

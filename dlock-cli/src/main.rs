@@ -1,8 +1,13 @@
-//! `dlock`: run a command while holding a distributed lock, show who holds a lock, list the
-//! held locks, or evict a stuck holder.
+//! `dlock`: run a command while holding a distributed lock (or a semaphore permit, or one side
+//! of a read-write lock), run one while leading an election, show who holds a lock or leads an
+//! election, list the held locks, or evict a stuck holder.
 //!
 //! ```sh
 //! dlock run --url redis://localhost:6379 --key nightly-report --ttl 30s --wait 0 -- ./report.sh
+//! dlock run --url redis://localhost:6379 --key crawlers --permits 4 -- ./crawl.sh
+//! dlock run --url redis://localhost:6379 --key config --read -- ./render.sh
+//! dlock elect --url redis://localhost:6379 --key scheduler --value "$HOSTNAME" -- ./schedule.sh
+//! dlock leader --url redis://localhost:6379 --key scheduler [--watch] [--json]
 //! dlock status --url redis://localhost:6379 --key nightly-report [--json]
 //! dlock list --url redis://localhost:6379 [PREFIX] [--json]
 //! dlock unlock --force --url redis://localhost:6379 --key nightly-report [--yes]
@@ -12,7 +17,9 @@
 //! for `dlock::connect`, also taken from `DLOCK_URL`.
 
 mod args;
+mod elect;
 mod exit;
+mod leader;
 mod list;
 mod run;
 mod status;
@@ -49,6 +56,8 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args, trace).await,
+            Command::Elect(args) => elect::elect(args, trace).await,
+            Command::Leader(args) => leader::leader(args, trace).await,
             Command::Status(args) => status::status(args, trace).await,
             Command::List(args) => list::list(args, trace).await,
             Command::Unlock(args) => unlock::unlock(args, trace).await,

@@ -1,4 +1,4 @@
-//! How `status` and `list` show a lock: one line (and a line per queued waiter) for people,
+//! How `status` and `list` show a lock, and `leader` an election's leader: one line (and a line per queued waiter) for people,
 //! one JSON object for scripts (`--json`).
 //!
 //! The JSON object of a lock:
@@ -14,7 +14,7 @@
 //! backend cannot tell is `null` (`fencing`, `expires_in_ms`, `owner`, `waiting`); `age_ms`
 //! comes from the owner record's `since`, on the taker's clock.
 
-use dlock::{Holder, Holding, OwnerRecord};
+use dlock::{Holder, Holding, Leader, OwnerRecord};
 use serde::Serialize;
 
 /// One lock as `--json` shows it.
@@ -137,4 +137,66 @@ pub fn table(rows: &[(&str, &Holder)]) -> Vec<String> {
         lines.push(format!("{key:<width$}  {token:>8}  {age:>8}  {owner}"));
     }
     lines
+}
+
+/// An election's leader as `leader` shows it: one line for people, one JSON object for scripts.
+///
+/// ```text
+/// {"key":"scheduler","leader":{"value":"10.0.0.7:8080","term":12,
+///  "owner":{"host":"web-1","pid":4242,"since":"2026-11-26T03:40:00.123Z"}}}
+/// {"key":"scheduler","leader":null}
+/// ```
+///
+/// A field the backend cannot tell is `null` (`value`, `term`, `owner`).
+#[derive(Debug, Serialize)]
+pub struct LeaderView<'a> {
+    key: &'a str,
+    leader: Option<LeaderFields<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct LeaderFields<'a> {
+    value: Option<&'a str>,
+    term: Option<u64>,
+    owner: Option<&'a OwnerRecord>,
+}
+
+impl<'a> LeaderView<'a> {
+    /// `key`'s leader, or nobody.
+    pub fn new(key: &'a str, leader: Option<&'a Leader>) -> Self {
+        LeaderView {
+            key,
+            leader: leader.map(|leader| LeaderFields {
+                value: leader.value.as_deref(),
+                term: leader.term.map(|t| t.0),
+                owner: leader.owner.as_ref(),
+            }),
+        }
+    }
+
+    /// `scheduler: led by "10.0.0.7:8080" (term 12), owner web-1 (pid 4242)`, or
+    /// `scheduler: no leader`. The value is quoted, so that one leader is always one line.
+    pub fn line(&self) -> String {
+        let key = self.key;
+        let Some(leader) = &self.leader else {
+            return format!("{key}: no leader");
+        };
+        let value = leader.value.map_or_else(
+            || "a leader without a value".to_owned(),
+            |v| format!("{v:?}"),
+        );
+        let term = leader
+            .term
+            .map_or_else(|| "term unknown".to_owned(), |t| format!("term {t}"));
+        match leader.owner {
+            Some(owner) => format!("{key}: led by {value} ({term}), owner {owner}"),
+            None => format!("{key}: led by {value} ({term})"),
+        }
+    }
+
+    /// The object as one line of JSON.
+    pub fn json(&self) -> String {
+        // Strings, integers and a record of strings and integers always serialize.
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }

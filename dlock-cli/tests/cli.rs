@@ -1,7 +1,8 @@
 //! The `dlock` binary end to end: its arguments and errors without a server, `run` and `status`
 //! against a real Redis server in a container (one server for all trials, each trial on keys of
 //! its own), and `status` against etcd and three Redlock masters, whose holders' tokens it can
-//! tell.
+//! tell. The primitives run across processes on Redis: `run --permits`, `run --read` and
+//! `--write`, `elect` and `leader --watch`.
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
@@ -13,6 +14,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
@@ -47,8 +49,16 @@ fn main() {
             "trace_shows_each_call_on_stderr",
             trace_shows_each_call_on_stderr,
         ),
+        Trial::test(
+            "memory_primitives_export_their_tokens",
+            memory_primitives_export_their_tokens,
+        ),
+        Trial::test(
+            "memory_leader_shows_nobody_with_0",
+            memory_leader_shows_nobody_with_0,
+        ),
     ];
-    let server_trials: [(&str, ServerTrial); 14] = [
+    let server_trials: [(&str, ServerTrial); 20] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -95,6 +105,30 @@ fn main() {
         (
             "redis_fence_ttl_from_the_url_reaches_the_counter",
             fence_ttl_from_the_url_reaches_the_counter,
+        ),
+        (
+            "redis_run_permits_two_at_once_and_a_third_waits",
+            permits_two_at_once_and_a_third_waits,
+        ),
+        (
+            "redis_run_read_shares_and_write_waits",
+            readers_share_and_a_writer_waits,
+        ),
+        (
+            "redis_elect_hands_over_and_leader_watch_sees_both_terms",
+            elect_hands_over_and_leader_watch_sees_both_terms,
+        ),
+        (
+            "redis_lost_leadership_stops_the_command_76",
+            lost_leadership_stops_the_command,
+        ),
+        (
+            "redlock_run_permits_is_unsupported_69",
+            redlock_run_permits_is_unsupported,
+        ),
+        (
+            "redis_interrupted_campaign_runs_nothing_143",
+            interrupted_campaign_runs_nothing,
         ),
     ];
 
@@ -335,7 +369,13 @@ fn one_line_error(output: &Output, needle: &str) -> Result<(), Failed> {
 }
 
 fn help_for_every_command() -> Result<(), Failed> {
-    for args in [&["--help"][..], &["run", "--help"], &["status", "--help"]] {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["status", "--help"],
+        &["elect", "--help"],
+        &["leader", "--help"],
+    ] {
         let output = run_to_end(dlock().args(args));
         let stdout = text(&output.stdout);
         ensure!(code(&output) == 0, "{args:?} exited {}", code(&output));
@@ -351,9 +391,28 @@ fn help_for_every_command() -> Result<(), Failed> {
         "--ttl",
         "--wait",
         "--grace",
+        "--permits",
+        "--read",
+        "--write",
         "DLOCK_FENCING_TOKEN",
     ] {
         ensure!(run_help.contains(flag), "run --help lacks {flag}");
+    }
+    let elect_help = text(&run_to_end(dlock().args(["elect", "--help"])).stdout);
+    for flag in [
+        "--url",
+        "--key",
+        "--value",
+        "--ttl",
+        "--wait",
+        "--grace",
+        "DLOCK_FENCING_TOKEN",
+    ] {
+        ensure!(elect_help.contains(flag), "elect --help lacks {flag}");
+    }
+    let leader_help = text(&run_to_end(dlock().args(["leader", "--help"])).stdout);
+    for flag in ["--url", "--key", "--watch", "--json"] {
+        ensure!(leader_help.contains(flag), "leader --help lacks {flag}");
     }
     // The URL may come from DLOCK_URL; its value (a password, perhaps) is never shown.
     let output = run_to_end(
@@ -369,6 +428,46 @@ fn help_for_every_command() -> Result<(), Failed> {
 }
 
 fn usage_errors_are_one_line_64() -> Result<(), Failed> {
+    let run_k = ["run", "--url", "memory://", "--key", "k"];
+    let with = |flags: &[&'static str]| -> Vec<&'static str> {
+        run_k
+            .iter()
+            .chain(flags)
+            .chain(&["--", "true"])
+            .copied()
+            .collect()
+    };
+    let primitive_cases: [(Vec<&str>, &str); 7] = [
+        (with(&["--read", "--write"]), "--write"),
+        (with(&["--permits", "2", "--read"]), "--permits"),
+        (with(&["--permits", "0"]), "--permits"),
+        (with(&["--permits", "10001"]), "--permits"),
+        (
+            vec!["elect", "--url", "memory://", "--key", "e", "--", "true"],
+            "--value",
+        ),
+        (
+            vec![
+                "elect",
+                "--url",
+                "memory://",
+                "--key",
+                "e",
+                "--value",
+                "",
+                "--",
+                "true",
+            ],
+            "value",
+        ),
+        (vec!["leader", "--url", "memory://", "--key", ""], "key"),
+    ];
+    for (args, needle) in &primitive_cases {
+        let output = run_to_end(dlock().args(args));
+        ensure!(code(&output) == 64, "{args:?} exited {}", code(&output));
+        one_line_error(&output, needle)
+            .map_err(|e| format!("{args:?}: {}", e.message().unwrap_or_default()))?;
+    }
     let cases: [(&[&str], &str); 7] = [
         (&["bogus"], "bogus"),
         (&["run", "--url", "memory://", "--key", "k"], "COMMAND"),
@@ -1015,6 +1114,568 @@ fn trace_shows_each_call_on_stderr() -> Result<(), Failed> {
     ensure!(
         text(&output.stdout).is_empty(),
         "stdout: {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
+}
+
+/// In-process, each primitive runs its command with its lease's token and key, and passes the
+/// command's status through: a permit, a read, a write, a leadership.
+fn memory_primitives_export_their_tokens() -> Result<(), Failed> {
+    let print = [
+        "sh",
+        "-c",
+        "echo \"$DLOCK_KEY $DLOCK_FENCING_TOKEN\"; exit 3",
+    ];
+    for flags in [&["--permits", "2"][..], &["--read"], &["--write"]] {
+        let output = dlock_run_to_end("memory://", "jobs/p", flags, &print);
+        exits(&output, 3)?;
+        ensure!(
+            text(&output.stdout) == "jobs/p 1\n",
+            "{flags:?} printed {:?}",
+            text(&output.stdout)
+        );
+    }
+    let output = run_to_end(
+        dlock()
+            .args([
+                "elect",
+                "--url",
+                "memory://",
+                "--key",
+                "jobs/e",
+                "--value",
+                "a:1",
+                "--",
+            ])
+            .args(print),
+    );
+    exits(&output, 3)?;
+    ensure!(
+        text(&output.stdout) == "jobs/e 1\n",
+        "elect printed {:?}",
+        text(&output.stdout)
+    );
+    let output = run_to_end(dlock().args([
+        "elect",
+        "--url",
+        "memory://",
+        "--key",
+        "e",
+        "--value",
+        "v",
+        "--",
+        "/nonexistent/command",
+    ]));
+    exits(&output, 127)?;
+    one_line_error(&output, "/nonexistent/command")
+}
+
+/// `leader` where nobody leads: `KEY: no leader` and exit 0, as `status` does for a free lock;
+/// `--json` prints the same as an object with a null leader; 141 where it cannot print.
+fn memory_leader_shows_nobody_with_0() -> Result<(), Failed> {
+    let output = run_to_end(dlock().args(["leader", "--url", "memory://", "--key", "e"]));
+    exits(&output, 0)?;
+    ensure!(
+        text(&output.stdout) == "e: no leader\n",
+        "leader printed {:?}",
+        text(&output.stdout)
+    );
+    let output = run_to_end(dlock().args(["leader", "--json", "--url", "memory://", "--key", "e"]));
+    exits(&output, 0)?;
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    ensure!(
+        json == serde_json::json!({"key": "e", "leader": null}),
+        "leader --json printed {json}"
+    );
+    // Output that cannot be written (a reader gone, a full disk) ends it as SIGPIPE would, not
+    // with a panic.
+    let output = dlock()
+        .args(["leader", "--url", "memory://", "--key", "e"])
+        .stdout(std::fs::File::create("/dev/full")?)
+        .output()?;
+    exits(&output, 141)?;
+    ensure!(output.stderr.is_empty(), "stderr: {}", text(&output.stderr));
+    Ok(())
+}
+
+/// A shell loop that waits until `gate` exists (the test creates it to let the command end),
+/// or at most about twice [`PATIENCE`], so that no command outlives a failed trial for long.
+fn until_exists(gate: &Path) -> String {
+    format!(
+        "i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done",
+        gate.display()
+    )
+}
+
+/// The processes a trial started. Those still running when it ends — a trial that failed half
+/// way — get SIGTERM, which `dlock` passes on to its command, then SIGKILL.
+#[derive(Default)]
+struct Running(Vec<Option<Child>>);
+
+impl Running {
+    /// Starts `command` (as [`spawn`]); the number names it for [`finish`](Self::finish).
+    fn start(&mut self, command: &mut Command) -> Result<usize, Failed> {
+        self.0.push(Some(spawn(command)?));
+        Ok(self.0.len() - 1)
+    }
+
+    /// Starts `command` with its standard output going to the file `out`, to be read while it
+    /// runs.
+    fn start_to(&mut self, command: &mut Command, out: &Path) -> Result<usize, Failed> {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(out)?)
+            .stderr(Stdio::piped())
+            .spawn()?;
+        self.0.push(Some(child));
+        Ok(self.0.len() - 1)
+    }
+
+    /// Sends `signal` to process `which`.
+    fn signal(&self, which: usize, signal: nix::sys::signal::Signal) -> Result<(), Failed> {
+        let child = self.0[which]
+            .as_ref()
+            .ok_or("the process has already finished")?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+        nix::sys::signal::kill(pid, signal)?;
+        Ok(())
+    }
+
+    /// The process id of process `which`.
+    fn pid(&self, which: usize) -> u32 {
+        self.0[which].as_ref().map_or(0, Child::id)
+    }
+
+    /// Waits for process `which` to exit (as [`finish`]).
+    fn finish(&mut self, which: usize) -> Result<Output, Failed> {
+        let child = self.0[which]
+            .take()
+            .ok_or("the process has already finished")?;
+        finish(child)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let left: Vec<Child> = self.0.iter_mut().filter_map(Option::take).collect();
+        for child in &left {
+            let _ = sigterm(child);
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        for mut child in left {
+            while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Creates `gate`, letting the commands that wait for it end.
+fn open_gate(gate: &Path) -> Result<(), Failed> {
+    std::fs::write(gate, "")?;
+    Ok(())
+}
+
+/// The lines of `path` that start with `prefix`, without it.
+fn lines_after(path: &Path, prefix: &str) -> Vec<String> {
+    read(path)
+        .lines()
+        .filter_map(|line| line.strip_prefix(prefix).map(str::to_owned))
+        .collect()
+}
+
+/// Waits until `path` has `count` lines starting with `prefix`.
+fn wait_for_lines(path: &Path, prefix: &str, count: usize) -> Result<(), Failed> {
+    let until = Instant::now() + PATIENCE;
+    while Instant::now() < until {
+        if lines_after(path, prefix).len() >= count {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!(
+        "{} never had {count} {prefix:?} lines: {:?}",
+        path.display(),
+        read(path)
+    )
+    .into())
+}
+
+/// Three `dlock run --permits 2` on one semaphore: two run at once, the third waits until one
+/// of them ends; a fourth that does not wait is busy (75), and one that names another number of
+/// permits is refused (64); neither runs its command. Every holder has a token of its own.
+fn permits_two_at_once_and_a_third_waits(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("permits");
+    let (log, go) = (dir.join("log"), dir.join("go"));
+    let script = format!(
+        "echo \"+ $DLOCK_FENCING_TOKEN\" >> {0}; {1}; echo \"- $DLOCK_FENCING_TOKEN\" >> {0}",
+        log.display(),
+        until_exists(&go)
+    );
+    let key = format!("cli-permits-{}", std::process::id());
+    let options = ["--permits", "2", "--ttl", "5s", "--wait", "60s"];
+    let mut running = Running::default();
+    let holders = (0..3)
+        .map(|_| {
+            running.start(&mut dlock_run(
+                &servers.url,
+                &key,
+                &options,
+                &["sh", "-c", &script],
+            ))
+        })
+        .collect::<Result<Vec<usize>, Failed>>()?;
+    wait_for_lines(&log, "+ ", 2)?;
+    // Time for a third permit to be handed out, were there one.
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(
+        lines_after(&log, "+ ").len() == 2,
+        "three hold a permit of two: {:?}",
+        read(&log)
+    );
+    let marker = dir.join("ran").display().to_string();
+    let output = dlock_run_to_end(
+        &servers.url,
+        &key,
+        &["--permits", "2", "--wait", "0"],
+        &["touch", &marker],
+    );
+    exits(&output, 75)?;
+    one_line_error(&output, "busy")?;
+    let output = dlock_run_to_end(
+        &servers.url,
+        &key,
+        &["--permits", "3", "--wait", "0"],
+        &["touch", &marker],
+    );
+    exits(&output, 64)?;
+    one_line_error(&output, "in use with other settings")?;
+    never_ran(&marker)?;
+    open_gate(&go)?;
+    for holder in holders {
+        exits(&running.finish(holder)?, 0)?;
+    }
+    // At most two between their + and - lines at any time; three tokens of their own.
+    let (mut inside, mut most) = (0, 0);
+    for line in read(&log).lines() {
+        if line.starts_with("+ ") {
+            inside += 1;
+            most = most.max(inside);
+        } else {
+            inside -= 1;
+        }
+    }
+    let tokens: BTreeSet<String> = lines_after(&log, "+ ").into_iter().collect();
+    ensure!(
+        most == 2 && tokens.len() == 3 && read(&log).lines().count() == 6,
+        "the permits' log: {:?}",
+        read(&log)
+    );
+    Ok(())
+}
+
+/// Two `dlock run --read` hold one read-write lock at once; a `run --write` waits for both to
+/// end, and while it waits, a new reader is held back (busy, 75) rather than let in before it.
+/// The plain lock of the same name is another thing: free meanwhile. The writer's token is
+/// greater than both readers'.
+fn readers_share_and_a_writer_waits(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("rw");
+    let (log, go) = (dir.join("log"), dir.join("go"));
+    let reader = format!(
+        "echo \"r+ $DLOCK_FENCING_TOKEN\" >> {0}; {1}; echo \"r- $DLOCK_FENCING_TOKEN\" >> {0}",
+        log.display(),
+        until_exists(&go)
+    );
+    let key = format!("cli-rw-{}", std::process::id());
+    let mut running = Running::default();
+    let readers = (0..2)
+        .map(|_| {
+            running.start(&mut dlock_run(
+                &servers.url,
+                &key,
+                &["--read", "--ttl", "5s", "--wait", "60s"],
+                &["sh", "-c", &reader],
+            ))
+        })
+        .collect::<Result<Vec<usize>, Failed>>()?;
+    wait_for_lines(&log, "r+ ", 2)?;
+    let writer_script = format!("echo \"w $DLOCK_FENCING_TOKEN\" >> {}", log.display());
+    let writer = running.start(&mut dlock_run(
+        &servers.url,
+        &key,
+        &["--write", "--ttl", "5s", "--wait", "60s"],
+        &["sh", "-c", &writer_script],
+    ))?;
+    // Once the writer waits, a reader that does not wait is turned away.
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let output = dlock_run_to_end(&servers.url, &key, &["--read", "--wait", "0"], &["true"]);
+        if code(&output) == 75 {
+            one_line_error(&output, "busy")?;
+            break;
+        }
+        exits(&output, 0)?;
+        ensure!(Instant::now() < until, "no reader was ever held back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ensure!(
+        lines_after(&log, "w ").is_empty(),
+        "the writer ran beside readers: {:?}",
+        read(&log)
+    );
+    // `run` without --read or --write takes the plain lock, which nobody holds.
+    exits(
+        &dlock_run_to_end(&servers.url, &key, &["--wait", "0"], &["true"]),
+        0,
+    )?;
+    open_gate(&go)?;
+    for reader in readers {
+        exits(&running.finish(reader)?, 0)?;
+    }
+    exits(&running.finish(writer)?, 0)?;
+    let lines: Vec<String> = read(&log).lines().map(str::to_owned).collect();
+    ensure!(
+        lines.len() == 5 && lines[4].starts_with("w "),
+        "the writer did not run alone, last: {lines:?}"
+    );
+    let tokens = |prefix: &str| -> Result<Vec<u64>, Failed> {
+        lines_after(&log, prefix)
+            .iter()
+            .map(|t| t.parse::<u64>().map_err(Failed::from))
+            .collect()
+    };
+    let (read_tokens, write_tokens) = (tokens("r+ ")?, tokens("w ")?);
+    ensure!(
+        read_tokens[0] != read_tokens[1],
+        "the readers share a token: {lines:?}"
+    );
+    ensure!(
+        write_tokens
+            .iter()
+            .all(|w| read_tokens.iter().all(|r| w > r)),
+        "the writer's token is not above the readers': {lines:?}"
+    );
+    Ok(())
+}
+
+/// `dlock elect` a, then b: b waits while a's command runs and takes over as soon as it ends
+/// (a resigns); `leader` names a with its term meanwhile (exit 75), and nobody once both ended
+/// (exit 0). Two `leader --watch`, text and `--json`, print a then b, one line each, with
+/// increasing terms — the terms the commands saw in DLOCK_FENCING_TOKEN.
+fn elect_hands_over_and_leader_watch_sees_both_terms(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("elect");
+    let (log, watched, watched_json) = (dir.join("log"), dir.join("watch"), dir.join("watch.json"));
+    let key = format!("cli-elect-{}", std::process::id());
+    let url = servers.url.as_str();
+    let leader = || {
+        let mut leader = dlock();
+        leader.args(["leader", "--url", url, "--key", &key]);
+        leader
+    };
+    let mut running = Running::default();
+    let watch = running.start_to(leader().arg("--watch"), &watched)?;
+    let watch_json = running.start_to(leader().args(["--watch", "--json"]), &watched_json)?;
+    let mut candidate = |value: &str, gate: &Path| -> Result<usize, Failed> {
+        let script = format!(
+            "echo \"{value} $DLOCK_FENCING_TOKEN\" >> {}; {}",
+            log.display(),
+            until_exists(gate)
+        );
+        running.start(dlock().args([
+            "elect", "--url", url, "--key", &key, "--value", value, "--ttl", "5s", "--wait", "60s",
+            "--", "sh", "-c", &script,
+        ]))
+    };
+    let (go_a, go_b) = (dir.join("go-a"), dir.join("go-b"));
+    let a = candidate("a", &go_a)?;
+    wait_for_lines(&log, "a ", 1)?;
+    let b = candidate("b", &go_b)?;
+    let term_a = lines_after(&log, "a ").concat();
+    let output = run_to_end(&mut leader());
+    exits(&output, 75)?;
+    // The leader's owner record is the `elect` process's.
+    let shown = format!("{key}: led by \"a\" (term {term_a}), owner ");
+    let owner = format!(" (pid {})\n", running.pid(a));
+    ensure!(
+        text(&output.stdout).starts_with(&shown) && text(&output.stdout).ends_with(&owner),
+        "leader printed {:?}, expected {shown:?}…{owner:?}",
+        text(&output.stdout)
+    );
+    let output = run_to_end(leader().arg("--json"));
+    exits(&output, 75)?;
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    ensure!(
+        json["key"] == key.as_str()
+            && json["leader"]["value"] == "a"
+            && json["leader"]["term"].as_u64() == term_a.parse().ok()
+            && json["leader"]["owner"]["pid"] == running.pid(a),
+        "leader --json printed {json}"
+    );
+    wait_for(&watched, "\"a\"")?;
+    wait_for(&watched_json, "\"a\"")?;
+    ensure!(
+        lines_after(&log, "b ").is_empty(),
+        "b led beside a: {:?}",
+        read(&log)
+    );
+    open_gate(&go_a)?;
+    exits(&running.finish(a)?, 0)?;
+    wait_for_lines(&log, "b ", 1)?;
+    let term_b = lines_after(&log, "b ").concat();
+    wait_for(&watched, "\"b\"")?;
+    wait_for(&watched_json, "\"b\"")?;
+    open_gate(&go_b)?;
+    exits(&running.finish(b)?, 0)?;
+    // A watch ends with SIGTERM or SIGINT, as the shell's convention says.
+    use nix::sys::signal::Signal;
+    for (watcher, signal, code) in [
+        (watch, Signal::SIGTERM, 143),
+        (watch_json, Signal::SIGINT, 130),
+    ] {
+        running.signal(watcher, signal)?;
+        exits(&running.finish(watcher)?, code)?;
+    }
+    let lines: Vec<String> = read(&watched).lines().map(str::to_owned).collect();
+    ensure!(
+        lines.len() == 2
+            && lines[0].starts_with(&format!("{key}: led by \"a\" (term {term_a})"))
+            && lines[1].starts_with(&format!("{key}: led by \"b\" (term {term_b})")),
+        "leader --watch printed {lines:?}"
+    );
+    let seen: Vec<(String, u64)> = read(&watched_json)
+        .lines()
+        .map(|line| {
+            let json: serde_json::Value = serde_json::from_str(line)?;
+            let leader = &json["leader"];
+            Ok((
+                leader["value"].as_str().unwrap_or_default().to_owned(),
+                leader["term"].as_u64().unwrap_or_default(),
+            ))
+        })
+        .collect::<Result<_, serde_json::Error>>()?;
+    ensure!(
+        seen == [
+            ("a".to_owned(), term_a.parse()?),
+            ("b".to_owned(), term_b.parse()?)
+        ] && seen[0].1 < seen[1].1,
+        "leader --watch --json printed {:?} (terms a {term_a}, b {term_b})",
+        read(&watched_json)
+    );
+    let output = run_to_end(&mut leader());
+    exits(&output, 0)?;
+    ensure!(
+        text(&output.stdout) == format!("{key}: no leader\n"),
+        "leader after both resigned printed {:?}",
+        text(&output.stdout)
+    );
+    Ok(())
+}
+
+/// A leader whose election vanishes from the server (its database flushed, as a data loss
+/// would) learns it at its next renewal: the command gets SIGTERM and `elect` exits with 76.
+fn lost_leadership_stops_the_command(servers: &Servers) -> Result<(), Failed> {
+    // A database of its own, so that flushing it touches no other trial's keys.
+    let url = format!("{}/7", servers.url);
+    let dir = scratch("lost-leader");
+    let log = dir.join("log");
+    let script = format!(
+        "trap 'echo terminated >> {0}; exit 0' TERM; echo started >> {0}; while :; do sleep 0.1; done",
+        log.display()
+    );
+    let key = format!("cli-lost-leader-{}", std::process::id());
+    let mut running = Running::default();
+    let child = running.start(dlock().args([
+        "elect", "--url", &url, "--key", &key, "--value", "v", "--ttl", "1500ms", "--grace", "30s",
+        "--", "sh", "-c", &script,
+    ]))?;
+    wait_for(&log, "started")?;
+    let flushed = servers.handle.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        let mut con = client.get_multiplexed_async_connection().await?;
+        redis::cmd("FLUSHDB").query_async::<()>(&mut con).await
+    });
+    flushed.map_err(|e| Failed::from(format!("FLUSHDB failed: {e}")))?;
+    let output = running.finish(child)?;
+    exits(&output, 76)?;
+    ensure!(
+        read(&log).contains("terminated"),
+        "the command got no SIGTERM: {:?}",
+        read(&log)
+    );
+    stderr_says(&output, &format!("the leadership of {key:?} is lost"))
+}
+
+/// Redlock serves no semaphore (N + 1 holders could each hold a majority of the masters):
+/// `run --permits` says so in one line and exits 69 without running the command.
+fn redlock_run_permits_is_unsupported(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("redlock-permits");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-redlock-permits-{}", std::process::id());
+    let output = dlock_run_to_end(
+        &servers.redlock_url,
+        &key,
+        &["--permits", "2"],
+        &["touch", &marker],
+    );
+    exits(&output, 69)?;
+    one_line_error(
+        &output,
+        "unsupported by the redlock backend: a semaphore by quorum",
+    )?;
+    never_ran(&marker)
+}
+
+/// SIGTERM to an `elect` waiting while another candidate leads: it exits with 143 without
+/// running the command, and leaves no candidacy behind: once the leader resigns, nobody leads.
+/// A `leader --watch` started meanwhile prints the leader it finds, and only that one.
+fn interrupted_campaign_runs_nothing(servers: &Servers) -> Result<(), Failed> {
+    let dir = scratch("interrupted-campaign");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-interrupted-campaign-{}", std::process::id());
+    let url = servers.url.clone();
+    let (locks, leadership) = servers.handle.block_on(async {
+        let locks = dlock::connect(&url).await?;
+        let opts = LockOptions::new(Duration::from_secs(60));
+        let leadership = locks.election(&key)?.campaign("holder", &opts).await?;
+        Ok::<_, dlock::Error>((locks, leadership))
+    })?;
+    let mut running = Running::default();
+    // A watch started while someone leads prints that leader first.
+    let watched = dir.join("watch");
+    let watch = running.start_to(
+        dlock().args(["leader", "--watch", "--url", &url, "--key", &key]),
+        &watched,
+    )?;
+    wait_for(
+        &watched,
+        &format!("{key}: led by \"holder\" (term {}", leadership.term()),
+    )?;
+    let candidate = running.start(dlock().args([
+        "elect", "--url", &url, "--key", &key, "--value", "waiter", "--wait", "60s", "--", "touch",
+        &marker,
+    ]))?;
+    // Time to connect and start campaigning (generous on a loaded machine).
+    std::thread::sleep(Duration::from_secs(2));
+    running.signal(candidate, nix::sys::signal::Signal::SIGTERM)?;
+    exits(&running.finish(candidate)?, 143)?;
+    never_ran(&marker)?;
+    running.signal(watch, nix::sys::signal::Signal::SIGTERM)?;
+    exits(&running.finish(watch)?, 143)?;
+    ensure!(
+        read(&watched).lines().count() == 1,
+        "the watch printed {:?}",
+        read(&watched)
+    );
+    servers.handle.block_on(leadership.resign())?;
+    drop(locks);
+    let output = run_to_end(dlock().args(["leader", "--url", &url, "--key", &key]));
+    exits(&output, 0)?;
+    ensure!(
+        text(&output.stdout) == format!("{key}: no leader\n"),
+        "after the leader resigned, leader printed {:?}",
         text(&output.stdout)
     );
     Ok(())

@@ -204,6 +204,23 @@
 //! A request that times out does not replace a cluster connection (the cluster client reconnects
 //! to each node by itself).
 //!
+//! # Primitives
+//!
+//! [`DistributedLock::primitive`](dlock_core::DistributedLock::primitive) serves the semaphore,
+//! the read-write lock and the election (`locks.semaphore(..)`, `locks.rw(..)`,
+//! `locks.election(..)`) on single servers, Sentinel and Cluster, each operation one Lua script
+//! on keys that share one hash slot per name (see the source of `protocol::primitives` for the
+//! layout). Holders live in a sorted set scored by their expiry on the server's clock, pruned
+//! by every script; a semaphore keeps its permits there too and refuses another number with
+//! [`Error::Mismatch`](dlock_core::Error::Mismatch) while a holder is live; a read-write name
+//! has one fencing counter for its readers and writers; a writer waiting in `lock()` leaves an
+//! expiring intent that makes new readers busy until it is served or gives up; an election
+//! keeps the leader's value beside its place, so that `inspect` shows value and term. Releases
+//! are announced on `dlock:released:<holders key>` (sharded in a cluster) and wake waiters.
+//! With [`RedisLockBuilder::with_min_replicas`], `WAIT` follows each of their grants, extensions
+//! and releases as for the lock: a grant too few replicas acknowledged is given back and
+//! reported as [`Error::Unavailable`](dlock_core::Error::Unavailable).
+//!
 //! # Server requirements
 //!
 //! Redis 5 or later (the acquire script may write after reading `TIME`, which needs script
@@ -224,6 +241,7 @@ mod lock;
 pub mod protocol;
 mod replicas;
 mod sentinel;
+mod view;
 mod waiting;
 mod wakeups;
 

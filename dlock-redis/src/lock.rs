@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Eviction, ExtendRequest, Extension,
     FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
-    Owner, Released, Result,
+    Owner, Primitive, Primitives, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -19,6 +19,7 @@ use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
 use crate::protocol::scripts::{self, AcquireReply};
 use crate::replicas::{Acknowledged, Acks};
+use crate::view::RedisView;
 use crate::wakeups::Wakeups;
 
 /// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough
@@ -36,7 +37,7 @@ const LIST_READS: usize = 64;
 /// See the [crate docs](crate) for the key layout, the fencing guarantee and how waiting works.
 #[derive(Clone)]
 pub struct RedisLock {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// What a client is made of; built by [`RedisLockBuilder::connect`] (and the cluster's).
@@ -235,7 +236,12 @@ impl RedisLock {
 
     /// Runs `call` on the connection with `WAIT` behind each of its commands
     /// ([`Acknowledged`]), bounded by the request timeout plus the replica timeout.
-    async fn acknowledged<T, F, Fut>(&self, op: &'static str, acks: &Acks, call: F) -> Result<T>
+    pub(crate) async fn acknowledged<T, F, Fut>(
+        &self,
+        op: &'static str,
+        acks: &Acks,
+        call: F,
+    ) -> Result<T>
     where
         F: FnOnce(Acknowledged<RedisConnection>) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -254,7 +260,16 @@ impl DistributedLock for RedisLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+            .with_notifications()
+            .with_primitives(Primitives::ALL)
+    }
+
+    /// A semaphore, read-write lock or election on this client's connection; see
+    /// [`protocol::primitives`](crate::protocol::primitives) for the layout.
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        Ok(Arc::new(RedisView::new(self.clone(), primitive.clone())))
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {

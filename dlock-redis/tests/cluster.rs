@@ -14,6 +14,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "compliance/primitives.rs"]
+mod primitives;
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +45,10 @@ fn main() {
         trials.extend(trials::placeholders(trials::names(
             "redis_cluster",
             &cases(),
+        )));
+        trials.extend(trials::placeholders(trials::names(
+            "redis_cluster::primitives",
+            &primitives::cases(),
         )));
         trials::run_ignored(&args, trials);
     }
@@ -79,6 +85,13 @@ fn main() {
             replicated: replicated.clone(),
             replica_turn: Arc::default(),
         },
+        support::TRIAL_BUDGET,
+    ));
+    let connect: primitives::Connect = Arc::new(connect_to(shared.seeds()));
+    trials.extend(trials::cases(
+        "redis_cluster::primitives",
+        &primitives::cases(),
+        &connect,
         support::TRIAL_BUDGET,
     ));
     trials::run_then(&args, trials, &runtime, || async {
@@ -127,6 +140,7 @@ fn cases() -> Vec<(&'static str, Case<Cx>)> {
         case!(credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshown),
         case!(a_tls_cluster_url_locks_and_wakes_on_every_shard),
         case!(min_replicas_grants_extends_and_releases_on_every_shard),
+        case!(min_replicas_acknowledges_the_primitives),
         case!(a_grant_its_paused_replica_does_not_acknowledge_is_unavailable_and_leaves_no_key),
     ]
 }
@@ -666,6 +680,43 @@ async fn on_replica(url: &str, key: &str) -> anyhow::Result<bool> {
 /// With `min_replicas=1` (set through the URL), a lock on each of the three shards is granted,
 /// extended, released, taken again and evicted; each grant is on its primary's replica by the
 /// time it is returned.
+/// With `min_replicas`, a permit, a write hold and a leadership are granted, extended and
+/// released with each write acknowledged by the primary's replica.
+async fn min_replicas_acknowledges_the_primitives(cx: Cx) -> anyhow::Result<()> {
+    let _turn = cx.replica_turn.lock().await;
+    let url = format!(
+        "redis+cluster://{}?min_replicas=1&replica_timeout=2s",
+        cx.replicated.seeds().join(",")
+    );
+    let client: Arc<dyn DistributedLock> =
+        Arc::new(RedisLockBuilder::from_url(&url)?.connect().await?);
+    let opts = LockOptions::new(Duration::from_secs(30));
+    for i in 0..6 {
+        let name = unique(&format!("acknowledged-primitive-{i}"));
+        let mut permit = client
+            .semaphore(&name, 2)?
+            .try_acquire(&opts)
+            .await?
+            .context("a permit")?;
+        let mut write = client
+            .rw(&name)?
+            .try_write(&opts)
+            .await?
+            .context("a write")?;
+        let leader = client
+            .election(&name)?
+            .try_campaign("here", &opts)
+            .await?
+            .context("a leadership")?;
+        permit.extend(Duration::from_secs(20)).await?;
+        write.extend(Duration::from_secs(20)).await?;
+        permit.release().await?;
+        write.release().await?;
+        leader.resign().await?;
+    }
+    Ok(())
+}
+
 async fn min_replicas_grants_extends_and_releases_on_every_shard(cx: Cx) -> anyhow::Result<()> {
     let _turn = cx.replica_turn.lock().await;
     let url = format!(

@@ -20,6 +20,8 @@ mod connecting;
 mod interop;
 #[path = "compliance/operations.rs"]
 mod operations;
+#[path = "compliance/primitives.rs"]
+mod primitives;
 #[path = "compliance/renewing.rs"]
 mod renewing;
 #[path = "compliance/storage.rs"]
@@ -76,7 +78,18 @@ fn own_trials(url: String) -> Vec<Trial> {
     ]
     .iter()
     .flat_map(|(prefix, cases)| trials::cases(prefix, cases, &url, support::TRIAL_BUDGET))
+    .chain(trials::cases(
+        "redis::primitives",
+        &primitives::cases(),
+        &connector(url.clone()),
+        support::TRIAL_BUDGET,
+    ))
     .collect()
+}
+
+/// Makes clients of the server at `url` for the primitives' cases.
+fn connector(url: String) -> primitives::Connect {
+    Arc::new(connect_to(url))
 }
 
 fn connect_to(url: String) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {

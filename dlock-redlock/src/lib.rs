@@ -193,6 +193,29 @@
 //! Redlock has no release notifications: a waiting acquire polls, at the caller's backoff,
 //! bounded by the holder's remaining TTL (reported by the masters that refused).
 //!
+//! # Primitives
+//!
+//! The read-write lock and the election are served by quorum, like the lock: the scripts of
+//! `dlock_redis::protocol::primitives` run on every master, a place (a read hold, the write hold,
+//! a leadership) is granted when a quorum granted it within the validity, its token is the
+//! maximum over every master that granted (unlike the lock's acquire, it waits for every
+//! counting master's answer, at most the per-node timeout) written back to the masters behind,
+//! and a refused attempt is given back everywhere. Readers and writers of a name draw from one counter per master, so by the
+//! intersection argument above a writer's token is above every earlier reader's, and a new
+//! leader's term above every earlier leader's. A writer waiting in `lock()` leaves an expiring
+//! intent on every master it reached, which makes new readers busy there; it is withdrawn when
+//! the writer is served or gives up, and runs out by itself after the request's TTL.
+//! [`inspect`](dlock_core::DistributedLock::inspect) reports the earliest holder a quorum of
+//! masters agree on (an election's leader, its value and term) once a quorum shows the greatest
+//! token any of them shows for it; while a grant's write-back is under way the holder is
+//! [`Holding::Unknown`](dlock_core::Holding::Unknown), which an observer takes as no leader yet.
+//!
+//! The **semaphore is not served** ([`Primitives::ALL.without_semaphore()`](dlock_core::Primitives)):
+//! majority quorum does not make it sound. Each master admits up to N holders, and N + 1
+//! clients can each be admitted by a different majority — with N = 2 and three masters, A and B
+//! on the first, B and C on the second, A and C on the third — so N + 1 would hold it at once.
+//! Asking for one is [`Error::Unsupported`](dlock_core::Error::Unsupported).
+//!
 //! # Cancellation
 //!
 //! Dropping an acquire after requests went out is handled by dlock's core: it releases by owner
@@ -207,6 +230,7 @@ mod node;
 mod quorum;
 mod restart;
 mod url;
+mod view;
 
 pub use builder::{
     RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRY_JITTER, MAX_DERIVED_NODE_TIMEOUT,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Capabilities, DistributedLock, Drift, Error, Eviction, ExtendRequest, Extension,
     FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
-    Owner, OwnerToken, Released, Result,
+    Owner, OwnerToken, Primitive, Primitives, Released, Result,
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{self, AcquireReply, FenceRaise, Peek};
@@ -20,6 +20,7 @@ use crate::extension::{batch_timeout, Tally};
 use crate::inspect;
 use crate::node::Node;
 use crate::quorum::{gather, Progress, QuorumFailure, Reply};
+use crate::view::RedlockView;
 
 /// The backend's name in errors and tracing.
 pub(crate) const BACKEND: &str = "redlock";
@@ -72,7 +73,7 @@ impl Settings {
 
     /// The per-node timeout of a request that has no TTL of its own (release, inspect): the
     /// configured one, or the longest derived one.
-    fn untimed_node_timeout(&self) -> Duration {
+    pub(crate) fn untimed_node_timeout(&self) -> Duration {
         self.node_timeout.unwrap_or(MAX_DERIVED_NODE_TIMEOUT)
     }
 
@@ -85,7 +86,7 @@ impl Settings {
 
     /// Checks a request's TTL against these settings; returns the per-node timeout and the
     /// validity (`ttl − drift allowance`, counted from before the first request).
-    fn plan(&self, ttl: Duration) -> Result<(Duration, Duration)> {
+    pub(crate) fn plan(&self, ttl: Duration) -> Result<(Duration, Duration)> {
         if let Some(max_ttl) = self.delayed_restart {
             if ttl > max_ttl {
                 return Err(Error::invalid(
@@ -127,12 +128,12 @@ impl Settings {
 /// and its assumptions, and the delayed-restart rule.
 #[derive(Clone)]
 pub struct RedlockLock {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    nodes: Vec<Arc<Node>>,
-    settings: Arc<Settings>,
+pub(crate) struct Inner {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) settings: Arc<Settings>,
 }
 
 impl RedlockLock {
@@ -183,7 +184,7 @@ impl RedlockLock {
         self.inner.settings.node_timeout(ttl)
     }
 
-    fn all(&self) -> std::ops::Range<usize> {
+    pub(crate) fn all(&self) -> std::ops::Range<usize> {
         0..self.inner.nodes.len()
     }
 
@@ -420,7 +421,7 @@ impl RedlockLock {
 }
 
 /// How many counting masters answered with `pred` true.
-fn counted<T>(replies: &[Reply<T>], pred: impl Fn(&T) -> bool) -> usize {
+pub(crate) fn counted<T>(replies: &[Reply<T>], pred: impl Fn(&T) -> bool) -> usize {
     replies
         .iter()
         .filter(|r| r.counts && r.result.as_ref().is_ok_and(&pred))
@@ -428,7 +429,7 @@ fn counted<T>(replies: &[Reply<T>], pred: impl Fn(&T) -> bool) -> usize {
 }
 
 /// How many counting masters answered at all.
-fn answered<T>(replies: &[Reply<T>]) -> usize {
+pub(crate) fn answered<T>(replies: &[Reply<T>]) -> usize {
     replies
         .iter()
         .filter(|r| r.counts && r.result.is_ok())
@@ -441,12 +442,26 @@ impl DistributedLock for RedlockLock {
         BACKEND
     }
 
+    /// The read-write lock and the election are served; the semaphore is not (see
+    /// [the crate docs](crate#primitives)).
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(if self.inner.settings.fencing {
             FencingGuarantee::MonotonicWhileDataSurvives
         } else {
             FencingGuarantee::None
         })
+        .with_primitives(Primitives::ALL.without_semaphore())
+    }
+
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        if !self.capabilities().primitives.serves(primitive) {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "a semaphore by quorum (N + 1 holders can each hold a majority)",
+            });
+        }
+        Ok(Arc::new(RedlockView::new(self.clone(), primitive.clone())))
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {

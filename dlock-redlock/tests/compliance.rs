@@ -23,6 +23,10 @@ mod fencing;
 mod inspect;
 #[path = "compliance/operations.rs"]
 mod operations;
+// The Redis crate's cases of the primitives; the read-write lock and the election run here.
+#[allow(dead_code)]
+#[path = "../../dlock-redis/tests/compliance/primitives.rs"]
+mod primitives;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -67,7 +71,18 @@ fn own_trials(urls: Vec<String>) -> Vec<Trial> {
     ]
     .iter()
     .flat_map(|(prefix, cases)| trials::cases(prefix, cases, &urls, support::TRIAL_BUDGET))
+    .chain(trials::cases(
+        "redlock::primitives",
+        &primitives::rw_and_election_cases(),
+        &connector(urls.clone()),
+        support::TRIAL_BUDGET,
+    ))
     .collect()
+}
+
+/// Makes clients of the masters at `urls` for the primitives' cases.
+fn connector(urls: Vec<String>) -> primitives::Connect {
+    Arc::new(connect_to(urls))
 }
 
 fn connect_to(urls: Vec<String>) -> impl Fn() -> support::ClientFuture + Send + Sync + 'static {

@@ -1,7 +1,7 @@
 //! Faults against five Redis masters, the ones the algorithm is about: masters down (a minority,
 //! then a majority), one frozen, one restarted without its data (with and without the
-//! delayed-restart rule); fencing tokens, looking at a lock and batched renewal while masters are
-//! down.
+//! delayed-restart rule); fencing tokens, looking at a lock, batched renewal, and the read-write
+//! lock and the election while masters are down.
 //!
 //! The cases share the five masters and break them, so they run one after another (in the order
 //! listed); each starts by bringing back every master a case before left stopped.
@@ -23,6 +23,12 @@ mod fencing;
 mod inspect;
 #[path = "faults/masters.rs"]
 mod masters;
+// The Redis crate's cases of the primitives, run here with masters down.
+#[allow(dead_code)]
+#[path = "../../dlock-redis/tests/compliance/primitives.rs"]
+mod primitives;
+#[path = "faults/primitives.rs"]
+mod primitives_down;
 
 use dlock_testkit::fixtures::RedisMasters;
 use dlock_testkit::trials;
@@ -33,6 +39,7 @@ fn main() {
         fencing::cases(),
         inspect::cases(),
         batch::cases(),
+        primitives_down::cases(),
     ]
     .concat();
     trials::run_one_at_a_time(

@@ -327,7 +327,9 @@ pub const BACKENDS: &[Backend] = &[
         scheme: "redis",
         fixture: Fixture::RedisServer,
         capabilities: Some(|| {
-            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+                .with_notifications()
+                .with_primitives(Primitives::ALL)
         }),
         safety: &[
             (Safe, "SET NX PX and the counter INCR run in one script"),
@@ -351,7 +353,9 @@ pub const BACKENDS: &[Backend] = &[
         scheme: "redis",
         fixture: Fixture::RedisServer,
         capabilities: Some(|| {
-            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives).with_notifications()
+            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+                .with_notifications()
+                .with_primitives(Primitives::ALL)
         }),
         safety: &[
             (NotApplicable, SAME_AS_REDIS),
@@ -496,9 +500,11 @@ fn zk_backend() -> Capabilities {
     session_backend().with_primitives(Primitives::ALL)
 }
 
-/// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll.
+/// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll; the
+/// read-write lock and the election, no semaphore (not sound by majority quorum).
 fn redlock() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+        .with_primitives(Primitives::ALL.without_semaphore())
 }
 
 /// The same reason for every line of the Redis `WAIT` variant but the failover.

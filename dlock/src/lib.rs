@@ -20,8 +20,9 @@
 //!
 //! This crate re-exports the API of [`dlock_core`] (also as [`core`]) — the
 //! [`DistributedLock`] trait, [`DistributedLockExt`], [`Lease`], [`FencingToken`], [`Fence`],
-//! [`LockOptions`] and the in-process [`InMemoryLock`] — and each network backend behind a Cargo
-//! feature, as a module named after it with the backend's own builder:
+//! [`LockOptions`], the in-process [`InMemoryLock`], and the primitives beside the lock
+//! ([`Semaphore`], [`RwLock`], [`Election`], [`MultiLease`]; see [`Locks`]) — and each network
+//! backend behind a Cargo feature, as a module named after it with the backend's own builder:
 //!
 //! | feature | module | URL schemes |
 //! |---|---|---|
@@ -50,10 +51,12 @@ pub use dlock_core as core;
 
 pub use dlock_core::{
     url, Admin, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock,
-    DistributedLockExt, Drift, Error, Eviction, Fence, FenceMode, Fenced, FencingGuarantee,
-    FencingToken, HeldLock, Holder, Holding, InMemoryLock, Layer, Lease, LeaseEnd, LeaseState,
-    LeaseWatch, LockHandle, LockKey, LockOptions, LostReason, Metered, OwnerRecord, OwnerToken,
-    Released, Result, StaleToken, Traced, Waiter,
+    DistributedLockExt, Drift, Election, Error, Eviction, Fence, FenceMode, Fenced,
+    FencingGuarantee, FencingToken, HeldLock, Holder, Holding, InMemoryLock, Layer, Leader,
+    Leadership, Lease, LeaseEnd, LeaseState, LeaseWatch, LockHandle, LockKey, LockOptions,
+    LostReason, Metered, MultiLease, OwnerRecord, OwnerToken, Primitive, Primitives, Released,
+    Result, RwLock, Semaphore, StaleToken, Traced, Waiter, MAX_KEYS, MAX_PERMITS, MAX_VALUE_LEN,
+    OBSERVE_INTERVAL,
 };
 
 /// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).

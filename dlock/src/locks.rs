@@ -4,7 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use dlock_core::url::redact_password;
-use dlock_core::{Admin, DistributedLock, LockHandle, LockOptions, Metered, Result, Traced};
+use dlock_core::{
+    Admin, DistributedLock, DistributedLockExt, Election, LockHandle, LockOptions, Metered,
+    MultiLease, Result, RwLock, Semaphore, Traced,
+};
 
 /// A shared handle to the backend a URL names, with the per-acquire defaults the URL set.
 ///
@@ -12,6 +15,14 @@ use dlock_core::{Admin, DistributedLock, LockHandle, LockOptions, Metered, Resul
 /// [`DistributedLockExt`](dlock_core::DistributedLockExt) — `try_acquire`, `acquire`,
 /// `with_lock`, `holding` — through [`LockHandle`]. Pass [`options`](Self::options) to them to
 /// use the URL's `ttl`, `wait` and `drift`, or any [`LockOptions`] of your own.
+///
+/// Beside the lock it serves the primitives of every backend that declares them
+/// ([`Capabilities::primitives`](dlock_core::Capabilities::primitives)):
+/// [`semaphore`](Self::semaphore), [`rw`](Self::rw), [`election`](Self::election) and
+/// [`acquire_all`](Self::acquire_all). A backend that does not serve one answers
+/// [`Error::Unsupported`](dlock_core::Error::Unsupported) naming the backend and the primitive,
+/// before anything is sent. A name used as a lock, a semaphore, a read-write lock and an election
+/// names four independent things.
 ///
 /// `connect` returns this rather than a bare `Arc<dyn DistributedLock>` because a URL's `ttl`,
 /// `wait` and `drift` are defaults for each acquire, not settings of the backend; they need a
@@ -62,6 +73,140 @@ impl Locks {
     /// The URL this handle was made from, with its password hidden.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The semaphore `name` of `permits` permits ([`Semaphore`]): up to `permits` holders at
+    /// once, each with a lease and a fencing token of its own. Every client of the name must
+    /// pass the same `permits`; while the name is in use, another number is refused with
+    /// [`Error::Mismatch`](dlock_core::Error::Mismatch).
+    ///
+    /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) for a bad name or
+    /// `permits` outside 1 to [`MAX_PERMITS`](dlock_core::MAX_PERMITS), and with
+    /// [`Error::Unsupported`](dlock_core::Error::Unsupported) where the backend has no
+    /// semaphore; nothing is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// let crawlers = locks.semaphore("crawlers", 2)?;
+    /// let one = crawlers.acquire(locks.options()).await?;
+    /// let two = crawlers.acquire(locks.options()).await?;
+    /// assert!(crawlers.try_acquire(locks.options()).await?.is_none()); // both permits are out
+    /// assert_ne!(one.fencing_token(), two.fencing_token());
+    /// one.release().await?;
+    /// assert!(crawlers.try_acquire(locks.options()).await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        DistributedLockExt::semaphore(self, name, permits)
+    }
+
+    /// The read-write lock `name` ([`RwLock`]): any number of readers, or one writer. A writer
+    /// that waits holds back the readers that arrive after it, and a writer's fencing token is
+    /// greater than that of every reader granted before it.
+    ///
+    /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) for a bad name and
+    /// with [`Error::Unsupported`](dlock_core::Error::Unsupported) where the backend has no
+    /// read-write lock; nothing is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// let config = locks.rw("config")?;
+    /// let a = config.read(locks.options()).await?;
+    /// let b = config.read(locks.options()).await?; // readers share
+    /// assert!(config.try_write(locks.options()).await?.is_none());
+    /// let last_read = b.fencing_token();
+    /// a.release().await?;
+    /// b.release().await?;
+    /// let writer = config.write(locks.options()).await?;
+    /// assert!(writer.fencing_token() > last_read);
+    /// # Ok(()) }
+    /// ```
+    pub fn rw(&self, name: &str) -> Result<RwLock> {
+        DistributedLockExt::rw(self, name)
+    }
+
+    /// The election `name` ([`Election`]): [`campaign`](Election::campaign) to lead with a
+    /// value, [`leader`](Election::leader) and [`observe`](Election::observe) to see who leads;
+    /// a leadership's term is its fencing token, strictly greater for every later leader.
+    ///
+    /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) for a bad name and
+    /// with [`Error::Unsupported`](dlock_core::Error::Unsupported) where the backend has no
+    /// election; nothing is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// let election = locks.election("scheduler")?;
+    /// let opts = locks.options().clone().with_auto_renew();
+    /// let leadership = election.campaign("10.0.0.7:8080", &opts).await?;
+    /// let leader = election.leader().await?.expect("someone leads");
+    /// assert_eq!(leader.value.as_deref(), Some("10.0.0.7:8080"));
+    /// assert_eq!(leader.term, Some(leadership.term()));
+    /// leadership.resign().await?;
+    /// assert!(election.leader().await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn election(&self, name: &str) -> Result<Election> {
+        DistributedLockExt::election(self, name)
+    }
+
+    /// Takes every lock in `keys`, or none ([`MultiLease`]): waits up to `opts.wait` in all and
+    /// gives back the keys it took on a timeout or an error. Keys are taken in one global order
+    /// (byte order), whatever order they are named in, so clients naming overlapping sets do
+    /// not deadlock; each key's lease has its own fencing token. See
+    /// [`DistributedLockExt::acquire_all`].
+    ///
+    /// An empty list, a key named twice or more than [`MAX_KEYS`](dlock_core::MAX_KEYS) keys is
+    /// [`Error::InvalidInput`](dlock_core::Error::InvalidInput), and nothing is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// use dlock::DistributedLockExt;
+    ///
+    /// let locks = dlock::connect("memory://?ttl=10s&wait=1s").await?;
+    /// let both = locks.acquire_all(&["accounts/7", "accounts/3"], locks.options()).await?;
+    /// assert!(locks.try_acquire("accounts/3", locks.options()).await?.is_none());
+    /// let token = both.fencing_token("accounts/7").expect("one of the keys");
+    /// println!("writing to accounts/7 with fencing token {token}");
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect: keys a dropped call took are released in the background.
+    pub async fn acquire_all(&self, keys: &[&str], opts: &LockOptions) -> Result<MultiLease> {
+        DistributedLockExt::acquire_all(self, keys, opts).await
+    }
+
+    /// One attempt at every lock in `keys`: all of them, or `None` (with nothing held) if any
+    /// is busy. See [`acquire_all`](Self::acquire_all).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// let first = locks.try_acquire_all(&["a", "b"], locks.options()).await?;
+    /// assert!(first.is_some());
+    /// // "b" is busy, so "c" is not kept either.
+    /// assert!(locks.try_acquire_all(&["b", "c"], locks.options()).await?.is_none());
+    /// assert!(locks.try_acquire_all(&["c"], locks.options()).await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect, like [`acquire_all`](Self::acquire_all).
+    pub async fn try_acquire_all(
+        &self,
+        keys: &[&str],
+        opts: &LockOptions,
+    ) -> Result<Option<MultiLease>> {
+        DistributedLockExt::try_acquire_all(self, keys, opts).await
     }
 }
 

@@ -1,6 +1,7 @@
 //! A three-member etcd cluster: dlock beside the floor of its bare requests (a create-if-absent
 //! transaction and a delete) and beside etcd's own lock service as the peer (etcd-client's
-//! `lock`/`unlock`, with a lease per client), all on member 0.
+//! `lock`/`unlock`, with a lease per client), all on member 0; dlock's election beside etcd's own
+//! election service (etcd-client's `campaign`/`resign`, a lease per client).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use dlock_testkit::registry::Backend;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::{cluster, freeze_target, Setup};
-use crate::locker::{self, Connect, Held, Kind, Locker, Release, Side};
+use crate::locker::{self, Connect, Held, Kind, Locker, Recipe, Release, Side};
 
 /// The peer's lease: long enough for any run, so no keep-alive is needed.
 const PEER_LEASE_SECS: i64 = 900;
@@ -38,6 +39,13 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         let endpoint = peer_endpoint.clone();
         Box::pin(async move { Ok(Arc::new(Peer::connect(&endpoint).await?) as Arc<dyn Locker>) })
     });
+    let peer_endpoint = endpoint.clone();
+    let connect_election_peer: Connect = Arc::new(move || {
+        let endpoint = peer_endpoint.clone();
+        Box::pin(async move {
+            Ok(Arc::new(ElectionPeer(Peer::connect(&endpoint).await?)) as Arc<dyn Locker>)
+        })
+    });
     let sides = vec![
         Side::dlock("dlock EtcdLock", &locks, &client),
         Side::floor(
@@ -49,6 +57,12 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
             label: "etcd-client lock/unlock".into(),
             locker: Arc::new(Peer::connect(&endpoint).await?),
             connect: Some(connect_peer),
+        },
+        Side {
+            kind: Kind::PrimitivePeer(Recipe::Election),
+            label: "etcd-client campaign/resign".into(),
+            locker: Arc::new(ElectionPeer(Peer::connect(&endpoint).await?)),
+            connect: Some(connect_election_peer),
         },
     ];
     Ok(Setup {
@@ -135,6 +149,38 @@ impl Locker for Peer {
 impl Release for PeerHeld {
     async fn release(mut self: Box<Self>) -> anyhow::Result<()> {
         self.client.unlock(self.key).await?;
+        Ok(())
+    }
+}
+
+/// etcd's server-side election service, as etcd-client exposes it: a campaign under the client's
+/// lease that returns once it leads, and a resignation.
+struct ElectionPeer(Peer);
+
+struct Leading {
+    client: etcd_client::Client,
+    leader: etcd_client::LeaderKey,
+}
+
+#[async_trait]
+impl Locker for ElectionPeer {
+    async fn acquire(&self, key: &str) -> anyhow::Result<Held> {
+        let mut client = self.0.client.clone();
+        let mut won = client
+            .campaign(format!("peer-election/{key}"), "bench", self.0.lease)
+            .await?;
+        let leader = won
+            .take_leader()
+            .ok_or_else(|| anyhow::anyhow!("a campaign on {key} returned no leader key"))?;
+        Ok(Box::new(Leading { client, leader }))
+    }
+}
+
+#[async_trait]
+impl Release for Leading {
+    async fn release(mut self: Box<Self>) -> anyhow::Result<()> {
+        let options = etcd_client::ResignOptions::new().with_leader(self.leader);
+        self.client.resign(Some(options)).await?;
         Ok(())
     }
 }

@@ -16,7 +16,7 @@ use dlock_testkit::fixtures::Member;
 use dlock_testkit::registry::{Backend, Deployment};
 use futures::future::BoxFuture;
 
-use crate::locker::{Client, Side};
+use crate::locker::{Client, Kind, Side};
 
 /// A backend ready to measure.
 pub struct Setup {
@@ -38,7 +38,8 @@ pub struct Setup {
     pub deployment: Deployment,
 }
 
-/// Starts `backend`'s servers and its sides, with dlock inside its layers second.
+/// Starts `backend`'s servers and its sides, with dlock inside its layers second and dlock's
+/// primitives after the lock's sides.
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     let starting: BoxFuture<'static, anyhow::Result<Setup>> = match backend.name {
         "memory" => Box::pin(memory::start()),
@@ -50,6 +51,14 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     };
     let mut setup = starting.await?;
     setup.sides.insert(1, Side::layered(&setup.locks));
+    // After the lock's sides, before any peer recipe a backend added for a primitive.
+    let at = setup
+        .sides
+        .iter()
+        .position(|s| matches!(s.kind, Kind::PrimitivePeer(_)))
+        .unwrap_or(setup.sides.len());
+    let primitives = Side::primitives(&setup.locks, &setup.client);
+    setup.sides.splice(at..at, primitives);
     Ok(setup)
 }
 

@@ -8,6 +8,7 @@
 //! [`RedisLock`](crate::RedisLock) (or `dlock::connect`).
 
 pub mod keys;
+pub mod primitives;
 pub mod scripts;
 
 pub use crate::builder::{check_fence_ttl, check_timeout, ServerUrl};

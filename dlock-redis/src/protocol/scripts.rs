@@ -91,7 +91,7 @@ pub struct LockScript {
 }
 
 impl LockScript {
-    fn new(name: &'static str, source: &'static str) -> Self {
+    pub(crate) fn new(name: &'static str, source: &'static str) -> Self {
         LockScript {
             name,
             source,

@@ -24,7 +24,50 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
         case!(list_finds_the_held_locks_by_prefix_and_nothing_else),
         case!(eviction_fences_out_a_paused_holder_and_wakes_a_waiter),
         case!(an_unexpected_token_evicts_nothing),
+        case!(primitives_wait_for_replicas_with_min_replicas),
     ]
+}
+
+/// With `min_replicas`, a primitive's grant that no replica acknowledged (this server has
+/// none) is `Unavailable`, never held, and is given back: the semaphore, the read-write lock and
+/// the election stay free.
+async fn primitives_wait_for_replicas_with_min_replicas(url: String) -> anyhow::Result<()> {
+    use dlock_core::Primitives;
+    let waiting: Arc<dyn DistributedLock> = Arc::new(
+        RedisLockBuilder::new(&url)
+            .with_min_replicas(1)
+            .with_replica_timeout(Duration::from_millis(50))
+            .connect()
+            .await?,
+    );
+    ensure!(waiting.capabilities().primitives == Primitives::ALL);
+    let name = unique("acks");
+    let opts = LockOptions::new(Duration::from_secs(10));
+    let semaphore = waiting.semaphore(&name, 2)?;
+    match semaphore.try_acquire(&opts).await {
+        Err(dlock_core::Error::Unavailable { .. }) => {}
+        other => bail!("an unacknowledged permit: {other:?}"),
+    }
+    let rw = waiting.rw(&name)?;
+    match rw.try_write(&opts).await {
+        Err(dlock_core::Error::Unavailable { .. }) => {}
+        other => bail!("an unacknowledged write hold: {other:?}"),
+    }
+    let election = waiting.election(&name)?;
+    match election.try_campaign("here", &opts).await {
+        Err(dlock_core::Error::Unavailable { .. }) => {}
+        other => bail!("an unacknowledged leadership: {other:?}"),
+    }
+    ensure!(
+        matches!(semaphore.holding().await?, Holding::Free),
+        "a permit stayed"
+    );
+    ensure!(
+        matches!(rw.holding().await?, Holding::Free),
+        "a write hold stayed"
+    );
+    ensure!(election.leader().await?.is_none(), "a leadership stayed");
+    Ok(())
 }
 
 /// The owner record's fields, read as a plain client (`HMGET`) does.

@@ -24,7 +24,30 @@ pub fn cases() -> Vec<(&'static str, Case<Vec<String>>)> {
         case!(every_granting_master_keeps_the_owner_record),
         case!(list_by_prefix_and_a_fenced_eviction),
         case!(a_foreign_holder_has_no_owner_and_is_evicted_only_without_a_token),
+        case!(a_semaphore_is_unsupported_and_declared_so),
     ]
+}
+
+/// Redlock declares the read-write lock and the election but no semaphore, and asking for one
+/// is `Unsupported` before anything is sent.
+async fn a_semaphore_is_unsupported_and_declared_so(urls: Vec<String>) -> anyhow::Result<()> {
+    let client: Arc<dyn dlock_core::DistributedLock> =
+        Arc::new(support::builder(&urls).connect().await?);
+    let declared = client.capabilities().primitives;
+    ensure!(
+        declared == dlock_core::Primitives::ALL.without_semaphore(),
+        "declared {declared:?}"
+    );
+    match client.semaphore(&unique("sem"), 2) {
+        Err(dlock_core::Error::Unsupported { .. }) => {}
+        other => bail!("a semaphore by quorum: {other:?}"),
+    }
+    match client.primitive(&dlock_core::Primitive::semaphore(1)) {
+        Err(dlock_core::Error::Unsupported { .. }) => {}
+        other => bail!("a semaphore view by quorum: {other:?}"),
+    }
+    ensure!(client.rw(&unique("rw")).is_ok() && client.election(&unique("e")).is_ok());
+    Ok(())
 }
 
 /// The owner records of `name` on every master: `(owner token, fencing token, JSON)`.
