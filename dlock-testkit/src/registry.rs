@@ -404,7 +404,7 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "etcd",
         fixture: Fixture::EtcdCluster,
-        capabilities: Some(etcd),
+        capabilities: Some(session_backend),
         safety: &[
             (Safe, "the oldest contender key holds the lock"),
             (CaughtByFencing, "the session lease expires while paused; revisions only grow"),
@@ -492,16 +492,13 @@ pub const BACKENDS: &[Backend] = &[
     },
 ];
 
-/// ZooKeeper's and etcd's declaration: ordered tokens, wake-ups, leases in a session.
+/// ZooKeeper's and etcd's declaration: ordered tokens, wake-ups, leases in a session, and every
+/// primitive.
 fn session_backend() -> Capabilities {
     Capabilities::new(FencingGuarantee::Monotonic)
         .with_notifications()
         .with_sessions()
-}
-
-/// etcd's declaration: a session backend that also serves every primitive.
-fn etcd() -> Capabilities {
-    session_backend().with_primitives(Primitives::ALL)
+        .with_primitives(Primitives::ALL)
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll; the

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use dlock_core::{
-    withdraw, Attempt, Backoff, Error, FencingToken, Grant, LockRequest, OwnerToken, Result,
-    SessionWatch, Waiting, WITHDRAW_BOUND,
+    withdraw, Attempt, Backoff, Error, FencingToken, Grant, LockRequest, Result, SessionWatch,
+    Waiting, WITHDRAW_BOUND,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -17,35 +17,99 @@ use zookeeper_client as zk;
 use crate::client::Inner;
 use crate::errors::{Failure, BACKEND};
 use crate::keeper::{delete_in_background, delete_owned_in_background};
-use crate::naming::{owner_prefix, queue};
-use crate::recipe::{create_own, delete_node, list_queue, OwnNode};
+use crate::naming::{is_kazoo_writer, kazoo_queue, owner_prefix, queue};
+use crate::recipe::{create_node, delete_node, list_queue, OwnNode};
 use crate::registry::{lease_state, Held};
 use crate::request::call;
 use crate::session::{Link, Session};
 use crate::stats::Counters;
 
+/// Which earlier contenders a node waits behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// The lock: every sequential child, whatever its recipe; the first holds.
+    Lock,
+    /// kazoo's `Lock` and `Election`: the `__lock__` children; the first holds.
+    KazooLock,
+    /// kazoo's `WriteLock`: every earlier `__lock__` and `__rlock__` child.
+    KazooWrite,
+    /// kazoo's `ReadLock`, as the ZooKeeper recipe for shared locks says: the earlier
+    /// `__lock__` children only.
+    KazooRead,
+}
+
+impl Rule {
+    /// The contender the node `own` waits behind among `children`: `Some(None)` when it holds,
+    /// `None` when `own` is not among them.
+    pub(crate) fn blocker<'a>(self, children: &'a [String], own: &str) -> Option<Option<&'a str>> {
+        let contenders = match self {
+            Rule::Lock => queue(children),
+            Rule::KazooLock => kazoo_queue(children, false),
+            Rule::KazooWrite | Rule::KazooRead => kazoo_queue(children, true),
+        };
+        let index = contenders.iter().position(|c| c.name == own)?;
+        let ahead = &contenders[..index];
+        let blocker = match self {
+            Rule::KazooRead => ahead.iter().rev().find(|c| is_kazoo_writer(c.name)),
+            Rule::Lock | Rule::KazooLock | Rule::KazooWrite => ahead.last(),
+        };
+        Some(blocker.map(|c| c.name))
+    }
+}
+
+/// Where and how a contender queues: its parent, its node's name prefix and data, and whom it
+/// waits behind.
+#[derive(Debug, Clone)]
+pub(crate) struct Spot {
+    pub(crate) parent: String,
+    pub(crate) prefix: String,
+    pub(crate) data: Vec<u8>,
+    pub(crate) rule: Rule,
+}
+
+impl Spot {
+    /// The lock's own queue for `req`, under the configured naming, with the owner record
+    /// (stamped now: `since` is when this contender asked for the lock).
+    fn lock(inner: &Inner, req: &LockRequest<'_>) -> Spot {
+        Spot {
+            parent: inner.parent_path(req.key),
+            prefix: owner_prefix(inner.config.naming, req.owner),
+            data: inner.config.owner.record().to_json().into_bytes(),
+            rule: Rule::Lock,
+        }
+    }
+}
+
 /// One attempt: held now, or busy.
 pub(crate) async fn try_once(inner: &Arc<Inner>, req: &LockRequest<'_>) -> Result<Attempt> {
+    try_in(inner, req, &Spot::lock(inner, req)).await
+}
+
+/// One attempt in the queue `spot`: held now, or busy (the node is then deleted again).
+pub(crate) async fn try_in(
+    inner: &Arc<Inner>,
+    req: &LockRequest<'_>,
+    spot: &Spot,
+) -> Result<Attempt> {
     let until = Instant::now() + inner.config.operation_timeout;
     let session = inner.open_session(until).await?;
-    let parent = inner.parent_path(req.key);
-    let mut cleanup = Cleanup::new(inner, &session, &parent, req.owner);
+    let parent = spot.parent.as_str();
+    let mut cleanup = Cleanup::new(inner, &session, parent, &spot.prefix);
     let sent = Instant::now();
-    let own = create_own(inner, &session, &parent, req.owner, until)
+    let own = create_node(inner, &session, parent, &spot.prefix, &spot.data, until)
         .await
         .map_err(|f| f.into_error("create the lock node"))?;
     cleanup.node(&own.path);
-    let children = list_queue(inner, &session, &parent, until)
+    let children = list_queue(inner, &session, parent, until)
         .await
         .map_err(|f| f.into_error("list the lock's queue"))?;
-    let contenders = queue(&children);
-    match contenders.iter().position(|c| c.name == own.name) {
-        Some(0) => {
+    match spot.rule.blocker(&children, &own.name) {
+        Some(None) => {
             let grant = grant(inner, &session, req, &own, sent)?;
             cleanup.disarm();
             Ok(Attempt::Acquired(grant))
         }
-        Some(_) => {
+        Some(Some(_)) => {
             // Someone is ahead: take the node back now, so that it does not stand in a later
             // contender's way; if that fails, the cleanup guard deletes it in the background.
             if delete_node(inner, &session, &own.path, until).await.is_ok() {
@@ -70,6 +134,17 @@ pub(crate) async fn wait_in_queue(
     deadline: Option<Instant>,
     retry: &Backoff,
 ) -> Result<Grant> {
+    wait_in(inner, req, &Spot::lock(inner, req), deadline, retry).await
+}
+
+/// [`wait_in_queue`] in the queue `spot`.
+pub(crate) async fn wait_in(
+    inner: &Arc<Inner>,
+    req: &LockRequest<'_>,
+    spot: &Spot,
+    deadline: Option<Instant>,
+    retry: &Backoff,
+) -> Result<Grant> {
     // `retry` is not used to back off: waiting is driven by the predecessor's watch.
     let waiting = Waiting::new(req.key, deadline, retry);
     let started = waiting.started();
@@ -90,10 +165,10 @@ pub(crate) async fn wait_in_queue(
         .session(first_pass_by)
         .await
         .map_err(|f| fail(f, "open a ZooKeeper session"))?;
-    let parent = inner.parent_path(req.key);
-    let mut cleanup = Cleanup::new(inner, &session, &parent, req.owner);
+    let parent = spot.parent.as_str();
+    let mut cleanup = Cleanup::new(inner, &session, parent, &spot.prefix);
     let queued: Result<Grant> = async {
-        let mut own = create_own(inner, &session, &parent, req.owner, until)
+        let mut own = create_node(inner, &session, parent, &spot.prefix, &spot.data, until)
             .await
             .map_err(|f| fail(f, "create the lock node"))?;
         cleanup.node(&own.path);
@@ -105,28 +180,27 @@ pub(crate) async fn wait_in_queue(
                 waiting.check()?;
             }
             let sent = first_look.take().unwrap_or_else(Instant::now);
-            let children = list_queue(inner, &session, &parent, until)
+            let children = list_queue(inner, &session, parent, until)
                 .await
                 .map_err(|f| fail(f, "list the lock's queue"))?;
-            let contenders = queue(&children);
-            let Some(position) = contenders.iter().position(|c| c.name == own.name) else {
+            let Some(blocker) = spot.rule.blocker(&children, &own.name) else {
                 if session.link() == Link::Ended {
                     return Err(vanished(&session));
                 }
                 // Deleted by someone else (an operator, another recipe): queue again.
                 tracing::warn!(backend = BACKEND, key = %req.key, "own lock node vanished while waiting: queueing again");
-                own = create_own(inner, &session, &parent, req.owner, until)
+                own = create_node(inner, &session, parent, &spot.prefix, &spot.data, until)
                     .await
                     .map_err(|f| fail(f, "create the lock node"))?;
                 cleanup.node(&own.path);
                 continue;
             };
-            if position == 0 {
+            let Some(blocker) = blocker else {
                 let grant = grant(inner, &session, req, &own, sent)?;
                 cleanup.disarm();
                 return Ok(grant);
-            }
-            let predecessor = format!("{parent}/{}", contenders[position - 1].name);
+            };
+            let predecessor = format!("{parent}/{blocker}");
             let watched = call(inner, &session, until, |c| {
                 c.check_and_watch_stat(&predecessor)
             })
@@ -161,7 +235,7 @@ pub(crate) async fn wait_in_queue(
 
 /// Records the held lock and builds the grant: fenced by the node's creation zxid, valid from
 /// `sent`, following the session.
-fn grant(
+pub(crate) fn grant(
     inner: &Arc<Inner>,
     session: &Session,
     req: &LockRequest<'_>,
@@ -221,11 +295,11 @@ fn register(
 }
 
 /// A time no wait without deadline reaches (the session ends long before).
-fn far_future() -> Instant {
+pub(crate) fn far_future() -> Instant {
     Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600)
 }
 
-fn vanished(session: &Session) -> Error {
+pub(crate) fn vanished(session: &Session) -> Error {
     if session.link() == Link::Ended {
         Failure::SessionEnded.into_error("take the lock")
     } else {
@@ -242,36 +316,42 @@ fn vanished(session: &Session) -> Error {
 ///
 /// The library sends requests in the order they are made, so a cleanup that looks the node up
 /// by owner prefix is answered after the create it cleans up after.
-struct Cleanup {
+pub(crate) struct Cleanup {
     inner: Option<Arc<Inner>>,
     generation: u64,
     parent: String,
-    owner: OwnerToken,
+    /// The name prefix of the node, by which it is found when its name is not known.
+    prefix: String,
     node: Option<String>,
 }
 
 impl Cleanup {
-    fn new(inner: &Arc<Inner>, session: &Session, parent: &str, owner: OwnerToken) -> Self {
+    pub(crate) fn new(inner: &Arc<Inner>, session: &Session, parent: &str, prefix: &str) -> Self {
         Cleanup {
             inner: Some(inner.clone()),
             generation: session.generation,
             parent: parent.to_owned(),
-            owner,
+            prefix: prefix.to_owned(),
             node: None,
         }
     }
 
-    fn node(&mut self, path: &str) {
+    pub(crate) fn node(&mut self, path: &str) {
         self.node = Some(path.to_owned());
     }
 
-    fn disarm(&mut self) {
+    /// The node's path, while the guard is armed and knows it.
+    pub(crate) fn path(&self) -> Option<String> {
+        self.inner.as_ref().and(self.node.clone())
+    }
+
+    pub(crate) fn disarm(&mut self) {
         self.inner = None;
     }
 
     /// Takes the own node back before a wait that ran out returns, as the `lock` contract asks,
     /// within dlock-core's withdrawal bound; past it the guard finishes in the background.
-    async fn withdraw(&mut self, session: &Session, req: &LockRequest<'_>) {
+    pub(crate) async fn withdraw(&mut self, session: &Session, req: &LockRequest<'_>) {
         let Some(inner) = self.inner.clone() else {
             return;
         };
@@ -282,9 +362,8 @@ impl Cleanup {
                 // The create got no answer in time: find the node by its owner prefix. Requests
                 // are answered in order, so the list comes after the create.
                 None => {
-                    let prefix = owner_prefix(inner.config.naming, self.owner);
                     let children = list_queue(&inner, session, &self.parent, until).await?;
-                    match children.into_iter().find(|c| c.starts_with(&prefix)) {
+                    match children.into_iter().find(|c| c.starts_with(&self.prefix)) {
                         Some(name) => format!("{}/{name}", self.parent),
                         None => return Ok(()),
                     }
@@ -316,7 +395,7 @@ impl Drop for Cleanup {
                 inner,
                 self.generation,
                 std::mem::take(&mut self.parent),
-                self.owner,
+                std::mem::take(&mut self.prefix),
             ),
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Eviction, Extension, FencingToken, Grant,
-    HeldLock, Holding, LeaseRef, LockKey, LockRequest, Released, Result,
+    HeldLock, Holding, LeaseRef, LockKey, LockRequest, Primitive, Primitives, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -41,7 +41,23 @@ impl DistributedLock for Queue {
     /// are ordered for as long as the ensemble exists; a release wakes the next waiter through
     /// its watch; leases live in the ZooKeeper session.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::session_queue()
+        Capabilities::session_queue().with_primitives(Primitives::ALL)
+    }
+
+    /// A view serving `primitive` in kazoo's layout (see [`crate::primitives`]).
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        if !Primitives::ALL.serves(primitive) {
+            return Err(dlock_core::Error::Unsupported {
+                backend: BACKEND,
+                what: primitive.name(),
+            });
+        }
+        Ok(Arc::new(crate::primitives::View {
+            inner: self.0.clone(),
+            primitive: primitive.clone(),
+            capabilities: self.capabilities(),
+        }))
     }
 
     /// Creates the own node and lists the queue: held if it is the lowest, otherwise the node is

@@ -121,6 +121,23 @@ impl ZkLock {
         Ok(self.shared().parent_path(&key))
     }
 
+    /// The path where `primitive` of `key` lives, in kazoo's layout: point kazoo's `ReadLock` /
+    /// `WriteLock` ([`Primitive::Read`], [`Primitive::Write`]), `Semaphore`
+    /// ([`Primitive::Semaphore`], with the same `max_leases`) or `Election`
+    /// ([`Primitive::Election`]) here to share it with dlock. It is the lock's path plus `%rw`,
+    /// `%semaphore` or `%election`, so the lock and the primitives of one name never meet.
+    ///
+    /// Like [`lock_path`](Self::lock_path), it includes the chroot.
+    ///
+    /// [`Primitive::Read`]: dlock_core::Primitive::Read
+    /// [`Primitive::Write`]: dlock_core::Primitive::Write
+    /// [`Primitive::Semaphore`]: dlock_core::Primitive::Semaphore
+    /// [`Primitive::Election`]: dlock_core::Primitive::Election
+    pub fn primitive_path(&self, key: &str, primitive: &dlock_core::Primitive) -> Result<String> {
+        let key = LockKey::new(key)?;
+        Ok(crate::primitives::path_of(self.shared(), &key, primitive))
+    }
+
     /// The node every lock key's node is a child of (chroot plus root).
     pub fn base_path(&self) -> &str {
         &self.shared().config.base

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 use crate::client::Inner;
 use crate::errors::BACKEND;
-use crate::recipe::{standing, Standing};
+use crate::naming::owner_prefix;
+use crate::recipe::{standing_in, Standing};
 use crate::request::read;
 
 /// Moves the TTL of `lease`'s lock to `ttl` from now, if this owner still holds it.
@@ -22,6 +23,21 @@ pub(crate) async fn extend(
     inner: &Arc<Inner>,
     lease: &LeaseRef<'_>,
     ttl: Duration,
+) -> Result<Extension> {
+    let places = [(
+        inner.parent_path(lease.key),
+        owner_prefix(inner.config.naming, lease.owner),
+    )];
+    extend_in(inner, lease, ttl, &places).await
+}
+
+/// Extends `lease`, looking for a node this client holds no lease for in `places` (parents and
+/// the name prefixes of the owner's nodes in them; see [`standing_in`]).
+pub(crate) async fn extend_in(
+    inner: &Arc<Inner>,
+    lease: &LeaseRef<'_>,
+    ttl: Duration,
+    places: &[(String, String)],
 ) -> Result<Extension> {
     let sent = Instant::now();
     let until = sent + inner.config.operation_timeout;
@@ -34,7 +50,7 @@ pub(crate) async fn extend(
         if inner.registry().retired(owner) {
             return Ok(Extension::Expired);
         }
-        return not_held_here(inner, lease, until).await;
+        return not_held_here(inner, places, until).await;
     };
     if sent >= delete_at {
         // The keeper deletes it now; an extend never revives a lock.
@@ -80,11 +96,11 @@ pub(crate) async fn extend(
 /// The answer for an owner this client does not hold a lock for.
 async fn not_held_here(
     inner: &Arc<Inner>,
-    lease: &LeaseRef<'_>,
+    places: &[(String, String)],
     until: Instant,
 ) -> Result<Extension> {
     let session = inner.open_session(until).await?;
-    let found = standing(inner, &session, lease.key, lease.owner, until).await;
+    let found = standing_in(inner, &session, places, until).await;
     match found.map_err(|f| f.into_error("list the lock's queue"))? {
         Standing::Expired => Ok(Extension::Expired),
         // The node exists, but its TTL is kept by the client that took it.

@@ -36,7 +36,7 @@ struct Head {
 /// What one look at a lock's queue found.
 enum Look {
     Free,
-    Held(Head),
+    Held(Box<Head>),
     /// Every listing showed a holder, but each one was gone a moment later: the lock is busy
     /// changing hands, and which token holds it right now cannot be told.
     Changing,
@@ -74,11 +74,11 @@ async fn look(
         if let Some(token) = u64::try_from(stat.czxid).ok().filter(|t| *t > 0) {
             holder = holder.with_fencing(FencingToken(token));
         }
-        return Ok(Look::Held(Head {
+        return Ok(Look::Held(Box::new(Head {
             path,
             version: stat.version,
             holder,
-        }));
+        })));
     }
     Ok(Look::Changing)
 }

@@ -10,13 +10,11 @@
 
 use std::sync::Arc;
 
-use dlock_core::OwnerToken;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::client::{Inner, WeakInner};
 use crate::errors::Failure;
-use crate::naming::owner_prefix;
 use crate::recipe::{delete_node, list_queue};
 use crate::stats::Counters;
 
@@ -82,19 +80,18 @@ pub(crate) fn delete_in_background(inner: Arc<Inner>, generation: u64, path: Str
     });
 }
 
-/// Deletes whatever node `owner` may have in `parent` (an acquire abandoned before it knew its
-/// node's name), in the background.
+/// Deletes whatever node named `prefix…` an owner may have in `parent` (an acquire abandoned
+/// before it knew its node's name), in the background.
 pub(crate) fn delete_owned_in_background(
     inner: Arc<Inner>,
     generation: u64,
     parent: String,
-    owner: OwnerToken,
+    prefix: String,
 ) {
     spawn(async move {
         let Some(session) = inner.current().filter(|s| s.generation == generation) else {
             return;
         };
-        let prefix = owner_prefix(inner.config.naming, owner);
         loop {
             let until = Instant::now() + session.timeout;
             match list_queue(&inner, &session, &parent, until).await {

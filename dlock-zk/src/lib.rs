@@ -105,6 +105,25 @@
 //! default; kazoo's `contenders()` then shows dlock holders' owner records) or Curator's. Both
 //! directions are tested, kazoo against the kazoo shipped with Debian.
 //!
+//! # Semaphore, read-write lock and election
+//!
+//! [`DistributedLock::primitive`](dlock_core::DistributedLock::primitive) serves them in the
+//! layouts of kazoo's recipes, so dlock and kazoo clients share them
+//! ([`ZkLock::primitive_path`] is the path to hand to kazoo):
+//!
+//! * the read-write lock is kazoo's `ReadLock`/`WriteLock` queue at `<lock path>%rw`: readers'
+//!   `__rlock__` and writers' `__lock__` nodes in one sequence order; a reader waits for the
+//!   writers queued before it, a writer for every contender queued before it, so a waiting writer
+//!   holds back the readers that arrive after it;
+//! * the semaphore is kazoo's `Semaphore` at `<lock path>%semaphore`: the permits are the node's
+//!   data, every holder has an ephemeral lease child, and the leases are counted under a kazoo
+//!   `Lock` at `<path>-__lock__`; another number of permits while a lease is held is
+//!   [`Error::Mismatch`](dlock_core::Error::Mismatch);
+//! * the election is kazoo's `Election` at `<lock path>%election`: the first `__lock__` node
+//!   leads, and its data is the leader's value.
+//!
+//! Every grant is fenced by its own node's creation zxid, like the lock's.
+//!
 //! # Owner records and operator calls
 //!
 //! Every contender node's data is its [`OwnerRecord`](dlock_core::OwnerRecord): one line of
@@ -165,10 +184,12 @@ mod extend;
 mod inspect;
 mod keeper;
 mod naming;
+mod primitives;
 mod recipe;
 mod registry;
 mod release;
 mod request;
+mod semaphore;
 mod session;
 mod stats;
 mod tls;

@@ -199,6 +199,53 @@ pub(crate) fn queue(children: &[String]) -> Vec<Contender<'_>> {
     contenders
 }
 
+/// The marker of kazoo's `ReadLock` nodes (`ReadLock._NODE_NAME`).
+pub(crate) const KAZOO_READ_MARKER: &str = "__rlock__";
+
+/// The marker of kazoo's `Lock`, `WriteLock` and `Election` nodes (`Lock._NODE_NAME`).
+pub(crate) const KAZOO_WRITE_MARKER: &str = KAZOO_MARKER;
+
+/// The name prefix of `owner`'s node in a kazoo queue, before the sequence: the owner token in
+/// hex (where kazoo puts a random uuid in hex) and `marker`.
+pub(crate) fn kazoo_prefix(owner: OwnerToken, marker: &str) -> String {
+    format!("{}{marker}", owner.to_hex())
+}
+
+/// What sits between the owner prefix and the sequence of a contender's name: the text before
+/// the 10 digits.
+fn head(name: &str) -> &str {
+    &name[..name.len().saturating_sub(SEQUENCE_DIGITS)]
+}
+
+/// Whether a contender's node is a kazoo writer's (`Lock`, `WriteLock`, `Election`:
+/// `…__lock__<sequence>`).
+pub(crate) fn is_kazoo_writer(name: &str) -> bool {
+    sequence_of(name).is_some() && head(name).ends_with(KAZOO_WRITE_MARKER)
+}
+
+/// Whether a contender's node is a kazoo reader's (`ReadLock`: `…__rlock__<sequence>`).
+pub(crate) fn is_kazoo_reader(name: &str) -> bool {
+    sequence_of(name).is_some() && head(name).ends_with(KAZOO_READ_MARKER)
+}
+
+/// The contenders among `children` as kazoo sees them, in sequence order: the writers'
+/// `__lock__` nodes, and with `readers` also the readers' `__rlock__` nodes (kazoo's regex
+/// `(__lock__|__rlock__)(\d{10})$`); every other child is ignored, as kazoo ignores it.
+pub(crate) fn kazoo_queue(children: &[String], readers: bool) -> Vec<Contender<'_>> {
+    let mut contenders: Vec<Contender<'_>> = children
+        .iter()
+        .filter(|name| is_kazoo_writer(name) || (readers && is_kazoo_reader(name)))
+        .filter_map(|name| {
+            sequence_of(name).map(|sequence| Contender {
+                name: name.as_str(),
+                sequence,
+            })
+        })
+        .collect();
+    contenders.sort_unstable_by_key(|c| c.sequence);
+    contenders
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +346,39 @@ mod tests {
             owner_prefix(Naming::Curator, owner),
             "_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-lock-"
         );
+    }
+
+    #[test]
+    fn kazoo_queues_keep_kazoo_names_only() {
+        let children: Vec<String> = [
+            "b__rlock__0000000003",
+            "_c_1b4e28ba-2fa1-11d2-883f-0016d3cca427-lock-0000000000",
+            "a__lock__0000000001",
+            "c__lock__0000000004",
+            "0123abcd",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let names = |readers| -> Vec<&str> {
+            kazoo_queue(&children, readers)
+                .iter()
+                .map(|c| c.name)
+                .collect()
+        };
+        assert_eq!(
+            names(true),
+            [
+                "a__lock__0000000001",
+                "b__rlock__0000000003",
+                "c__lock__0000000004"
+            ]
+        );
+        assert_eq!(names(false), ["a__lock__0000000001", "c__lock__0000000004"]);
+        assert!(is_kazoo_writer("a__lock__0000000001"));
+        assert!(!is_kazoo_writer("a__rlock__0000000001"));
+        assert!(is_kazoo_reader("a__rlock__0000000001"));
+        assert!(!is_kazoo_reader("a__lock__0000000001"));
     }
 
     #[test]

@@ -8,13 +8,12 @@
 
 use std::sync::atomic::Ordering;
 
-use dlock_core::{LockKey, OwnerToken};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::Inner;
 use crate::errors::Failure;
-use crate::naming::{owner_prefix, queue};
+use crate::naming::queue;
 use crate::request::{call, read};
 use crate::session::Session;
 use crate::stats::Counters;
@@ -34,24 +33,22 @@ pub(crate) struct OwnNode {
     pub(crate) czxid: i64,
 }
 
-/// Creates `owner`'s ephemeral sequential node in `parent`, creating missing parents.
+/// Creates an ephemeral sequential node named `prefix` plus its sequence in `parent`, holding
+/// `data`, creating missing parents.
 ///
 /// If the connection is lost before the reply arrives, the create may or may not have happened:
-/// the node is then looked up by its owner prefix after reconnecting, and created only if it is
-/// not there, so one acquire never leaves two nodes.
-pub(crate) async fn create_own(
+/// the node is then looked up by its name prefix (which embeds the owner token) after
+/// reconnecting, and created only if it is not there, so one acquire never leaves two nodes.
+pub(crate) async fn create_node(
     inner: &Inner,
     session: &Session,
     parent: &str,
-    owner: OwnerToken,
+    prefix: &str,
+    data: &[u8],
     until: Instant,
 ) -> Result<OwnNode, Failure> {
-    let prefix = owner_prefix(inner.config.naming, owner);
     let create_path = format!("{parent}/{prefix}");
     let options = zk::CreateMode::EphemeralSequential.with_acls(inner.config.acl.acls());
-    // The owner record, stamped now: `since` is when this contender asked for the lock.
-    let record = inner.config.owner.record().to_json();
-    let data = record.as_bytes();
     let mut missing_parent = 0;
     loop {
         let created = call(inner, session, until, |c| {
@@ -72,7 +69,7 @@ pub(crate) async fn create_own(
                 ensure_parent(inner, session, parent, until).await?;
             }
             Err(f) if f.outcome_unknown() => {
-                if let Some(node) = find_own(inner, session, parent, &prefix, until).await? {
+                if let Some(node) = find_own(inner, session, parent, prefix, until).await? {
                     Counters::bump(&inner.counters.recovered_creates);
                     tracing::debug!(
                         backend = crate::errors::BACKEND,
@@ -88,7 +85,7 @@ pub(crate) async fn create_own(
 
 /// Creates `parent` (a container node, or persistent on servers without containers) and the
 /// base path above it if needed.
-async fn ensure_parent(
+pub(crate) async fn ensure_parent(
     inner: &Inner,
     session: &Session,
     parent: &str,
@@ -158,29 +155,33 @@ pub(crate) enum Standing {
     TakenOver,
 }
 
-/// Looks for `owner`'s node among the contenders for `key` by its owner prefix, in `session`
-/// (whatever this client had in an ended session is gone with it).
-pub(crate) async fn standing(
+/// Looks for a node named by one of `places` (a parent and the name prefix of the own node in
+/// it), in order: the first found is the owner's; none found is [`Standing::TakenOver`] when
+/// the first place has other sequential contenders, [`Standing::Expired`] otherwise.
+pub(crate) async fn standing_in(
     inner: &Inner,
     session: &Session,
-    key: &LockKey,
-    owner: OwnerToken,
+    places: &[(String, String)],
     until: Instant,
 ) -> Result<Standing, Failure> {
-    let parent = inner.parent_path(key);
-    let children = match list_queue(inner, session, &parent, until).await {
-        Ok(children) => children,
-        Err(f) if f.session_ended() => return Ok(Standing::Expired),
-        Err(f) => return Err(f),
-    };
-    let prefix = owner_prefix(inner.config.naming, owner);
-    if let Some(name) = children.iter().find(|c| c.starts_with(&prefix)) {
-        return Ok(Standing::Queued(format!("{parent}/{name}")));
+    let mut taken = false;
+    for (index, (parent, prefix)) in places.iter().enumerate() {
+        let children = match list_queue(inner, session, parent, until).await {
+            Ok(children) => children,
+            Err(f) if f.session_ended() => return Ok(Standing::Expired),
+            Err(f) => return Err(f),
+        };
+        if let Some(name) = children.iter().find(|c| c.starts_with(prefix.as_str())) {
+            return Ok(Standing::Queued(format!("{parent}/{name}")));
+        }
+        if index == 0 {
+            taken = !queue(&children).is_empty();
+        }
     }
-    Ok(if queue(&children).is_empty() {
-        Standing::Expired
-    } else {
+    Ok(if taken {
         Standing::TakenOver
+    } else {
+        Standing::Expired
     })
 }
 

@@ -12,10 +12,25 @@ use tokio::time::Instant;
 
 use crate::client::Inner;
 use crate::keeper::delete_in_background;
-use crate::recipe::{delete_node, standing, Deletion, Standing};
+use crate::naming::owner_prefix;
+use crate::recipe::{delete_node, standing_in, Deletion, Standing};
 
 /// Releases `lease`'s lock if this owner still holds it.
 pub(crate) async fn release(inner: &Arc<Inner>, lease: &LeaseRef<'_>) -> Result<Released> {
+    let places = [(
+        inner.parent_path(lease.key),
+        owner_prefix(inner.config.naming, lease.owner),
+    )];
+    release_in(inner, lease, &places).await
+}
+
+/// Releases `lease`, looking for a node this client holds no lease for in `places` (parents and
+/// the name prefixes of the owner's nodes in them; see [`standing_in`]).
+pub(crate) async fn release_in(
+    inner: &Arc<Inner>,
+    lease: &LeaseRef<'_>,
+    places: &[(String, String)],
+) -> Result<Released> {
     let until = Instant::now() + inner.config.operation_timeout;
     let session = inner.open_session(until).await?;
     // Removed only now: a release that cannot reach the server leaves the TTL in force.
@@ -41,7 +56,7 @@ pub(crate) async fn release(inner: &Arc<Inner>, lease: &LeaseRef<'_>) -> Result<
     }
     // Not held here: an acquire that was abandoned before it became a lease, a lease whose TTL
     // ran out, or an owner token of another client.
-    let found = standing(inner, &session, lease.key, lease.owner, until).await;
+    let found = standing_in(inner, &session, places, until).await;
     let path = match found.map_err(|f| f.into_error("list the lock's queue"))? {
         Standing::Expired => return Ok(Released::Expired),
         Standing::Queued(path) => path,

@@ -19,6 +19,8 @@ mod kazoo;
 mod operator;
 #[path = "compliance/peers.rs"]
 mod peers;
+#[path = "compliance/primitives.rs"]
+mod primitives;
 #[path = "compliance/zk_cases.rs"]
 mod zk_cases;
 
@@ -49,7 +51,8 @@ pub struct Env {
     pub container: String,
 }
 
-/// Counts the lock nodes (parents and contenders) stored for keys in a namespace.
+/// Counts the nodes (lock and primitive parents, contenders, leases) stored for keys in a
+/// namespace.
 struct Stored {
     hosts: String,
 }
@@ -60,7 +63,9 @@ impl Inspect for Stored {
         let client = raw::connect(&self.hosts).await?;
         let mut count = 0;
         for parent in raw::children(&client, DEFAULT_ROOT).await? {
-            if decode_key(&parent).is_some_and(|k| k.starts_with(namespace)) {
+            // Locks, and the primitives' nodes beside them (`…%rw`, `…%semaphore`, …).
+            let stem = primitives::strip_primitive_suffix(&parent);
+            if decode_key(stem).is_some_and(|k| k.starts_with(namespace)) {
                 let path = format!("{DEFAULT_ROOT}/{parent}");
                 count += 1 + raw::children(&client, &path).await?.len() as u64;
             }

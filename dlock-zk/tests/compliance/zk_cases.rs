@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::support::lossy_proxy::LossyProxy;
 use crate::support::{client, client_with, raw, url, SESSION, SHORT_SESSION, TRIAL_BUDGET};
-use crate::{kazoo, operator, peers, Env};
+use crate::{kazoo, operator, peers, primitives, Env};
 
 fn cases() -> Vec<(&'static str, Case<Env>)> {
     vec![
@@ -35,6 +35,16 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(operator::evicting_a_paused_holder_fences_it_out),
         case!(operator::an_auto_renewing_holder_learns_of_its_eviction),
         case!(operator::a_kazoo_holder_has_no_record_and_can_be_evicted),
+        case!(primitives::primitives_use_kazoos_layout),
+        case!(primitives::kazoo_writer_and_dlock_readers),
+        case!(primitives::dlock_writer_and_kazoo_readers),
+        case!(primitives::kazoo_semaphore_and_dlock_share_permits),
+        case!(primitives::kazoo_leader_is_seen_by_dlock),
+        case!(primitives::dlock_leader_is_seen_by_kazoo),
+        case!(primitives::cancelled_acquires_leave_no_node),
+        case!(primitives::tokens_grow_in_grant_order),
+        case!(primitives::a_kazoo_28_reader_waits_for_a_later_writer),
+        case!(primitives::semaphore_waiters_are_served_in_order),
     ]
 }
 

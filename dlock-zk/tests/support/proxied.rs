@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, LeaseRef, LockKey,
-    LockRequest, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, Layer, LeaseRef, LockKey,
+    LockRequest, Primitive, Released, Result,
 };
 use dlock_zk::ZkLock;
 use tokio::time::Instant;
@@ -15,12 +15,33 @@ use tokio::time::Instant;
 /// A [`ZkLock`] plus whatever must live as long as it (a proxy it connects through).
 pub struct Proxied<P> {
     pub lock: Arc<ZkLock>,
-    _keep: P,
+    keep: Arc<P>,
 }
 
 impl<P> Proxied<P> {
     pub fn new(lock: Arc<ZkLock>, keep: P) -> Self {
-        Proxied { lock, _keep: keep }
+        Proxied {
+            lock,
+            keep: Arc::new(keep),
+        }
+    }
+}
+
+/// A primitive's view of a [`Proxied`] client, keeping the proxy alive as long as it.
+struct KeptView<P> {
+    view: Arc<dyn DistributedLock>,
+    _keep: Arc<P>,
+}
+
+impl<P> fmt::Debug for KeptView<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("KeptView").field(&self.view).finish()
+    }
+}
+
+impl<P: Send + Sync + 'static> Layer for KeptView<P> {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.view.as_ref()
     }
 }
 
@@ -54,6 +75,13 @@ impl<P: Send + Sync + 'static> DistributedLock for Proxied<P> {
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
         self.lock.wait_for_release(key, until).await
+    }
+
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(KeptView {
+            view: self.lock.primitive(primitive)?,
+            _keep: self.keep.clone(),
+        }))
     }
 
     async fn lock(
