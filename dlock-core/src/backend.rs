@@ -425,18 +425,33 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let mut waiting = Waiting::new(req.key, deadline, retry);
-        loop {
-            let sent = Instant::now();
-            let retry_after = match self.try_lock(req).await? {
-                Attempt::Acquired(grant) => return Ok(grant.sent_no_later_than(sent)),
-                Attempt::Busy { retry_after } => retry_after,
-            };
-            let now = waiting.check()?;
-            let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
-            let until = waiting.next_attempt(now, holder_left);
-            self.wait_for_release(req.key, until).await?;
-        }
+        retry_until_granted(self, req, deadline, retry).await
+    }
+}
+
+/// The default waiting loop of [`DistributedLock::lock`], for a backend that overrides `lock`
+/// to do something around it (a view that marks a waiting writer, say) and then waits the same
+/// way: [`try_lock`](DistributedLock::try_lock), then
+/// [`wait_for_release`](DistributedLock::wait_for_release) bounded by the jittered `retry`
+/// delay and the holder's remaining TTL, until granted or `deadline`
+/// ([`Error::Timeout`]); errors are returned at once.
+pub async fn retry_until_granted<S: DistributedLock + ?Sized>(
+    service: &S,
+    req: &LockRequest<'_>,
+    deadline: Option<Instant>,
+    retry: &Backoff,
+) -> Result<Grant> {
+    let mut waiting = Waiting::new(req.key, deadline, retry);
+    loop {
+        let sent = Instant::now();
+        let retry_after = match service.try_lock(req).await? {
+            Attempt::Acquired(grant) => return Ok(grant.sent_no_later_than(sent)),
+            Attempt::Busy { retry_after } => retry_after,
+        };
+        let now = waiting.check()?;
+        let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
+        let until = waiting.next_attempt(now, holder_left);
+        service.wait_for_release(req.key, until).await?;
     }
 }
 

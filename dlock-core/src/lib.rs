@@ -78,8 +78,8 @@ mod waiting;
 
 pub use admin::Admin;
 pub use backend::{
-    Attempt, Capabilities, DistributedLock, ExtendRequest, Extension, FencingGuarantee, Grant,
-    LeaseRef, LockRequest, Outcome, Released,
+    retry_until_granted, Attempt, Capabilities, DistributedLock, ExtendRequest, Extension,
+    FencingGuarantee, Grant, LeaseRef, LockRequest, Outcome, Released,
 };
 pub use critical::{CriticalSection, LeaseEnd};
 pub use election::{Election, Leader, Leadership, OBSERVE_INTERVAL};

@@ -14,7 +14,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{
-    Attempt, Capabilities, DistributedLock, Extension, Grant, LeaseRef, LockRequest, Released,
+    retry_until_granted, Attempt, Capabilities, DistributedLock, Extension, Grant, LeaseRef,
+    LockRequest, Released,
 };
 use crate::error::{Error, Result};
 use crate::inspect::{Holder as HolderView, Holding};
@@ -23,7 +24,6 @@ use crate::owner::{Owner, OwnerRecord};
 use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::{FencingToken, OwnerToken};
-use crate::waiting::Waiting;
 
 /// The three families of names: the same name in two families names two things.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -307,18 +307,7 @@ impl DistributedLock for View {
     ) -> Result<Grant> {
         // A waiting writer holds readers back until it is served or gives up.
         let _writer = (self.primitive == Primitive::Write).then(|| self.writer_waits(req.key));
-        let mut waiting = Waiting::new(req.key, deadline, retry);
-        loop {
-            let sent = Instant::now();
-            let retry_after = match self.try_lock(req).await? {
-                Attempt::Acquired(grant) => return Ok(grant.sent_no_later_than(sent)),
-                Attempt::Busy { retry_after } => retry_after,
-            };
-            let now = waiting.check()?;
-            let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
-            let until = waiting.next_attempt(now, holder_left);
-            self.wait_for_release(req.key, until).await?;
-        }
+        retry_until_granted(self, req, deadline, retry).await
     }
 }
 
