@@ -48,32 +48,13 @@ impl BackendReport {
     }
 }
 
-/// `1.8× floor, 0.9× peer`, or empty when there is nothing to compare with.
-fn ratios(value: Option<f64>, floor: Option<f64>, peer: Option<f64>) -> String {
-    let mut parts = Vec::new();
-    if let Some(r) = ratio(value, floor) {
-        parts.push(format!("{r:.2}× floor"));
-    }
-    if let Some(r) = ratio(value, peer) {
-        parts.push(format!("{r:.2}× peer"));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", parts.join(", "))
-    }
-}
-
-/// `1.1× lock, 0.9× peer` for a primitive: against dlock's lock on the same backend and against
-/// the peer's recipe for the same primitive.
-fn primitive_ratios(value: Option<f64>, lock: Option<f64>, peer: Option<f64>) -> String {
-    let mut parts = Vec::new();
-    if let Some(r) = ratio(value, lock) {
-        parts.push(format!("{r:.2}× lock"));
-    }
-    if let Some(r) = ratio(value, peer) {
-        parts.push(format!("{r:.2}× peer"));
-    }
+/// ` (1.8× floor, 0.9× peer)`: `value` against each labelled reference that was measured, or
+/// empty when there is nothing to compare with.
+fn ratios(value: Option<f64>, against: &[(&str, Option<f64>)]) -> String {
+    let parts: Vec<String> = against
+        .iter()
+        .filter_map(|(label, other)| ratio(value, *other).map(|r| format!("{r:.2}× {label}")))
+        .collect();
     if parts.is_empty() {
         String::new()
     } else {
@@ -101,12 +82,18 @@ pub fn table(report: &Report) -> String {
         for side in &backend.sides {
             let is_dlock = side.kind == Kind::Dlock;
             let compare = |pick: &dyn Fn(&SideReport) -> f64, value: f64| match side.kind {
-                Kind::Dlock => ratios(Some(value), floor.map(pick), peer.map(pick)),
+                Kind::Dlock => ratios(
+                    Some(value),
+                    &[("floor", floor.map(pick)), ("peer", peer.map(pick))],
+                ),
                 Kind::Layered => ratio(Some(value), plain.map(pick))
                     .map_or(String::new(), |r| format!(" ({r:.2}× without layers)")),
                 Kind::Primitive(recipe) => {
                     let recipe_peer = backend.side(Kind::PrimitivePeer(recipe));
-                    primitive_ratios(Some(value), plain.map(pick), recipe_peer.map(pick))
+                    ratios(
+                        Some(value),
+                        &[("lock", plain.map(pick)), ("peer", recipe_peer.map(pick))],
+                    )
                 }
                 Kind::Floor | Kind::Peer | Kind::PrimitivePeer(_) => String::new(),
             };
@@ -140,11 +127,13 @@ pub fn table(report: &Report) -> String {
                         s.and_then(|s| s.hot_key).map(|h| h.handoffs_per_s)
                     };
                     let ratio = match side.kind {
-                        Kind::Dlock => ratios(Some(hot.handoffs_per_s), None, rate_of(peer)),
-                        Kind::Primitive(recipe) => primitive_ratios(
+                        Kind::Dlock => ratios(Some(hot.handoffs_per_s), &[("peer", rate_of(peer))]),
+                        Kind::Primitive(recipe) => ratios(
                             Some(hot.handoffs_per_s),
-                            rate_of(plain),
-                            rate_of(backend.side(Kind::PrimitivePeer(recipe))),
+                            &[
+                                ("lock", rate_of(plain)),
+                                ("peer", rate_of(backend.side(Kind::PrimitivePeer(recipe)))),
+                            ],
                         ),
                         _ => String::new(),
                     };

@@ -84,7 +84,7 @@ async fn look(
 }
 
 /// The data and stat of the node at `path`, if it exists.
-async fn node(
+pub(crate) async fn node(
     inner: &Inner,
     session: &Session,
     path: &str,

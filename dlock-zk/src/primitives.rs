@@ -27,6 +27,7 @@ use zookeeper_client as zk;
 use crate::acquire::{try_in, wait_in, Rule, Spot};
 use crate::client::Inner;
 use crate::errors::{Failure, BACKEND};
+use crate::inspect::node;
 use crate::naming::{
     is_kazoo_writer, kazoo_prefix, kazoo_queue, KAZOO_READ_MARKER, KAZOO_WRITE_MARKER,
 };
@@ -228,20 +229,6 @@ impl DistributedLock for View {
             }
             _ => wait_in(&self.inner, req, &self.spot(req)?, deadline, retry).await,
         }
-    }
-}
-
-/// One node's data and stat, if it exists.
-async fn node(
-    inner: &Inner,
-    session: &Session,
-    path: &str,
-    until: Instant,
-) -> Result<Option<(Vec<u8>, zk::Stat)>, Failure> {
-    match read(inner, session, until, |c| c.get_data(path)).await {
-        Ok(node) => Ok(Some(node)),
-        Err(Failure::Zk(zk::Error::NoNode)) => Ok(None),
-        Err(f) => Err(f),
     }
 }
 

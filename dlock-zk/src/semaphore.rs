@@ -22,6 +22,7 @@ use zookeeper_client as zk;
 use crate::acquire::{far_future, grant, vanished, Cleanup, Rule};
 use crate::client::Inner;
 use crate::errors::Failure;
+use crate::inspect::node;
 use crate::naming::{kazoo_prefix, KAZOO_WRITE_MARKER};
 use crate::primitives::{lease_name, semaphore_lock_path};
 use crate::recipe::{create_node, delete_node, list_queue, OwnNode};
@@ -340,20 +341,6 @@ async fn create_lease(
             }
             return Err(Failure::Zk(zk::Error::NodeExists));
         }
-    }
-}
-
-/// One node's data and stat, if it exists.
-async fn node(
-    inner: &Inner,
-    session: &Session,
-    path: &str,
-    until: Instant,
-) -> Result<Option<(Vec<u8>, zk::Stat)>, Failure> {
-    match read(inner, session, until, |c| c.get_data(path)).await {
-        Ok(node) => Ok(Some(node)),
-        Err(Failure::Zk(zk::Error::NoNode)) => Ok(None),
-        Err(f) => Err(f),
     }
 }
 
