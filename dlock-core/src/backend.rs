@@ -52,6 +52,9 @@ pub struct Capabilities {
     pub session_based: bool,
     /// The primitives served besides the lock ([`DistributedLock::primitive`]).
     pub primitives: Primitives,
+    /// Whether waiters are granted in the order they began to wait (a queue kept on the server),
+    /// so that a releasing task cannot jump ahead of them.
+    pub fair_queue: bool,
 }
 
 impl Capabilities {
@@ -62,15 +65,18 @@ impl Capabilities {
             notifies_waiters: false,
             session_based: false,
             primitives: Primitives::NONE,
+            fair_queue: false,
         }
     }
 
     /// What a queue of contenders in a consensus store declares (ZooKeeper, etcd): tokens that
-    /// only grow, waiters woken by watches, and leases that live in the client's session.
+    /// only grow, waiters woken by watches and served in arrival order, and leases that live in
+    /// the client's session.
     pub fn session_queue() -> Self {
         Capabilities::new(FencingGuarantee::Monotonic)
             .with_notifications()
             .with_sessions()
+            .with_fair_queue()
     }
 
     /// Declares that releases wake waiters.
@@ -82,6 +88,12 @@ impl Capabilities {
     /// Declares that leases live in a client session.
     pub fn with_sessions(mut self) -> Self {
         self.session_based = true;
+        self
+    }
+
+    /// Declares that waiters are served in arrival order.
+    pub fn with_fair_queue(mut self) -> Self {
+        self.fair_queue = true;
         self
     }
 

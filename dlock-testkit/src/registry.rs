@@ -492,13 +492,10 @@ pub const BACKENDS: &[Backend] = &[
     },
 ];
 
-/// ZooKeeper's and etcd's declaration: ordered tokens, wake-ups, leases in a session, and every
-/// primitive.
+/// ZooKeeper's and etcd's declaration: ordered tokens, wake-ups in arrival order, leases in a
+/// session, and every primitive.
 fn session_backend() -> Capabilities {
-    Capabilities::new(FencingGuarantee::Monotonic)
-        .with_notifications()
-        .with_sessions()
-        .with_primitives(Primitives::ALL)
+    Capabilities::session_queue().with_primitives(Primitives::ALL)
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll; the

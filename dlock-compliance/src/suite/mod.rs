@@ -57,6 +57,9 @@ pub enum Needs {
     ReadWrite,
     /// A backend that declares the election.
     Election,
+    /// A backend that serves waiters in arrival order
+    /// ([`Capabilities::fair_queue`](dlock_core::Capabilities::fair_queue)).
+    FairQueue,
 }
 
 type CaseFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -166,6 +169,7 @@ pub fn applicable(subject: &Subject) -> Vec<Case> {
             Needs::Semaphore => subject.capabilities.primitives.semaphore,
             Needs::ReadWrite => subject.capabilities.primitives.read_write,
             Needs::Election => subject.capabilities.primitives.election,
+            Needs::FairQueue => subject.capabilities.fair_queue,
         })
         .collect()
 }
