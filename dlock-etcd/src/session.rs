@@ -27,6 +27,7 @@ use tokio::time::Instant;
 
 use crate::error::from_client;
 use crate::requests::{RequestError, Requests};
+use crate::watchdog::{start_deferred, Deferred};
 
 /// The shortest pause between attempts to reopen a broken keep-alive stream.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(50);
@@ -38,6 +39,10 @@ pub(crate) struct Session {
     state: watch::Sender<SessionState>,
     keeper: JoinHandle<()>,
     requests: Requests,
+    /// The watchdogs of this session's locks that need not run yet, and the task that starts
+    /// them.
+    pub(crate) watchdogs: Arc<Deferred>,
+    starter: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Session {
@@ -93,6 +98,8 @@ impl Session {
         let until = vouched_until(sent, ttl);
         let (state, _) = watch::channel(SessionState::Alive { until: Some(until) });
         let keeper = tokio::spawn(keep_alive(requests.clone(), id, ttl, state.clone(), until));
+        let watchdogs = Arc::new(Deferred::default());
+        let starter = tokio::spawn(start_deferred(watchdogs.clone(), state.subscribe()));
         tracing::debug!(lease = %crate::layout::lease_hex(id), ?ttl, "etcd session granted");
         Ok(Session {
             id,
@@ -100,6 +107,8 @@ impl Session {
             state,
             keeper,
             requests: requests.clone(),
+            watchdogs,
+            starter,
         })
     }
 
@@ -195,6 +204,7 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.keeper.abort();
+        self.starter.abort();
         let was_usable = self.is_usable();
         expire(&self.state, "the client dropped the session");
         if !was_usable {
