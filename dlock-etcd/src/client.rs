@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use crate::acquire_guard::AcquireGuard;
 use crate::builder::{EtcdLockBuilder, Settings};
 use crate::contention::{
-    ahead, anyone, confirm_own, delete_abandoned, delete_own, join, occupied, queue,
-    remove_leftover, take_if_free, Ahead, Contender, Join, Owner, Read, Take,
+    ahead, anyone, confirm_own, delete_abandoned, delete_on_lease, delete_own, join, occupied,
+    queue, remove_leftover, take_if_free, Ahead, Contender, Join, Owner, Read, Take,
 };
 use crate::endpoints::Endpoints;
 use crate::error::{closed, BACKEND};
@@ -646,7 +646,18 @@ impl DistributedLock for ClientState {
                         .hold(acquiring, req, granted, prefix)
                         .map(Attempt::Acquired);
                 }
-                Ok(Take::Busy) => {
+                // A key on a session this client gave up on (its keep-alives went unanswered)
+                // whose revocation could not be confirmed: written by a request whose answer was
+                // lost. That session's grants are all lost; its key goes as the revocation would
+                // have taken it.
+                Ok(Take::Busy { first, lease })
+                    if self.sessions.is_abandoned(lease) && leftovers < LEFTOVER_ATTEMPTS =>
+                {
+                    acquiring.nothing_written();
+                    leftovers += 1;
+                    delete_on_lease(&self.requests, &prefix, &first, lease).await?;
+                }
+                Ok(Take::Busy { .. }) => {
                     acquiring.nothing_written();
                     return Ok(Attempt::Busy { retry_after: None });
                 }

@@ -28,12 +28,13 @@ pub(crate) struct Contender<'a> {
 }
 
 /// The answer of [`take_if_free`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Take {
     /// Nobody contended; our key was created at `revision`.
     Taken { revision: i64 },
-    /// Someone else holds or waits for the lock.
-    Busy,
+    /// Someone else holds or waits for the lock: the oldest contender is `first`, on lease
+    /// `lease` (0 if unknown).
+    Busy { first: Vec<u8>, lease: i64 },
     /// A key of ours from an abandoned acquire is in the way (see [`remove_leftover`]).
     Leftover { mod_revision: i64 },
 }
@@ -173,7 +174,14 @@ pub(crate) async fn take_if_free(
         Some(kv) if kv.key() == c.key => Take::Leftover {
             mod_revision: kv.mod_revision(),
         },
-        _ => Take::Busy,
+        Some(kv) => Take::Busy {
+            first: kv.key().to_vec(),
+            lease: kv.lease(),
+        },
+        None => Take::Busy {
+            first: Vec::new(),
+            lease: 0,
+        },
     })
 }
 

@@ -164,7 +164,10 @@ impl Session {
     /// timeout; called before a new session is granted, so the first acquire after a partition
     /// heals does not find this client's own old key in its way.
     pub(crate) async fn revoke_if_left(&self) {
-        if self.gone.load(Ordering::SeqCst) || self.is_usable() {
+        // Only a session the keeper gave up on: one merely past its last confirmation may
+        // still be renewed by an answer on its way, with its locks.
+        let given_up = matches!(*self.state.borrow(), SessionState::Expired);
+        if self.gone.load(Ordering::SeqCst) || !given_up {
             return;
         }
         match self
@@ -414,7 +417,13 @@ async fn keep_alive(
 pub(crate) struct SessionSlot {
     current: std::sync::Mutex<Option<Arc<Session>>>,
     granting: tokio::sync::Mutex<()>,
+    /// The last sessions replaced while the server may still have had them (their revocation
+    /// could not be confirmed), newest last.
+    abandoned: std::sync::Mutex<Vec<i64>>,
 }
+
+/// How many abandoned sessions a client remembers.
+const ABANDONED_KEPT: usize = 8;
 
 impl SessionSlot {
     /// The current session if it is still usable.
@@ -440,10 +449,30 @@ impl SessionSlot {
         let previous = self.lock().clone();
         if let Some(previous) = previous {
             previous.revoke_if_left().await;
+            let given_up = matches!(*previous.state.borrow(), SessionState::Expired);
+            if given_up && !previous.gone.load(Ordering::SeqCst) {
+                let mut abandoned = self
+                    .abandoned
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                abandoned.push(previous.id());
+                let excess = abandoned.len().saturating_sub(ABANDONED_KEPT);
+                abandoned.drain(..excess);
+            }
         }
         let session = Arc::new(Session::grant(requests, ttl, budget).await?);
         *self.lock() = Some(session.clone());
         Ok(session)
+    }
+
+    /// Whether `lease` is a session this client gave up on without a confirmed revocation.
+    pub(crate) fn is_abandoned(&self, lease: i64) -> bool {
+        lease != 0
+            && self
+                .abandoned
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&lease)
     }
 
     /// Removes the current session (for closing).
