@@ -253,3 +253,4 @@ pub use cluster::{ClusterSettings, RedisConnection};
 pub use endpoint::Endpoint;
 pub use lock::{RedisLock, EXTEND_BATCH};
 pub use sentinel::SentinelSettings;
+pub use wakeups::{Registration, Wakeups};

@@ -513,7 +513,7 @@ impl DistributedLock for RedlockLock {
             let retry_after = replies
                 .iter()
                 .filter_map(|r| match r.result {
-                    Ok(AcquireReply::Busy { pttl }) => pttl,
+                    Ok(AcquireReply::Busy { pttl, .. }) => pttl,
                     _ => None,
                 })
                 .min();
