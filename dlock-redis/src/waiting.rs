@@ -11,10 +11,11 @@
 //!    was not heard; on a hot lock the registration is made before the first attempt instead.
 //! 3. Loop: wait until this waiter's notification (a release whose queue it heads), then attempt.
 //!    Without one, a waiter comes back by itself: the head of the queue at the holder's expiry
-//!    (plus a little jitter), every waiter after about a third of its entry's lifetime to
+//!    (plus a little jitter), the second in line when the head's entry lapses, every waiter after about a third of its entry's lifetime to
 //!    refresh its entry (the lifetime is the lease's TTL, so a crashed waiter blocks the queue no
-//!    longer than that), and after the caller's backoff while no subscription is confirmed;
-//!    never past the deadline.
+//!    longer than that), and after the caller's backoff while no subscription is confirmed or
+//!    (the head) while a foreign client holds the lock, whose release is not announced; never
+//!    past the deadline.
 //!
 //! A waiter whose wait runs out withdraws its queue entry (a release by its owner token, bounded
 //! by [`dlock_core::WITHDRAW_BOUND`], finished in the background past it); a dropped wait is
@@ -23,9 +24,9 @@
 //!
 //! Commands per acquisition on a hot lock: the attempt that enqueues, the winning attempt and
 //! the release — three, whatever the number of waiters — plus one refresh per third of the TTL
-//! waited. A release that is not announced (an expiry, a foreign client, a message lost while
-//! the subscriber reconnects) costs the head at most the holder's remaining TTL and any waiter
-//! at most a third of its entry's lifetime.
+//! waited. A release that is not announced (an expiry, a message lost while the subscriber
+//! reconnects) costs the head at most the holder's remaining TTL and any waiter at most a third
+//! of its entry's lifetime; a foreign client's release costs the head one backoff step.
 
 use std::time::Duration;
 
@@ -68,9 +69,9 @@ impl RedisLock {
         let call = names.call(self, req.ttl, req.ttl);
         let early = self.wakeups().register_if_subscribed(channel, Some(owner));
         let mut sent = Instant::now();
-        let (mut pttl, mut head) = match self.attempt(call).await? {
+        let mut busy = match self.attempt(call).await? {
             AcquireReply::Granted(token) => return Ok(Grant::new(token, sent)),
-            AcquireReply::Busy { pttl, head } => (pttl, head),
+            busy @ AcquireReply::Busy { .. } => busy,
         };
         let mut attempts: u32 = 1;
         let waited = async {
@@ -84,16 +85,25 @@ impl RedisLock {
             let mut subscribed = self.wakeups().subscribed(&registration, ready_by).await;
             let mut attempt_now = !heard;
             loop {
-                if !attempt_now {
+                if let (
+                    false,
+                    AcquireReply::Busy {
+                        pttl,
+                        head,
+                        foreign,
+                        head_lapses_in,
+                    },
+                ) = (attempt_now, busy)
+                {
                     let now = waiting.check()?;
                     let mut until = sent + refresh_every(req.ttl);
-                    if head {
-                        if let Some(left) = pttl {
-                            until = until.min(now + left + past_expiry());
-                        }
+                    // The head at the holder's expiry; the second in line when the head's entry
+                    // lapses (if the head crashed, nobody else is woken).
+                    if let Some(left) = if head { pttl } else { head_lapses_in } {
+                        until = until.min(now + left + past_expiry());
                     }
-                    if !subscribed || (head && pttl.is_none()) {
-                        // No notification to count on (or a holder without a TTL): poll.
+                    if !subscribed || (head && (foreign || pttl.is_none())) {
+                        // No release announcement to count on: poll.
                         until = until.min(waiting.next_attempt(now, None));
                     }
                     tokio::select! {
@@ -104,10 +114,10 @@ impl RedisLock {
                 attempt_now = false;
                 sent = Instant::now();
                 attempts = attempts.saturating_add(1);
-                match self.attempt(call).await? {
+                busy = match self.attempt(call).await? {
                     AcquireReply::Granted(token) => return Ok(Grant::new(token, sent)),
-                    AcquireReply::Busy { pttl: p, head: h } => (pttl, head) = (p, h),
-                }
+                    busy @ AcquireReply::Busy { .. } => busy,
+                };
                 if !subscribed {
                     subscribed = self
                         .wakeups()

@@ -333,6 +333,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: Some(|| {
             Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
                 .with_notifications()
+                .with_fair_queue()
                 .with_primitives(Primitives::ALL)
         }),
         safety: &[
@@ -359,6 +360,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: Some(|| {
             Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
                 .with_notifications()
+                .with_fair_queue()
                 .with_primitives(Primitives::ALL)
         }),
         safety: &[

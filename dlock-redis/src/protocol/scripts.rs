@@ -164,9 +164,11 @@ fn is_noscript(error: &RedisError) -> bool {
 }
 
 /// Takes a lock, or stands in its queue of waiters. Returns the fencing token (always positive)
-/// when granted; otherwise `{pttl, head}`: the holder's remaining `PTTL` (-1: no TTL, -2: the
-/// lock is free but another waiter is ahead) and 1 if the caller heads the queue. See
-/// [`decode_acquire`].
+/// when granted; otherwise `{pttl, head, foreign, ahead}`: the holder's remaining `PTTL` (-1: no
+/// TTL, -2: the lock is free but another waiter is ahead), 1 if the caller heads the queue, 1 if
+/// the holder has no owner record of its own (a foreign client's `SET NX`, whose release is not
+/// announced), and for the second in line the milliseconds until the head's entry lapses (-1
+/// otherwise: it comes back then, in case the head crashed). See [`decode_acquire`].
 ///
 /// The fair queue (see [`keys`](super::keys#the-waiters-queue)): while the lock is held or
 /// anyone waits, the script
@@ -231,19 +233,24 @@ else
       redis.pcall(ARGV[8], ARGV[7], head)
     end
     if holder or (head and head ~= owner) then
-      local pttl = -2
-      if holder then pttl = redis.call('PTTL', KEYS[1]) end
-      if head == owner then return {pttl, 1} end
-      return {pttl, 0}
+      local pttl, foreign, ahead = -2, 0, -1
+      if holder then
+        pttl = redis.call('PTTL', KEYS[1])
+        if redis.call('HGET', KEYS[3], 'token') ~= holder then foreign = 1 end
+      end
+      if head == owner then return {pttl, 1, foreign, ahead} end
+      if redis.call('ZRANK', KEYS[4], owner) == 1 then
+        local lapse = redis.call('ZSCORE', KEYS[5], head)
+        if lapse then ahead = math.max(0, tonumber(lapse) - now) end
+      end
+      return {pttl, 0, foreign, ahead}
     end
     if head then
       redis.call('ZREM', KEYS[4], owner)
       redis.call('ZREM', KEYS[5], owner)
     end
   end
-  if not redis.call('SET', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
-    return {redis.call('PTTL', KEYS[1]), 0}
-  end
+  redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
 end
 local token = redis.call('INCR', KEYS[2])
 if token == 1 then
@@ -446,10 +453,17 @@ pub enum AcquireReply {
         pttl: Option<Duration>,
         /// The caller heads the queue of waiters: it is granted the lock once it is free.
         head: bool,
+        /// The holder is not a dlock client (no owner record of its own, as after a foreign
+        /// client's `SET NX`): its release will not be announced.
+        foreign: bool,
+        /// For the second in line: when the head's queue entry lapses unless refreshed. If the
+        /// head crashed, the caller heads the queue then.
+        head_lapses_in: Option<Duration>,
     },
 }
 
-/// Decodes the reply of [`ACQUIRE`]: a positive token, or `{pttl, head}` when busy.
+/// Decodes the reply of [`ACQUIRE`]: a positive token, or `{pttl, head, foreign, ahead}` when
+/// busy.
 pub fn decode_acquire(reply: redis::Value) -> RedisResult<AcquireReply> {
     match reply {
         redis::Value::Int(token @ 1..) => {
@@ -460,10 +474,12 @@ pub fn decode_acquire(reply: redis::Value) -> RedisResult<AcquireReply> {
                 Some(redis::Value::Int(n)) => Ok(*n),
                 _ => Err(unexpected(format!("acquire answered {fields:?}"))),
             };
-            let (pttl, head) = (field(0)?, field(1)?);
+            let millis = |n: i64| u64::try_from(n).ok().map(Duration::from_millis);
             Ok(AcquireReply::Busy {
-                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-                head: head == 1,
+                pttl: millis(field(0)?),
+                head: field(1)? == 1,
+                foreign: field(2)? == 1,
+                head_lapses_in: millis(field(3)?),
             })
         }
         other => Err(unexpected(format!("acquire answered {other:?}"))),
@@ -1027,18 +1043,22 @@ mod tests {
             AcquireReply::Granted(FencingToken(1_732_291_234_000_567))
         );
         assert_eq!(
-            decode_acquire(Array(vec![Int(1500), Int(1)])).unwrap(),
+            decode_acquire(Array(vec![Int(1500), Int(1), Int(0), Int(-1)])).unwrap(),
             AcquireReply::Busy {
                 pttl: Some(Duration::from_millis(1500)),
-                head: true
+                head: true,
+                foreign: false,
+                head_lapses_in: None
             }
         );
         for no_ttl in [-1, -2] {
             assert_eq!(
-                decode_acquire(Array(vec![Int(no_ttl), Int(0)])).unwrap(),
+                decode_acquire(Array(vec![Int(no_ttl), Int(0), Int(1), Int(7)])).unwrap(),
                 AcquireReply::Busy {
                     pttl: None,
-                    head: false
+                    head: false,
+                    foreign: true,
+                    head_lapses_in: Some(Duration::from_millis(7))
                 }
             );
         }
