@@ -108,7 +108,14 @@ impl RedisLock {
                     }
                     tokio::select! {
                         _ = registration.notified() => {}
-                        _ = tokio::time::sleep_until(waiting.bound(until)) => {}
+                        // Messages may be lost from now on: poll until subscribed again.
+                        _ = self.wakeups().unsubscribed(&registration), if subscribed => {
+                            subscribed = false;
+                            continue;
+                        }
+                        _ = tokio::time::sleep_until(waiting.bound(until)) => {
+                            waiting.check()?;
+                        }
                     }
                 }
                 attempt_now = false;

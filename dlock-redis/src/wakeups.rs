@@ -286,6 +286,30 @@ impl Wakeups {
     }
 }
 
+impl Wakeups {
+    /// Completes once the registration's channel is no longer subscribed on a live connection
+    /// (the connection broke or was replaced): messages may have been missed from then on, and
+    /// a waiter should look for itself and poll until [`subscribed`](Self::subscribed) again.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn unsubscribed(&self, registration: &Registration) {
+        let mut status = self.shared.status.subscribe();
+        loop {
+            {
+                let now = *status.borrow_and_update();
+                let confirmed = registration.channel.subscribed_in.load(Ordering::Acquire);
+                if now.down || now.epoch == 0 || confirmed != now.epoch {
+                    return;
+                }
+            }
+            if status.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 impl Shared {
     fn channels(&self) -> MutexGuard<'_, HashMap<String, Arc<Channel>>> {
         // Every critical section leaves the map consistent before anything can panic.
