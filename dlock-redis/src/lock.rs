@@ -437,12 +437,22 @@ impl DistributedLock for RedisLock {
     /// Reads the lock key, its remaining TTL and its owner record with [`scripts::peek`]. The
     /// holder's fencing token and owner come from the owner record when its owner token is the
     /// lock key's value (the grant that wrote both); a holder without one — another client's
-    /// plain `SET NX`, which does not count — has neither. Nobody's waiting is known: waiters
-    /// leave nothing on the server.
+    /// plain `SET NX`, which does not count — has neither. The number of waiting acquires is the
+    /// size of the lock's queue (`ZCARD`; an entry of a crashed waiter counts until it lapses
+    /// and an attempt prunes it); their order is not reported.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
-        let seen = self.peek(self.inner.layout.lock_key(key)).await?;
+        let lock = self.inner.layout.lock_key(key);
+        let queue = keys::queue_key(&lock);
+        let seen = self.peek(lock).await?;
+        let waiting: usize = self
+            .inner
+            .connection
+            .run("inspect", |mut con| async move {
+                redis::cmd("ZCARD").arg(&queue).query_async(&mut con).await
+            })
+            .await?;
         Ok(match seen.holder {
-            Some(_) => Holding::Held(seen.holder_view()),
+            Some(_) => Holding::Held(seen.holder_view().with_waiting(waiting)),
             None => Holding::Free,
         })
     }

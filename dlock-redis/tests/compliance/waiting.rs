@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLockExt, LockOptions, Released};
+use dlock_core::{DistributedLockExt, Holding, LockOptions, Released};
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
@@ -25,7 +25,65 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
         case!(waiters_of_one_client_are_woken_one_per_release),
         case!(an_expiring_holder_is_followed_at_its_ttl),
         case!(a_hot_key_costs_at_most_four_commands_per_acquisition),
+        case!(inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry),
     ]
+}
+
+/// Two waiters queue behind a holder: `holding` counts them; once one timed out and the other
+/// was dropped, the queue is empty again (no entry left behind) and its keys are gone.
+pub async fn inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry(
+    url: String,
+) -> anyhow::Result<()> {
+    let [holder, waiter] = clients(&url).await?;
+    let key = unique("inspect-queue");
+    let held = holder
+        .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+        .await?;
+    let timing_out = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_millis(600));
+        tokio::spawn(async move { waiter.acquire(&key, &opts).await })
+    };
+    let dropped = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(60));
+        tokio::spawn(async move { waiter.acquire(&key, &opts).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = |holding: Holding| match holding {
+        Holding::Held(holder) => holder.waiting,
+        _ => None,
+    };
+    let queued = waiting(holder.holding(&key).await?);
+    ensure!(queued == Some(2), "two queued waiters shown as {queued:?}");
+    ensure!(
+        timing_out.await?.is_err(),
+        "a waiter took a held lock instead of timing out"
+    );
+    dropped.abort();
+    let _ = dropped.await;
+    // The dropped acquire is withdrawn in the background by dlock-core.
+    let mut left = queued;
+    for _ in 0..100 {
+        left = waiting(holder.holding(&key).await?);
+        if left == Some(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(
+        left == Some(0),
+        "the waiters that gave up left queue entries: {left:?}"
+    );
+    let mut raw = raw(&url).await?;
+    let queue_keys: i64 = redis::cmd("EXISTS")
+        .arg(dlock_redis::protocol::keys::queue_key(&key))
+        .arg(dlock_redis::protocol::keys::lapse_key(&key))
+        .query_async(&mut raw)
+        .await?;
+    ensure!(queue_keys == 0, "{queue_keys} queue key(s) left behind");
+    held.release().await?;
+    Ok(())
 }
 
 /// Rounds each task of [`a_hot_key_costs_at_most_four_commands_per_acquisition`] takes the key.
