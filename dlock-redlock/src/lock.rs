@@ -680,16 +680,16 @@ impl DistributedLock for RedlockLock {
         BACKEND
     }
 
-    /// Waiters are woken by the masters' release notifications and served in arrival order (see
-    /// [`crate::waiting`]). The read-write lock and the election are served; the semaphore is not
-    /// (see [the crate docs](crate#primitives)).
+    /// Waiters are served in arrival order, woken by the masters' release notifications (see
+    /// [`crate::waiting`]). `notifies_waiters` stays off: it describes the primitives too, whose
+    /// waiters poll. The read-write lock and the election are served; the semaphore is not (see
+    /// [the crate docs](crate#primitives)).
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(if self.inner.settings.fencing {
             FencingGuarantee::MonotonicWhileDataSurvives
         } else {
             FencingGuarantee::None
         })
-        .with_notifications()
         .with_fair_queue()
         .with_primitives(Primitives::ALL.without_semaphore())
     }

@@ -281,12 +281,11 @@ impl DistributedLock for RedlockView {
         BACKEND
     }
 
-    /// The lock's, but without its queue of waiters and its wake-ups: a primitive's waiters
-    /// poll, each with its own backoff.
+    /// The lock's, but without its queue of waiters: a primitive's waiters poll, each with its
+    /// own backoff.
     fn capabilities(&self) -> Capabilities {
         let mut capabilities = self.lock.capabilities();
         capabilities.fair_queue = false;
-        capabilities.notifies_waiters = false;
         capabilities
     }
 
