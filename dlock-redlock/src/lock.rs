@@ -911,3 +911,111 @@ impl fmt::Debug for RedlockLock {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeFailure;
+
+    fn reply(index: usize, result: Option<AcquireReply>) -> Reply<AcquireReply> {
+        Reply {
+            index,
+            counts: true,
+            result: result.ok_or_else(|| NodeFailure {
+                endpoint: format!("redis://m{index}"),
+                error: Arc::new(Error::unreachable("down")),
+            }),
+        }
+    }
+
+    fn queued(pttl: Option<u64>, head: bool, head_lapses_in: Option<u64>) -> Option<AcquireReply> {
+        Some(AcquireReply::Busy {
+            pttl: pttl.map(Duration::from_millis),
+            head,
+            foreign: false,
+            head_lapses_in: head_lapses_in.map(Duration::from_millis),
+        })
+    }
+
+    fn ms(millis: u64) -> Option<Duration> {
+        Some(Duration::from_millis(millis))
+    }
+
+    #[test]
+    fn the_head_comes_back_when_a_quorum_of_the_holders_keys_ran_out() {
+        // Granted on one master (given back), head behind holders on three, one down.
+        let replies = [
+            reply(0, Some(AcquireReply::Granted(FencingToken(9)))),
+            reply(1, queued(Some(30), true, None)),
+            reply(2, queued(Some(10), true, None)),
+            reply(3, queued(Some(20), true, None)),
+            reply(4, None),
+        ];
+        let Round::Busy {
+            free_in,
+            come_back_in,
+            poll,
+        } = busy(&replies, 3)
+        else {
+            panic!("busy expected");
+        };
+        assert_eq!(free_in, ms(20), "free: 0, 10, 20, 30: the third");
+        assert_eq!(come_back_in, ms(20));
+        assert!(!poll);
+    }
+
+    #[test]
+    fn the_second_in_line_comes_back_when_the_heads_entries_lapse() {
+        let replies = [
+            reply(0, queued(Some(5), false, Some(40))),
+            reply(1, queued(Some(5), false, Some(50))),
+            reply(2, queued(Some(70), false, Some(60))),
+            reply(3, queued(None, false, None)),
+            reply(4, queued(Some(5), false, None)),
+        ];
+        let Round::Busy {
+            come_back_in, poll, ..
+        } = busy(&replies, 3)
+        else {
+            panic!("busy expected");
+        };
+        assert_eq!(
+            come_back_in,
+            ms(70),
+            "40, 50, then max(60, the holder's 70)"
+        );
+        assert!(!poll);
+    }
+
+    #[test]
+    fn a_waiter_behind_others_only_refreshes_and_a_foreign_holder_is_polled() {
+        let behind = [
+            reply(0, queued(Some(5), false, None)),
+            reply(1, queued(Some(5), false, None)),
+            reply(2, queued(Some(5), true, None)),
+        ];
+        let Round::Busy {
+            free_in,
+            come_back_in,
+            poll,
+        } = busy(&behind, 2)
+        else {
+            panic!("busy expected");
+        };
+        assert_eq!(free_in, ms(5));
+        assert_eq!(come_back_in, None, "heads only one queue of three");
+        assert!(!poll);
+        let foreign = AcquireReply::Busy {
+            pttl: ms(5),
+            head: true,
+            foreign: true,
+            head_lapses_in: None,
+        };
+        let heading = [
+            reply(0, Some(foreign)),
+            reply(1, queued(Some(5), true, None)),
+            reply(2, None),
+        ];
+        assert!(matches!(busy(&heading, 2), Round::Busy { poll: true, .. }));
+    }
+}
