@@ -18,9 +18,9 @@ use std::time::Duration;
 use dlock_core::LockKey;
 use tokio::sync::OwnedMutexGuard;
 
-use crate::contention::delete_by_value;
+use crate::contention::{delete_by_value, delete_on_lease, delete_own, Owner};
 use crate::local_queue::LocalQueue;
-use crate::requests::Requests;
+use crate::requests::{RequestError, Requests};
 
 /// How often a withdrawal is tried before the key is left to the session's expiry.
 const WITHDRAW_ATTEMPTS: u32 = 3;
@@ -29,21 +29,89 @@ const WITHDRAW_ATTEMPTS: u32 = 3;
 /// any request of the dropped acquire can take to be answered.
 const GRACE_TIMEOUTS: u32 = 2;
 
+/// How an unfinished acquire's key is told from any other.
+enum Withdrawal {
+    /// The lock's key is named after the session, so only its value (the owner record with this
+    /// acquire's owner token) tells this acquire's key from another's.
+    ByValue(String),
+    /// A key only this acquire writes, whose creation the server has not confirmed: a write of
+    /// it may still be on its way, so the deletion is repeated after a grace period.
+    Unconfirmed { lease: i64 },
+    /// A key only this acquire writes, created at `revision` (no write of it is in flight).
+    Created { revision: i64, lease: i64 },
+}
+
 /// What an unfinished acquire may have written.
-struct Written {
+pub(crate) struct Written {
     requests: Requests,
     prefix: Vec<u8>,
     key: Vec<u8>,
-    /// The value the acquire writes: its owner record with its owner token.
-    value: String,
+    how: Withdrawal,
+    /// For a key that later acquires of this client write too (an election candidate's, named
+    /// after the session): the turn they take, which a background withdrawal of an unconfirmed
+    /// key takes around each deletion. While it is taken, a live acquire of this client owns
+    /// the key (it clears a leftover itself, and its key is never a late write of ours), so the
+    /// deletion is skipped.
+    shared: Option<(Arc<LocalQueue>, LockKey)>,
 }
 
 impl Written {
-    /// Deletes the key if it carries this acquire's value; a few attempts, then gives up (the key then
+    /// A key of `prefix` that only this acquire writes (a primitive's), not yet confirmed; with
+    /// `shared`, one that this client's later acquires take turns to write.
+    pub(crate) fn own_key(
+        requests: &Requests,
+        prefix: &[u8],
+        key: &[u8],
+        lease: i64,
+        shared: Option<(Arc<LocalQueue>, LockKey)>,
+    ) -> Self {
+        Written {
+            requests: requests.clone(),
+            prefix: prefix.to_vec(),
+            key: key.to_vec(),
+            how: Withdrawal::Unconfirmed { lease },
+            shared,
+        }
+    }
+
+    /// The server confirmed the key's creation at `revision`.
+    pub(crate) fn created(&mut self, revision: i64) {
+        if let Withdrawal::Unconfirmed { lease } = self.how {
+            self.how = Withdrawal::Created { revision, lease };
+        }
+    }
+
+    /// Whether a write of the key may still be on its way to the server.
+    pub(crate) fn in_flight(&self) -> bool {
+        !matches!(self.how, Withdrawal::Created { .. })
+    }
+
+    /// One deletion of the key, if it is still this acquire's.
+    pub(crate) async fn delete(&self) -> Result<Owner, RequestError> {
+        let (requests, prefix, key) = (&self.requests, &self.prefix, &self.key);
+        match &self.how {
+            Withdrawal::ByValue(value) => delete_by_value(requests, prefix, key, value).await,
+            Withdrawal::Unconfirmed { lease } => {
+                delete_on_lease(requests, prefix, key, *lease).await
+            }
+            Withdrawal::Created { revision, lease } => {
+                delete_own(requests, prefix, key, *revision, *lease).await
+            }
+        }
+    }
+
+    /// Deletes the key if it is still this acquire's; a few attempts, then gives up (the key then
     /// goes with its session lease, or with the next local contender for the same lock).
     async fn withdraw_once(&self) {
         for attempt in 0..WITHDRAW_ATTEMPTS {
-            match delete_by_value(&self.requests, &self.prefix, &self.key, &self.value).await {
+            let _turn = match &self.shared {
+                Some((queue, key)) if self.in_flight() => match queue.try_owned_turn(key) {
+                    Some(turn) => Some(turn),
+                    None => return,
+                },
+                _ => None,
+            };
+            match self.delete().await {
                 Ok(_) => return,
                 Err(error) => {
                     tracing::debug!(%error, attempt, "withdrawing an abandoned contender key failed");
@@ -53,10 +121,14 @@ impl Written {
         }
     }
 
-    async fn withdraw(self) {
+    /// Withdraws in the background: once now and, while a write may still be on its way, once
+    /// more after a grace period.
+    pub(crate) async fn withdraw(self) {
         self.withdraw_once().await;
-        tokio::time::sleep(self.requests.timeout() * GRACE_TIMEOUTS).await;
-        self.withdraw_once().await;
+        if self.in_flight() {
+            tokio::time::sleep(self.requests.timeout() * GRACE_TIMEOUTS).await;
+            self.withdraw_once().await;
+        }
     }
 }
 
@@ -95,7 +167,8 @@ impl AcquireGuard {
             requests: requests.clone(),
             prefix: prefix.to_vec(),
             key: key.to_vec(),
-            value: value.to_owned(),
+            how: Withdrawal::ByValue(value.to_owned()),
+            shared: None,
         });
     }
 
@@ -111,8 +184,7 @@ impl AcquireGuard {
         let Some(w) = &self.written else {
             return;
         };
-        let deletion = delete_by_value(&w.requests, &w.prefix, &w.key, &w.value);
-        if dlock_core::withdraw(&self.key, deletion).await {
+        if dlock_core::withdraw(&self.key, w.delete()).await {
             self.written = None;
         }
     }

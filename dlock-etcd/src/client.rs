@@ -32,7 +32,7 @@ use crate::primitives::{Holds, View};
 use crate::requests::{RequestError, Requests};
 use crate::session::{Session, SessionSlot};
 use crate::waiting::{arm, WaitError, Woken};
-use crate::watchdog::{merge, Watchdog, WATCH_AFTER};
+use crate::watchdog::{merge, Started, Watchdog, WATCH_AFTER};
 
 /// HTTP/2 keep-alive pings on connections with open streams. etcd refuses pings more frequent
 /// than every 5 s (`--grpc-keepalive-min-time`) by closing the connection, so stay above that.
@@ -62,6 +62,9 @@ pub(crate) struct ClientState {
     closed: AtomicBool,
     /// The grants of the primitives (semaphore, read-write lock, election).
     pub(crate) holds: Arc<Holds>,
+    /// The candidates' turns, election by election: a candidate's key is named after the
+    /// session, so one task of this client campaigns on an election at a time.
+    pub(crate) campaigns: Arc<LocalQueue>,
 }
 
 impl fmt::Debug for EtcdLock {
@@ -281,6 +284,7 @@ impl EtcdLock {
             local_queue: Arc::new(LocalQueue::default()),
             closed: AtomicBool::new(false),
             holds: Arc::default(),
+            campaigns: Arc::default(),
             settings,
         };
         // Granting the session proves that a member answers, within the connect timeout.
@@ -354,7 +358,7 @@ impl EtcdLock {
         let state = &self.state;
         state.closed.store(true, Ordering::SeqCst);
         drop(state.local_queue.clear());
-        state.holds.revoke_all().await;
+        state.holds.clear();
         match state.sessions.take() {
             Some(session) => session.revoke().await,
             None => Ok(()),
@@ -372,7 +376,8 @@ impl ClientState {
         contender_value(self.settings.owner.record(), req.owner)
     }
 
-    async fn session(&self) -> Result<Arc<Session>> {
+    /// The session new keys are attached to (a new one if the last has expired).
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
         if self.is_closed() {
             return Err(closed());
         }
@@ -424,6 +429,7 @@ impl ClientState {
             subscription: None,
             watch_at: Some(Instant::now() + WATCH_AFTER),
         };
+        let session = granted.session.clone();
         self.local_queue.insert(
             req.key,
             Held {
@@ -433,16 +439,16 @@ impl ClientState {
                 session: granted.session,
                 expiry: term_tx,
                 expiring: false,
-                watchdog: None,
+                watchdog: Started::No,
                 _turn: guard,
             },
         );
-        // Started only once the record exists, so it always finds it.
-        let task = tokio::spawn(watchdog.run());
+        // Registered only once the record exists, so that it always finds it when it starts.
         let revision = granted.revision;
+        let id = session.watchdogs.add(watchdog);
         self.local_queue.with_held(req.key, |held| {
-            if held.revision == revision {
-                held.watchdog = Some(task.abort_handle());
+            if held.revision == revision && matches!(held.watchdog, Started::No) {
+                held.watchdog = Started::Deferred(Arc::downgrade(&session.watchdogs), id);
             }
         });
         Ok(Grant::new(FencingToken(revision.unsigned_abs()), granted.sent).with_session(view_rx))

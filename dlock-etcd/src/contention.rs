@@ -342,6 +342,21 @@ pub(crate) async fn delete_by_value(
     Ok(owner_from(&requests.txn(txn).await?))
 }
 
+/// Deletes `key` if it is attached to lease `lease`: a key only one acquire writes, whose
+/// creation was not confirmed.
+pub(crate) async fn delete_on_lease(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    lease: i64,
+) -> Result<Owner, RequestError> {
+    let txn = Txn::new()
+        .when([Compare::lease(key, CompareOp::Equal, lease)])
+        .and_then([TxnOp::delete(key, None)])
+        .or_else([any_key(prefix)]);
+    Ok(owner_from(&requests.txn(txn).await?))
+}
+
 /// Deletes `key` if it exists (an abandoned key of ours that no acquire claims).
 pub(crate) async fn delete_abandoned(
     requests: &Requests,

@@ -82,21 +82,25 @@
 //! [`DistributedLock::primitive`](dlock_core::DistributedLock::primitive) serves all three as
 //! queues of contender keys in create-revision order, each name in a folder of its family that
 //! no lock name reaches ([`KeyLayout::family_name`]): `<namespace>%election/<key>`,
-//! `<namespace>%semaphore/<key>`, `<namespace>%rw/<key>`. Every grant has an etcd lease of its
-//! own (the session TTL, kept alive like the session) and its key is `<name>/<that lease in
-//! hex>`, so one client may hold several permits or read holds of one name, and an acquire that
-//! is dropped, times out or is answered busy is withdrawn by revoking its lease (a write still on
-//! its way is then refused by the server).
+//! `<namespace>%semaphore/<key>`, `<namespace>%rw/<key>`. Every key is attached to the client's
+//! session lease, as the lock's are (and as Go's `concurrency` package does), so a grant costs no
+//! lease of its own and losing the session loses every grant. The transaction that writes an
+//! acquire's key also reads what it waits behind: a grant that holds at once is one request. An
+//! acquire that is dropped, times out or is answered busy deletes its key (a dropped one once more
+//! after a grace period, in case its write was still on its way).
 //!
 //! * **Election**: the layout of Go's `concurrency.Election` and `etcdctl elect`
-//!   ([`EtcdLock::election_name`]): the value of a candidate's key is its value, the leader is the
-//!   oldest key and its create revision is the term. A candidate waits until every older key is
+//!   ([`EtcdLock::election_name`]): a candidate's key is `<name>/<session lease hex>` and its
+//!   value is the candidate's value (so the tasks of one client campaign on an election one at a
+//!   time), the leader is the oldest key and its create revision is the term. A candidate waits until every older key is
 //!   gone. Go candidates and observers share the election with dlock's.
-//! * **Semaphore**: the first `permits` keys hold. The key `<name>` keeps the permits agreed on;
+//! * **Semaphore**: a permit's key is `<name>/<lease hex>_<owner token hex>`, one per acquire,
+//!   so a client may hold several permits; the first `permits` keys hold. The key `<name>` keeps the permits agreed on;
 //!   joining compares it in the same transaction, so a client with another number is refused
 //!   with [`Error::Mismatch`](dlock_core::Error::Mismatch) while the name has contenders, and
 //!   writes nothing.
-//! * **Read-write lock**: readers `<name>/read/<lease>`, writers `<name>/write/<lease>` in one
+//! * **Read-write lock**: readers `<name>/read/<lease>_<token>`, writers
+//!   `<name>/write/<lease>_<token>` in one
 //!   queue; a reader holds when no older writer key exists, a writer when no older key does. A
 //!   waiting writer's key holds back every reader that comes after it, so writers are not
 //!   starved; a `try_lock` writes only when it would hold at once.

@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dlock_core::{LockKey, OwnerToken};
 use tokio::sync::{watch, OwnedMutexGuard};
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::session::Session;
+use crate::watchdog::Started;
 
 /// The local time frame of a held lock: when this client deletes its key unless extended. (The
 /// lease itself is valid for less — its drift allowance — which dlock-core applies.)
@@ -42,17 +42,30 @@ pub(crate) struct Held {
     /// Set once the watchdog has begun deleting the key at the end of its expiry: from then on
     /// the lock can be neither extended nor released by its owner.
     pub(crate) expiring: bool,
-    /// The watchdog, stopped when the record goes.
-    pub(crate) watchdog: Option<AbortHandle>,
+    /// The watchdog, stopped (or never started) when the record goes.
+    pub(crate) watchdog: Started,
     /// The key's local turn, kept while the lock is held.
     pub(crate) _turn: OwnedMutexGuard<()>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(watchdog) = self.watchdog.take() {
-            watchdog.abort();
-        }
+        self.watchdog.stop();
+    }
+}
+
+/// A key's turn taken from a [`LocalQueue`] by a holder that keeps no [`Held`] record there (an
+/// election's candidate): it passes the turn on and tidies the entry when dropped.
+pub(crate) struct Turn {
+    queue: Arc<LocalQueue>,
+    key: LockKey,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.queue.tidy(&self.key);
     }
 }
 
@@ -106,6 +119,30 @@ impl LocalQueue {
             self.tidy(key);
         }
         waited
+    }
+
+    /// [`turn`](Self::turn), as a [`Turn`] that tidies after itself.
+    pub(crate) async fn owned_turn(
+        self: &Arc<Self>,
+        key: &LockKey,
+        deadline: Option<Instant>,
+    ) -> Option<Turn> {
+        let guard = self.turn(key, deadline).await?;
+        Some(Turn {
+            queue: self.clone(),
+            key: key.clone(),
+            guard: Some(guard),
+        })
+    }
+
+    /// [`try_turn`](Self::try_turn), as a [`Turn`] that tidies after itself.
+    pub(crate) fn try_owned_turn(self: &Arc<Self>, key: &LockKey) -> Option<Turn> {
+        let guard = self.try_turn(key)?;
+        Some(Turn {
+            queue: self.clone(),
+            key: key.clone(),
+            guard: Some(guard),
+        })
     }
 
     /// Records `held` as the lock this client holds on `key`.

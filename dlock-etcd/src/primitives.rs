@@ -1,13 +1,18 @@
 //! The semaphore, the read-write lock and the election, served as views of the lock trait.
 //!
-//! Every primitive is a queue of contender keys ordered by create revision, like the lock, but
-//! **every grant has an etcd lease of its own** (granted with the client's session TTL and kept
-//! alive by its own keep-alive stream), and its key is `<queue>/<that lease in hex>`, as
-//! `etcdctl elect` and Go's `concurrency` package name keys after a session. So one client can
-//! hold several permits or read holds of one name, a key always belongs to exactly one acquire,
-//! and an acquire that is dropped, times out or is answered busy is withdrawn by revoking its
-//! lease: the key goes, and a write of it still on its way is refused by the server (its lease
-//! is gone), so nothing is left behind and nothing needs a second look.
+//! Every primitive is a queue of contender keys ordered by create revision, like the lock, and
+//! like the lock's its keys are attached to the client's session lease (as Go's `concurrency`
+//! package attaches them to a session): a grant costs no lease of its own, and losing the session
+//! loses every grant. A candidate's key is `<queue>/<session lease hex>`, as `etcdctl elect`
+//! names it, so the tasks of one client campaign on an election one at a time (a local turn, as
+//! the lock's tasks take); a permit's or a read or write hold's key is
+//! `<queue>/<lease hex>_<owner token hex>`, one per acquire, so one client can hold several
+//! permits or read holds of one name. The transaction that writes the key reads what it waits
+//! behind, so a grant that holds at once costs one request, and its release one more.
+//!
+//! An acquire that is dropped, times out or is answered busy deletes its key; a dropped one
+//! whose write went unanswered deletes it once more after a grace period, in case the write was
+//! still on its way (see `acquire_guard::Written`).
 //!
 //! Names (each family in a folder no lock name can reach, since an escaped lock key never
 //! contains `%e`, `%s` or `%r`):
@@ -16,19 +21,19 @@
 //!   `concurrency.Election` and `etcdctl elect`: candidates `<name>/<lease hex>` whose value is
 //!   the candidate's value; the leader is the key with the smallest create revision, whose create
 //!   revision is the term; a candidate waits until no key created before its own is left.
-//! * **Semaphore** `<namespace>%semaphore/<escaped key>`: contenders `<name>/<lease hex>` (value:
-//!   the owner record); the first `permits` in create order hold. The key `<name>` itself keeps the
+//! * **Semaphore** `<namespace>%semaphore/<escaped key>`: contenders `<name>/<lease hex>_<token>`
+//!   (value: the owner record); the first `permits` in create order hold. The key `<name>` itself keeps the
 //!   permits the holders agreed on, compared in the transaction that joins, so a client that asks
 //!   with another number while contenders exist is refused and writes nothing.
-//! * **Read-write lock** `<namespace>%rw/<escaped key>`: readers `<name>/read/<lease hex>` and
-//!   writers `<name>/write/<lease hex>` in one queue (the sub-folders of etcd's
+//! * **Read-write lock** `<namespace>%rw/<escaped key>`: readers `<name>/read/<lease hex>_<token>` and
+//!   writers `<name>/write/<lease hex>_<token>` in one queue (the sub-folders of etcd's
 //!   `contrib/recipes` read-write mutex). A reader holds when no writer key was created before
 //!   its own, a writer when no key at all was. A waiting writer's key stands in the queue, so
 //!   readers that come after it wait behind it: writers are not starved.
 //!
 //! The per-acquire TTL is kept by the client, as for the lock: at its end (re-armed by `extend`)
-//! the client revokes the grant's lease. A client that dies loses its grants when their leases
-//! run out on the server, after the session TTL.
+//! the client deletes the grant's key. A client that dies loses its grants when its session lease
+//! runs out on the server, after the session TTL.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -38,7 +43,7 @@ use async_trait::async_trait;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant, Holder,
     Holding, LeaseRef, LockKey, LockRequest, LostReason, OwnerRecord, OwnerToken, Primitive,
-    Released, Result, Waiting,
+    Released, Result, SessionState, Waiting,
 };
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -47,15 +52,22 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::acquire_guard::Written;
 use crate::client::{contender_value, ClientState};
+use crate::contention::{delete_own, remove_leftover};
 use crate::error::BACKEND;
 use crate::layout::{contender_key, KeyLayout};
-use crate::requests::Requests;
+use crate::local_queue::Turn;
+use crate::requests::{RequestError, Requests};
 use crate::session::Session;
 use crate::waiting::{arm, Woken};
+use crate::watchdog::delete_while_alive;
 
 /// How often a semaphore's join is tried again when the agreed permits change under it.
 const JOIN_ATTEMPTS: u32 = 5;
+
+/// How many times a key of ours in the way (an abandoned campaign's) is cleared in one acquire.
+const LEFTOVER_ATTEMPTS: u32 = 3;
 
 /// The primitive a view serves, as the etcd layout needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,12 +142,32 @@ fn place(layout: &KeyLayout, kind: &Kind, key: &LockKey) -> Place {
     }
 }
 
-/// One grant: its lease, key and create revision, and when the client ends it.
+/// One grant: its key and create revision on the client's session, and when the client ends it.
 struct Hold {
     session: Arc<Session>,
+    /// `<name>/`, where the grant's key is.
+    queue: Vec<u8>,
     key: Vec<u8>,
     revision: i64,
     deadline: watch::Sender<Instant>,
+    /// A candidate's local turn on its election, kept while it leads.
+    _turn: Option<Turn>,
+}
+
+impl Hold {
+    /// Deletes the grant's key if it is still the one granted (comparing its create revision and
+    /// lease).
+    async fn delete(&self, requests: &Requests) -> std::result::Result<bool, RequestError> {
+        let owner = delete_own(
+            requests,
+            &self.queue,
+            &self.key,
+            self.revision,
+            self.session.id(),
+        )
+        .await?;
+        Ok(owner == crate::contention::Owner::Us)
+    }
 }
 
 /// The grants of one client's primitives, by the acquire's owner token (random per acquire).
@@ -170,24 +202,49 @@ impl Holds {
         }
     }
 
-    /// Ends every grant (the client closes): their leases are revoked.
-    pub(crate) async fn revoke_all(&self) {
+    /// Forgets every grant (the client closes; revoking its session deletes their keys).
+    pub(crate) fn clear(&self) {
         let all: Vec<Arc<Hold>> = self.map().drain().map(|(_, hold)| hold).collect();
-        for hold in all {
-            let _ = hold.session.revoke().await;
-        }
+        drop(all);
     }
 }
 
-/// Ends a grant at its TTL's end unless `extend` moved it, by revoking its lease.
-async fn end_at_deadline(holds: Weak<Holds>, owner: OwnerToken, mut at: watch::Receiver<Instant>) {
+/// Ends a grant at its TTL's end unless `extend` moved it, by deleting its key; forgets it
+/// when its session ends (the server deleted the key with the lease), which passes a
+/// candidate's turn on.
+async fn end_at_deadline(
+    holds: Weak<Holds>,
+    requests: Requests,
+    owner: OwnerToken,
+    mut at: watch::Receiver<Instant>,
+    mut session: watch::Receiver<SessionState>,
+) {
     loop {
         let due = *at.borrow_and_update();
+        let ended = matches!(
+            crate::session::current(&session.borrow_and_update(), Instant::now()),
+            SessionState::Expired
+        );
+        if ended {
+            if let Some(holds) = holds.upgrade() {
+                holds.remove(owner);
+            }
+            return;
+        }
         tokio::select! {
             () = tokio::time::sleep_until(due) => {
                 let Some(holds) = holds.upgrade() else { return };
                 if let Some(hold) = holds.remove_if_due(owner, due) {
-                    let _ = hold.session.revoke().await;
+                    drop(holds);
+                    delete_while_alive(
+                        &requests,
+                        &hold.queue,
+                        &hold.key,
+                        hold.revision,
+                        hold.session.id(),
+                        &session,
+                    )
+                    .await;
                     return;
                 }
             }
@@ -196,8 +253,67 @@ async fn end_at_deadline(holds: Weak<Holds>, owner: OwnerToken, mut at: watch::R
                     return;
                 }
             }
+            changed = session.changed() => {
+                if changed.is_err() {
+                    if let Some(holds) = holds.upgrade() {
+                        holds.remove(owner);
+                    }
+                    return;
+                }
+            }
         }
     }
+}
+
+/// An acquire of a primitive in progress: what it may have written, withdrawn unless it ends
+/// with a grant, and a candidate's turn on its election.
+struct Joining {
+    key: LockKey,
+    written: Option<Written>,
+    turn: Option<Turn>,
+}
+
+impl Joining {
+    /// Deletes what the acquire wrote before an acquire that failed returns, within dlock-core's
+    /// withdrawal bound; past it (or while a write may still be on its way) the drop finishes in
+    /// the background.
+    async fn withdraw(&mut self) {
+        let Some(written) = &self.written else {
+            return;
+        };
+        if dlock_core::withdraw(&self.key, written.delete()).await && !written.in_flight() {
+            self.written = None;
+        }
+    }
+
+    /// The acquire ends with a grant: nothing to withdraw; the turn goes to the grant.
+    fn granted(mut self) -> Option<Turn> {
+        self.written = None;
+        self.turn.take()
+    }
+}
+
+impl Drop for Joining {
+    fn drop(&mut self) {
+        // The turn goes on at once; a background withdrawal of a candidate's key takes it
+        // again around each deletion (see `Written`).
+        drop(self.turn.take());
+        if let (Some(written), Ok(runtime)) =
+            (self.written.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(written.withdraw());
+        }
+    }
+}
+
+/// What the transaction that writes an acquire's key answered.
+enum Joined {
+    /// The key was created at `revision`; `holds` if nobody it waits behind was there.
+    Entered { revision: i64, holds: bool },
+    /// A key of ours from an abandoned campaign is in the way.
+    Leftover { mod_revision: i64 },
+    /// The semaphore's agreed permits differ from the caller's.
+    Refused(Error),
 }
 
 /// A primitive of one client, as a lock service of its own.
@@ -245,24 +361,64 @@ impl View {
         }
     }
 
-    /// A lease of its own for one acquire.
-    async fn grant_lease(&self) -> Result<Arc<Session>> {
-        if self.state.is_closed() {
-            return Err(crate::error::closed());
+    /// This acquire's key: a candidate's is `<name>/<session lease hex>`, as Go names it (one
+    /// campaign per client and election at a time); a permit's or a read or write hold's is
+    /// `<lease hex>_<owner token hex>` in its folder, one key per acquire, so that one client
+    /// may hold several permits or read holds of one name.
+    fn key_for(&self, place: &Place, lease: i64, owner: OwnerToken) -> Vec<u8> {
+        let mut key = contender_key(&place.mine, lease);
+        if !matches!(self.kind, Kind::Candidate { .. }) {
+            key.push(b'_');
+            key.extend_from_slice(owner.to_hex().as_bytes());
         }
-        let settings = &self.state.settings;
-        Ok(Arc::new(
-            Session::grant(
-                self.requests(),
-                settings.session_ttl,
-                settings.request_timeout,
-            )
-            .await?,
-        ))
+        key
     }
 
-    /// Writes this acquire's key, and answers its create revision; for a semaphore, in the same
-    /// transaction as the check of the agreed permits.
+    /// A candidate's turn on its election, among the tasks of this client (`None` for the other
+    /// primitives, whose keys are one per acquire); `Err` when `deadline` passed first.
+    async fn turn(
+        &self,
+        key: &LockKey,
+        deadline: Option<Instant>,
+    ) -> std::result::Result<Option<Turn>, ()> {
+        if !matches!(self.kind, Kind::Candidate { .. }) {
+            return Ok(None);
+        }
+        match self.state.campaigns.owned_turn(key, deadline).await {
+            Some(turn) => Ok(Some(turn)),
+            None => Err(()),
+        }
+    }
+
+    /// The read, in the transaction that writes our key, of the keys it waits behind: the
+    /// oldest `permits` contenders for a semaphore, any writer for a reader, the oldest
+    /// contender otherwise.
+    fn first_blockers(&self, place: &Place) -> TxnOp {
+        let options = GetOptions::new().with_prefix().with_keys_only();
+        let options = match &self.kind {
+            Kind::Read => options.with_limit(1),
+            Kind::Semaphore { permits } => options
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(i64::from(*permits)),
+            _ => options
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        };
+        TxnOp::get(place.blockers.clone(), Some(options))
+    }
+
+    /// Whether our key `mine` holds, given what [`first_blockers`](Self::first_blockers) read
+    /// in the transaction that created it.
+    fn holds_among(&self, blockers: &[KeyValue], mine: &[u8]) -> bool {
+        match &self.kind {
+            // Every writer key there is older than ours.
+            Kind::Read => blockers.is_empty(),
+            _ => blockers.iter().any(|kv| kv.key() == mine),
+        }
+    }
+
+    /// Writes this acquire's key if it does not exist, and reads in the same transaction what it
+    /// waits behind; for a semaphore, with the check of the agreed permits.
     async fn join(
         &self,
         key: &LockKey,
@@ -270,53 +426,66 @@ impl View {
         mine: &[u8],
         value: &str,
         lease: i64,
-    ) -> Result<i64> {
+    ) -> std::result::Result<Joined, RequestError> {
         let put = TxnOp::put(mine, value, Some(PutOptions::new().with_lease(lease)));
+        let absent = Compare::create_revision(mine, CompareOp::Equal, 0);
+        let entered = |response: &TxnResponse, at: usize| Joined::Entered {
+            revision: store_revision(response),
+            holds: self.holds_among(&kvs(response, at), mine),
+        };
+        let leftover = |kv: &KeyValue| Joined::Leftover {
+            mod_revision: kv.mod_revision(),
+        };
         let Kind::Semaphore { permits } = &self.kind else {
             let txn = Txn::new()
-                .when([Compare::create_revision(mine, CompareOp::Equal, 0)])
-                .and_then([put]);
+                .when([absent])
+                .and_then([put, self.first_blockers(place)])
+                .or_else([TxnOp::get(mine, None)]);
             let response = self.requests().txn(txn).await?;
-            if !response.succeeded() {
-                return Err(Error::backend(BACKEND, true, "a fresh lease's key existed"));
+            if response.succeeded() {
+                return Ok(entered(&response, 1));
             }
-            return Ok(store_revision(&response));
+            return Ok(kvs(&response, 0)
+                .first()
+                .map_or(Joined::Leftover { mod_revision: 0 }, leftover));
         };
         let permits_text = permits.to_string();
         for _ in 0..JOIN_ATTEMPTS {
             let txn = Txn::new()
-                .when([Compare::value(
-                    place.name.clone(),
-                    CompareOp::Equal,
-                    permits_text.clone(),
-                )])
-                .and_then([put.clone()])
+                .when([
+                    Compare::value(place.name.clone(), CompareOp::Equal, permits_text.clone()),
+                    absent.clone(),
+                ])
+                .and_then([put.clone(), self.first_blockers(place)])
                 .or_else([
                     TxnOp::get(place.name.clone(), None),
                     TxnOp::get(place.queue.clone(), Some(any_key())),
+                    TxnOp::get(mine, None),
                 ]);
             let response = self.requests().txn(txn).await?;
             if response.succeeded() {
-                return Ok(store_revision(&response));
+                return Ok(entered(&response, 1));
+            }
+            if let Some(kv) = kvs(&response, 2).first() {
+                return Ok(leftover(kv));
             }
             let agreed = kvs(&response, 0).into_iter().next();
             let in_use = !kvs(&response, 1).is_empty();
             let seen_mod = agreed.as_ref().map_or(0, KeyValue::mod_revision);
             if let (true, Some(agreed)) = (in_use, &agreed) {
-                return Err(Error::mismatch(
+                return Ok(Joined::Refused(Error::mismatch(
                     key,
                     format!(
                         "the semaphore has {} permits; asked with {permits}",
                         String::from_utf8_lossy(agreed.value())
                     ),
-                ));
+                )));
             }
             // Nobody uses the name (or its permits were deleted): agree on ours.
-            let mut when = vec![Compare::mod_revision(
-                place.name.clone(),
-                CompareOp::Equal,
-                seen_mod,
-            )];
+            let mut when = vec![
+                Compare::mod_revision(place.name.clone(), CompareOp::Equal, seen_mod),
+                absent.clone(),
+            ];
             if !in_use {
                 when.push(
                     Compare::create_revision(place.queue.clone(), CompareOp::Equal, 0)
@@ -326,17 +495,87 @@ impl View {
             let txn = Txn::new().when(when).and_then([
                 TxnOp::put(place.name.clone(), permits_text.clone(), None),
                 put.clone(),
+                self.first_blockers(place),
             ]);
             let response = self.requests().txn(txn).await?;
             if response.succeeded() {
-                return Ok(store_revision(&response));
+                return Ok(entered(&response, 2));
             }
         }
-        Err(Error::backend(
+        Ok(Joined::Refused(Error::backend(
             BACKEND,
             true,
             "the semaphore's agreed permits kept changing",
-        ))
+        )))
+    }
+
+    /// Writes this acquire's key on the client's session (a fresh one if the server no longer
+    /// has it), clearing a key of ours an abandoned campaign left in the way: the key entered,
+    /// and whether it holds at once.
+    async fn enter(
+        &self,
+        joining: &mut Joining,
+        req: &LockRequest<'_>,
+        place: Place,
+        sent: Instant,
+    ) -> Result<(Entered, bool)> {
+        let value = self.value(req);
+        let mut fresh_session = false;
+        let mut leftovers = 0;
+        loop {
+            let session = self.state.session().await?;
+            let mine = self.key_for(&place, session.id(), req.owner);
+            let shared = matches!(self.kind, Kind::Candidate { .. })
+                .then(|| (self.state.campaigns.clone(), req.key.clone()));
+            joining.written = Some(Written::own_key(
+                self.requests(),
+                &place.queue,
+                &mine,
+                session.id(),
+                shared,
+            ));
+            match self
+                .join(req.key, &place, &mine, &value, session.id())
+                .await
+            {
+                Ok(Joined::Entered { revision, holds }) => {
+                    if let Some(written) = &mut joining.written {
+                        written.created(revision);
+                    }
+                    let entered = Entered {
+                        session,
+                        place,
+                        key: mine,
+                        revision,
+                        sent,
+                    };
+                    return Ok((entered, holds));
+                }
+                Ok(Joined::Leftover { mod_revision }) if leftovers < LEFTOVER_ATTEMPTS => {
+                    joining.written = None;
+                    leftovers += 1;
+                    remove_leftover(self.requests(), &mine, mod_revision).await?;
+                }
+                Ok(Joined::Leftover { .. }) => {
+                    joining.written = None;
+                    return Err(Error::backend(
+                        BACKEND,
+                        true,
+                        "a key of this client kept standing in the way",
+                    ));
+                }
+                Ok(Joined::Refused(error)) => {
+                    joining.written = None;
+                    return Err(error);
+                }
+                Err(error) if error.is_lease_not_found() && !fresh_session => {
+                    joining.written = None;
+                    session.mark_expired();
+                    fresh_session = true;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 
     /// Whether the key created at `revision` holds now: `None` if it is gone.
@@ -361,49 +600,34 @@ impl View {
         Ok(Some(ahead < limit))
     }
 
-    /// Whether an attempt that never waits would find the name busy, read before a lease is
-    /// granted for it (writers, readers and candidates; the transaction decides in the end).
-    async fn looks_busy(&self, place: &Place) -> Result<bool> {
-        if matches!(self.kind, Kind::Semaphore { .. }) {
-            return Ok(false);
-        }
-        let response = self
-            .requests()
-            .txn(Txn::new().and_then([TxnOp::get(place.blockers.clone(), Some(any_key()))]))
-            .await?;
-        Ok(!kvs(&response, 0).is_empty())
-    }
-
     /// Turns a key that holds into a grant the core can make a lease of.
-    fn hold(
-        &self,
-        req: &LockRequest<'_>,
-        session: Arc<Session>,
-        key: Vec<u8>,
-        revision: i64,
-        sent: Instant,
-    ) -> Grant {
+    fn hold(&self, req: &LockRequest<'_>, joining: Joining, entered: Entered) -> Grant {
+        let Entered {
+            session,
+            place,
+            key,
+            revision,
+            sent,
+        } = entered;
         let (deadline, at) = watch::channel(sent + req.ttl);
         let watch = session.watch();
         let hold = Arc::new(Hold {
             session,
+            queue: place.queue,
             key,
             revision,
             deadline,
+            _turn: joining.granted(),
         });
         self.state.holds.map().insert(req.owner, hold);
         tokio::spawn(end_at_deadline(
             Arc::downgrade(&self.state.holds),
+            self.requests().clone(),
             req.owner,
             at,
+            watch.clone(),
         ));
         Grant::new(FencingToken(revision.unsigned_abs()), sent).with_session(watch)
-    }
-
-    /// Revokes the lease of an acquire that ends without a grant, within dlock-core's
-    /// withdrawal bound (dropping the session finishes it in the background past that).
-    async fn withdraw(key: &LockKey, session: Arc<Session>) {
-        dlock_core::withdraw(key, session.revoke()).await;
     }
 
     fn lost(key: &LockKey) -> Error {
@@ -424,6 +648,16 @@ impl View {
             .await?;
         Ok(kvs(&response, 0))
     }
+}
+
+/// A key that holds, on its way to becoming a grant.
+struct Entered {
+    session: Arc<Session>,
+    place: Place,
+    key: Vec<u8>,
+    revision: i64,
+    /// When the acquire began: the grant's TTL counts from then.
+    sent: Instant,
 }
 
 fn any_key() -> GetOptions {
@@ -466,58 +700,39 @@ impl DistributedLock for View {
         self.capabilities
     }
 
-    /// One transaction that writes this acquire's key only if it would hold at once (a writer
-    /// or candidate when nobody contends, a reader when no writer does); a semaphore's key is
-    /// written with the check of the permits and withdrawn again if it does not hold.
+    /// One transaction that writes this acquire's key and reads what it waits behind; a key
+    /// that does not hold at once is deleted again before the busy answer (in the background
+    /// past dlock-core's withdrawal bound). A candidate whose client campaigns already on the
+    /// name is answered busy without a request.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         if self.kind == Kind::Observer {
             Primitive::observer().value()?;
         }
         let sent = Instant::now();
-        let place = self.place(req.key);
-        if self.looks_busy(&place).await? {
-            return Ok(Attempt::Busy { retry_after: None });
-        }
-        let session = self.grant_lease().await?;
-        let mine = contender_key(&place.mine, session.id());
-        let value = self.value(req);
-        let revision = if let Kind::Semaphore { .. } = self.kind {
-            let joined = self
-                .join(req.key, &place, &mine, &value, session.id())
-                .await;
-            let revision = match joined {
-                Ok(revision) => revision,
-                Err(error) => {
-                    Self::withdraw(req.key, session).await;
-                    return Err(error);
-                }
-            };
-            if self.holds_now(&place, &mine, revision).await? != Some(true) {
-                Self::withdraw(req.key, session).await;
-                return Ok(Attempt::Busy { retry_after: None });
-            }
-            revision
-        } else {
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(place.blockers.clone(), CompareOp::Equal, 0)
-                        .with_prefix(),
-                ])
-                .and_then([TxnOp::put(
-                    mine.clone(),
-                    value,
-                    Some(PutOptions::new().with_lease(session.id())),
-                )]);
-            let response = self.requests().txn(txn).await?;
-            if !response.succeeded() {
-                Self::withdraw(req.key, session).await;
-                return Ok(Attempt::Busy { retry_after: None });
-            }
-            store_revision(&response)
+        let turn = match self.kind {
+            Kind::Candidate { .. } => match self.state.campaigns.try_owned_turn(req.key) {
+                Some(turn) => Some(turn),
+                None => return Ok(Attempt::Busy { retry_after: None }),
+            },
+            _ => None,
         };
-        Ok(Attempt::Acquired(
-            self.hold(req, session, mine, revision, sent),
-        ))
+        let mut joining = Joining {
+            key: req.key.clone(),
+            written: None,
+            turn,
+        };
+        let place = self.place(req.key);
+        match self.enter(&mut joining, req, place, sent).await {
+            Ok((entered, true)) => Ok(Attempt::Acquired(self.hold(req, joining, entered))),
+            Ok((_, false)) => {
+                joining.withdraw().await;
+                Ok(Attempt::Busy { retry_after: None })
+            }
+            Err(error) => {
+                joining.withdraw().await;
+                Err(error)
+            }
+        }
     }
 
     /// Re-arms the client's TTL of a grant whose key is still the one it was granted with.
@@ -534,9 +749,7 @@ impl DistributedLock for View {
             Compare::lease(hold.key.clone(), CompareOp::Equal, hold.session.id()),
         ]);
         if !self.requests().txn(txn).await?.succeeded() {
-            if let Some(gone) = self.state.holds.remove(lease.owner) {
-                let _ = gone.session.revoke().await;
-            }
+            self.state.holds.remove(lease.owner);
             return Ok(Extension::Expired);
         }
         let now = Instant::now();
@@ -555,22 +768,14 @@ impl DistributedLock for View {
         })
     }
 
-    /// Deletes the grant's key (comparing its create revision and lease) and revokes its lease.
-    /// A release by owner token of an acquire that never completed finds nothing to do: its
-    /// lease went with the acquire.
+    /// Deletes the grant's key, comparing its create revision and lease. A release by owner
+    /// token of an acquire that never completed finds nothing to do: the acquire withdraws its
+    /// own key.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let Some(hold) = self.state.holds.remove(lease.owner) else {
             return Ok(Released::Expired);
         };
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(hold.key.clone(), CompareOp::Equal, hold.revision),
-                Compare::lease(hold.key.clone(), CompareOp::Equal, hold.session.id()),
-            ])
-            .and_then([TxnOp::delete(hold.key.clone(), None)]);
-        let deleted = self.requests().txn(txn).await;
-        let _ = hold.session.revoke().await;
-        Ok(if deleted?.succeeded() {
+        Ok(if hold.delete(self.requests()).await? {
             Released::Released
         } else {
             Released::Expired
@@ -627,8 +832,7 @@ impl DistributedLock for View {
     }
 
     /// Joins the queue and waits, watching the keys ahead for deletions, until this key holds.
-    /// A wait that runs out revokes the acquire's lease before it returns (bounded), which
-    /// deletes its key.
+    /// A wait that runs out deletes the acquire's key before it returns (bounded).
     async fn lock(
         &self,
         req: &LockRequest<'_>,
@@ -640,36 +844,44 @@ impl DistributedLock for View {
         }
         let waiting = Waiting::new(req.key, deadline, retry);
         let sent = Instant::now();
+        let Ok(turn) = self.turn(req.key, deadline).await else {
+            return Err(waiting.timeout());
+        };
+        let mut joining = Joining {
+            key: req.key.clone(),
+            written: None,
+            turn,
+        };
         let place = self.place(req.key);
-        let session = self.grant_lease().await?;
-        let mine = contender_key(&place.mine, session.id());
-        let value = self.value(req);
-        let waited: Result<i64> = async {
-            let revision = self
-                .join(req.key, &place, &mine, &value, session.id())
-                .await?;
-            loop {
+        let waited: Result<Entered> = async {
+            let (entered, mut holds) = self.enter(&mut joining, req, place, sent).await?;
+            let (place, mine) = (&entered.place, &entered.key);
+            while !holds {
                 let armed = arm(self.requests(), vec![place.blockers.clone()], true).await?;
-                match self.holds_now(&place, &mine, revision).await? {
-                    Some(true) => break,
-                    Some(false) => {}
+                match self.holds_now(place, mine, entered.revision).await? {
+                    Some(true) => holds = true,
+                    Some(false) => {
+                        match armed.wait(Some(entered.session.watch()), deadline).await? {
+                            Woken::Deleted => {}
+                            Woken::SessionEnded => return Err(Self::lost(req.key)),
+                            Woken::Deadline => return Err(waiting.timeout()),
+                        }
+                    }
                     None => return Err(Self::lost(req.key)),
-                }
-                match armed.wait(Some(session.watch()), deadline).await? {
-                    Woken::Deleted => {}
-                    Woken::SessionEnded => return Err(Self::lost(req.key)),
-                    Woken::Deadline => return Err(waiting.timeout()),
                 }
             }
             // etcd issue #11456: never report a grant whose lease ran out while it waited.
-            session.wait_alive(req.key.as_str(), deadline).await?;
-            Ok(revision)
+            entered
+                .session
+                .wait_alive(req.key.as_str(), deadline)
+                .await?;
+            Ok(entered)
         }
         .await;
         match waited {
-            Ok(revision) => Ok(self.hold(req, session, mine, revision, sent)),
+            Ok(entered) => Ok(self.hold(req, joining, entered)),
             Err(error) => {
-                Self::withdraw(req.key, session).await;
+                joining.withdraw().await;
                 Err(error)
             }
         }

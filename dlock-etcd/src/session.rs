@@ -17,6 +17,7 @@
 //!
 //! A client whose session expired grants a new one for its next acquire.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use tokio::time::Instant;
 
 use crate::error::from_client;
 use crate::requests::{RequestError, Requests};
+use crate::watchdog::{start_deferred, Deferred};
 
 /// The shortest pause between attempts to reopen a broken keep-alive stream.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(50);
@@ -38,6 +40,13 @@ pub(crate) struct Session {
     state: watch::Sender<SessionState>,
     keeper: JoinHandle<()>,
     requests: Requests,
+    /// The watchdogs of this session's locks that need not run yet, and the task that starts
+    /// them.
+    pub(crate) watchdogs: Arc<Deferred>,
+    starter: JoinHandle<()>,
+    /// Set once the server is known not to have the lease any more (revoked, or answered that
+    /// it is gone).
+    gone: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Session {
@@ -92,7 +101,17 @@ impl Session {
             .min(MAX_BELIEVED_TTL);
         let until = vouched_until(sent, ttl);
         let (state, _) = watch::channel(SessionState::Alive { until: Some(until) });
-        let keeper = tokio::spawn(keep_alive(requests.clone(), id, ttl, state.clone(), until));
+        let gone = Arc::new(AtomicBool::new(false));
+        let keeper = tokio::spawn(keep_alive(
+            requests.clone(),
+            id,
+            ttl,
+            state.clone(),
+            until,
+            gone.clone(),
+        ));
+        let watchdogs = Arc::new(Deferred::default());
+        let starter = tokio::spawn(start_deferred(watchdogs.clone(), state.subscribe()));
         tracing::debug!(lease = %crate::layout::lease_hex(id), ?ttl, "etcd session granted");
         Ok(Session {
             id,
@@ -100,6 +119,9 @@ impl Session {
             state,
             keeper,
             requests: requests.clone(),
+            watchdogs,
+            starter,
+            gone,
         })
     }
 
@@ -132,7 +154,28 @@ impl Session {
     /// Records that the server no longer has the lease (learned from a request that named it).
     pub(crate) fn mark_expired(&self) {
         expire(&self.state, "the server no longer has the lease");
+        self.gone.store(true, Ordering::SeqCst);
         self.keeper.abort();
+    }
+
+    /// Revokes a lease the client gave up on while the server may still have it (its keep-alives
+    /// went unanswered): a key written by a request whose answer was lost would otherwise stand in
+    /// every contender's way until the server expires the lease. One attempt within the request
+    /// timeout; called before a new session is granted, so the first acquire after a partition
+    /// heals does not find this client's own old key in its way.
+    pub(crate) async fn revoke_if_left(&self) {
+        if self.gone.load(Ordering::SeqCst) || self.is_usable() {
+            return;
+        }
+        match self
+            .requests
+            .lease_revoke(self.id, self.requests.timeout())
+            .await
+        {
+            Ok(()) => self.gone.store(true, Ordering::SeqCst),
+            Err(e) if e.is_lease_not_found() => self.gone.store(true, Ordering::SeqCst),
+            Err(e) => tracing::debug!(error = %e, "revoking a session given up on failed"),
+        }
     }
 
     /// Waits until the session is confirmed alive, and returns until when; fails at once with
@@ -185,8 +228,14 @@ impl Session {
             .lease_revoke(self.id, self.requests.timeout())
             .await
         {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_lease_not_found() => Ok(()),
+            Ok(_) => {
+                self.gone.store(true, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(e) if e.is_lease_not_found() => {
+                self.gone.store(true, Ordering::SeqCst);
+                Ok(())
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -195,6 +244,7 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.keeper.abort();
+        self.starter.abort();
         let was_usable = self.is_usable();
         expire(&self.state, "the client dropped the session");
         if !was_usable {
@@ -266,6 +316,7 @@ async fn keep_alive(
     ttl: Duration,
     state: watch::Sender<SessionState>,
     mut until: Instant,
+    gone: Arc<AtomicBool>,
 ) {
     // etcd's own session sends a keep-alive every third of the TTL; an answer that has not come
     // by the next one counts as missing.
@@ -281,7 +332,9 @@ async fn keep_alive(
             );
             // The server may still have it (e.g. it was extended by a leader change): make sure
             // its keys do not outlive the client's belief.
-            let _ = requests.lease_revoke(id, interval).await;
+            if requests.lease_revoke(id, interval).await.is_ok() {
+                gone.store(true, Ordering::SeqCst);
+            }
             return;
         }
         // Opening the stream sends the first keep-alive and waits for its answer.
@@ -383,6 +436,10 @@ impl SessionSlot {
         let _granting = self.granting.lock().await;
         if let Some(session) = self.usable() {
             return Ok(session);
+        }
+        let previous = self.lock().clone();
+        if let Some(previous) = previous {
+            previous.revoke_if_left().await;
         }
         let session = Arc::new(Session::grant(requests, ttl, budget).await?);
         *self.lock() = Some(session.clone());

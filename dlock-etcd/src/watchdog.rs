@@ -12,11 +12,13 @@
 //!   at the end of the TTL without an extension — then it deletes the key (ownership-checked),
 //!   which is what lets the next contender in.
 
-use std::sync::Weak;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::{LockKey, SessionState};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::contention::{confirm_own, delete_own, Owner, Read};
@@ -81,6 +83,26 @@ fn publish(view: &watch::Sender<SessionState>, state: SessionState) {
 }
 
 impl Watchdog {
+    /// When this watchdog has to run at the latest: when the key is to be watched, or at the end
+    /// of the TTL if that comes first.
+    fn due(&self) -> Instant {
+        let end = self.expiry.borrow().delete_at;
+        self.watch_at.map_or(end, |at| at.min(end))
+    }
+
+    /// Starts the watchdog if its lock is still held and it does not run yet.
+    fn start(self) {
+        let Some(local_queue) = self.local_queue.upgrade() else {
+            return;
+        };
+        let (key, revision) = (self.key.clone(), self.revision);
+        local_queue.with_held(&key, move |held| {
+            if held.revision == revision && !matches!(held.watchdog, Started::Running(_)) {
+                held.watchdog = Started::Running(tokio::spawn(self.run()).abort_handle());
+            }
+        });
+    }
+
     pub(crate) async fn run(mut self) {
         loop {
             let expiry = *self.expiry.borrow_and_update();
@@ -209,29 +231,15 @@ impl Watchdog {
 
     /// Deletes the key if it is still ours; retried while the session may still hold it.
     async fn delete_key(&self) {
-        let mut pause = Duration::from_millis(50);
-        loop {
-            match delete_own(
-                &self.requests,
-                &self.prefix,
-                &self.contender,
-                self.revision,
-                self.lease,
-            )
-            .await
-            {
-                Ok(Owner::Us | Owner::Other | Owner::Nobody) => return,
-                Err(error) => {
-                    let session = session::current(&self.session.borrow(), Instant::now());
-                    if matches!(session, SessionState::Expired) {
-                        return;
-                    }
-                    tracing::debug!(key = %self.key, ?error, "deleting an expired lock's key failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-            }
-        }
+        delete_while_alive(
+            &self.requests,
+            &self.prefix,
+            &self.contender,
+            self.revision,
+            self.lease,
+            &self.session,
+        )
+        .await;
     }
 
     /// Removes the lock's record, passing the local turn on.
@@ -239,5 +247,162 @@ impl Watchdog {
         if let Some(local_queue) = self.local_queue.upgrade() {
             local_queue.discard(&self.key, self.revision);
         }
+    }
+}
+
+/// Deletes `key` of `prefix` if it is still the one created at `revision` on `lease`; retried
+/// while the session may still hold it (once it has ended, the server deleted the key with it).
+pub(crate) async fn delete_while_alive(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    revision: i64,
+    lease: i64,
+    session: &watch::Receiver<SessionState>,
+) {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match delete_own(requests, prefix, key, revision, lease).await {
+            Ok(Owner::Us | Owner::Other | Owner::Nobody) => return,
+            Err(error) => {
+                let state = session::current(&session.borrow(), Instant::now());
+                if matches!(state, SessionState::Expired) {
+                    return;
+                }
+                tracing::debug!(?error, "deleting an expired grant's key failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Whether a held lock's watchdog runs.
+pub(crate) enum Started {
+    /// Not registered yet (the lock is being recorded).
+    No,
+    /// Waiting in its session's [`Deferred`] under this entry.
+    Deferred(Weak<Deferred>, DeferredId),
+    /// Running, as this task.
+    Running(AbortHandle),
+}
+
+impl Started {
+    /// Stops the watchdog, or takes it out of its session's waiting list (the lock is gone).
+    pub(crate) fn stop(&mut self) {
+        match std::mem::replace(self, Started::No) {
+            Started::No => {}
+            Started::Deferred(deferred, id) => {
+                if let Some(deferred) = deferred.upgrade() {
+                    deferred.cancel(id);
+                }
+            }
+            Started::Running(task) => task.abort(),
+        }
+    }
+}
+
+/// An entry of a [`Deferred`].
+pub(crate) type DeferredId = (Instant, u64);
+
+/// The watchdogs of one session's locks that need not run yet.
+///
+/// Most locks are released within [`WATCH_AFTER`], long before their TTL ends, and while the
+/// session stays alive a watchdog has nothing to do until then: the lease was given the
+/// session's state when it was granted. So a watchdog is not a task of its own from the start
+/// (a spawn, two timers and an abort per lock); it waits here, and one task per session starts
+/// it when it is due, or at once when the session's state changes other than by a renewal.
+#[derive(Default)]
+pub(crate) struct Deferred {
+    inner: Mutex<Waiting>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Waiting {
+    next_id: u64,
+    due: BTreeMap<DeferredId, Watchdog>,
+    /// What the session's task sleeps until (`None`: until it is woken).
+    armed_for: Option<Instant>,
+}
+
+impl Deferred {
+    fn inner(&self) -> MutexGuard<'_, Waiting> {
+        // Each change below completes before anything can panic.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps `watchdog` until it is due; the id takes it out again.
+    pub(crate) fn add(&self, watchdog: Watchdog) -> DeferredId {
+        let due = watchdog.due();
+        let mut inner = self.inner();
+        inner.next_id += 1;
+        let id = (due, inner.next_id);
+        inner.due.insert(id, watchdog);
+        if inner.armed_for.is_none_or(|armed| due < armed) {
+            inner.armed_for = Some(due);
+            self.wake.notify_one();
+        }
+        id
+    }
+
+    fn cancel(&self, id: DeferredId) {
+        let removed = self.inner().due.remove(&id);
+        drop(removed);
+    }
+
+    /// Takes out the watchdogs due by `now` (all of them with `None`), and records what the
+    /// session's task sleeps until next.
+    fn take_due(&self, now: Option<Instant>) -> Vec<Watchdog> {
+        let mut inner = self.inner();
+        let taken = match now {
+            None => std::mem::take(&mut inner.due),
+            Some(now) => {
+                let later = inner.due.split_off(&(now, u64::MAX));
+                std::mem::replace(&mut inner.due, later)
+            }
+        };
+        inner.armed_for = inner.due.keys().next().map(|(due, _)| *due);
+        taken.into_values().collect()
+    }
+}
+
+/// The task of one session that starts its locks' watchdogs when they are due, and all of them
+/// when the session's state changes other than by a renewal (suspended, expired, gone).
+pub(crate) async fn start_deferred(
+    deferred: Arc<Deferred>,
+    mut session: watch::Receiver<SessionState>,
+) {
+    let mut last = *session.borrow_and_update();
+    let mut next = None;
+    loop {
+        tokio::select! {
+            () = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+            () = deferred.wake.notified() => {}
+            changed = session.changed() => {
+                let now = *session.borrow_and_update();
+                let renewed = matches!(
+                    (last, now),
+                    (SessionState::Alive { .. }, SessionState::Alive { .. })
+                );
+                last = now;
+                if changed.is_err() || !renewed {
+                    deferred.take_due(None).into_iter().for_each(Watchdog::start);
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        deferred
+            .take_due(Some(Instant::now()))
+            .into_iter()
+            .for_each(Watchdog::start);
+        next = deferred.inner().armed_for;
     }
 }

@@ -63,6 +63,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(primitives::cancelled_acquires_leave_no_key),
         case!(primitives::permits_return_at_the_ttl_and_when_a_client_is_cut_off),
         case!(primitives::close_ends_the_grants_at_once),
+        case!(primitives::losing_the_session_loses_the_grants),
     ]
 }
 

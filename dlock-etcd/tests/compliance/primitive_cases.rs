@@ -77,6 +77,10 @@ pub async fn election_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> a
         *k == format!("{name}/{lease:x}"),
         "key {k:?} on lease {lease:x}"
     );
+    ensure!(
+        Some(*lease) == candidate.session_lease(),
+        "the candidate's key is not on the client's session lease"
+    );
     ensure!(value == "10.0.0.7:8080", "value {value:?}");
     ensure!(leadership.term().get() == u64::try_from(*create_revision)?);
     let leader = shared(&observer)
@@ -194,8 +198,8 @@ pub async fn dlock_leads_and_etcdctl_waits(env: Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Two permits: two holders on keys `<semaphore>/<lease hex>` with the owner record, tokens
-/// increasing; a third is refused; a client asking with another number is refused with a
+/// Two permits, both of one client: two holders on keys `<semaphore>/<session lease hex>_<owner
+/// token hex>` with the owner record, tokens increasing; a third is refused; a client asking with another number is refused with a
 /// mismatch and writes nothing; once the name is free, another number is agreed.
 pub async fn semaphore_permits_and_mismatch(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
     let [a, b, c] = clients(&endpoints, SESSION_TTL).await?;
@@ -215,13 +219,25 @@ pub async fn semaphore_permits_and_mismatch(Env { endpoints, .. }: Env) -> anyho
     );
     let stored = keys_under(&raw, &format!("{name}/")).await?;
     ensure!(stored.len() == 2, "keys: {stored:?}");
+    let session = a.session_lease().context("A has no session")?;
     for (k, value, _, lease) in &stored {
-        ensure!(*k == format!("{name}/{lease:x}"), "key {k:?}");
+        ensure!(
+            *lease == session,
+            "key {k:?} on lease {lease:x}, not the session's"
+        );
+        let token = k
+            .strip_prefix(&format!("{name}/{lease:x}_"))
+            .with_context(|| format!("key {k:?}"))?;
+        ensure!(
+            token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+            "key {k:?}"
+        );
         ensure!(
             dlock_core::OwnerRecord::parse(value.as_bytes()).is_some(),
             "value {value:?}"
         );
     }
+    ensure!(stored[0].0 != stored[1].0, "{stored:?}");
     ensure!(
         stored[0].2 == i64::try_from(first.fencing_token().get())?,
         "{stored:?}"
@@ -269,9 +285,12 @@ pub async fn rw_lock_queues_writers_fairly(Env { endpoints, .. }: Env) -> anyhow
     );
     let stored = keys_under(&raw, &format!("{name}/")).await?;
     ensure!(stored.len() == 2, "a busy try_write left a key: {stored:?}");
-    ensure!(stored
-        .iter()
-        .all(|(k, _, _, lease)| *k == format!("{name}/read/{lease:x}")));
+    ensure!(
+        stored
+            .iter()
+            .all(|(k, _, _, lease)| k.starts_with(&format!("{name}/read/{lease:x}_"))),
+        "{stored:?}"
+    );
     ensure!(
         stored[0].2 == i64::try_from(r1.fencing_token().get())?,
         "{stored:?}"
@@ -288,7 +307,9 @@ pub async fn rw_lock_queues_writers_fairly(Env { endpoints, .. }: Env) -> anyhow
     .await?;
     let queued = keys_under(&raw, &format!("{name}/write/")).await?;
     ensure!(
-        queued[0].0 == format!("{name}/write/{:x}", queued[0].3),
+        queued[0]
+            .0
+            .starts_with(&format!("{name}/write/{:x}_", queued[0].3)),
         "{queued:?}"
     );
     ensure!(
@@ -370,7 +391,7 @@ pub async fn cancelled_acquires_leave_no_key(Env { endpoints, .. }: Env) -> anyh
     Ok(())
 }
 
-/// A permit that is not renewed goes at its TTL (the client revokes its lease), and the permit
+/// A permit that is not renewed goes at its TTL (the client deletes its key), and the permit
 /// of a client cut off from the server returns when its lease runs out there (session TTL).
 pub async fn permits_return_at_the_ttl_and_when_a_client_is_cut_off(
     Env { endpoints, .. }: Env,
@@ -414,8 +435,8 @@ pub async fn permits_return_at_the_ttl_and_when_a_client_is_cut_off(
     Ok(())
 }
 
-/// Closing a client revokes the leases of its grants: their keys are gone when `close`
-/// returns, and the leadership and the permit are lost.
+/// Closing a client revokes its session lease, which its grants' keys are attached to: their
+/// keys are gone when `close` returns, and the leadership and the permit are lost.
 pub async fn close_ends_the_grants_at_once(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
     let [a, b] = clients(&endpoints, SESSION_TTL).await?;
     let raw = raw(&endpoints).await?;
@@ -433,5 +454,60 @@ pub async fn close_ends_the_grants_at_once(Env { endpoints, .. }: Env) -> anyhow
         .try_campaign("b", &opts())
         .await?;
     ensure!(next.is_some(), "the closed client's leadership stood");
+    Ok(())
+}
+
+/// Every grant lives on the client's session lease: when the server ends that lease behind the
+/// client's back, the permit, the read hold and the leadership are lost and their keys gone; a
+/// second campaign of the same client on one election waits for the first to resign.
+pub async fn losing_the_session_loses_the_grants(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
+    let [a, b] = clients(&endpoints, SESSION_TTL).await?;
+    let mut raw = raw(&endpoints).await?;
+    let key = key("session-grants");
+    let permit = shared(&a).semaphore(&key, 2)?.acquire(&opts()).await?;
+    let read = shared(&a).rw(&key)?.read(&opts()).await?;
+    let leadership = shared(&a).election(&key)?.campaign("a", &opts()).await?;
+    let second = shared(&a)
+        .election(&key)?
+        .try_campaign("a-again", &opts())
+        .await?;
+    ensure!(second.is_none(), "one client campaigned twice at once");
+    let session = a.session_lease().context("A has no session")?;
+    raw.lease_revoke(session).await?;
+    eventually("the grants are lost", Duration::from_secs(5), || async {
+        Ok(!permit.is_held() && !read.is_held() && !leadership.is_leader())
+    })
+    .await?;
+    for family in ["semaphore", "rw", "election"] {
+        let name = family_name(&a, family, &key)?;
+        let left = keys_under(&raw, &format!("{name}/")).await?;
+        ensure!(left.is_empty(), "{family} keys left: {left:?}");
+    }
+    let next = shared(&b)
+        .election(&key)?
+        .try_campaign("b", &opts())
+        .await?;
+    ensure!(next.is_some(), "the lost leadership stood");
+    if let Some(next) = next {
+        next.resign().await?;
+    }
+    // A new session is granted for A's next campaign; its two campaigns take turns.
+    let first = shared(&a).election(&key)?.campaign("a1", &opts()).await?;
+    let again = shared(&a).election(&key)?;
+    let waiting = tokio::spawn(async move {
+        again
+            .campaign("a2", &opts().with_wait(Duration::from_secs(10)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        !waiting.is_finished(),
+        "a second campaign of A led beside the first"
+    );
+    let first_term = first.term();
+    first.resign().await?;
+    let led = tokio::time::timeout(Duration::from_secs(5), waiting).await???;
+    ensure!(led.term() > first_term);
+    led.resign().await?;
     Ok(())
 }
