@@ -19,7 +19,7 @@
 //!   message stays on the shard that owns its channel's slot instead of being broadcast to every
 //!   node, and a script may only publish on a channel of its own slot. So in a cluster the
 //!   release channel carries the lock key's hash tag ([`release_channel`]), and the release
-//!   script publishes with `SPUBLISH` ([`scripts::RELEASE_SHARDED`]).
+//!   script publishes with `SPUBLISH` ([`scripts::RELEASE`]).
 //! * **The listener** holds one cluster connection in RESP3 (subscriptions on a multiplexed
 //!   connection arrive as push messages) and subscribes each channel on the node that owns its
 //!   slot. When a slot moves, its owner ends the subscriptions of its channels (`sunsubscribe`
@@ -607,7 +607,13 @@ impl Listener {
             _ => return,
         };
         match push.kind {
-            PushKind::SMessage => feed.wake(&channel),
+            PushKind::SMessage => {
+                let payload = match push.data.get(1) {
+                    Some(Value::BulkString(payload)) => payload.as_slice(),
+                    _ => &[],
+                };
+                feed.wake(&channel, payload);
+            }
             PushKind::SUnsubscribe if feed.unconfirm(&channel) => tracing::debug!(
                 channel,
                 "release notifications: the shard ended a subscription; subscribing again"

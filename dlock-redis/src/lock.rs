@@ -17,7 +17,7 @@ use crate::cluster::{self, ClusterInfo, RedisConnection};
 use crate::connection::Connection;
 use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
-use crate::protocol::scripts::{self, AcquireReply};
+use crate::protocol::scripts::{self, AcquireCall, AcquireReply, Publish, Queueing};
 use crate::replicas::{Acknowledged, Acks};
 use crate::view::RedisView;
 use crate::wakeups::Wakeups;
@@ -116,6 +116,26 @@ impl RedisLock {
         }
     }
 
+    /// How this client announces releases: `SPUBLISH` in a cluster.
+    pub(crate) fn publish(&self) -> Publish {
+        if self.is_cluster() {
+            Publish::Sharded
+        } else {
+            Publish::Plain
+        }
+    }
+
+    /// How an attempt with queue entry lifetime `entry_lifetime` (zero: a `try_lock`) of the
+    /// lock key `lock` uses the queue, announcing on `channel`.
+    pub(crate) fn queueing<'a>(&self, channel: &'a str, entry_lifetime: Duration) -> Queueing<'a> {
+        Queueing {
+            entry_lifetime,
+            arrival: None,
+            channel,
+            publish: self.publish(),
+        }
+    }
+
     /// The bound on every request.
     pub fn request_timeout(&self) -> Duration {
         self.inner.connection.request_timeout()
@@ -136,30 +156,18 @@ impl RedisLock {
         &self.inner.owner
     }
 
-    /// One run of the acquire script on `lock` and its counter `fence`, leaving `record` (the
-    /// owner record's JSON) with a grant.
-    pub(crate) async fn attempt(
-        &self,
-        lock: &str,
-        fence: &str,
-        owner: &str,
-        record: &str,
-        ttl: Duration,
-    ) -> Result<AcquireReply> {
-        let fence_ttl = self.inner.fence_ttl;
+    /// One run of the acquire script.
+    pub(crate) async fn attempt(&self, call: AcquireCall<'_>) -> Result<AcquireReply> {
         let Some(acks) = self.inner.acks else {
             return self
                 .inner
                 .connection
-                .run("acquire", |mut con| async move {
-                    scripts::acquire(&mut con, lock, fence, owner, record, ttl, fence_ttl).await
-                })
+                .run("acquire", |mut con| async move { call.run(&mut con).await })
                 .await;
         };
         let (reply, acknowledged) = self
             .acknowledged("acquire", &acks, |mut con| async move {
-                let reply =
-                    scripts::acquire(&mut con, lock, fence, owner, record, ttl, fence_ttl).await;
+                let reply = call.run(&mut con).await;
                 reply.map(|reply| (reply, con.acknowledged))
             })
             .await?;
@@ -167,12 +175,13 @@ impl RedisLock {
             (&reply, acks.check("acquire", acknowledged))
         {
             // Never returned as held: take it back (a failed release leaves the key to its TTL).
-            let channel = keys::release_channel(lock);
+            let (lock, owner, channel) = (call.lock_key, call.owner, call.queue.channel);
+            let publish = call.queue.publish;
             let released = self
                 .inner
                 .connection
                 .run("release", |mut con| async move {
-                    scripts::release(&mut con, lock, owner, &channel).await
+                    scripts::release_with(&mut con, lock, owner, channel, publish).await
                 })
                 .await;
             if let Err(error) = released {
@@ -262,6 +271,7 @@ impl DistributedLock for RedisLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
             .with_notifications()
+            .with_fair_queue()
             .with_primitives(Primitives::ALL)
     }
 
@@ -272,19 +282,18 @@ impl DistributedLock for RedisLock {
         Ok(Arc::new(RedisView::new(self.clone(), primitive.clone())))
     }
 
+    /// One attempt that never enqueues; it does not jump the queue either (a free lock with
+    /// waiters is busy).
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let lock = self.inner.layout.lock_key(req.key);
-        let fence = keys::fence_key(&lock);
-        let owner = req.owner.to_hex();
-        let record = self.inner.owner.record().to_json();
+        let names = AttemptNames::new(self, req);
         let sent = Instant::now();
         Ok(
             match self
-                .attempt(&lock, &fence, &owner, &record, req.ttl)
+                .attempt(names.call(self, req.ttl, Duration::ZERO))
                 .await?
             {
                 AcquireReply::Granted(token) => Attempt::Acquired(Grant::new(token, sent)),
-                AcquireReply::Busy { pttl } => Attempt::Busy { retry_after: pttl },
+                AcquireReply::Busy { pttl, .. } => Attempt::Busy { retry_after: pttl },
             },
         )
     }
@@ -402,23 +411,20 @@ impl DistributedLock for RedisLock {
         let lock = self.inner.layout.lock_key(lease.key);
         let channel = self.release_channel(&lock);
         let owner = lease.owner.to_hex();
+        let publish = self.publish();
         let Some(acks) = self.inner.acks else {
-            let sharded = self.is_cluster();
             return self
                 .inner
                 .connection
                 .run("release", |mut con| async move {
-                    if sharded {
-                        scripts::release_sharded(&mut con, &lock, &owner, &channel).await
-                    } else {
-                        scripts::release(&mut con, &lock, &owner, &channel).await
-                    }
+                    scripts::release_with(&mut con, &lock, &owner, &channel, publish).await
                 })
                 .await;
         };
         let (released, acknowledged) = self
             .acknowledged("release", &acks, |mut con| async move {
-                let released = scripts::release(&mut con, &lock, &owner, &channel).await;
+                let released =
+                    scripts::release_with(&mut con, &lock, &owner, &channel, publish).await;
                 released.map(|r| (r, con.acknowledged))
             })
             .await?;
@@ -431,12 +437,22 @@ impl DistributedLock for RedisLock {
     /// Reads the lock key, its remaining TTL and its owner record with [`scripts::peek`]. The
     /// holder's fencing token and owner come from the owner record when its owner token is the
     /// lock key's value (the grant that wrote both); a holder without one — another client's
-    /// plain `SET NX`, which does not count — has neither. Nobody's waiting is known: waiters
-    /// leave nothing on the server.
+    /// plain `SET NX`, which does not count — has neither. The number of waiting acquires is the
+    /// size of the lock's queue (`ZCARD`; an entry of a crashed waiter counts until it lapses
+    /// and an attempt prunes it); their order is not reported.
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
-        let seen = self.peek(self.inner.layout.lock_key(key)).await?;
+        let lock = self.inner.layout.lock_key(key);
+        let queue = keys::queue_key(&lock);
+        let seen = self.peek(lock).await?;
+        let waiting: usize = self
+            .inner
+            .connection
+            .run("inspect", |mut con| async move {
+                redis::cmd("ZCARD").arg(&queue).query_async(&mut con).await
+            })
+            .await?;
         Ok(match seen.holder {
-            Some(_) => Holding::Held(seen.holder_view()),
+            Some(_) => Holding::Held(seen.holder_view().with_waiting(waiting)),
             None => Holding::Free,
         })
     }
@@ -497,7 +513,7 @@ impl DistributedLock for RedisLock {
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
         let channel = self.release_channel(&self.inner.layout.lock_key(key));
-        let registration = self.wakeups().register(&channel);
+        let registration = self.wakeups().register(&channel, None);
         let notified = registration.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -516,6 +532,48 @@ impl DistributedLock for RedisLock {
         retry: &Backoff,
     ) -> Result<Grant> {
         self.wait_for_lock(req, deadline, retry).await
+    }
+}
+
+/// The names one acquire of a lock uses, made once per `lock()` or `try_lock()`.
+pub(crate) struct AttemptNames {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) owner: String,
+    /// The owner record's JSON: `since` is when the lock was requested.
+    pub(crate) record: String,
+    pub(crate) channel: String,
+}
+
+impl AttemptNames {
+    pub(crate) fn new(client: &RedisLock, req: &LockRequest<'_>) -> Self {
+        let lock = client.layout().lock_key(req.key);
+        AttemptNames {
+            fence: keys::fence_key(&lock),
+            owner: req.owner.to_hex(),
+            record: client.owner().record().to_json(),
+            channel: client.release_channel(&lock),
+            lock,
+        }
+    }
+
+    /// An attempt with a lease of `ttl` whose queue entry lives `entry_lifetime` (zero: never
+    /// enqueue).
+    pub(crate) fn call<'a>(
+        &'a self,
+        client: &RedisLock,
+        ttl: Duration,
+        entry_lifetime: Duration,
+    ) -> AcquireCall<'a> {
+        AcquireCall {
+            lock_key: &self.lock,
+            fence_key: &self.fence,
+            owner: &self.owner,
+            record: &self.record,
+            ttl,
+            fence_ttl: client.fence_ttl(),
+            queue: client.queueing(&self.channel, entry_lifetime),
+        }
     }
 }
 

@@ -149,7 +149,7 @@ impl RedisView {
         }
         waiting.check()?;
         let wakeups = self.lock.wakeups();
-        let registration = wakeups.register(&keys.channel);
+        let registration = wakeups.register(&keys.channel, None);
         let ready_by = waiting.bound(Instant::now() + self.lock.request_timeout());
         wakeups.subscribed(&registration, ready_by).await;
         loop {
@@ -180,8 +180,11 @@ impl DistributedLock for RedisView {
         BACKEND
     }
 
+    /// The lock's, but for the fair queue: a primitive's waiters are not queued.
     fn capabilities(&self) -> Capabilities {
-        self.lock.capabilities()
+        let mut capabilities = self.lock.capabilities();
+        capabilities.fair_queue = false;
+        capabilities
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
@@ -220,7 +223,7 @@ impl DistributedLock for RedisView {
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
         let keys = self.keys(key);
         let wakeups = self.lock.wakeups();
-        let registration = wakeups.register(&keys.channel);
+        let registration = wakeups.register(&keys.channel, None);
         let notified = registration.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();

@@ -7,14 +7,20 @@
 //! * **One subscriber connection per client**, opened on first need and shared by every waiting
 //!   task, driven by one background task (the *listener*) that also owns every `SUBSCRIBE` and
 //!   `UNSUBSCRIBE`, so they reach the server in the order they were decided.
-//! * **One wake-up per release and client**: a message wakes the task of this client that has
-//!   waited longest (`Notify::notify_one`); only one contender can win anyway, so waking the
-//!   others would only send the server attempts that are sure to fail. If the woken task loses to
-//!   another client it simply waits again; if it was cancelled, tokio hands the wake-up on.
-//! * **A lost message only costs latency**: waiters also poll, with the caller's jittered backoff
-//!   bounded by the holder's remaining TTL, so a release during a reconnection, a release by a
-//!   foreign client (which does not publish), or an expiry (which nobody publishes) is found by
-//!   the next poll.
+//! * **One wake-up per release, for one task**: a lock's release names the owner token of the
+//!   waiter at the head of the lock's queue (see [`scripts::RELEASE`](crate::protocol::scripts::RELEASE));
+//!   a task registered with that owner token ([`Wakeups::register`]) is woken, and no other. Every
+//!   client subscribed to the channel receives the message, but only the one whose task heads the
+//!   queue sends the server anything. An empty message (a release with nobody queued, a
+//!   primitive's release) wakes the task of this client registered without an owner that has
+//!   waited longest (`Notify::notify_one`): only one contender can win anyway. A wake-up that
+//!   comes while its task is between two attempts is kept (a `Notify` permit), not lost.
+//! * **A lost message only costs latency**: waiters also come back by themselves (the head of a
+//!   queue at the holder's expiry, every queued waiter to refresh its entry, a primitive's waiter
+//!   after its backoff), so a release during a reconnection, a release by a foreign client (which
+//!   does not publish), or an expiry (which nobody publishes) is found by the next attempt.
+//!
+//! Public so that dlock-redlock can listen to each of its masters ([`Wakeups::for_server`]).
 //! * **A silent connection is replaced**: while subscribed, the listener sends `PING` every
 //!   [`HEALTH_CHECK_EVERY`]; no answer within the request timeout (like a `SUBSCRIBE` or
 //!   `UNSUBSCRIBE` without one) ends the connection and the listener opens a new one, waiters
@@ -33,7 +39,10 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
+use dlock_core::Result;
+
 use crate::connection::Target;
+use crate::endpoint::Endpoint;
 
 /// How often the subscriber connection is checked with a `PING`.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -47,8 +56,10 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 /// that does not pass by itself, and waiters poll meanwhile.
 const REFUSED_PAUSE: Duration = Duration::from_secs(30);
 
-/// The client's release notifications. Dropping it stops the listener and closes its connection.
-pub(crate) struct Wakeups {
+/// Release notifications of one Redis server (or Sentinel service, or cluster): one subscriber
+/// connection, shared by every task that waits on any channel of it. Dropping it stops the
+/// listener and closes its connection.
+pub struct Wakeups {
     shared: Arc<Shared>,
     requests: mpsc::UnboundedSender<()>,
 }
@@ -71,7 +82,10 @@ struct Status {
 
 /// One release channel that tasks of this client wait on.
 struct Channel {
-    notify: Notify,
+    /// Wakes tasks registered without an owner, one per empty message.
+    notify: Arc<Notify>,
+    /// The tasks registered with an owner token: a message naming it wakes that task only.
+    owners: Mutex<HashMap<String, Arc<Notify>>>,
     /// Registered waiting tasks.
     users: AtomicUsize,
     /// The epoch of the connection on which the subscription was confirmed; 0 for none.
@@ -79,26 +93,87 @@ struct Channel {
 }
 
 /// A waiting task's hold on a channel: wake-ups for it are delivered while this lives.
-pub(crate) struct Registration {
+pub struct Registration {
     channel: Arc<Channel>,
+    notify: Arc<Notify>,
+    owner: Option<String>,
 }
 
 impl Registration {
-    /// A future that completes at the next release notification. Create it and
-    /// [`enable`](tokio::sync::futures::Notified::enable) it *before* the attempt it follows up
-    /// on, so a release between the attempt and the wait is not missed.
-    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.channel.notify.notified()
+    /// A future that completes at the next wake-up of this registration.
+    ///
+    /// With an owner token, a wake-up that arrives while no such future waits is kept and
+    /// completes the next one, so a message between an attempt and the wait is not lost.
+    /// Without one, create the future and [`enable`](tokio::sync::futures::Notified::enable) it
+    /// *before* the attempt it follows up on.
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        if let Some(owner) = &self.owner {
+            let mut owners = self.channel.owners();
+            if owners
+                .get(owner)
+                .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+            {
+                owners.remove(owner);
+            }
+        }
         self.channel.users.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
+impl Channel {
+    fn new() -> Self {
+        Channel {
+            notify: Arc::new(Notify::new()),
+            owners: Mutex::new(HashMap::new()),
+            users: AtomicUsize::new(1),
+            subscribed_in: AtomicU64::new(0),
+        }
+    }
+
+    fn owners(&self) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        // Every critical section leaves the map consistent before anything can panic.
+        self.owners.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Delivers a message: to the task registered with the owner token it names, or to the
+    /// longest waiting task without one if it names nobody.
+    fn wake(&self, payload: &[u8]) {
+        if payload.is_empty() {
+            self.notify.notify_one();
+            return;
+        }
+        let Ok(owner) = std::str::from_utf8(payload) else {
+            return;
+        };
+        if let Some(notify) = self.owners().get(owner) {
+            notify.notify_one();
+        }
+    }
+}
+
 impl Wakeups {
+    /// Starts listening to the release channels of the server `endpoint` (the way dlock-redlock
+    /// listens to each master), on the current tokio runtime. It opens no connection until a
+    /// task registers; it reconnects by itself, waiters polling meanwhile.
+    pub fn for_server(
+        endpoint: &Endpoint,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Result<Self> {
+        Ok(Self::start(
+            Target::Server(Box::new(endpoint.client()?)),
+            connect_timeout,
+            request_timeout,
+            endpoint.redacted().to_owned(),
+        ))
+    }
+
     /// Starts the listener on the current runtime. It opens no connection until a task waits.
     pub(crate) fn start(
         target: Target,
@@ -129,8 +204,10 @@ impl Wakeups {
         Wakeups { shared, requests }
     }
 
-    /// Registers a waiting task on `channel` and asks the listener to subscribe to it.
-    pub(crate) fn register(&self, channel: &str) -> Registration {
+    /// Registers a waiting task on `channel` and asks the listener to subscribe to it. With
+    /// `owner` (the hex owner token the task waits with), only a message naming that owner
+    /// wakes it (a release whose queue it heads); without, empty messages do.
+    pub fn register(&self, channel: &str, owner: Option<&str>) -> Registration {
         let (channel, new) = {
             let mut channels = self.shared.channels();
             match channels.get(channel) {
@@ -139,11 +216,7 @@ impl Wakeups {
                     (existing.clone(), false)
                 }
                 None => {
-                    let created = Arc::new(Channel {
-                        notify: Notify::new(),
-                        users: AtomicUsize::new(1),
-                        subscribed_in: AtomicU64::new(0),
-                    });
+                    let created = Arc::new(Channel::new());
                     channels.insert(channel.to_owned(), created.clone());
                     (created, true)
                 }
@@ -154,28 +227,84 @@ impl Wakeups {
             // then polls.
             let _ = self.requests.send(());
         }
-        Registration { channel }
+        let notify = match owner {
+            Some(owner) => {
+                let notify = Arc::new(Notify::new());
+                channel.owners().insert(owner.to_owned(), notify.clone());
+                notify
+            }
+            None => channel.notify.clone(),
+        };
+        Registration {
+            channel,
+            notify,
+            owner: owner.map(str::to_owned),
+        }
+    }
+
+    /// [`register`](Self::register), but only if `channel` is subscribed on the live connection
+    /// already (a hot lock's channel): then a message that follows at once is delivered, and a
+    /// waiter needs no new attempt after registering. `None` otherwise, subscribing nothing.
+    pub fn register_if_subscribed(
+        &self,
+        channel: &str,
+        owner: Option<&str>,
+    ) -> Option<Registration> {
+        let status = *self.shared.status.borrow();
+        let live = self.shared.channels().get(channel).is_some_and(|c| {
+            status.epoch != 0
+                && !status.down
+                && c.subscribed_in.load(Ordering::Acquire) == status.epoch
+        });
+        live.then(|| self.register(channel, owner))
     }
 
     /// Waits until the registration's channel is subscribed on the live connection, the
-    /// connection is known to be down, or `until` — whichever comes first. Never fails: without a
-    /// subscription the waiter polls.
+    /// connection is known to be down, or `until` — whichever comes first, and tells whether it
+    /// is subscribed. Never fails: without a subscription the waiter polls.
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.
-    pub(crate) async fn subscribed(&self, registration: &Registration, until: Instant) {
+    pub async fn subscribed(&self, registration: &Registration, until: Instant) -> bool {
         let mut status = self.shared.status.subscribe();
         loop {
             {
                 let now = *status.borrow_and_update();
                 let confirmed = registration.channel.subscribed_in.load(Ordering::Acquire);
-                if now.down || (now.epoch != 0 && confirmed == now.epoch) {
-                    return;
+                if now.epoch != 0 && confirmed == now.epoch && !now.down {
+                    return true;
+                }
+                if now.down {
+                    return false;
                 }
             }
             match tokio::time::timeout_at(until, status.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return,
+                Ok(Err(_)) | Err(_) => return false,
+            }
+        }
+    }
+}
+
+impl Wakeups {
+    /// Completes once the registration's channel is no longer subscribed on a live connection
+    /// (the connection broke or was replaced): messages may have been missed from then on, and
+    /// a waiter should look for itself and poll until [`subscribed`](Self::subscribed) again.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn unsubscribed(&self, registration: &Registration) {
+        let mut status = self.shared.status.subscribe();
+        loop {
+            {
+                let now = *status.borrow_and_update();
+                let confirmed = registration.channel.subscribed_in.load(Ordering::Acquire);
+                if now.down || now.epoch == 0 || confirmed != now.epoch {
+                    return;
+                }
+            }
+            if status.changed().await.is_err() {
+                return;
             }
         }
     }
@@ -187,9 +316,10 @@ impl Shared {
         self.channels.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wake(&self, channel: &str) {
-        if let Some(entry) = self.channels().get(channel) {
-            entry.notify.notify_one();
+    fn wake(&self, channel: &str, payload: &[u8]) {
+        let entry = self.channels().get(channel).cloned();
+        if let Some(entry) = entry {
+            entry.wake(payload);
         }
     }
 
@@ -335,7 +465,9 @@ impl Listener {
         loop {
             tokio::select! {
                 message = stream.next() => match message {
-                    Some(message) => self.shared.wake(message.get_channel_name()),
+                    Some(message) => self
+                        .shared
+                        .wake(message.get_channel_name(), message.get_payload_bytes()),
                     None => return Ended::Broken,
                 },
                 request = self.requests.recv() => {
@@ -442,9 +574,9 @@ impl Feed {
         !self.shared.channels().is_empty()
     }
 
-    /// Wakes the task that has waited longest on `channel`.
-    pub(crate) fn wake(&self, channel: &str) {
-        self.shared.wake(channel);
+    /// Delivers a message of `channel` (see [`Wakeups::register`]).
+    pub(crate) fn wake(&self, channel: &str, payload: &[u8]) {
+        self.shared.wake(channel, payload);
     }
 
     /// Publishes the listener's state: `down` makes waiters poll instead of waiting for a

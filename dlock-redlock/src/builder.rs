@@ -165,7 +165,15 @@ impl RedlockBuilder {
         let (settings, endpoints) = self.check()?;
         let nodes = endpoints
             .into_iter()
-            .map(|e| Node::new(e, self.connect_timeout, settings.restart_window()))
+            .map(|e| {
+                let request_timeout = settings.untimed_node_timeout();
+                Node::new(
+                    e,
+                    self.connect_timeout,
+                    request_timeout,
+                    settings.restart_window(),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let span = tracing::debug_span!("dlock.redlock.connect", nodes = nodes.len());
         let results = futures::future::join_all(nodes.iter().map(Node::connect))

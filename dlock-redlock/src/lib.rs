@@ -231,6 +231,7 @@ mod quorum;
 mod restart;
 mod url;
 mod view;
+mod waiting;
 
 pub use builder::{
     RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRY_JITTER, MAX_DERIVED_NODE_TIMEOUT,

@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Drift, Error, Eviction, ExtendRequest, Extension,
-    FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
-    Owner, OwnerToken, Primitive, Primitives, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Drift, Error, Eviction, ExtendRequest,
+    Extension, FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey,
+    LockRequest, Owner, OwnerToken, Primitive, Primitives, Released, Result,
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
-use dlock_redis::protocol::scripts::{self, AcquireReply, FenceRaise, Peek};
+use dlock_redis::protocol::scripts::{
+    self, AcquireCall, AcquireReply, FenceRaise, Peek, Publish, Queueing,
+};
 use dlock_redis::EXTEND_BATCH;
 use tokio::time::Instant;
 
@@ -31,21 +33,46 @@ const LIST_LOOKS: usize = 16;
 /// The Redis names and the owner of one request, shared by its per-master calls (which may
 /// outlive the request, see [`gather`]).
 #[derive(Clone)]
-struct Names {
-    lock: Arc<str>,
+pub(crate) struct Names {
+    pub(crate) lock: Arc<str>,
     fence: Arc<str>,
-    owner: Arc<str>,
+    pub(crate) owner: Arc<str>,
+    /// Where the masters announce the head of the lock's queue of waiters.
+    pub(crate) channel: Arc<str>,
 }
 
 impl Names {
-    fn new(layout: &KeyLayout, key: &LockKey, owner: OwnerToken) -> Self {
+    pub(crate) fn new(layout: &KeyLayout, key: &LockKey, owner: OwnerToken) -> Self {
         let lock = layout.lock_key(key);
         Names {
             fence: keys::fence_key(&lock).into(),
+            channel: keys::release_channel(&lock).into(),
             lock: lock.into(),
             owner: owner.to_hex().into(),
         }
     }
+}
+
+/// What one attempt on every master came to.
+#[derive(Debug)]
+pub(crate) enum Round {
+    /// A quorum granted the lock in time.
+    Granted(Grant),
+    /// Not granted; any partial grant was given back, and the caller still stands in the queue
+    /// of every master that answered busy.
+    Busy {
+        /// When a quorum of the masters may be free: the quorum-th shortest of the holders'
+        /// remaining TTLs (a master that granted counts as free now), if known.
+        free_in: Option<Duration>,
+        /// When a waiter may take a quorum without being told: the quorum-th shortest, over the
+        /// masters, of the holder's remaining TTL where the caller heads the queue, and of the
+        /// time until the head's entry lapses where it is second in line (the head may have
+        /// crashed).
+        come_back_in: Option<Duration>,
+        /// The caller heads a quorum of the queues, but a holder's release will not be
+        /// announced (a foreign client's key, or a key without a TTL): poll.
+        poll: bool,
+    },
 }
 
 /// The checked settings a client runs with.
@@ -188,27 +215,33 @@ impl RedlockLock {
         0..self.inner.nodes.len()
     }
 
-    /// Releases on every master, listening for answers until `done` says enough came back.
+    /// Releases on every master (which announces the next waiter where the lock is free),
+    /// listening for answers until `done` says enough came back.
     async fn release_everywhere(
         &self,
         names: &Names,
         timeout: Duration,
         done: impl FnMut(Progress<'_, Released>) -> bool,
     ) -> Vec<Reply<Released>> {
+        self.release_at(names, self.all().collect(), timeout, done)
+            .await
+    }
+
+    /// Releases on the masters at `targets` (by owner token: a grant is deleted, else a queue
+    /// entry withdrawn), listening for answers until `done`.
+    async fn release_at(
+        &self,
+        names: &Names,
+        targets: Vec<usize>,
+        timeout: Duration,
+        done: impl FnMut(Progress<'_, Released>) -> bool,
+    ) -> Vec<Reply<Released>> {
         let names = names.clone();
         let call = move |mut con| {
             let n = names.clone();
-            async move { scripts::release(&mut con, &n.lock, &n.owner, "").await }
+            async move { scripts::release(&mut con, &n.lock, &n.owner, &n.channel).await }
         };
-        gather(
-            &self.inner.nodes,
-            self.all(),
-            "release",
-            timeout,
-            call,
-            done,
-        )
-        .await
+        gather(&self.inner.nodes, targets, "release", timeout, call, done).await
     }
 
     /// Gives back a failed attempt on every master — also those whose answer was lost — then
@@ -221,12 +254,28 @@ impl RedlockLock {
         first: &[Reply<R>],
         outcome: T,
     ) -> T {
-        let responsive = first.iter().filter(|r| r.result.is_ok()).count();
-        self.release_everywhere(names, timeout, |p| {
+        self.give_back(names, self.all().collect(), timeout, first)
+            .await;
+        outcome
+    }
+
+    /// Releases on the masters at `targets`, listening for as many answers as the attempt
+    /// (`first`) got from them.
+    async fn give_back<R>(
+        &self,
+        names: &Names,
+        targets: Vec<usize>,
+        timeout: Duration,
+        first: &[Reply<R>],
+    ) {
+        let responsive = first
+            .iter()
+            .filter(|r| r.result.is_ok() && targets.contains(&r.index))
+            .count();
+        self.release_at(names, targets, timeout, |p| {
             p.replies.iter().filter(|r| r.result.is_ok()).count() >= responsive
         })
         .await;
-        outcome
     }
 
     /// The write-back: raises the counters of the granted masters whose token is below `token`.
@@ -277,6 +326,116 @@ impl RedlockLock {
 }
 
 impl RedlockLock {
+    /// One attempt on every master. With `arrival` (a waiting `lock()`), the caller stands in
+    /// each master's queue of waiters at that score (the same on every master, so that they
+    /// order waiters alike) for the lease's TTL, unless granted; without, it never enqueues.
+    ///
+    /// The grant is unchanged by the queue: a quorum of `SET NX` within the validity, with the
+    /// greatest token written back. A master grants only to the head of its queue (or when
+    /// nobody waits), which only ever refuses more. Short of a quorum, the grants are given back
+    /// — on every master that granted or did not answer, not where the caller stands in the
+    /// queue, so that it keeps its place there; it re-enters with the same score where it gave
+    /// back.
+    pub(crate) async fn attempt(
+        &self,
+        req: &LockRequest<'_>,
+        names: &Names,
+        arrival: Option<u64>,
+    ) -> Result<Round> {
+        let settings = &self.inner.settings;
+        let (timeout, validity) = settings.plan(req.ttl)?;
+        let quorum = settings.quorum;
+        let (ttl, fence_ttl) = (req.ttl, settings.fence_ttl);
+        let entry_lifetime = if arrival.is_some() {
+            ttl
+        } else {
+            Duration::ZERO
+        };
+        // One record for every master, so that they agree on who holds the lock.
+        let record: Arc<str> = settings.owner.record().to_json().into();
+        let call = {
+            let names = names.clone();
+            move |mut con| {
+                let (n, record) = (names.clone(), record.clone());
+                async move {
+                    AcquireCall {
+                        lock_key: &n.lock,
+                        fence_key: &n.fence,
+                        owner: &n.owner,
+                        record: &record,
+                        ttl,
+                        fence_ttl,
+                        queue: Queueing {
+                            entry_lifetime,
+                            arrival,
+                            channel: &n.channel,
+                            publish: Publish::Plain,
+                        },
+                    }
+                    .run(&mut con)
+                    .await
+                }
+            }
+        };
+        let sent = Instant::now();
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "acquire",
+            timeout,
+            call,
+            |p: Progress<'_, AcquireReply>| {
+                let granted = counted(p.replies, |r| matches!(r, AcquireReply::Granted(_)));
+                granted >= quorum || (granted + p.pending < quorum && answered(p.replies) >= quorum)
+            },
+        )
+        .await;
+        let (grants, granted) = grants_of(&replies, |r| match r {
+            AcquireReply::Granted(token) => Some(*token),
+            AcquireReply::Busy { .. } => None,
+        });
+        if granted < quorum {
+            if answered(&replies) < quorum {
+                let failure = QuorumFailure::of("acquire", &replies, &self.inner.nodes, quorum);
+                let error = failure.into_error();
+                return Err(self.abandon(names, timeout, &replies, error).await);
+            }
+            let busy = busy(&replies, quorum);
+            // Where the caller is queued, it keeps its place; everywhere else (a grant, a lost
+            // answer, a master not heard yet) it gives back.
+            let queued_at = |i: usize| {
+                replies
+                    .iter()
+                    .any(|r| r.index == i && matches!(r.result, Ok(AcquireReply::Busy { .. })))
+            };
+            let elsewhere: Vec<usize> = self.all().filter(|&i| !queued_at(i)).collect();
+            if !elsewhere.is_empty() {
+                self.give_back(names, elsewhere, timeout, &replies).await;
+            }
+            return Ok(busy);
+        }
+        let token = grants
+            .iter()
+            .map(|(_, _, t)| *t)
+            .max()
+            .unwrap_or(FencingToken(0));
+        if settings.fencing {
+            let (confirmed, raised) = self.raise_fences(names, token, &grants, timeout).await;
+            if confirmed < quorum {
+                let failure = QuorumFailure {
+                    reached: confirmed,
+                    ..QuorumFailure::of("fencing write-back", &raised, &self.inner.nodes, quorum)
+                };
+                let error = failure.into_error();
+                return Err(self.abandon(names, timeout, &replies, error).await);
+            }
+        }
+        if let Some(late) = too_late(sent, validity, granted, quorum) {
+            return Err(self.abandon(names, timeout, &replies, late).await);
+        }
+        Ok(Round::Granted(Grant::new(token, sent)))
+    }
+
     /// What a quorum of the masters shows for `key` (see [`inspect`](DistributedLock::inspect)),
     /// and the value they show, if a quorum shows one.
     async fn look(&self, key: &LockKey) -> Result<(Holding, Option<Vec<u8>>)> {
@@ -420,6 +579,85 @@ impl RedlockLock {
     }
 }
 
+/// The busy outcome of an attempt's `replies` (see [`Round::Busy`]).
+fn busy(replies: &[Reply<AcquireReply>], quorum: usize) -> Round {
+    let mut free: Vec<Duration> = Vec::with_capacity(replies.len());
+    let mut back: Vec<Duration> = Vec::with_capacity(replies.len());
+    let (mut heads, mut unannounced) = (0, false);
+    for reply in replies.iter().filter(|r| r.counts) {
+        match reply.result {
+            Ok(AcquireReply::Granted(_)) => {
+                heads += 1;
+                free.push(Duration::ZERO);
+                back.push(Duration::ZERO);
+            }
+            Ok(AcquireReply::Busy {
+                pttl,
+                head,
+                foreign,
+                head_lapses_in,
+            }) => {
+                free.extend(pttl);
+                if head {
+                    heads += 1;
+                    unannounced |= foreign || pttl.is_none();
+                    back.extend(pttl);
+                } else if let Some(lapse) = head_lapses_in {
+                    back.push(lapse.max(pttl.unwrap_or_default()));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    let nth = |mut times: Vec<Duration>| {
+        times.sort_unstable();
+        quorum.checked_sub(1).and_then(|i| times.get(i)).copied()
+    };
+    Round::Busy {
+        free_in: nth(free),
+        come_back_in: nth(back),
+        poll: heads >= quorum && unannounced,
+    }
+}
+
+/// The masters that granted — their position, whether they count, the token — and how many of
+/// them count, from an attempt's `replies`; `token` reads a grant's token from an answer.
+pub(crate) fn grants_of<T>(
+    replies: &[Reply<T>],
+    token: impl Fn(&T) -> Option<FencingToken>,
+) -> (Vec<(usize, bool, FencingToken)>, usize) {
+    let grants: Vec<(usize, bool, FencingToken)> = replies
+        .iter()
+        .filter_map(|r| {
+            let token = token(r.result.as_ref().ok()?)?;
+            Some((r.index, r.counts, token))
+        })
+        .collect();
+    let granted = grants.iter().filter(|(_, counts, _)| *counts).count();
+    (grants, granted)
+}
+
+/// The error of a grant by `granted` masters that came too late: at or past its `validity`,
+/// counted from `sent`; `None` if it is in time.
+pub(crate) fn too_late(
+    sent: Instant,
+    validity: Duration,
+    granted: usize,
+    quorum: usize,
+) -> Option<Error> {
+    let elapsed = sent.elapsed();
+    (elapsed >= validity).then(|| Error::Unavailable {
+        reached: granted,
+        needed: quorum,
+        source: Some(
+            format!(
+                "acquire: a quorum answered after {elapsed:?}, past the validity of {validity:?}"
+            )
+            .into(),
+        ),
+    })
+}
+
 /// How many counting masters answered with `pred` true.
 pub(crate) fn counted<T>(replies: &[Reply<T>], pred: impl Fn(&T) -> bool) -> usize {
     replies
@@ -442,7 +680,9 @@ impl DistributedLock for RedlockLock {
         BACKEND
     }
 
-    /// The read-write lock and the election are served; the semaphore is not (see
+    /// Waiters are served in arrival order, woken by the masters' release notifications (see
+    /// [`crate::waiting`]). `notifies_waiters` stays off: it describes the primitives too, whose
+    /// waiters poll. The read-write lock and the election are served; the semaphore is not (see
     /// [the crate docs](crate#primitives)).
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(if self.inner.settings.fencing {
@@ -450,6 +690,7 @@ impl DistributedLock for RedlockLock {
         } else {
             FencingGuarantee::None
         })
+        .with_fair_queue()
         .with_primitives(Primitives::ALL.without_semaphore())
     }
 
@@ -464,93 +705,27 @@ impl DistributedLock for RedlockLock {
         Ok(Arc::new(RedlockView::new(self.clone(), primitive.clone())))
     }
 
+    /// One attempt that never stands in the queue of waiters: granted only where nobody waits
+    /// (see [`attempt`](RedlockLock::attempt)).
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let settings = &self.inner.settings;
-        let (timeout, validity) = settings.plan(req.ttl)?;
-        let names = Names::new(&settings.layout, req.key, req.owner);
-        let quorum = settings.quorum;
-        let (ttl, fence_ttl) = (req.ttl, settings.fence_ttl);
-        // One record for every master, so that they agree on who holds the lock.
-        let record: Arc<str> = settings.owner.record().to_json().into();
-        let call = {
-            let names = names.clone();
-            move |mut con| {
-                let (n, record) = (names.clone(), record.clone());
-                async move {
-                    let (lock, fence, owner) = (&n.lock, &n.fence, &n.owner);
-                    scripts::acquire(&mut con, lock, fence, owner, &record, ttl, fence_ttl).await
-                }
-            }
-        };
-        let sent = Instant::now();
-        let replies = gather(
-            &self.inner.nodes,
-            self.all(),
-            "acquire",
-            timeout,
-            call,
-            |p: Progress<'_, AcquireReply>| {
-                let granted = counted(p.replies, |r| matches!(r, AcquireReply::Granted(_)));
-                granted >= quorum || (granted + p.pending < quorum && answered(p.replies) >= quorum)
+        let names = Names::new(&self.inner.settings.layout, req.key, req.owner);
+        Ok(match self.attempt(req, &names, None).await? {
+            Round::Granted(grant) => Attempt::Acquired(grant),
+            Round::Busy { free_in, .. } => Attempt::Busy {
+                retry_after: free_in,
             },
-        )
-        .await;
-        let grants: Vec<(usize, bool, FencingToken)> = replies
-            .iter()
-            .filter_map(|r| match r.result {
-                Ok(AcquireReply::Granted(token)) => Some((r.index, r.counts, token)),
-                _ => None,
-            })
-            .collect();
-        let granted = grants.iter().filter(|(_, counts, _)| *counts).count();
-        if granted < quorum {
-            if answered(&replies) < quorum {
-                let failure = QuorumFailure::of("acquire", &replies, &self.inner.nodes, quorum);
-                let error = failure.into_error();
-                return Err(self.abandon(&names, timeout, &replies, error).await);
-            }
-            // Busy: the holder's key runs out on the first master at the earliest.
-            let retry_after = replies
-                .iter()
-                .filter_map(|r| match r.result {
-                    Ok(AcquireReply::Busy { pttl }) => pttl,
-                    _ => None,
-                })
-                .min();
-            let busy = Attempt::Busy { retry_after };
-            return Ok(self.abandon(&names, timeout, &replies, busy).await);
-        }
-        let token = grants
-            .iter()
-            .map(|(_, _, t)| *t)
-            .max()
-            .unwrap_or(FencingToken(0));
-        if settings.fencing {
-            let (confirmed, raised) = self.raise_fences(&names, token, &grants, timeout).await;
-            if confirmed < quorum {
-                let failure = QuorumFailure {
-                    reached: confirmed,
-                    ..QuorumFailure::of("fencing write-back", &raised, &self.inner.nodes, quorum)
-                };
-                let error = failure.into_error();
-                return Err(self.abandon(&names, timeout, &replies, error).await);
-            }
-        }
-        let elapsed = sent.elapsed();
-        if elapsed >= validity {
-            let late = Error::Unavailable {
-                reached: granted,
-                needed: quorum,
-                source: Some(
-                    format!(
-                        "acquire: a quorum answered after {elapsed:?}, past the validity of {validity:?}"
-                    )
-                    .into(),
-                ),
-            };
-            return Err(self.abandon(&names, timeout, &replies, late).await);
-        }
-        Ok(Attempt::Acquired(Grant::new(token, sent)))
+        })
+    }
+
+    /// Waits in the masters' queues of waiters, woken by their release notifications (see
+    /// [`crate::waiting`]).
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        self.wait_for_lock(req, deadline, retry).await
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
@@ -695,8 +870,10 @@ impl DistributedLock for RedlockLock {
                 "evict: the holder's value is not text",
             ));
         };
+        let lock = settings.layout.lock_key(key);
         let names = Names {
-            lock: settings.layout.lock_key(key).into(),
+            channel: keys::release_channel(&lock).into(),
+            lock: lock.into(),
             fence: Arc::from(""),
             owner: value.into(),
         };
@@ -732,5 +909,113 @@ impl fmt::Debug for RedlockLock {
             .field("endpoints", &self.endpoints())
             .field("settings", &self.inner.settings)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeFailure;
+
+    fn reply(index: usize, result: Option<AcquireReply>) -> Reply<AcquireReply> {
+        Reply {
+            index,
+            counts: true,
+            result: result.ok_or_else(|| NodeFailure {
+                endpoint: format!("redis://m{index}"),
+                error: Arc::new(Error::unreachable("down")),
+            }),
+        }
+    }
+
+    fn queued(pttl: Option<u64>, head: bool, head_lapses_in: Option<u64>) -> Option<AcquireReply> {
+        Some(AcquireReply::Busy {
+            pttl: pttl.map(Duration::from_millis),
+            head,
+            foreign: false,
+            head_lapses_in: head_lapses_in.map(Duration::from_millis),
+        })
+    }
+
+    fn ms(millis: u64) -> Option<Duration> {
+        Some(Duration::from_millis(millis))
+    }
+
+    #[test]
+    fn the_head_comes_back_when_a_quorum_of_the_holders_keys_ran_out() {
+        // Granted on one master (given back), head behind holders on three, one down.
+        let replies = [
+            reply(0, Some(AcquireReply::Granted(FencingToken(9)))),
+            reply(1, queued(Some(30), true, None)),
+            reply(2, queued(Some(10), true, None)),
+            reply(3, queued(Some(20), true, None)),
+            reply(4, None),
+        ];
+        let Round::Busy {
+            free_in,
+            come_back_in,
+            poll,
+        } = busy(&replies, 3)
+        else {
+            panic!("busy expected");
+        };
+        assert_eq!(free_in, ms(20), "free: 0, 10, 20, 30: the third");
+        assert_eq!(come_back_in, ms(20));
+        assert!(!poll);
+    }
+
+    #[test]
+    fn the_second_in_line_comes_back_when_the_heads_entries_lapse() {
+        let replies = [
+            reply(0, queued(Some(5), false, Some(40))),
+            reply(1, queued(Some(5), false, Some(50))),
+            reply(2, queued(Some(70), false, Some(60))),
+            reply(3, queued(None, false, None)),
+            reply(4, queued(Some(5), false, None)),
+        ];
+        let Round::Busy {
+            come_back_in, poll, ..
+        } = busy(&replies, 3)
+        else {
+            panic!("busy expected");
+        };
+        assert_eq!(
+            come_back_in,
+            ms(70),
+            "40, 50, then max(60, the holder's 70)"
+        );
+        assert!(!poll);
+    }
+
+    #[test]
+    fn a_waiter_behind_others_only_refreshes_and_a_foreign_holder_is_polled() {
+        let behind = [
+            reply(0, queued(Some(5), false, None)),
+            reply(1, queued(Some(5), false, None)),
+            reply(2, queued(Some(5), true, None)),
+        ];
+        let Round::Busy {
+            free_in,
+            come_back_in,
+            poll,
+        } = busy(&behind, 2)
+        else {
+            panic!("busy expected");
+        };
+        assert_eq!(free_in, ms(5));
+        assert_eq!(come_back_in, None, "heads only one queue of three");
+        assert!(!poll);
+        let foreign = AcquireReply::Busy {
+            pttl: ms(5),
+            head: true,
+            foreign: true,
+            head_lapses_in: None,
+        };
+        let heading = [
+            reply(0, Some(foreign)),
+            reply(1, queued(Some(5), true, None)),
+            reply(2, None),
+        ];
+        assert!(matches!(busy(&heading, 2), Round::Busy { poll: true, .. }));
     }
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::Error;
-use dlock_redis::Endpoint;
+use dlock_redis::{Endpoint, Wakeups};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult};
@@ -75,16 +75,23 @@ pub(crate) struct Node {
     state: Mutex<LinkState>,
     generations: Mutex<u64>,
     restarts: Mutex<RestartWatch>,
+    /// The master's release notifications, which wake this client's waiters when the master
+    /// names them the head of a lock's queue (one subscriber connection, opened on first need).
+    wakeups: Wakeups,
 }
 
 impl Node {
-    /// A master at `endpoint`, not yet connected.
+    /// A master at `endpoint`, not yet connected; `request_timeout` bounds each request of its
+    /// release notifications' connection. Starts the (idle) listener of those on the current
+    /// tokio runtime.
     pub(crate) fn new(
         endpoint: Endpoint,
         connect_timeout: Duration,
+        request_timeout: Duration,
         restart_window: Option<Duration>,
     ) -> Result<Arc<Self>, Error> {
         let client = endpoint.client()?;
+        let wakeups = Wakeups::for_server(&endpoint, connect_timeout, request_timeout)?;
         Ok(Arc::new(Node {
             endpoint,
             client,
@@ -93,7 +100,13 @@ impl Node {
             state: Mutex::new(LinkState::Down),
             generations: Mutex::new(0),
             restarts: Mutex::new(RestartWatch::default()),
+            wakeups,
         }))
+    }
+
+    /// The master's release notifications.
+    pub(crate) fn wakeups(&self) -> &Wakeups {
+        &self.wakeups
     }
 
     /// The master's URL with its password hidden.

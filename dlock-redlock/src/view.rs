@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant,
-    Holding, LeaseRef, LockKey, LockRequest, Primitive, Released, Result, Waiting,
+    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingToken, Grant, Holding,
+    LeaseRef, LockKey, LockRequest, Primitive, Released, Result, Waiting,
 };
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
@@ -30,7 +30,7 @@ use dlock_redis::protocol::scripts::FenceRaise;
 use tokio::time::Instant;
 
 use crate::extension::Tally;
-use crate::lock::{answered, counted, RedlockLock, BACKEND};
+use crate::lock::{answered, counted, grants_of, too_late, RedlockLock, BACKEND};
 use crate::quorum::{gather, Progress, QuorumFailure, Reply};
 
 /// A read-write lock side or an election candidate (or observer) on a Redlock client.
@@ -147,14 +147,10 @@ impl RedlockView {
             },
         )
         .await;
-        let grants: Vec<(usize, bool, FencingToken)> = replies
-            .iter()
-            .filter_map(|r| match r.result {
-                Ok(PrimitiveReply::Granted(token)) => Some((r.index, r.counts, token)),
-                _ => None,
-            })
-            .collect();
-        let granted = grants.iter().filter(|(_, counts, _)| *counts).count();
+        let (grants, granted) = grants_of(&replies, |r| match r {
+            PrimitiveReply::Granted(token) => Some(*token),
+            _ => None,
+        });
         if granted < quorum {
             if answered(&replies) < quorum {
                 let error = QuorumFailure::of("acquire", &replies, nodes, quorum).into_error();
@@ -188,18 +184,7 @@ impl RedlockView {
                 return Err(self.abandon(&keys, &owner, intent, &replies, error).await);
             }
         }
-        let elapsed = sent.elapsed();
-        if elapsed >= validity {
-            let late = Error::Unavailable {
-                reached: granted,
-                needed: quorum,
-                source: Some(
-                    format!(
-                        "acquire: a quorum answered after {elapsed:?}, past the validity of {validity:?}"
-                    )
-                    .into(),
-                ),
-            };
+        if let Some(late) = too_late(sent, validity, granted, quorum) {
             return Err(self.abandon(&keys, &owner, intent, &replies, late).await);
         }
         Ok(Attempt::Acquired(Grant::new(token, sent)))
@@ -296,8 +281,12 @@ impl DistributedLock for RedlockView {
         BACKEND
     }
 
+    /// The lock's, but without its queue of waiters: a primitive's waiters poll, each with its
+    /// own backoff.
     fn capabilities(&self) -> Capabilities {
-        self.lock.capabilities()
+        let mut capabilities = self.lock.capabilities();
+        capabilities.fair_queue = false;
+        capabilities
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {

@@ -333,6 +333,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: Some(|| {
             Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
                 .with_notifications()
+                .with_fair_queue()
                 .with_primitives(Primitives::ALL)
         }),
         safety: &[
@@ -359,6 +360,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: Some(|| {
             Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
                 .with_notifications()
+                .with_fair_queue()
                 .with_primitives(Primitives::ALL)
         }),
         safety: &[
@@ -498,10 +500,13 @@ fn session_backend() -> Capabilities {
     Capabilities::session_queue().with_primitives(Primitives::ALL)
 }
 
-/// Redlock's declaration: tokens ordered while the masters keep their data, waiters poll; the
-/// read-write lock and the election, no semaphore (not sound by majority quorum).
+/// Redlock's declaration: tokens ordered while the masters keep their data, waiters served in
+/// arrival order (woken by the masters' releases; the primitives' waiters poll, so no
+/// `notifies_waiters`); the read-write lock and the election, no semaphore (not sound by
+/// majority quorum).
 fn redlock() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+        .with_fair_queue()
         .with_primitives(Primitives::ALL.without_semaphore())
 }
 

@@ -26,6 +26,7 @@ mod acquiring;
 mod cancel;
 mod exclusion;
 mod expiry;
+mod fairness;
 mod fencing;
 mod input;
 mod keys;
@@ -151,6 +152,12 @@ pub fn cases() -> Vec<Case> {
             primitives::resigning_hands_over_at_once,
             primitives::a_leader_that_stops_renewing_is_lost,
             primitives::abandoned_campaigns_leave_no_candidacy,
+        ],
+        FairQueue: [
+            fairness::waiters_are_served_in_arrival_order,
+            fairness::a_releaser_that_asks_again_queues_behind_the_waiters,
+            fairness::a_crashed_queued_waiter_does_not_block_the_queue,
+            fairness::many_waiters_exclude_each_other_with_growing_tokens,
         ],
         Outage: [outage::server_outage_gives_errors_not_hangs_then_recovers],
         Proxy: [silent::silent_link_fails_in_bounded_time_then_recovers],

@@ -43,6 +43,14 @@ pub enum Defect {
     SilentConnectionKept,
     /// Grants leave no owner record, so nobody can tell who holds a lock.
     OwnerNotRecorded,
+    /// A fair queue that takes new waiters at its front: the last to ask is served first.
+    QueueOutOfOrder,
+    /// A fair queue that a new acquire bypasses when it finds the lock free, so a releaser that
+    /// asks again at once takes the lock back ahead of the waiters.
+    ReleaserJumpsQueue,
+    /// A fair queue whose places never lapse: a waiter that crashed while queued holds the
+    /// waiters behind it up for good (the wake-up went to the dead waiter and was lost).
+    CrashedWaiterBlocksQueue,
     /// A forced unlock answers "evicted" but leaves the holder in place.
     EvictionKeepsHolder,
     /// A forced unlock winds the fencing counter back, so the next holder gets the evicted
@@ -51,7 +59,7 @@ pub enum Defect {
 }
 
 impl Defect {
-    pub const ALL: [Defect; 14] = [
+    pub const ALL: [Defect; 17] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -64,6 +72,9 @@ impl Defect {
         Defect::QueueEntryOutlivesWaiter,
         Defect::SilentConnectionKept,
         Defect::OwnerNotRecorded,
+        Defect::QueueOutOfOrder,
+        Defect::ReleaserJumpsQueue,
+        Defect::CrashedWaiterBlocksQueue,
         Defect::EvictionKeepsHolder,
         Defect::EvictionReusesToken,
     ];
@@ -82,6 +93,9 @@ impl Defect {
             Defect::QueueEntryOutlivesWaiter => "queue entry outlives its waiter",
             Defect::SilentConnectionKept => "a connection that stopped answering is kept",
             Defect::OwnerNotRecorded => "grants leave no owner record",
+            Defect::QueueOutOfOrder => "waiters are served out of arrival order",
+            Defect::ReleaserJumpsQueue => "a releaser that asks again jumps the queue",
+            Defect::CrashedWaiterBlocksQueue => "a crashed queued waiter blocks the queue",
             Defect::EvictionKeepsHolder => "a forced unlock keeps the holder",
             Defect::EvictionReusesToken => "a forced unlock reuses the evicted token",
         }
@@ -319,8 +333,8 @@ impl Layer for OwnWaitingLoop {
     }
 }
 
-/// How long an abandoned place in a [`Queued`] line lasts when nobody removes it: the "session"
-/// of a waiter that is gone.
+/// How long a place in a [`Queued`] line lasts unless its waiter, still waiting, renews it: the
+/// "session" of a waiter that is gone.
 const PLACE_LIFETIME: Duration = Duration::from_secs(5);
 
 /// One waiter's place in a [`Queued`] line.
@@ -330,24 +344,39 @@ struct Place {
     until: Instant,
 }
 
-/// The lock with a waiting line in front of it, as ZooKeeper and etcd have: a waiter takes a
-/// place, and only the first place may take the free lock. Correct, a waiter that gives up (its
-/// deadline, its future dropped, a release by its owner token) leaves the line at once; with
-/// `orphans` ([`Defect::QueueEntryOutlivesWaiter`]) its place stays until it lapses.
+/// The lock with a fair waiting line in front of it, as ZooKeeper and etcd have: a waiter takes
+/// the last place, renews it while it waits, and only the first place may take the free lock; a
+/// place whose waiter stopped renewing it (crashed) lapses after [`PLACE_LIFETIME`]. Correct, a
+/// waiter that gives up (its deadline, its future dropped, a release by its owner token) leaves
+/// the line at once. With a defect: [`Defect::QueueEntryOutlivesWaiter`] (a place stays until
+/// it lapses), [`Defect::QueueOutOfOrder`], [`Defect::ReleaserJumpsQueue`] or
+/// [`Defect::CrashedWaiterBlocksQueue`].
 #[derive(Debug, Clone)]
 pub struct Queued {
     inner: Broken,
-    orphans: bool,
+    defect: Option<Defect>,
     lines: Arc<Mutex<HashMap<String, VecDeque<Place>>>>,
 }
 
 impl Queued {
-    pub fn new(inner: Broken, orphans: bool) -> Self {
+    pub fn new(inner: Broken, defect: Option<Defect>) -> Self {
         Queued {
             inner,
-            orphans,
+            defect,
             lines: Arc::default(),
         }
+    }
+
+    fn orphans(&self) -> bool {
+        self.defect == Some(Defect::QueueEntryOutlivesWaiter)
+    }
+
+    /// When a place taken or renewed now lapses.
+    fn lapses(&self) -> Instant {
+        if self.defect == Some(Defect::CrashedWaiterBlocksQueue) {
+            return Instant::now() + Duration::from_secs(3600);
+        }
+        Instant::now() + PLACE_LIFETIME
     }
 
     /// The key's line without lapsed places.
@@ -376,7 +405,7 @@ struct LeaveOnDrop<'a> {
 
 impl Drop for LeaveOnDrop<'_> {
     fn drop(&mut self) {
-        if !self.queued.orphans {
+        if !self.queued.orphans() {
             self.queued.leave(self.key, self.owner);
         }
     }
@@ -398,8 +427,12 @@ impl Layer for Queued {
         self.inner.try_lock(req).await
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities().with_fair_queue()
+    }
+
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        if !self.orphans {
+        if !self.orphans() {
             self.leave(lease.key.as_str(), lease.owner);
         }
         self.inner.release(lease).await
@@ -413,11 +446,21 @@ impl Layer for Queued {
     ) -> Result<Grant> {
         let key = req.key.as_str();
         let started = Instant::now();
+        if self.defect == Some(Defect::ReleaserJumpsQueue) {
+            if let Attempt::Acquired(grant) = self.inner.try_lock(req).await? {
+                return Ok(grant);
+            }
+        }
+        let place = Place {
+            owner: req.owner,
+            until: self.lapses(),
+        };
         self.with_line(key, |line| {
-            line.push_back(Place {
-                owner: req.owner,
-                until: started + PLACE_LIFETIME,
-            })
+            if self.defect == Some(Defect::QueueOutOfOrder) {
+                line.push_front(place);
+            } else {
+                line.push_back(place);
+            }
         });
         let _place = LeaveOnDrop {
             queued: self,
@@ -425,7 +468,11 @@ impl Layer for Queued {
             owner: req.owner,
         };
         loop {
+            let until = self.lapses();
             let first = self.with_line(key, |line| {
+                for place in line.iter_mut().filter(|p| p.owner == req.owner) {
+                    place.until = until;
+                }
                 line.front().is_none_or(|p| p.owner == req.owner)
             });
             if first {

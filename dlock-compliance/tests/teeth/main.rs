@@ -32,7 +32,6 @@ fn subject(service_kind: Service) -> Subject {
         Service::CorrectQueue => None,
     };
     let service = Broken::new(defect);
-    let capabilities = service.capabilities();
     let linked = service.clone();
     let replaces_silent = defect != Some(Defect::SilentConnectionKept);
     let name = match service_kind {
@@ -40,13 +39,23 @@ fn subject(service_kind: Service) -> Subject {
         Service::CorrectQueue => "correct queue",
     };
     let client: Arc<dyn DistributedLock> = match (service_kind, defect) {
-        (Service::CorrectQueue, _) => Arc::new(Queued::new(service, false)),
-        (_, Some(Defect::QueueEntryOutlivesWaiter)) => Arc::new(Queued::new(service, true)),
+        (Service::CorrectQueue, _) => Arc::new(Queued::new(service, None)),
+        (
+            _,
+            Some(
+                defect @ (Defect::QueueEntryOutlivesWaiter
+                | Defect::QueueOutOfOrder
+                | Defect::ReleaserJumpsQueue
+                | Defect::CrashedWaiterBlocksQueue),
+            ),
+        ) => Arc::new(Queued::new(service, Some(defect))),
         (_, Some(Defect::ValidityIgnoresElapsed | Defect::DeadlineCutsFirstAttempt)) => {
             Arc::new(OwnWaitingLoop(service))
         }
         _ => Arc::new(service),
     };
+    // A queue in front declares the fair queue.
+    let capabilities = client.capabilities();
     Subject::new(name, capabilities, move || {
         let client = client.clone();
         async move { Ok(client) }

@@ -7,6 +7,8 @@
 //! | owner record | see [`owner_key`] | a hash: `token` (the owner token), `fencing` (the holder's fencing token), `record` (the [`OwnerRecord`](dlock_core::OwnerRecord) JSON) | the lease's TTL, re-armed with it |
 //! | fencing counter | see [`fence_key`] | an integer, incremented per grant | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:` + lock key | (pub/sub channel, not a key) | — |
+//! | waiters | see [`queue_key`] | a sorted set: member the owner token of a waiting `lock()`, score its arrival order | none; emptied by grants, withdrawals and lapses |
+//! | waiter lapses | see [`lapse_key`] | a sorted set: member the owner token, score the server time (ms) at which its entry lapses | as the waiters |
 //!
 //! The lock key is the plain name so that the common single-instance convention interoperates:
 //! redis-py's `Lock(name)`, redsync and similar clients `SET name <random> NX PX <ttl>` and release
@@ -25,8 +27,8 @@
 //!
 //! Names are not escaped, so a lock whose key equals another lock's counter key (for example a
 //! lock named `{a}:dlock:fence` next to a lock named `a`) collides with it: keys ending in
-//! [`FENCE_SUFFIX`] and keys starting with [`SHARED_FENCE_PREFIX`] or [`OWNER_PREFIX`] are
-//! reserved.
+//! [`FENCE_SUFFIX`] and keys starting with [`SHARED_FENCE_PREFIX`], [`OWNER_PREFIX`],
+//! [`QUEUE_PREFIX`] or [`LAPSE_PREFIX`] are reserved.
 //!
 //! # The owner record
 //!
@@ -44,6 +46,13 @@
 //! The hash's `token` tells whose record it is: it describes the holder only while it equals
 //! the lock key's value (a peer's `SET NX` on the plain key leaves no record, and a record
 //! never outlives its lock's TTL).
+//!
+//! # The waiters' queue
+//!
+//! Waiting `lock()` calls stand in two sorted sets named like the owner record, after
+//! [`QUEUE_PREFIX`] and [`LAPSE_PREFIX`] (`dlock:queue:{jobs/nightly}`,
+//! `dlock:lapse:{jobs/nightly}`), so they share the lock key's slot and name exactly one lock.
+//! See [`scripts::ACQUIRE`](super::scripts::ACQUIRE) for how they are used.
 
 use std::sync::OnceLock;
 
@@ -57,6 +66,13 @@ pub const SHARED_FENCE_PREFIX: &str = "dlock:fence:";
 
 /// The start of every owner record's name (see [the module docs](self#the-owner-record)).
 pub const OWNER_PREFIX: &str = "dlock:owner:";
+
+/// The start of the name of every lock's queue of waiters (see
+/// [the module docs](self#the-waiters-queue)).
+pub const QUEUE_PREFIX: &str = "dlock:queue:";
+
+/// The start of the name of every lock's set of waiter lapse times.
+pub const LAPSE_PREFIX: &str = "dlock:lapse:";
 
 /// The start of every release channel; the lock key follows.
 pub const RELEASE_CHANNEL_PREFIX: &str = "dlock:released:";
@@ -85,6 +101,10 @@ pub struct LockKeys {
     pub owner: String,
     /// The pub/sub channel a release is announced on.
     pub channel: String,
+    /// The waiters, by arrival ([`queue_key`]).
+    pub queue: String,
+    /// When each waiter's entry lapses ([`lapse_key`]).
+    pub lapses: String,
 }
 
 impl KeyLayout {
@@ -113,6 +133,8 @@ impl KeyLayout {
             fence: fence_key(&lock),
             owner: owner_key(&lock),
             channel: release_channel(&lock),
+            queue: queue_key(&lock),
+            lapses: lapse_key(&lock),
             lock,
         }
     }
@@ -133,15 +155,32 @@ pub fn fence_key(lock_key: &str) -> String {
 /// The owner record of `lock_key`, in the same cluster slot (see
 /// [the module docs](self#the-owner-record)).
 pub fn owner_key(lock_key: &str) -> String {
+    companion_key(OWNER_PREFIX, lock_key)
+}
+
+/// The queue of waiters of `lock_key`, in the same cluster slot (see
+/// [the module docs](self#the-waiters-queue)).
+pub fn queue_key(lock_key: &str) -> String {
+    companion_key(QUEUE_PREFIX, lock_key)
+}
+
+/// The lapse times of the waiters of `lock_key`, in the same cluster slot.
+pub fn lapse_key(lock_key: &str) -> String {
+    companion_key(LAPSE_PREFIX, lock_key)
+}
+
+/// `prefix` and a form of `lock_key` that hashes to its slot and names it alone (see
+/// [the module docs](self#the-owner-record)).
+fn companion_key(prefix: &str, lock_key: &str) -> String {
     if let Some(tag) = hash_tag(lock_key.as_bytes()) {
         let tag = String::from_utf8_lossy(tag);
-        return concat(&[OWNER_PREFIX, "{", &tag, "}", lock_key]);
+        return concat(&[prefix, "{", &tag, "}", lock_key]);
     }
     if !lock_key.contains('}') {
-        return concat(&[OWNER_PREFIX, "{", lock_key, "}"]);
+        return concat(&[prefix, "{", lock_key, "}"]);
     }
     let tag = slot_tag(hash_slot(lock_key.as_bytes())).to_string();
-    concat(&[OWNER_PREFIX, "{", &tag, "}", lock_key])
+    concat(&[prefix, "{", &tag, "}", lock_key])
 }
 
 /// The lock key an owner record's name `owner_key` belongs to, or `None` for a name
@@ -366,6 +405,17 @@ mod tests {
                 "{name:?}: {keys:?}"
             );
             assert_eq!(lock_key_of_owner(&keys.owner), Some(name), "{keys:?}");
+            for companion in [&keys.queue, &keys.lapses] {
+                assert_eq!(
+                    hash_slot(companion.as_bytes()),
+                    hash_slot(keys.lock.as_bytes()),
+                    "{name:?}: {keys:?}"
+                );
+                assert!(
+                    seen.insert(companion.clone()),
+                    "{name:?} shares {companion}"
+                );
+            }
             assert!(
                 seen.insert(keys.owner.clone()),
                 "{name:?} shares {}",

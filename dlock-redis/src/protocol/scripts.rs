@@ -4,19 +4,20 @@
 //! run between the ownership check and the change. They are shared with the Redlock backend, which
 //! runs the same scripts on every master.
 //!
-//! * [`ACQUIRE`]: `SET lock owner NX PX ttl`; only if that succeeded, `INCR` the fencing
-//!   counter (and re-arm its expiry, if it has one), write the owner record with the lock's TTL
-//!   and return the new token. Otherwise return the holder's remaining `PTTL`, so a
-//!   waiter knows when an abandoned lock runs out. A repeated request by the same owner (a retry
-//!   after a lost reply) re-arms the TTL and is granted a new, larger token.
+//! * [`ACQUIRE`]: `SET lock owner NX PX ttl` when the lock is free and nobody waits ahead of the
+//!   caller (a fair queue of waiters, see [`ACQUIRE`]); only then `INCR` the fencing counter
+//!   (and re-arm its expiry, if it has one), write the owner record with the lock's TTL and
+//!   return the new token. Otherwise stand in the queue (a waiting `lock()`) and return the
+//!   holder's remaining `PTTL`, so a waiter knows when an abandoned lock runs out, and whether
+//!   the caller heads the queue. A repeated request by the same owner (a retry after a lost
+//!   reply) re-arms the TTL and is granted a new, larger token.
 //! * [`EXTEND`]: if the lock's value is the owner, `PEXPIRE` it and its owner record; never
 //!   re-creates it.
 //! * [`EXTEND_MANY`]: [`EXTEND`] for many locks in one call, so auto-renew costs one round trip
 //!   per batch rather than one per lease.
-//! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and its owner record and `PUBLISH`
-//!   on its release channel.
-//! * [`RELEASE_SHARDED`]: [`RELEASE`] for a Redis Cluster, announcing with `SPUBLISH` on a channel
-//!   of the lock key's slot.
+//! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and its owner record, else take the
+//!   owner out of the queue; then announce the queue's head on the release channel (`PUBLISH`,
+//!   or `SPUBLISH` on a Redis Cluster).
 //! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
 //!   owner, raise the fencing counter to at least a given token, never lowering it, and put the
 //!   token in the owner record.
@@ -80,7 +81,7 @@ use dlock_core::{Eviction, Extension, FencingToken, Holder, OwnerRecord, Release
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
 
-use super::keys::owner_key;
+use super::keys::{lapse_key, owner_key, queue_key};
 
 /// One Lua script with its SHA1, ready to run by hash.
 #[derive(Debug)]
@@ -162,26 +163,94 @@ fn is_noscript(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
-/// Takes a lock. Returns the fencing token (always positive) when granted; when another owner
-/// holds the lock, `-1 - PTTL` (negative) or 0 if the holder's key has no TTL. See
-/// [`decode_acquire`].
+/// Takes a lock, or stands in its queue of waiters. Returns the fencing token (always positive)
+/// when granted; otherwise `{pttl, head, foreign, ahead}`: the holder's remaining `PTTL` (-1: no
+/// TTL, -2: the lock is free but another waiter is ahead), 1 if the caller heads the queue, 1 if
+/// the holder has no owner record of its own (a foreign client's `SET NX`, whose release is not
+/// announced), and for the second in line the milliseconds until the head's entry lapses (-1
+/// otherwise: it comes back then, in case the head crashed). See [`decode_acquire`].
+///
+/// The fair queue (see [`keys`](super::keys#the-waiters-queue)): while the lock is held or
+/// anyone waits, the script
+/// 1. drops the waiters whose entry lapsed (a crashed waiter stops refreshing its entry);
+/// 2. with an entry lifetime above 0 (a waiting `lock()`; 0 is a `try_lock`), puts the caller
+///    in the queue if it is not there — at the arrival score given, or past the queue's last
+///    one — and sets its entry to lapse that long from now (server time);
+/// 3. grants only if the lock is free and the caller heads the queue (or nobody waits), and
+///    then takes the caller out of the queue;
+/// 4. if the lock is free and step 1 made someone else the head, announces that head's owner
+///    token on the release channel, so that its client wakes it (no lost wake-up when a queued
+///    waiter crashed).
+///
+/// An uncontended grant (free lock, empty queue) skips all of it: `GET`, `SET NX`, `INCR`.
 ///
 /// A grant writes the owner record hash (`token`, `fencing`, `record`) with the lock's TTL. The
 /// token goes in as text made by `%d`: Lua's own number-to-text conversion keeps only 14 digits.
+/// A repeated request by the holder (a retry after a lost reply) re-arms the TTL and is granted
+/// a new, larger token.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fencing counter, `KEYS[3]` owner record; `ARGV[1]` owner token,
-/// `ARGV[2]` TTL in ms, `ARGV[3]` the owner record's JSON, optional `ARGV[4]` the counter's
-/// expiry in ms (see [the module docs](self#the-fencing-counters-expiry)).
+/// `KEYS[1]` lock key, `KEYS[2]` fencing counter, `KEYS[3]` owner record, `KEYS[4]` waiters,
+/// `KEYS[5]` waiter lapses; `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` the owner
+/// record's JSON, `ARGV[4]` the counter's expiry in ms or `''` (see
+/// [the module docs](self#the-fencing-counters-expiry)), `ARGV[5]` the queue entry's lifetime
+/// in ms (0: never enqueue), `ARGV[6]` the arrival score or `''` (past the last), `ARGV[7]` the
+/// release channel or `''`, `ARGV[8]` `PUBLISH` or `SPUBLISH`.
 /// Needs Redis 5 or later (effects replication, for `TIME` followed by a write).
 pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "acquire",
         r#"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return -1 - redis.call('PTTL', KEYS[1])
-  end
+local owner = ARGV[1]
+local holder = redis.call('GET', KEYS[1])
+if holder == owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  local queued = redis.call('EXISTS', KEYS[4]) == 1
+  if holder or queued then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local first = false
+    if queued then
+      first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+      local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
+      for i = 1, #lapsed do redis.call('ZREM', KEYS[4], lapsed[i]) end
+      if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now) end
+    end
+    local lifetime = tonumber(ARGV[5])
+    if lifetime > 0 then
+      if not redis.call('ZSCORE', KEYS[4], owner) then
+        local score = ARGV[6]
+        if score == '' then
+          local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+          score = string.format('%d', (tonumber(last[2]) or 0) + 1)
+        end
+        redis.call('ZADD', KEYS[4], score, owner)
+      end
+      redis.call('ZADD', KEYS[5], string.format('%d', now + lifetime), owner)
+    end
+    local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+    if not holder and head and head ~= first and head ~= owner and ARGV[7] ~= '' then
+      redis.pcall(ARGV[8], ARGV[7], head)
+    end
+    if holder or (head and head ~= owner) then
+      local pttl, foreign, ahead = -2, 0, -1
+      if holder then
+        pttl = redis.call('PTTL', KEYS[1])
+        if redis.call('HGET', KEYS[3], 'token') ~= holder then foreign = 1 end
+      end
+      if head == owner then return {pttl, 1, foreign, ahead} end
+      if redis.call('ZRANK', KEYS[4], owner) == 1 then
+        local lapse = redis.call('ZSCORE', KEYS[5], head)
+        if lapse then ahead = math.max(0, tonumber(lapse) - now) end
+      end
+      return {pttl, 0, foreign, ahead}
+    end
+    if head then
+      redis.call('ZREM', KEYS[4], owner)
+      redis.call('ZREM', KEYS[5], owner)
+    end
+  end
+  redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
 end
 local token = redis.call('INCR', KEYS[2])
 if token == 1 then
@@ -190,8 +259,8 @@ if token == 1 then
   redis.call('SET', KEYS[2], seed)
   token = tonumber(seed)
 end
-if ARGV[4] then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
-redis.call('HSET', KEYS[3], 'token', ARGV[1], 'fencing', string.format('%d', token), 'record', ARGV[3])
+if ARGV[4] ~= '' then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
+redis.call('HSET', KEYS[3], 'token', owner, 'fencing', string.format('%d', token), 'record', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[2])
 return token
 "#,
@@ -244,50 +313,46 @@ return answers
     )
 });
 
-/// Deletes a lock and its owner record if the owner still holds it and announces the release on
-/// a channel (none if the channel argument is empty). Returns [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
+/// Deletes a lock and its owner record if the owner still holds it; otherwise takes the owner's
+/// entry out of the lock's queue of waiters (a waiter that gave up or was dropped withdraws with
+/// a release by its owner token). Then, if the lock is free, announces it on the release channel:
+/// with the owner token of the waiter at the head of the queue, so that only that waiter's
+/// client wakes it, or with an empty message if nobody is queued and the caller released (for
+/// `wait_for_release` and waiters of older clients). Returns [`HELD_BY_CALLER`], [`NOT_HELD`]
+/// or [`HELD_BY_OTHER`].
 ///
 /// The announcement is best effort (`redis.pcall`): a user without permission for the channel
-/// (Redis 7 gives new ACL users none) still releases; waiters then find out by polling.
+/// (Redis 7 gives new ACL users none) still releases; waiters then find out by polling. On a Redis
+/// Cluster it is `SPUBLISH` on a *sharded* channel (Redis 7), which stays on the lock's shard; a
+/// script may only publish on a sharded channel of its own slot, so the channel must hash like the
+/// lock key (the cluster's release channel does).
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` owner token, `ARGV[2]` release channel
-/// or `""`.
+/// `KEYS[1]` lock key, `KEYS[2]` owner record, `KEYS[3]` waiters, `KEYS[4]` waiter lapses;
+/// `ARGV[1]` owner token, `ARGV[2]` release channel or `""`, `ARGV[3]` `PUBLISH` or `SPUBLISH`.
 pub static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "release",
         r#"
 local holder = redis.call('GET', KEYS[1])
+local code = 0
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
-  if ARGV[2] ~= '' then redis.pcall('PUBLISH', ARGV[2], '') end
-  return 1
+  holder = false
+  code = 1
+else
+  if holder then code = 2 end
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
 end
-if holder then return 2 end
-return 0
-"#,
-    )
-});
-
-/// [`RELEASE`] for a Redis Cluster: the release is announced on a *sharded* channel
-/// (`SPUBLISH`, Redis 7), which stays on the lock's shard instead of being broadcast to every
-/// node. A script may only publish on a sharded channel of its own slot, so the channel must hash
-/// like the lock key (the cluster's release channel does). On a server without `SPUBLISH` the
-/// `pcall` fails and the release still happens; waiters then find out by polling.
-///
-/// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` owner token, `ARGV[2]` release channel
-/// (in the lock key's slot) or `""`.
-pub static RELEASE_SHARDED: LazyLock<LockScript> = LazyLock::new(|| {
-    LockScript::new(
-        "release",
-        r#"
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  if ARGV[2] ~= '' then redis.pcall('SPUBLISH', ARGV[2], '') end
-  return 1
+if not holder and ARGV[2] ~= '' then
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head then
+    redis.pcall(ARGV[3], ARGV[2], head)
+  elseif code == 1 then
+    redis.pcall(ARGV[3], ARGV[2], '')
+  end
 end
-if holder then return 2 end
-return 0
+return code
 "#,
     )
 });
@@ -340,10 +405,10 @@ return 1
 /// [`decode_evict`]).
 ///
 /// One script for both kinds of server: `ARGV[3]` is the publishing command, `PUBLISH`, or
-/// `SPUBLISH` on a Redis Cluster (whose channel is in the lock key's slot; see
-/// [`RELEASE_SHARDED`]). Best effort, as for a release.
+/// `SPUBLISH` on a Redis Cluster (whose channel is in the lock key's slot; see [`RELEASE`]).
+/// Best effort, as for a release; like a release, it names the head of the queue of waiters.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` expected fencing token or `""`,
+/// `KEYS[1]` lock key, `KEYS[2]` owner record, `KEYS[3]` waiters; `ARGV[1]` expected fencing token or `""`,
 /// `ARGV[2]` release channel or `""`, `ARGV[3]` `PUBLISH` or `SPUBLISH`.
 pub static EVICT: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
@@ -357,7 +422,10 @@ if ARGV[1] ~= '' and (record[1] ~= holder or record[2] ~= ARGV[1]) then
   return {2, holder, pttl, record[1], record[2], record[3]}
 end
 redis.call('DEL', KEYS[1], KEYS[2])
-if ARGV[2] ~= '' then redis.pcall(ARGV[3], ARGV[2], '') end
+if ARGV[2] ~= '' then
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
+  redis.pcall(ARGV[3], ARGV[2], head)
+end
 return {1, holder, pttl, record[1], record[2], record[3]}
 "#,
     )
@@ -378,21 +446,43 @@ pub const HELD_BY_OTHER: i64 = 2;
 pub enum AcquireReply {
     /// The lock is the caller's, with this fencing token.
     Granted(FencingToken),
-    /// Another owner holds it; it runs out after `pttl` unless renewed (`None`: it has no TTL).
+    /// Not granted: another owner holds it, or another waiter is ahead of the caller.
     Busy {
-        /// The holder's remaining time to live.
+        /// The holder's remaining time to live; `None` if the holder's key has no TTL or the
+        /// lock is free (and another waiter heads the queue).
         pttl: Option<Duration>,
+        /// The caller heads the queue of waiters: it is granted the lock once it is free.
+        head: bool,
+        /// The holder is not a dlock client (no owner record of its own, as after a foreign
+        /// client's `SET NX`): its release will not be announced.
+        foreign: bool,
+        /// For the second in line: when the head's queue entry lapses unless refreshed. If the
+        /// head crashed, the caller heads the queue then.
+        head_lapses_in: Option<Duration>,
     },
 }
 
-/// Decodes the reply of [`ACQUIRE`]: a positive token, 0 (busy, no TTL) or `-1 - PTTL` (busy).
-pub fn decode_acquire(reply: i64) -> AcquireReply {
+/// Decodes the reply of [`ACQUIRE`]: a positive token, or `{pttl, head, foreign, ahead}` when
+/// busy.
+pub fn decode_acquire(reply: redis::Value) -> RedisResult<AcquireReply> {
     match reply {
-        token @ 1.. => AcquireReply::Granted(FencingToken(token.unsigned_abs())),
-        0 => AcquireReply::Busy { pttl: None },
-        negative => AcquireReply::Busy {
-            pttl: Some(Duration::from_millis((-1 - negative).unsigned_abs())),
-        },
+        redis::Value::Int(token @ 1..) => {
+            Ok(AcquireReply::Granted(FencingToken(token.unsigned_abs())))
+        }
+        redis::Value::Array(fields) => {
+            let field = |i: usize| match fields.get(i) {
+                Some(redis::Value::Int(n)) => Ok(*n),
+                _ => Err(unexpected(format!("acquire answered {fields:?}"))),
+            };
+            let millis = |n: i64| u64::try_from(n).ok().map(Duration::from_millis);
+            Ok(AcquireReply::Busy {
+                pttl: millis(field(0)?),
+                head: field(1)? == 1,
+                foreign: field(2)? == 1,
+                head_lapses_in: millis(field(3)?),
+            })
+        }
+        other => Err(unexpected(format!("acquire answered {other:?}"))),
     }
 }
 
@@ -457,9 +547,107 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(rounded).unwrap_or(u64::MAX)
 }
 
+/// How a release is announced: `PUBLISH`, or `SPUBLISH` on a sharded channel (Redis Cluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Publish {
+    /// `PUBLISH` (a single server, Sentinel, Redlock's masters).
+    #[default]
+    Plain,
+    /// `SPUBLISH` (Redis Cluster: the channel is in the lock key's slot).
+    Sharded,
+}
+
+impl Publish {
+    /// The command's name, as the scripts take it.
+    pub fn command(self) -> &'static str {
+        match self {
+            Publish::Plain => "PUBLISH",
+            Publish::Sharded => "SPUBLISH",
+        }
+    }
+}
+
+/// How an attempt of [`ACQUIRE`] uses the lock's queue of waiters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Queueing<'a> {
+    /// How long the caller's queue entry lives unless refreshed by another attempt;
+    /// [`Duration::ZERO`] (a `try_lock`) never enqueues. A waiter passes its lease TTL, so that a
+    /// crashed waiter blocks the queue no longer than it would have held the lock.
+    pub entry_lifetime: Duration,
+    /// The caller's place in the queue when it enters it; `None`: past the last waiter (the
+    /// server picks). Redlock passes one client-chosen score to every master, so that all
+    /// masters order waiters alike.
+    pub arrival: Option<u64>,
+    /// The release channel on which a new head of the queue is announced, or `""`.
+    pub channel: &'a str,
+    /// How the announcement is published.
+    pub publish: Publish,
+}
+
+/// One run of [`ACQUIRE`]: what is asked, with which keys.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireCall<'a> {
+    /// The lock key.
+    pub lock_key: &'a str,
+    /// Its fencing counter ([`keys::fence_key`](super::keys::fence_key)).
+    pub fence_key: &'a str,
+    /// The owner token's hex form.
+    pub owner: &'a str,
+    /// The owner record's JSON, left with a grant.
+    pub record: &'a str,
+    /// The lease's TTL.
+    pub ttl: Duration,
+    /// The fencing counter's expiry, if any.
+    pub fence_ttl: Option<Duration>,
+    /// How the attempt uses the queue of waiters.
+    pub queue: Queueing<'a>,
+}
+
+impl AcquireCall<'_> {
+    /// Runs [`ACQUIRE`]; the queue's keys are derived from the lock key.
+    ///
+    /// # Cancel safety
+    /// If dropped, the lock may or may not have been taken, and the caller may or may not stand
+    /// in the queue; release by owner token to be sure (that also withdraws a queue entry).
+    pub async fn run<C>(&self, con: &mut C) -> RedisResult<AcquireReply>
+    where
+        C: ConnectionLike + Send,
+    {
+        let ttl = ttl_millis(self.ttl).to_string();
+        let fence_ttl = self
+            .fence_ttl
+            .map(|t| ttl_millis(t).to_string())
+            .unwrap_or_default();
+        let lifetime = ttl_millis(self.queue.entry_lifetime).to_string();
+        let arrival = self
+            .queue
+            .arrival
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let args = [
+            self.owner.as_bytes(),
+            ttl.as_bytes(),
+            self.record.as_bytes(),
+            fence_ttl.as_bytes(),
+            lifetime.as_bytes(),
+            arrival.as_bytes(),
+            self.queue.channel.as_bytes(),
+            self.queue.publish.command().as_bytes(),
+        ];
+        let (record, queue, lapses) = (
+            owner_key(self.lock_key),
+            queue_key(self.lock_key),
+            lapse_key(self.lock_key),
+        );
+        let keys = [self.lock_key, self.fence_key, &record, &queue, &lapses];
+        decode_acquire(ACQUIRE.invoke(con, &keys, &args).await?)
+    }
+}
+
 /// Runs [`ACQUIRE`] for `owner` (the owner token's hex form) on `lock_key` and its `fence_key`
 /// (see [`crate::protocol::keys`]), leaving `record` (an owner record's JSON) in the lock's owner
-/// record; `fence_ttl`, if any, becomes the counter's expiry.
+/// record; `fence_ttl`, if any, becomes the counter's expiry. It never enqueues (a `try_lock`)
+/// and announces nothing; see [`AcquireCall`] for the rest.
 ///
 /// # Cancel safety
 /// If dropped, the lock may or may not have been taken; release by owner token to be sure.
@@ -475,14 +663,17 @@ pub async fn acquire<C>(
 where
     C: ConnectionLike + Send,
 {
-    let ttl = ttl_millis(ttl).to_string();
-    let fence_ttl = fence_ttl.map(|t| ttl_millis(t).to_string());
-    let mut args = vec![owner.as_bytes(), ttl.as_bytes(), record.as_bytes()];
-    args.extend(fence_ttl.as_deref().map(str::as_bytes));
-    let owner_record = owner_key(lock_key);
-    let keys = [lock_key, fence_key, owner_record.as_str()];
-    let reply: i64 = ACQUIRE.invoke(con, &keys, &args).await?;
-    Ok(decode_acquire(reply))
+    AcquireCall {
+        lock_key,
+        fence_key,
+        owner,
+        record,
+        ttl,
+        fence_ttl,
+        queue: Queueing::default(),
+    }
+    .run(con)
+    .await
 }
 
 /// Runs [`EXTEND`] for `owner`.
@@ -547,7 +738,8 @@ where
     codes.into_iter().map(decode_extend).collect()
 }
 
-/// Runs [`RELEASE`] for `owner`, announcing it on `channel` (none if empty).
+/// Runs [`RELEASE`] for `owner` (which also withdraws its queue entry), announcing the queue's
+/// head on `channel` (none if empty) with `PUBLISH`.
 ///
 /// # Cancel safety
 /// If dropped, the release may or may not have happened; repeating it is harmless.
@@ -560,18 +752,10 @@ pub async fn release<C>(
 where
     C: ConnectionLike + Send,
 {
-    let record = owner_key(lock_key);
-    let code: i64 = RELEASE
-        .invoke(
-            con,
-            &[lock_key, &record],
-            &[owner.as_bytes(), channel.as_bytes()],
-        )
-        .await?;
-    decode_release(code)
+    release_with(con, lock_key, owner, channel, Publish::Plain).await
 }
 
-/// Runs [`RELEASE_SHARDED`] for `owner`, announcing it on the sharded `channel` (none if empty).
+/// [`release`] on a Redis Cluster: the announcement is `SPUBLISH` on the sharded `channel`.
 ///
 /// # Cancel safety
 /// If dropped, the release may or may not have happened; repeating it is harmless.
@@ -584,13 +768,35 @@ pub async fn release_sharded<C>(
 where
     C: ConnectionLike + Send,
 {
-    let record = owner_key(lock_key);
-    let code: i64 = RELEASE_SHARDED
-        .invoke(
-            con,
-            &[lock_key, &record],
-            &[owner.as_bytes(), channel.as_bytes()],
-        )
+    release_with(con, lock_key, owner, channel, Publish::Sharded).await
+}
+
+/// Runs [`RELEASE`] for `owner`, announcing with `publish` on `channel` (none if empty).
+///
+/// # Cancel safety
+/// If dropped, the release may or may not have happened; repeating it is harmless.
+pub async fn release_with<C>(
+    con: &mut C,
+    lock_key: &str,
+    owner: &str,
+    channel: &str,
+    publish: Publish,
+) -> RedisResult<Released>
+where
+    C: ConnectionLike + Send,
+{
+    let (record, queue, lapses) = (
+        owner_key(lock_key),
+        queue_key(lock_key),
+        lapse_key(lock_key),
+    );
+    let args = [
+        owner.as_bytes(),
+        channel.as_bytes(),
+        publish.command().as_bytes(),
+    ];
+    let code: i64 = RELEASE
+        .invoke(con, &[lock_key, &record, &queue, &lapses], &args)
         .await?;
     decode_release(code)
 }
@@ -669,9 +875,11 @@ where
 {
     let expected = expected.map(|t| t.0.to_string()).unwrap_or_default();
     let publish = if sharded { "SPUBLISH" } else { "PUBLISH" };
-    let record = owner_key(lock_key);
+    let (record, queue) = (owner_key(lock_key), queue_key(lock_key));
     let args = [expected.as_bytes(), channel.as_bytes(), publish.as_bytes()];
-    let reply: Vec<redis::Value> = EVICT.invoke(con, &[lock_key, &record], &args).await?;
+    let reply: Vec<redis::Value> = EVICT
+        .invoke(con, &[lock_key, &record, &queue], &args)
+        .await?;
     let field = |i: usize| reply.get(i).cloned().unwrap_or(redis::Value::Nil);
     let fields: EvictFields = (
         redis::from_redis_value(field(0))?,
@@ -811,7 +1019,6 @@ mod tests {
             &*EXTEND,
             &*EXTEND_MANY,
             &*RELEASE,
-            &*RELEASE_SHARDED,
             &*RAISE_FENCE,
             &*EVICT,
         ] {
@@ -826,30 +1033,37 @@ mod tests {
 
     #[test]
     fn acquire_replies_decode() {
-        assert_eq!(decode_acquire(42), AcquireReply::Granted(FencingToken(42)));
+        use redis::Value::{Array, Int};
         assert_eq!(
-            decode_acquire(1_732_291_234_000_567),
+            decode_acquire(Int(42)).unwrap(),
+            AcquireReply::Granted(FencingToken(42))
+        );
+        assert_eq!(
+            decode_acquire(Int(1_732_291_234_000_567)).unwrap(),
             AcquireReply::Granted(FencingToken(1_732_291_234_000_567))
         );
         assert_eq!(
-            decode_acquire(-1501),
+            decode_acquire(Array(vec![Int(1500), Int(1), Int(0), Int(-1)])).unwrap(),
             AcquireReply::Busy {
-                pttl: Some(Duration::from_millis(1500))
+                pttl: Some(Duration::from_millis(1500)),
+                head: true,
+                foreign: false,
+                head_lapses_in: None
             }
         );
-        assert_eq!(
-            decode_acquire(-1),
-            AcquireReply::Busy {
-                pttl: Some(Duration::ZERO)
-            }
-        );
-        assert_eq!(decode_acquire(0), AcquireReply::Busy { pttl: None });
-        assert_eq!(
-            decode_acquire(i64::MIN),
-            AcquireReply::Busy {
-                pttl: Some(Duration::from_millis(i64::MAX as u64))
-            }
-        );
+        for no_ttl in [-1, -2] {
+            assert_eq!(
+                decode_acquire(Array(vec![Int(no_ttl), Int(0), Int(1), Int(7)])).unwrap(),
+                AcquireReply::Busy {
+                    pttl: None,
+                    head: false,
+                    foreign: true,
+                    head_lapses_in: Some(Duration::from_millis(7))
+                }
+            );
+        }
+        assert!(decode_acquire(Int(0)).is_err());
+        assert!(decode_acquire(Array(vec![Int(5)])).is_err());
     }
 
     #[test]

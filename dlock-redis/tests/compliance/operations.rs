@@ -147,7 +147,7 @@ pub async fn the_owner_record_lives_beside_the_lock_as_long_as_it(
             );
             ensure!(holder.owner.as_ref() == Some(&record), "inspect: {holder}");
             ensure!(holder.expires_in.is_some(), "inspect: {holder}");
-            ensure!(holder.waiting.is_none(), "inspect: {holder}");
+            ensure!(holder.waiting == Some(0), "inspect: {holder}");
         }
         other => bail!("our held lock looks {other}"),
     }

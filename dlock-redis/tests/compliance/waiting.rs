@@ -5,14 +5,18 @@
 //! The waiters here poll so slowly (a fixed 30 s backoff) that only a notification or the holder's
 //! TTL can explain a prompt hand-over.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLockExt, LockOptions, Released};
+use dlock_core::{DistributedLockExt, Holding, LockOptions, Released};
+use dlock_redis::RedisLock;
 use dlock_testkit::case;
+use dlock_testkit::fixtures::RedisServer;
 use dlock_testkit::trials::Case;
+use redis::aio::MultiplexedConnection;
 
-use crate::support::{clients, unique, waiting_without_polling, PROMPT};
+use crate::support::{clients, raw, unique, waiting_without_polling, PROMPT};
 
 /// The cases of this module, each given the shared server's URL.
 pub fn cases() -> Vec<(&'static str, Case<String>)> {
@@ -20,7 +24,158 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
         case!(a_release_wakes_a_waiter_without_polling),
         case!(waiters_of_one_client_are_woken_one_per_release),
         case!(an_expiring_holder_is_followed_at_its_ttl),
+        case!(a_hot_key_costs_at_most_four_commands_per_acquisition),
+        case!(inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry),
     ]
+}
+
+/// Two waiters queue behind a holder: `holding` counts them; once one timed out and the other
+/// was dropped, the queue is empty again (no entry left behind) and its keys are gone.
+pub async fn inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry(
+    url: String,
+) -> anyhow::Result<()> {
+    let [holder, waiter] = clients(&url).await?;
+    let key = unique("inspect-queue");
+    let held = holder
+        .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+        .await?;
+    let timing_out = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_millis(600));
+        tokio::spawn(async move { waiter.acquire(&key, &opts).await })
+    };
+    let dropped = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(60));
+        tokio::spawn(async move { waiter.acquire(&key, &opts).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = |holding: Holding| match holding {
+        Holding::Held(holder) => holder.waiting,
+        _ => None,
+    };
+    let queued = waiting(holder.holding(&key).await?);
+    ensure!(queued == Some(2), "two queued waiters shown as {queued:?}");
+    ensure!(
+        timing_out.await?.is_err(),
+        "a waiter took a held lock instead of timing out"
+    );
+    dropped.abort();
+    let _ = dropped.await;
+    // The dropped acquire is withdrawn in the background by dlock-core.
+    let mut left = queued;
+    for _ in 0..100 {
+        left = waiting(holder.holding(&key).await?);
+        if left == Some(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(
+        left == Some(0),
+        "the waiters that gave up left queue entries: {left:?}"
+    );
+    let mut raw = raw(&url).await?;
+    let queue_keys: i64 = redis::cmd("EXISTS")
+        .arg(dlock_redis::protocol::keys::queue_key(&key))
+        .arg(dlock_redis::protocol::keys::lapse_key(&key))
+        .query_async(&mut raw)
+        .await?;
+    ensure!(queue_keys == 0, "{queue_keys} queue key(s) left behind");
+    held.release().await?;
+    Ok(())
+}
+
+/// Rounds each task of [`a_hot_key_costs_at_most_four_commands_per_acquisition`] takes the key.
+const HOT_ROUNDS: usize = 8;
+
+/// The commands clients sent the server so far, by `INFO commandstats`: the scripts (`EVALSHA`,
+/// `EVAL`) and the subscriptions (`SUBSCRIBE`, `UNSUBSCRIBE`). Not counted: the subscriber
+/// connection's health-check `PING`, one per connection every 5 s whatever happens, and the
+/// commands that scripts run inside, which the server counts too but are not the clients'; they
+/// are in the second number, `total_commands_processed`.
+async fn commands_sent(con: &mut MultiplexedConnection) -> anyhow::Result<(u64, u64)> {
+    let info: String = redis::cmd("INFO").arg("all").query_async(con).await?;
+    let calls = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let sent = ["evalsha", "eval", "subscribe", "unsubscribe"]
+        .into_iter()
+        .map(calls)
+        .sum();
+    let processed = info
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    Ok((sent, processed))
+}
+
+/// 16 tasks, each with a client of its own, then 256 tasks on 16 clients take one key 8 times
+/// each: the clients send at most four commands per acquisition (the attempt that queues, the
+/// winning attempt, the release, and a first wait's subscription spread over the rounds),
+/// however many wait.
+pub async fn a_hot_key_costs_at_most_four_commands_per_acquisition(
+    _: String,
+) -> anyhow::Result<()> {
+    let server = RedisServer::start().await?;
+    let mut con = raw(&server.url()).await?;
+    for (waiters, client_count) in [(16, 16), (256, 16)] {
+        let mut clients = Vec::with_capacity(client_count);
+        for _ in 0..client_count {
+            clients.push(Arc::new(RedisLock::connect(&server.url()).await?));
+        }
+        let clients: Vec<Arc<RedisLock>> = (0..waiters)
+            .map(|i| clients[i % client_count].clone())
+            .collect();
+        let key = unique("hot");
+        let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(60));
+        let (sent_before, processed_before) = commands_sent(&mut con).await?;
+        let started = Instant::now();
+        let tasks: Vec<_> = clients
+            .into_iter()
+            .map(|client| {
+                let (key, opts) = (key.clone(), opts.clone());
+                tokio::spawn(async move {
+                    let mut at = Vec::new();
+                    for _ in 0..HOT_ROUNDS {
+                        let lease = client.acquire(&key, &opts).await?;
+                        at.push(Instant::now());
+                        lease.release().await?;
+                    }
+                    anyhow::Ok(at)
+                })
+            })
+            .collect();
+        let mut grants = Vec::new();
+        for task in tasks {
+            grants.extend(task.await??);
+        }
+        let took = started.elapsed();
+        grants.sort();
+        let mut gaps: Vec<Duration> = grants.windows(2).map(|w| w[1] - w[0]).collect();
+        gaps.sort();
+        let median_gap = gaps.get(gaps.len() / 2).copied().unwrap_or_default();
+        let (sent_after, processed_after) = commands_sent(&mut con).await?;
+        let acquisitions = (waiters * HOT_ROUNDS) as f64;
+        // The second INFO is not the clients'.
+        let sent = (sent_after - sent_before) as f64 / acquisitions;
+        let processed = (processed_after - processed_before - 1) as f64 / acquisitions;
+        eprintln!(
+            "[commands] {waiters} waiters on {client_count} clients, one key: {sent:.2} client \
+             commands and {processed:.1} server commands (with those scripts run) per \
+             acquisition; {acquisitions} acquisitions in {took:?}, median gap {median_gap:?}"
+        );
+        ensure!(
+            sent <= 4.0,
+            "{waiters} waiters on one key: {sent:.2} client commands per acquisition"
+        );
+    }
+    Ok(())
 }
 
 /// Five hand-overs between two clients, each long before any poll could happen.
