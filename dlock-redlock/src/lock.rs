@@ -681,7 +681,7 @@ impl DistributedLock for RedlockLock {
     }
 
     /// Waiters are served in arrival order, woken by the masters' release notifications (see
-    /// [`crate::waiting`]). `notifies_waiters` stays off: it describes the primitives too, whose
+    /// the README's "Redlock: waiting in a fair queue"). `notifies_waiters` stays off: it describes the primitives too, whose
     /// waiters poll. The read-write lock and the election are served; the semaphore is not (see
     /// [the crate docs](crate#primitives)).
     fn capabilities(&self) -> Capabilities {
@@ -706,7 +706,7 @@ impl DistributedLock for RedlockLock {
     }
 
     /// One attempt that never stands in the queue of waiters: granted only where nobody waits
-    /// (see [`attempt`](RedlockLock::attempt)).
+    /// (a master grants only to the head of its queue of waiters).
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let names = Names::new(&self.inner.settings.layout, req.key, req.owner);
         Ok(match self.attempt(req, &names, None).await? {
@@ -717,8 +717,8 @@ impl DistributedLock for RedlockLock {
         })
     }
 
-    /// Waits in the masters' queues of waiters, woken by their release notifications (see
-    /// [`crate::waiting`]).
+    /// Waits in the masters' queues of waiters, woken by their release notifications, in
+    /// arrival order.
     async fn lock(
         &self,
         req: &LockRequest<'_>,
