@@ -579,7 +579,7 @@ pub fn goals(report: &Report) -> Vec<Goal> {
                 .ok_or_else(|| per_acquisition(hot, &b.server_count))
         });
         goals.push(goal(
-            format!("single Redis: server commands per acquisition, hot key, {tasks} tasks"),
+            format!("single Redis: requests (script calls, counted by the server) per acquisition, hot key, {tasks} tasks"),
             value,
             Bound::AtMost(4.0),
             &plain,

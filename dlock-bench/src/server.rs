@@ -94,11 +94,24 @@ fn ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// Redis servers' `total_commands_processed` (`INFO stats`), summed: one server, or every
-/// Redlock master.
+/// Script calls on Redis servers (`EVAL`, `EVALSHA`, `FCALL` and their read-only forms, from
+/// `INFO commandstats`), summed: one server, or every Redlock master. Every request dlock sends to
+/// Redis is a script, so this counts dlock's requests as the server sees them; Redis 7 also
+/// counts the commands a script runs inside itself in `total_commands_processed`, which would
+/// count one request several times. A peer's plain commands (rslock's `SET NX`) are not counted.
 pub struct RedisCommands {
     connections: Vec<redis::aio::MultiplexedConnection>,
 }
+
+/// The commands that run a script, as `INFO commandstats` names them.
+const SCRIPT_CALLS: [&str; 6] = [
+    "cmdstat_eval:",
+    "cmdstat_evalsha:",
+    "cmdstat_eval_ro:",
+    "cmdstat_evalsha_ro:",
+    "cmdstat_fcall:",
+    "cmdstat_fcall_ro:",
+];
 
 impl RedisCommands {
     pub async fn connect(urls: &[String]) -> anyhow::Result<RedisCommands> {
@@ -122,22 +135,36 @@ impl ServerCount for RedisCommands {
             let mut con = con.clone();
             let info: String = tokio::time::timeout(
                 READ_TIMEOUT,
-                redis::cmd("INFO").arg("stats").query_async(&mut con),
+                redis::cmd("INFO").arg("commandstats").query_async(&mut con),
             )
             .await??;
-            sum += field(&info, "total_commands_processed:")?;
+            sum += script_calls(&info);
         }
         Ok(sum)
     }
 
     fn own_per_reading(&self) -> u64 {
-        // The first reading's INFO is counted by the second, on every server.
-        self.connections.len() as u64
+        // INFO is not a script.
+        0
     }
 
     fn what(&self) -> &'static str {
-        "commands processed (INFO stats total_commands_processed, summed over the servers)"
+        "script calls (EVAL/EVALSHA/FCALL in INFO commandstats, summed over the servers; every dlock request to Redis is one)"
     }
+}
+
+/// The script calls of an `INFO commandstats` answer (`cmdstat_evalsha:calls=12,usec=…`).
+fn script_calls(info: &str) -> u64 {
+    info.lines()
+        .filter_map(|line| {
+            let rest = SCRIPT_CALLS.iter().find_map(|p| line.strip_prefix(p))?;
+            rest.strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// A ZooKeeper member's `zk_packets_received` (`mntr`): every request of every session on it,
@@ -235,9 +262,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fields_are_read_from_info_and_mntr() {
-        let info = "# Stats\r\ntotal_connections_received:4\r\ntotal_commands_processed:1234\r\n";
-        assert_eq!(field(info, "total_commands_processed:").ok(), Some(1234));
+    fn script_calls_are_summed_from_commandstats() {
+        let info = "# Commandstats\r\ncmdstat_get:calls=900,usec=1\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.5\r\ncmdstat_eval:calls=3,usec=9\r\n";
+        assert_eq!(script_calls(info), 15);
+    }
+
+    #[test]
+    fn fields_are_read_from_mntr() {
         let mntr = "zk_version\t3.9\nzk_packets_received\t77\nzk_packets_sent\t80\n";
         assert_eq!(field(mntr, "zk_packets_received").ok(), Some(77));
         assert!(field(mntr, "zk_missing").is_err());
