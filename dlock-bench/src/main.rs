@@ -29,6 +29,7 @@ mod locker;
 mod plan;
 mod progress;
 mod report;
+mod server;
 mod stats;
 mod workloads;
 
@@ -41,8 +42,10 @@ use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
 use dlock_testkit::registry::{self, dlock_backends};
 
+use crate::locker::Kind;
 use crate::progress::Progress;
-use crate::report::{BackendReport, Report, SideReport};
+use crate::report::{BackendReport, Fresh, Report, SideReport};
+use crate::server::ServerCount;
 use crate::workloads::{Renewal, TASKS};
 
 /// Counts allocations, for the client memory per held lease.
@@ -145,14 +148,18 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
         setup.deployment.shutdown().await?;
         backends.push(result?);
     }
-    Ok(Report {
+    let mut report = Report {
         quick: args.quick,
         plan,
+        date: report::utc_now(),
         machine: machine(),
         backends,
         skipped,
+        goals: Vec::new(),
         seconds: started.elapsed().as_secs_f64(),
-    })
+    };
+    report.goals = report::goals(&report);
+    Ok(report)
 }
 
 async fn measure(
@@ -177,14 +184,51 @@ async fn measure(
             throughput[side].push(rate);
         }
     }
+    let counter: Option<&dyn ServerCount> = setup.server_count.as_ref().ok().map(|c| &**c);
+    let fresh = match &setup.fresh_floor {
+        Some((label, floor)) => {
+            progress.say(name, "uncontended cycles on fresh keys");
+            let dlock = &setup.sides[0].locker;
+            let times = workloads::fresh_cycles(&[dlock, floor], plan).await?;
+            Some(Fresh {
+                floor_label: label.clone(),
+                dlock: times[0],
+                floor: times[1],
+            })
+        }
+        None => None,
+    };
     let mut sides = Vec::new();
+    let mut waiting = Vec::new();
+    let mut waiting_note = None;
     for (i, ((side, cycle), throughput)) in
         setup.sides.iter().zip(cycles).zip(throughput).enumerate()
     {
         if side.connect.is_some() {
-            progress.say(name, format!("hot key: {}", side.label));
+            progress.say(
+                name,
+                format!("hot key, {} tasks: {}", plan.contenders, side.label),
+            );
         }
-        let hot_key = workloads::hot_key(side, i, plan).await?;
+        let hot_key = workloads::hot_key(side, i, plan.contenders, plan, counter).await?;
+        if side.kind == Kind::Dlock {
+            for &wanted in plan.waiting_tasks {
+                let tasks = match setup.max_clients {
+                    Some((max, why)) if wanted > max => {
+                        waiting_note = Some(format!("{wanted} tasks capped at {max}: {why}"));
+                        max
+                    }
+                    _ => wanted,
+                };
+                if tasks == plan.contenders {
+                    waiting.extend(hot_key);
+                    continue;
+                }
+                progress.say(name, format!("hot key, {tasks} tasks: {}", side.label));
+                waiting.extend(workloads::hot_key(side, i, tasks, plan, counter).await?);
+            }
+            waiting.sort_by_key(|h| h.tasks);
+        }
         sides.push(SideReport {
             kind: side.kind,
             label: side.label.clone(),
@@ -193,20 +237,29 @@ async fn measure(
             hot_key,
         });
     }
-    // Session backends need no renewal per lease: the client keeps its one session alive.
-    let modes: &[Renewal] = if setup.locks.capabilities().session_based {
-        &[Renewal::Session]
+    // Session backends need no renewal per lease: the client keeps its one session alive. The
+    // growth is measured in the way dlock renews (auto-renew, batched, or the session); renewing
+    // per lease only at the plan's one count, beside it.
+    let (growing, beside) = if setup.locks.capabilities().session_based {
+        (Renewal::Session, None)
     } else {
-        &[Renewal::Batched, Renewal::PerLease]
+        (Renewal::Batched, Some(Renewal::PerLease))
     };
+    let runs = plan
+        .lease_counts
+        .iter()
+        .map(|&n| (growing, n))
+        .chain(beside.map(|mode| (mode, plan.leases)));
     let mut renewing = Vec::new();
-    for &mode in modes {
+    for (mode, leases) in runs {
         progress.say(
             name,
-            format!("{} leases held, renewal: {}", plan.leases, mode.name()),
+            format!("{leases} leases held, renewal: {}", mode.name()),
         );
         let client = (setup.client)().await?;
-        renewing.push(workloads::renewing(client, setup.wire_batch, mode, plan).await?);
+        renewing.push(
+            workloads::renewing(client, setup.wire_batch, mode, leases, plan, counter).await?,
+        );
     }
     let frozen = match &setup.freeze {
         Ok((member, what)) => {
@@ -222,6 +275,13 @@ async fn measure(
         frozen,
         renewal_note: setup.renewal_note.to_owned(),
         renewing,
+        server_count: match &setup.server_count {
+            Ok(c) => Ok(c.what().to_owned()),
+            Err(why) => Err(why.clone()),
+        },
+        waiting,
+        waiting_note,
+        fresh,
     })
 }
 

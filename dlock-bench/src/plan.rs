@@ -15,12 +15,20 @@ pub struct Plan {
     pub window: Duration,
     /// Time per side for the hot key.
     pub hot_for: Duration,
-    /// Contenders (each with a client of its own) on the hot key.
+    /// Contenders (each with a client of its own) on the hot key, on every side that has one.
     pub contenders: usize,
+    /// Tasks on one key (each with a client of its own) for how hand-offs grow with waiters:
+    /// one holds, the others wait. dlock only; the count equal to `contenders` is the hot key's.
+    pub waiting_tasks: &'static [usize],
     /// Acquires timed while one server or member is frozen.
     pub frozen_cycles: usize,
-    /// Leases held at once with auto-renew, for memory and renewal traffic.
+    /// Leases held at once for the per-lease against batched renewal comparison.
     pub leases: usize,
+    /// Leases held at once with auto-renew (or in the session), for how cost grows per lease.
+    pub lease_counts: &'static [usize],
+    /// How long taking the leases of one count may take; past it the count is reported as not
+    /// held, with how many were taken.
+    pub taking_budget: Duration,
     /// Their TTL (renewed every third of it).
     pub renew_ttl: Duration,
     /// How long renewal traffic is counted.
@@ -33,9 +41,12 @@ pub const FULL: Plan = Plan {
     rounds: 4,
     window: Duration::from_secs(2),
     hot_for: Duration::from_secs(3),
-    contenders: 8,
+    contenders: 16,
+    waiting_tasks: &[2, 16, 256],
     frozen_cycles: 100,
     leases: 10_000,
+    lease_counts: &[1, 100, 10_000, 100_000],
+    taking_budget: Duration::from_secs(120),
     renew_ttl: Duration::from_secs(6),
     observe: Duration::from_secs(6),
 };
@@ -46,9 +57,12 @@ pub const QUICK: Plan = Plan {
     rounds: 2,
     window: Duration::from_millis(300),
     hot_for: Duration::from_millis(600),
-    contenders: 4,
+    contenders: 16,
+    waiting_tasks: &[2, 16],
     frozen_cycles: 10,
     leases: 1_000,
-    renew_ttl: Duration::from_secs(3),
-    observe: Duration::from_secs(2),
+    lease_counts: &[1, 100, 1_000],
+    taking_budget: Duration::from_secs(20),
+    renew_ttl: Duration::from_secs(2),
+    observe: Duration::from_secs(1),
 };

@@ -6,17 +6,21 @@ use serde::Serialize;
 
 use crate::locker::Kind;
 use crate::plan::Plan;
-use crate::stats::{bytes, micros, rate, ratio, Latency};
-use crate::workloads::{Frozen, HotKey, Renewing, Throughput, TASKS};
+use crate::stats::{bytes, micros, rate, ratio, slope, Latency};
+use crate::workloads::{Frozen, HotKey, Renewal, Renewing, Throughput, TASKS};
 
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub quick: bool,
     pub plan: Plan,
+    /// When the run started, UTC.
+    pub date: String,
     pub machine: String,
     pub backends: Vec<BackendReport>,
     /// Backends not measured, and why.
     pub skipped: Vec<(String, String)>,
+    /// The issue's goals, each with this run's figure.
+    pub goals: Vec<Goal>,
     pub seconds: f64,
 }
 
@@ -28,8 +32,38 @@ pub struct BackendReport {
     /// Why not, when nothing was frozen.
     pub frozen: Result<Frozen, String>,
     pub renewal_note: String,
-    /// Per-lease renewal, then batched; or the session alone.
+    /// dlock's way of renewing (batched auto-renew, or the session) at each of the plan's lease
+    /// counts, then per-lease renewal at the plan's `leases` where the backend renews per key.
     pub renewing: Vec<Renewing>,
+    /// What the server count counts, or why there is none.
+    pub server_count: Result<String, String>,
+    /// dlock's hot key at each of the plan's task counts.
+    pub waiting: Vec<HotKey>,
+    /// Why a task count was not measured as planned.
+    pub waiting_note: Option<String>,
+    /// Cycles on a fresh key, where the backend has a floor for them.
+    pub fresh: Option<Fresh>,
+}
+
+/// dlock's cycle on a fresh key beside the floor of one.
+#[derive(Debug, Serialize)]
+pub struct Fresh {
+    pub floor_label: String,
+    pub dlock: Latency,
+    pub floor: Latency,
+}
+
+/// One of the issue's goals and this run's figure.
+#[derive(Debug, Serialize)]
+pub struct Goal {
+    pub measurement: String,
+    /// The figure compared with the goal, where measured.
+    pub value: Option<f64>,
+    /// The figure as the report shows it, or why it was not measured.
+    pub shown: String,
+    pub goal: String,
+    /// `None` when not measured in this run.
+    pub met: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -138,8 +172,9 @@ pub fn table(report: &Report) -> String {
                         _ => String::new(),
                     };
                     cells.push(format!(
-                        "{}{ratio}{}",
+                        "{}{ratio}, {:.0}% of acquisitions{}",
                         rate(hot.handoffs_per_s),
+                        hot.handoff_share * 100.0,
                         failures(hot.failed)
                     ));
                     cells.push(format!(
@@ -162,22 +197,22 @@ pub fn table(report: &Report) -> String {
                     ),
                     Err(why) => format!("n/a: {why}"),
                 });
-                let lost = if backend.renewing.iter().all(|r| r.all_held) {
+                // The comparison of ways of renewing, at the plan's one lease count.
+                let compared: Vec<&Renewing> = backend
+                    .renewing
+                    .iter()
+                    .filter(|r| r.leases == report.plan.leases)
+                    .collect();
+                let lost = if compared.iter().all(|r| r.all_held) {
                     ""
                 } else {
                     " (some leases lost)"
                 };
-                let modes: Vec<&str> = backend.renewing.iter().map(|r| r.mode).collect();
-                let memory: Vec<String> = backend
-                    .renewing
-                    .iter()
-                    .map(|r| bytes(r.bytes_per_lease))
-                    .collect();
-                let requests: Vec<String> = backend
-                    .renewing
-                    .iter()
-                    .map(|r| rate(r.requests_per_s))
-                    .collect();
+                let modes: Vec<&str> = compared.iter().map(|r| r.mode).collect();
+                let memory: Vec<String> =
+                    compared.iter().map(|r| bytes(r.bytes_per_lease)).collect();
+                let requests: Vec<String> =
+                    compared.iter().map(|r| rate(r.requests_per_s)).collect();
                 cells.push(format!(
                     "{}: {}{lost}",
                     modes.join(" → "),
@@ -212,16 +247,19 @@ pub fn print(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "dlock-bench{}: {} uncontended cycles per side; throughput {:?} per side and task count; hot key {:?} with {} contenders; {} leases held with auto-renew (TTL {:?}); {:.0} s in all",
+        "dlock-bench{}: {} uncontended cycles per side; throughput {:?} per side and task count; hot key {:?} with {} tasks (dlock also with {:?}); leases held with auto-renew (or in the session): {:?} (TTL {:?}, counted over {:?}); {:.0} s in all",
         if report.quick { " --quick" } else { "" },
         report.plan.cycles,
         report.plan.window,
         report.plan.hot_for,
         report.plan.contenders,
-        report.plan.leases,
+        report.plan.waiting_tasks,
+        report.plan.lease_counts,
         report.plan.renew_ttl,
+        report.plan.observe,
         report.seconds
     );
+    let _ = writeln!(out, "date: {}", report.date);
     let _ = writeln!(out, "machine: {}", report.machine);
     for backend in &report.backends {
         let _ = writeln!(out, "{}: {}", backend.name, backend.servers);
@@ -231,5 +269,546 @@ pub fn print(report: &Report) -> String {
     }
     let _ = writeln!(out);
     out.push_str(&table(report));
+    let _ = writeln!(out);
+    out.push_str(&waiting_table(report));
+    let _ = writeln!(out);
+    out.push_str(&leases_table(report));
+    let _ = writeln!(out);
+    out.push_str(&goals_table(report));
     out
+}
+
+/// How hand-offs grow with the tasks waiting on one key: dlock on every backend, a row per task
+/// count, and the slope per waiter.
+pub fn waiting_table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Hot key: tasks on one key, each with a client of its own (one holds, the others wait)\n"
+    );
+    let _ = writeln!(
+        out,
+        "| backend | tasks (waiting) | acquisitions | hand-offs to another task | share of acquisitions | hand-off p50 / p99 | server requests per acquisition |"
+    );
+    let _ = writeln!(out, "|{}", "---|".repeat(7));
+    for backend in &report.backends {
+        for (i, hot) in backend.waiting.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "| {} | {} ({}) | {}{} | {} | {:.0}% | {} / {} | {} |",
+                if i == 0 { backend.name.as_str() } else { "" },
+                hot.tasks,
+                hot.tasks.saturating_sub(1),
+                rate(hot.acquisitions_per_s),
+                failures(hot.failed),
+                rate(hot.handoffs_per_s),
+                hot.handoff_share * 100.0,
+                micros(hot.handoff.p50_us),
+                micros(hot.handoff.p99_us),
+                per_acquisition(hot, &backend.server_count),
+            );
+        }
+        let waiters = |pick: &dyn Fn(&HotKey) -> Option<f64>| {
+            let points: Vec<(f64, f64)> = backend
+                .waiting
+                .iter()
+                .filter_map(|h| pick(h).map(|y| (h.tasks.saturating_sub(1) as f64, y)))
+                .collect();
+            slope(&points)
+        };
+        if backend.waiting.len() > 1 {
+            let latency = waiters(&|h| Some(h.handoff.p50_us));
+            let requests = waiters(&|h| h.server_per_acquisition);
+            let _ = writeln!(
+                out,
+                "| | slope per waiter | | | | {} p50 | {} |",
+                latency.map_or("—".to_owned(), |s| format!("{s:+.2} µs")),
+                requests.map_or("—".to_owned(), |s| format!("{s:+.4}")),
+            );
+        }
+        if let Some(note) = &backend.waiting_note {
+            let _ = writeln!(out, "| | {note} | | | | | |");
+        }
+    }
+    out
+}
+
+/// Server requests per acquisition, or why there is no figure.
+fn per_acquisition(hot: &HotKey, count: &Result<String, String>) -> String {
+    match (hot.server_per_acquisition, count) {
+        (Some(n), _) => format!("{n:.2}"),
+        (None, Err(why)) => format!("n/a: {why}"),
+        (None, Ok(_)) => "n/a: the count could not be read".to_owned(),
+    }
+}
+
+/// The runs of dlock's own way of renewing (not the per-lease comparison), by lease count.
+fn growth(backend: &BackendReport) -> Vec<&Renewing> {
+    backend
+        .renewing
+        .iter()
+        .filter(|r| r.mode != Renewal::PerLease.name())
+        .collect()
+}
+
+/// How the cost of held leases grows: a row per lease count and the slope per lease.
+pub fn leases_table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Held leases with auto-renew (or in the session): cost by lease count\n"
+    );
+    let _ = writeln!(
+        out,
+        "| backend | renewal | leases | taking them | client memory per lease | client CPU | server requests | renewal requests (client) |"
+    );
+    let _ = writeln!(out, "|{}", "---|".repeat(8));
+    for backend in &report.backends {
+        let runs = growth(backend);
+        for (i, r) in runs.iter().enumerate() {
+            let lost = match (&r.note, r.all_held) {
+                (Some(note), _) => format!(" ({note})"),
+                (None, false) => " (some leases lost)".to_owned(),
+                (None, true) => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {}{lost} | {:.1} s | {} | {:.1} ms/s | {} | {} |",
+                if i == 0 { backend.name.as_str() } else { "" },
+                r.mode,
+                r.leases,
+                r.taking_s,
+                bytes(r.bytes_per_lease),
+                r.cpu_per_s * 1e3,
+                server_rate(r.server_per_s, &backend.server_count),
+                rate(r.requests_per_s),
+            );
+        }
+        if runs.len() > 1 {
+            let per_lease = |pick: &dyn Fn(&Renewing) -> Option<f64>| {
+                let points: Vec<(f64, f64)> = runs
+                    .iter()
+                    .filter_map(|r| pick(r).map(|y| (r.taken as f64, y)))
+                    .collect();
+                slope(&points)
+            };
+            let memory = per_lease(&|r| Some(r.bytes_per_lease * r.taken as f64));
+            let cpu = per_lease(&|r| Some(r.cpu_per_s * 1e6));
+            let server = per_lease(&|r| r.server_per_s);
+            let requests = per_lease(&|r| Some(r.requests_per_s));
+            let _ = writeln!(
+                out,
+                "| | slope per lease | | | {} | {} | {} | {} |",
+                memory.map_or("—".to_owned(), |s| format!("{s:.0} B")),
+                cpu.map_or("—".to_owned(), |s| format!("{s:.3} µs/s")),
+                server.map_or("—".to_owned(), |s| format!("{s:.5}/s")),
+                requests.map_or("—".to_owned(), |s| format!("{s:.5}/s")),
+            );
+        }
+    }
+    out
+}
+
+/// Server requests per second, or why there is no figure.
+fn server_rate(per_s: Option<f64>, count: &Result<String, String>) -> String {
+    match (per_s, count) {
+        (Some(n), _) => rate(n),
+        (None, Err(why)) => format!("n/a: {why}"),
+        (None, Ok(_)) => "n/a: the count could not be read".to_owned(),
+    }
+}
+
+/// The goals: measurement, figure, goal, met.
+pub fn goals_table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Goals (issue #20), {} run of {} on {}\n",
+        if report.quick { "quick" } else { "full" },
+        report.date,
+        report.machine
+    );
+    let _ = writeln!(out, "| measurement | value | goal | met |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    for goal in &report.goals {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            goal.measurement,
+            goal.shown,
+            goal.goal,
+            match goal.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "not measured",
+            }
+        );
+    }
+    let met = report.goals.iter().filter(|g| g.met == Some(true)).count();
+    let measured = report.goals.iter().filter(|g| g.met.is_some()).count();
+    let _ = writeln!(
+        out,
+        "\n{met} of {measured} measured goals met ({} not measured in this run)",
+        report.goals.len() - measured
+    );
+    out
+}
+
+/// Which way a goal bounds its figure.
+#[derive(Clone, Copy)]
+enum Bound {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// How much a per-lease or per-hand-off figure may grow from the smaller measured count to the
+/// larger and still count as flat: the issue asks for flat growth without a number; 1.5 leaves
+/// room for a noisy shared machine and still catches a cost that grows with the count.
+const FLAT: f64 = 1.5;
+
+/// A goal row: `value` against `bound`, shown with `show`, or `missing` when there is no value.
+fn goal(
+    measurement: String,
+    value: Result<f64, String>,
+    bound: Bound,
+    show: &dyn Fn(f64) -> String,
+) -> Goal {
+    let goal = match bound {
+        Bound::AtMost(b) => format!("≤ {}", show(b)),
+        Bound::AtLeast(b) => format!("≥ {}", show(b)),
+    };
+    match value {
+        Ok(v) => Goal {
+            measurement,
+            value: Some(v),
+            shown: show(v),
+            goal,
+            met: Some(match bound {
+                Bound::AtMost(b) => v <= b,
+                Bound::AtLeast(b) => v >= b,
+            }),
+        },
+        Err(why) => Goal {
+            measurement,
+            value: None,
+            shown: why,
+            goal,
+            met: None,
+        },
+    }
+}
+
+fn times(v: f64) -> String {
+    format!("{v:.2}×")
+}
+
+fn plain(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+fn percent(v: f64) -> String {
+    format!("{:.0}%", v * 100.0)
+}
+
+impl Report {
+    fn backend(&self, name: &str) -> Result<&BackendReport, String> {
+        self.backends
+            .iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| format!("{name} not in this run"))
+    }
+}
+
+impl BackendReport {
+    fn dlock(&self) -> Result<&SideReport, String> {
+        self.side(Kind::Dlock)
+            .ok_or_else(|| format!("{}: no dlock side", self.name))
+    }
+
+    fn hot(&self) -> Result<HotKey, String> {
+        self.dlock()?
+            .hot_key
+            .ok_or_else(|| format!("{}: no hot key", self.name))
+    }
+
+    /// `pick(dlock) / pick(other)`.
+    fn against(
+        &self,
+        other: Kind,
+        pick: &dyn Fn(&SideReport) -> Option<f64>,
+    ) -> Result<f64, String> {
+        let other = self
+            .side(other)
+            .ok_or_else(|| format!("{}: no {other:?} side", self.name))?;
+        ratio(pick(self.dlock()?), pick(other)).ok_or_else(|| "no figure".to_owned())
+    }
+}
+
+/// Throughput at `tasks` tasks on keys of their own.
+fn at_tasks(tasks: usize) -> impl Fn(&SideReport) -> Option<f64> {
+    move |s| {
+        TASKS
+            .iter()
+            .position(|&t| t == tasks)
+            .and_then(|i| s.throughput.get(i))
+            .map(|t| t.per_s)
+    }
+}
+
+/// A figure of a side.
+type Pick<'a> = &'a dyn Fn(&SideReport) -> Option<f64>;
+
+fn cycle_p50(s: &SideReport) -> Option<f64> {
+    Some(s.cycle.p50_us)
+}
+
+/// The issue's goals, each with this run's figure (or why it has none).
+pub fn goals(report: &Report) -> Vec<Goal> {
+    let mut goals = Vec::new();
+    let redis = report.backend("redis");
+    let redlock = report.backend("redlock");
+    for tasks in [16, 256] {
+        let value = redis.clone().and_then(|b| {
+            let hot = b.waiting.iter().find(|h| h.tasks == tasks).ok_or_else(|| {
+                format!(
+                    "not measured: this run stops at {} tasks",
+                    report.plan.waiting_tasks.iter().max().copied().unwrap_or(0)
+                )
+            })?;
+            hot.server_per_acquisition
+                .ok_or_else(|| per_acquisition(hot, &b.server_count))
+        });
+        goals.push(goal(
+            format!("single Redis: requests (script calls, counted by the server) per acquisition, hot key, {tasks} tasks"),
+            value,
+            Bound::AtMost(4.0),
+            &plain,
+        ));
+    }
+    goals.push(goal(
+        format!(
+            "Redlock: hot-key hand-offs to another task, {} tasks, ÷ single Redis's",
+            report.plan.contenders
+        ),
+        redlock.clone().and_then(|rl| {
+            let (a, b) = (rl.hot()?, redis.clone()?.hot()?);
+            ratio(Some(a.handoffs_per_s), Some(b.handoffs_per_s))
+                .ok_or_else(|| "no hand-offs on single Redis".to_owned())
+        }),
+        Bound::AtLeast(0.5),
+        &times,
+    ));
+    goals.push(goal(
+        "Redlock: hand-offs to another task as a share of acquisitions".to_owned(),
+        redlock.clone().and_then(|b| Ok(b.hot()?.handoff_share)),
+        Bound::AtLeast(0.9),
+        &percent,
+    ));
+    goals.push(goal(
+        "Redlock: hand-off p99".to_owned(),
+        redlock.clone().and_then(|b| Ok(b.hot()?.handoff.p99_us)),
+        Bound::AtMost(2_000.0),
+        &micros,
+    ));
+    // dlock against another side of the same backend.
+    let tput64 = at_tasks(64);
+    let compared: [(&str, &str, Kind, Pick, Bound); 5] = [
+        (
+            "redis",
+            "single Redis: 64 tasks on one client ÷ floor",
+            Kind::Floor,
+            &tput64,
+            Bound::AtLeast(0.9),
+        ),
+        (
+            "redlock",
+            "Redlock: 64 tasks ÷ rslock",
+            Kind::Peer,
+            &tput64,
+            Bound::AtLeast(1.0),
+        ),
+        (
+            "redlock",
+            "Redlock: 64 tasks ÷ two-round floor",
+            Kind::Floor,
+            &tput64,
+            Bound::AtLeast(0.9),
+        ),
+        (
+            "etcd",
+            "etcd: uncontended cycle p50 ÷ etcd's Lock service",
+            Kind::Peer,
+            &cycle_p50,
+            Bound::AtMost(1.0),
+        ),
+        (
+            "etcd",
+            "etcd: 64 tasks ÷ etcd's Lock service",
+            Kind::Peer,
+            &tput64,
+            Bound::AtLeast(1.0),
+        ),
+    ];
+    for (name, measurement, other, pick, bound) in compared {
+        let value = report.backend(name).and_then(|b| b.against(other, pick));
+        goals.push(goal(measurement.to_owned(), value, bound, &times));
+    }
+    goals.push(goal(
+        "ZooKeeper: cycle on a fresh key p50 ÷ create parent + create + list + delete".to_owned(),
+        report.backend("zk").and_then(|b| {
+            let fresh = b.fresh.as_ref().ok_or("no fresh-key floor")?;
+            ratio(Some(fresh.dlock.p50_us), Some(fresh.floor.p50_us))
+                .ok_or_else(|| "no figure".to_owned())
+        }),
+        Bound::AtMost(1.1),
+        &times,
+    ));
+    for backend in &report.backends {
+        goals.push(waiters_flat(backend));
+        goals.push(leases_flat(backend));
+    }
+    goals
+}
+
+/// Hand-offs flat per waiter: hand-off p50 and server requests per acquisition at the most
+/// tasks, each ÷ the same at the fewest; the larger of the two against [`FLAT`].
+fn waiters_flat(backend: &BackendReport) -> Goal {
+    let (first, last) = (backend.waiting.first(), backend.waiting.last());
+    let measurement = match (first, last) {
+        (Some(a), Some(b)) => format!(
+            "{}: hand-off at {} tasks ÷ at {} (p50; server requests per acquisition)",
+            backend.name, b.tasks, a.tasks
+        ),
+        _ => format!("{}: hand-off growth with waiters", backend.name),
+    };
+    let value = match (first, last) {
+        (Some(a), Some(b)) if a.tasks < b.tasks => {
+            let latency = ratio(Some(b.handoff.p50_us), Some(a.handoff.p50_us));
+            let requests = ratio(b.server_per_acquisition, a.server_per_acquisition);
+            latency
+                .into_iter()
+                .chain(requests)
+                .reduce(f64::max)
+                .ok_or_else(|| "no figure".to_owned())
+        }
+        _ => Err("fewer than two task counts".to_owned()),
+    };
+    let mut row = goal(measurement, value, Bound::AtMost(FLAT), &times);
+    if let (Some(a), Some(b)) = (first, last) {
+        if row.met.is_some() {
+            row.shown = format!(
+                "{} (p50 {} → {}; requests {} → {})",
+                row.shown,
+                micros(a.handoff.p50_us),
+                micros(b.handoff.p50_us),
+                a.server_per_acquisition.map_or("—".into(), plain),
+                b.server_per_acquisition.map_or("—".into(), plain),
+            );
+        }
+    }
+    row
+}
+
+/// Renewal flat per lease: client memory, client CPU and server requests per lease at the most
+/// leases, each ÷ the same at the count before; the largest against [`FLAT`]. Fewer leases
+/// than asked for fail it.
+fn leases_flat(backend: &BackendReport) -> Goal {
+    let runs = growth(backend);
+    let pair = runs.len().checked_sub(2).map(|i| (runs[i], runs[i + 1]));
+    let measurement = match pair {
+        Some((a, b)) => format!(
+            "{}: cost per held lease at {} ÷ at {} (memory, CPU, server requests)",
+            backend.name, b.leases, a.leases
+        ),
+        None => format!("{}: cost growth per held lease", backend.name),
+    };
+    let Some((a, b)) = pair else {
+        return goal(
+            measurement,
+            Err("fewer than two lease counts".to_owned()),
+            Bound::AtMost(FLAT),
+            &times,
+        );
+    };
+    let per = |r: &Renewing, total: Option<f64>| total.map(|t| t / r.taken.max(1) as f64);
+    let grows = [
+        ratio(Some(b.bytes_per_lease), Some(a.bytes_per_lease)),
+        ratio(per(b, Some(b.cpu_per_s)), per(a, Some(a.cpu_per_s))),
+        ratio(per(b, b.server_per_s), per(a, a.server_per_s)),
+    ];
+    let value = grows
+        .iter()
+        .flatten()
+        .copied()
+        .reduce(f64::max)
+        .ok_or_else(|| "no figure".to_owned());
+    let mut row = goal(measurement, value, Bound::AtMost(FLAT), &times);
+    let show = |g: Option<f64>| g.map_or("—".to_owned(), times);
+    row.shown = format!(
+        "{} (memory {}, CPU {}, server {})",
+        row.shown,
+        show(grows[0]),
+        show(grows[1]),
+        show(grows[2])
+    );
+    if !b.all_held {
+        row.met = Some(false);
+        row.shown = format!(
+            "{}; {}",
+            row.shown,
+            b.note.clone().unwrap_or_else(|| "some leases lost".into())
+        );
+    }
+    row
+}
+
+/// The current time, UTC, as `2026-11-26 10:04 UTC`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rest / 3_600,
+        rest % 3_600 / 60
+    )
+}
+
+/// Year, month, day of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_become_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_513), (2026, 3, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn goals_are_met_or_not_or_unmeasured() {
+        let at_most = goal("a".into(), Ok(3.0), Bound::AtMost(4.0), &plain);
+        assert_eq!(at_most.met, Some(true));
+        assert_eq!(at_most.goal, "≤ 4.00");
+        let at_least = goal("b".into(), Ok(0.4), Bound::AtLeast(0.5), &times);
+        assert_eq!(at_least.met, Some(false));
+        let missing = goal("c".into(), Err("why".into()), Bound::AtLeast(0.5), &times);
+        assert_eq!((missing.met, missing.shown.as_str()), (None, "why"));
+    }
 }

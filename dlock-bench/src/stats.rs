@@ -70,6 +70,16 @@ pub fn bytes(n: f64) -> String {
     }
 }
 
+/// The least-squares slope of `y` over `x`, or `None` with fewer than two distinct `x`.
+pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    (points.len() >= 2 && sxx > 0.0).then(|| sxy / sxx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +102,14 @@ mod tests {
         assert_eq!(ratio(Some(3.0), Some(2.0)), Some(1.5));
         assert_eq!(ratio(Some(3.0), None), None);
         assert_eq!(ratio(Some(3.0), Some(0.0)), None);
+    }
+
+    #[test]
+    fn slopes_fit_a_line() {
+        let line = [(1.0, 5.0), (100.0, 203.0), (10_000.0, 20_003.0)];
+        assert!(slope(&line).is_some_and(|s| (s - 2.0).abs() < 1e-9));
+        assert_eq!(slope(&[(1.0, 2.0)]), None);
+        assert_eq!(slope(&[(3.0, 2.0), (3.0, 4.0)]), None);
     }
 
     #[test]

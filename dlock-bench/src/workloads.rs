@@ -12,12 +12,18 @@ use tokio::time::Instant;
 use crate::counting::Counting;
 use crate::locker::{Locker, Side};
 use crate::plan::Plan;
+use crate::server::{ServerCount, Window};
 use crate::stats::Latency;
 
 /// Task counts for throughput on distinct keys.
 pub const TASKS: [usize; 3] = [1, 16, 64];
-/// Acquires in flight at once while taking the memory workload's leases.
+/// Acquires (and releases) in flight at once while taking the memory workload's leases, up to
+/// 10,000 leases; more leases are taken [`TAKING_MANY_AT_ONCE`] at a time, so that 100,000 take
+/// seconds rather than minutes.
 const TAKING_AT_ONCE: usize = 32;
+const TAKING_MANY_AT_ONCE: usize = 128;
+/// Clients connected at once for the hot key's contenders.
+const CONNECTING_AT_ONCE: usize = 16;
 /// The TTL of leases that live in a session, longer than any run.
 const SESSION_LEASE_TTL: Duration = Duration::from_secs(3_600);
 
@@ -118,37 +124,57 @@ async fn cycle(locker: &Arc<dyn Locker>, key: &str) -> anyhow::Result<()> {
     locker.acquire(key).await?.release().await
 }
 
-/// Hand-offs on one hot key between contenders with clients of their own.
+/// Hand-offs on one hot key between tasks with clients of their own.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct HotKey {
+    /// Tasks on the key: one holds, the others wait.
+    pub tasks: usize,
+    pub acquisitions: u64,
+    pub acquisitions_per_s: f64,
+    /// Acquisitions by another task than the previous holder, per second.
     pub handoffs_per_s: f64,
+    /// Hand-offs to another task as a share of acquisitions (1.0 when every release goes to a
+    /// waiter, as a fair queue does; low when the releaser takes the lock again).
+    pub handoff_share: f64,
     /// Acquires or releases that ended in an error.
     pub failed: u64,
     /// From the previous holder calling release to the next holder having the lock.
     pub handoff: Latency,
+    /// Requests the servers processed per acquisition, where the backend has a server count.
+    pub server_per_acquisition: Option<f64>,
 }
 
-pub async fn hot_key(side: &Side, index: usize, plan: Plan) -> anyhow::Result<Option<HotKey>> {
+/// `tasks` tasks, each with a client of its own, take and give back one key for `plan.hot_for`;
+/// then every task finishes the acquire it is waiting on. `None` for sides without contenders.
+pub async fn hot_key(
+    side: &Side,
+    index: usize,
+    tasks: usize,
+    plan: Plan,
+    counter: Option<&dyn ServerCount>,
+) -> anyhow::Result<Option<HotKey>> {
     let Some(connect) = &side.connect else {
         return Ok(None);
     };
-    let mut contenders = Vec::with_capacity(plan.contenders);
-    for _ in 0..plan.contenders {
-        contenders.push(connect().await?);
-    }
-    let key = format!("bench/{index}/hot");
+    let contenders: Vec<Arc<dyn Locker>> = futures::stream::iter(0..tasks)
+        .map(|_| connect())
+        .buffer_unordered(CONNECTING_AT_ONCE)
+        .try_collect()
+        .await?;
+    let key = format!("bench/{index}/hot{tasks}");
     // (previous holder, when it called release)
     let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
     let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let failed = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let until = start + plan.hot_for;
+    let acquisitions = Arc::new(AtomicU64::new(0));
+    let window = Window::open(counter).await;
+    let until = Instant::now() + plan.hot_for;
     let handles: Vec<_> = contenders
         .into_iter()
         .enumerate()
         .map(|(id, locker)| {
             let (key, last, samples) = (key.clone(), last.clone(), samples.clone());
-            let failed = failed.clone();
+            let (failed, acquisitions) = (failed.clone(), acquisitions.clone());
             tokio::spawn(async move {
                 while Instant::now() < until {
                     let Ok(held) = locker.acquire(&key).await else {
@@ -156,6 +182,7 @@ pub async fn hot_key(side: &Side, index: usize, plan: Plan) -> anyhow::Result<Op
                         continue;
                     };
                     let now = Instant::now();
+                    acquisitions.fetch_add(1, Ordering::Relaxed);
                     {
                         let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
                         if let Some((previous, at)) = *last {
@@ -178,13 +205,52 @@ pub async fn hot_key(side: &Side, index: usize, plan: Plan) -> anyhow::Result<Op
     for handle in handles {
         handle.await?;
     }
-    let took = start.elapsed();
+    let counted = window.close().await;
+    let took = counted.took.as_secs_f64();
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
+    let acquisitions = acquisitions.load(Ordering::Relaxed);
     Ok(Some(HotKey {
-        handoffs_per_s: samples.len() as f64 / took.as_secs_f64(),
+        tasks,
+        acquisitions,
+        acquisitions_per_s: acquisitions as f64 / took,
+        handoffs_per_s: samples.len() as f64 / took,
+        // The first acquisition follows nobody.
+        handoff_share: samples.len() as f64 / acquisitions.saturating_sub(1).max(1) as f64,
         failed: failed.load(Ordering::Relaxed),
         handoff: Latency::of(samples),
+        server_per_acquisition: counted
+            .server
+            .filter(|_| acquisitions > 0)
+            .map(|n| n as f64 / acquisitions as f64),
     }))
+}
+
+/// Uncontended acquire + release on a fresh key every cycle (a key nobody has used), for each
+/// locker; they take turns in rounds as in [`cycles`].
+pub async fn fresh_cycles(
+    lockers: &[&Arc<dyn Locker>],
+    plan: Plan,
+) -> anyhow::Result<Vec<Latency>> {
+    let mut times = vec![Vec::with_capacity(plan.cycles); lockers.len()];
+    let mut n = 0u64;
+    for (i, locker) in lockers.iter().enumerate() {
+        for _ in 0..plan.warmup {
+            n += 1;
+            cycle(locker, &format!("bench/fresh/{i}/{n}")).await?;
+        }
+    }
+    for _ in 0..plan.rounds {
+        for (i, (locker, times)) in lockers.iter().zip(&mut times).enumerate() {
+            for _ in 0..plan.cycles / plan.rounds {
+                n += 1;
+                let key = format!("bench/fresh/{i}/{n}");
+                let start = Instant::now();
+                cycle(locker, &key).await?;
+                times.push(start.elapsed());
+            }
+        }
+    }
+    Ok(times.into_iter().map(Latency::of).collect())
 }
 
 /// Acquires while one server or member is frozen (`docker pause`).
@@ -225,15 +291,27 @@ pub async fn frozen(
     })
 }
 
-/// Client memory and renewal traffic of many held leases in one way of renewing.
-#[derive(Debug, Clone, Copy, Serialize)]
+/// Client memory, client CPU and renewal traffic of many held leases in one way of renewing.
+#[derive(Debug, Clone, Serialize)]
 pub struct Renewing {
     pub mode: &'static str,
+    /// Leases asked for.
+    pub leases: usize,
+    /// Leases taken within the plan's taking budget (the figures are per taken lease).
+    pub taken: usize,
+    /// Seconds taking them took.
+    pub taking_s: f64,
     /// Net bytes allocated per held lease (lease, renewal state, the client's share).
     pub bytes_per_lease: f64,
     pub renewals_per_s: f64,
     pub requests_per_s: f64,
+    /// CPU time of the whole process per second while the leases were held (1.0 = one core).
+    pub cpu_per_s: f64,
+    /// Requests the servers processed per second meanwhile, where the backend has a count.
+    pub server_per_s: Option<f64>,
     pub all_held: bool,
+    /// Why not every lease asked for was held.
+    pub note: Option<String>,
 }
 
 /// How the memory workload renews.
@@ -263,7 +341,9 @@ pub async fn renewing(
     client: Arc<dyn DistributedLock>,
     wire_batch: Option<usize>,
     mode: Renewal,
+    leases: usize,
     plan: Plan,
+    counter: Option<&dyn ServerCount>,
 ) -> anyhow::Result<Renewing> {
     let counting = Arc::new(Counting::new(client, wire_batch));
     let locks: Arc<dyn DistributedLock> = counting.clone();
@@ -277,31 +357,55 @@ pub async fn renewing(
     if mode == Renewal::Batched {
         opts = opts.with_auto_renew();
     }
+    let at_once = if leases > 10_000 {
+        TAKING_MANY_AT_ONCE
+    } else {
+        TAKING_AT_ONCE
+    };
     let tag = mode.name();
     let region = stats_alloc::Region::new(crate::GLOBAL);
-    let leases: Vec<_> = futures::stream::iter(0..plan.leases)
+    let taking = Instant::now();
+    let deadline = taking + plan.taking_budget;
+    let mut acquiring = futures::stream::iter(0..leases)
         .map(|i| {
             let (locks, opts) = (locks.clone(), opts.clone());
             async move {
                 locks
-                    .acquire(&format!("bench/renew/{tag}/{i}"), &opts)
+                    .acquire(&format!("bench/renew/{tag}/{leases}/{i}"), &opts)
                     .await
             }
         })
-        .buffer_unordered(TAKING_AT_ONCE)
-        .try_collect()
-        .await?;
-    let watches: Vec<_> = leases.iter().map(|l| l.watch()).collect();
+        .buffer_unordered(at_once);
+    let mut taken = Vec::with_capacity(leases);
+    let mut note = None;
+    while let Some(lease) = acquiring.next().await {
+        taken.push(lease?);
+        if taken.len() < leases && Instant::now() > deadline {
+            note = Some(format!(
+                "took {} of {leases} leases in the {:?} budget ({:.0}/s); the figures are for those",
+                taken.len(),
+                plan.taking_budget,
+                taken.len() as f64 / taking.elapsed().as_secs_f64()
+            ));
+            break;
+        }
+    }
+    // Dropping the stream cancels the acquires still in flight; the core releases them.
+    drop(acquiring);
+    let taking_s = taking.elapsed().as_secs_f64();
+    let taken_n = taken.len();
+    let count = taken_n.max(1);
+    let watches: Vec<_> = taken.iter().map(|l| l.watch()).collect();
     let mut tasks = Vec::new();
     let mut held = Vec::new();
     match mode {
         Renewal::Batched | Renewal::Session => {
             // Held in a vector of exactly their number, as the per-lease tasks hold one each.
-            held = leases;
+            held = taken;
             held.shrink_to_fit();
         }
         Renewal::PerLease => {
-            for mut lease in leases {
+            for mut lease in taken {
                 tasks.push(tokio::spawn(async move {
                     loop {
                         tokio::time::sleep(interval).await;
@@ -318,11 +422,12 @@ pub async fn renewing(
     let change = region.change();
     let net = change.bytes_allocated as f64 - change.bytes_deallocated as f64;
     counting.take();
-    let start = Instant::now();
+    let window = Window::open(counter).await;
     tokio::time::sleep(plan.observe).await;
+    let counted = window.close().await;
     let (renewals, requests) = counting.take();
-    let took = start.elapsed().as_secs_f64();
-    let all_held = watches.iter().all(|w| w.is_held());
+    let took = counted.took.as_secs_f64();
+    let all_held = note.is_none() && watches.iter().all(|w| w.is_held());
     drop(watches);
     for task in tasks {
         // Aborting drops the task's lease, which releases it in the background.
@@ -330,14 +435,20 @@ pub async fn renewing(
     }
     futures::stream::iter(held)
         .map(|lease| async move { lease.release().await })
-        .buffer_unordered(TAKING_AT_ONCE)
+        .buffer_unordered(at_once)
         .try_collect::<Vec<_>>()
         .await?;
     Ok(Renewing {
         mode: mode.name(),
-        bytes_per_lease: net / plan.leases as f64,
+        leases,
+        taken: taken_n,
+        taking_s,
+        bytes_per_lease: net / count as f64,
         renewals_per_s: renewals as f64 / took,
         requests_per_s: requests as f64 / took,
+        cpu_per_s: counted.cpu.as_secs_f64() / took,
+        server_per_s: counted.server.map(|n| n as f64 / took),
         all_held,
+        note,
     })
 }

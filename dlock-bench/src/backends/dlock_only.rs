@@ -37,6 +37,9 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         client,
         wire_batch: None,
         renewal_note: "no floor or peer for this backend yet: dlock alone",
+        server_count: Err("no server count for this backend yet".into()),
+        max_clients: None,
+        fresh_floor: None,
         freeze,
         deployment,
     })

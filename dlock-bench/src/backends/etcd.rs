@@ -13,6 +13,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::{cluster, freeze_target, Setup};
 use crate::locker::{self, Connect, Held, Kind, Locker, Recipe, Release, Side};
+use crate::server::EtcdMessages;
 
 /// The peer's lease: long enough for any run, so no keep-alive is needed.
 const PEER_LEASE_SECS: i64 = 900;
@@ -72,6 +73,11 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         client,
         wire_batch: None,
         renewal_note: "one etcd lease per client, kept alive by the client: no request per lease",
+        server_count: Ok(Arc::new(EtcdMessages {
+            endpoint: endpoint.clone(),
+        })),
+        max_clients: None,
+        fresh_floor: None,
         freeze,
         deployment,
     })

@@ -33,6 +33,9 @@ pub async fn start() -> anyhow::Result<Setup> {
         }),
         wire_batch: None,
         renewal_note: "in process: a renewal is a table update, batched or not",
+        server_count: Err("in process: no server".into()),
+        max_clients: None,
+        fresh_floor: None,
         freeze: Err("no server".into()),
         deployment: Deployment::InProcess,
     })

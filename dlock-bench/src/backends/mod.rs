@@ -16,7 +16,8 @@ use dlock_testkit::fixtures::Member;
 use dlock_testkit::registry::{Backend, Deployment};
 use futures::future::BoxFuture;
 
-use crate::locker::{Client, Kind, Side};
+use crate::locker::{Client, Kind, Locker, Side};
+use crate::server::ServerCount;
 
 /// A backend ready to measure.
 pub struct Setup {
@@ -34,6 +35,14 @@ pub struct Setup {
     pub renewal_note: &'static str,
     /// A member to freeze, and what it is; `None` says why not.
     pub freeze: Result<(Member, String), String>,
+    /// Counts the requests the servers process; `Err` says why there is none.
+    pub server_count: Result<Arc<dyn ServerCount>, String>,
+    /// The floor of a cycle on a fresh key, where it differs from the floor on a used key (and
+    /// what it is).
+    pub fresh_floor: Option<(String, Arc<dyn Locker>)>,
+    /// How many clients of their own the hot key's tasks may have at most on these servers, and
+    /// why; `None` when the servers set no limit the plan reaches.
+    pub max_clients: Option<(usize, &'static str)>,
     /// The servers the setup started, removed at the end.
     pub deployment: Deployment,
 }

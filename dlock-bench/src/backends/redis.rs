@@ -10,6 +10,7 @@ use dlock_testkit::registry::Backend;
 
 use super::Setup;
 use crate::locker::{self, Held, Locker, Release, Side};
+use crate::server::{RedisCommands, ServerCount};
 
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     let deployment = backend.fixture.start(1).await?;
@@ -20,6 +21,10 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         con: redis.connection(),
         script: redis::Script::new("return 1"),
     });
+    let server_count = RedisCommands::connect(std::slice::from_ref(&url))
+        .await
+        .map(|c| Arc::new(c) as Arc<dyn ServerCount>)
+        .map_err(|e| format!("INFO stats: {e}"));
     let client = locker::client(url, |url| async move {
         Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn DistributedLock>)
     });
@@ -34,6 +39,9 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         client,
         wire_batch: Some(EXTEND_BATCH),
         renewal_note: "a TTL per key; batched: one script re-arms up to 500 leases",
+        server_count,
+        max_clients: None,
+        fresh_floor: None,
         freeze: Err("a single server: frozen means unavailable".into()),
         deployment,
     })

@@ -13,6 +13,7 @@ use redis::aio::MultiplexedConnection;
 
 use super::Setup;
 use crate::locker::{self, Held, Kind, Locker, Release, Side};
+use crate::server::{RedisCommands, ServerCount};
 
 const MASTERS: usize = 5;
 /// The peer's TTL, as dlock's sides use.
@@ -49,6 +50,10 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         )),
         Ok(None) | Err(_) => Err("external servers".to_owned()),
     };
+    let server_count = RedisCommands::connect(&urls)
+        .await
+        .map(|c| Arc::new(c) as Arc<dyn ServerCount>)
+        .map_err(|e| format!("INFO stats: {e}"));
     let joined = urls.join(" ");
     let client = locker::client(joined, |joined| async move {
         connect(joined.split(' ').map(str::to_owned).collect()).await
@@ -84,6 +89,9 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         client,
         wire_batch: Some(EXTEND_BATCH),
         renewal_note: "a TTL per key; batched: one script to every master re-arms up to 500 leases (a request is one round to all masters)",
+        server_count,
+        max_clients: None,
+        fresh_floor: None,
         freeze,
         deployment,
     })

@@ -12,8 +12,12 @@ use zookeeper_client as zk;
 
 use super::{cluster, freeze_target, Setup};
 use crate::locker::{self, Held, Locker, Release, Side};
+use crate::server::ZkPackets;
 
 const SESSION: Duration = Duration::from_secs(10);
+/// Hot-key tasks with sessions of their own that the servers accept beside the run's other
+/// sessions (the shared client, the floor's, those of the previous run still closing).
+const MAX_TASKS: usize = 40;
 /// Where the floor's nodes live, away from the locks.
 const FLOOR_ROOT: &str = "/dlock-bench-floor";
 
@@ -38,8 +42,12 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     let client = locker::client(url, |url| async move { connect(&url).await });
     let sides = vec![
         Side::dlock("dlock ZkLock", &locks, &client),
-        Side::floor("floor: create + list + delete", Arc::new(Floor { raw })),
+        Side::floor(
+            "floor: create + list + delete",
+            Arc::new(Floor { raw: raw.clone() }),
+        ),
     ];
+    let fresh_floor: Arc<dyn Locker> = Arc::new(FreshFloor { raw });
     Ok(Setup {
         servers: "3-member ZooKeeper ensemble".into(),
         sides,
@@ -48,6 +56,17 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         wire_batch: None,
         renewal_note:
             "one session per client, kept alive by the client library: no request per lease",
+        server_count: Ok(Arc::new(ZkPackets {
+            endpoint: endpoint.clone(),
+        })),
+        max_clients: Some((
+            MAX_TASKS,
+            "the test image's ZooKeeper accepts at most 60 connections from one address (maxClientCnxns=60), and the run keeps other sessions of its own, some still closing",
+        )),
+        fresh_floor: Some((
+            "floor: create parent + create + list + delete".into(),
+            fresh_floor,
+        )),
         freeze,
         deployment,
     })
@@ -63,6 +82,12 @@ async fn create_if_absent(raw: &zk::Client, path: &str) -> anyhow::Result<()> {
 
 /// The requests the lock recipe cannot avoid, on a parent per key.
 struct Floor {
+    raw: zk::Client,
+}
+
+/// The requests a cycle on a key nobody has used cannot avoid: create the key's parent (a
+/// container, as dlock's), then the floor's create, list and delete.
+struct FreshFloor {
     raw: zk::Client,
 }
 
@@ -90,6 +115,20 @@ impl Locker for Floor {
             raw: self.raw.clone(),
             node: format!("{prefix}{sequence}"),
         }))
+    }
+}
+
+#[async_trait]
+impl Locker for FreshFloor {
+    async fn acquire(&self, key: &str) -> anyhow::Result<Held> {
+        let parent = format!("{FLOOR_ROOT}/{}", key.replace('/', "_"));
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        self.raw.create(&parent, b"", &container).await?;
+        Floor {
+            raw: self.raw.clone(),
+        }
+        .acquire(key)
+        .await
     }
 }
 
