@@ -308,6 +308,7 @@ pub const BACKENDS: &[Backend] = &[
             Capabilities::new(FencingGuarantee::Monotonic)
                 .with_notifications()
                 .with_primitives(Primitives::ALL)
+                .with_fair_queue()
         }),
         safety: &[
             (Safe, "one table behind a mutex"),
