@@ -369,7 +369,7 @@ mod tests {
             field("postgres://h?sslmode=disable&sslrootcert=/ca.pem"),
             "sslmode"
         );
-        assert_eq!(field("postgres://h?sslcert=/c.pem"), "sslcert");
+        assert_eq!(field("postgres://h?sslcert=/c.pem"), "sslkey");
         assert_eq!(
             field("postgres://h?session_timeout=100ms"),
             "session_timeout"
