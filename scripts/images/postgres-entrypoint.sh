@@ -16,8 +16,12 @@
 #   /docker-entrypoint-initdb.d/ scripts (*.sh, *.sql) run;
 # - a restart with a cluster in $PGDATA starts it as it is.
 #
-# Then the command runs (as PID 1: `docker stop` sends the image's stop signal,
-# SIGINT, a fast shutdown, to postgres itself).
+# Then the command runs. One difference: the official image stops with SIGINT
+# (STOPSIGNAL, a fast shutdown), which `docker commit` cannot set on Docker
+# 20.10, so `docker stop` sends SIGTERM, which postgres would take as a smart
+# shutdown that waits for every client to leave. So this entrypoint stays PID 1
+# and passes SIGTERM on to postgres as SIGINT (SIGINT, SIGQUIT and SIGHUP as
+# they are), and exits with postgres's status.
 set -Eeo pipefail
 
 log() { printf '[entrypoint] %s\n' "$*" >&2; }
@@ -106,4 +110,14 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 	log "initialized; starting postgres"
 fi
 
-exec "$@"
+"$@" &
+pid=$!
+trap 'kill -INT "$pid" 2>/dev/null || :' TERM INT
+trap 'kill -QUIT "$pid" 2>/dev/null || :' QUIT
+trap 'kill -HUP "$pid" 2>/dev/null || :' HUP
+while :; do
+	# A trapped signal interrupts the wait; wait again until postgres has exited.
+	wait "$pid" && status=0 || status=$?
+	kill -0 "$pid" 2>/dev/null || break
+done
+exit "$status"
