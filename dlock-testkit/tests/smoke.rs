@@ -482,6 +482,16 @@ async fn postgres_server() -> anyhow::Result<()> {
     member.unpause().await?;
     ensure!(server.psql("SELECT 1").await? == "1", "psql after unpause");
 
+    // Docker drops the published port with the network endpoint: refused at once, not a hang.
+    member.disconnect().await?;
+    let cut_off = timeout(ANSWER, tokio::net::TcpStream::connect(member.endpoint())).await;
+    ensure!(
+        matches!(cut_off, Ok(Err(_))),
+        "a disconnected PostgreSQL must refuse connections, got {cut_off:?}"
+    );
+    member.reconnect().await?;
+    ensure!(server.psql("SELECT 1").await? == "1", "psql after reconnect");
+
     member.restart_wipe_data().await?;
     ensure!(server.url() == url, "URL changed across a wipe");
     let wiped = server
