@@ -71,7 +71,7 @@ fn subject(
         move || {
             let url = url.clone();
             async move {
-                let locks: Arc<dyn DistributedLock> = Arc::new(client(&url).await?);
+                let locks: Arc<dyn DistributedLock> = client(&url).await?;
                 Ok(locks)
             }
         }
@@ -80,7 +80,7 @@ fn subject(
     let outage = Outage::new(Arc::new(dedicated.member()?.clone()), move || {
         let url = outage_url.clone();
         async move {
-            let locks: Arc<dyn DistributedLock> = Arc::new(client(&url).await?);
+            let locks: Arc<dyn DistributedLock> = client(&url).await?;
             Ok(locks)
         }
     });
@@ -101,7 +101,7 @@ fn subject(
             let url = proxied.clone();
             async move {
                 let via = url_via(&url, addrs[0])?;
-                let locks: Arc<dyn DistributedLock> = Arc::new(client(&via).await?);
+                let locks: Arc<dyn DistributedLock> = client(&via).await?;
                 Ok(locks)
             }
         }))
@@ -149,7 +149,11 @@ fn main() {
     trials::run_then(&args, trials, &runtime, || async {
         let shared = pg_cases::unshare(shared)?;
         let restarted = pg_cases::unshare(restarted)?;
-        let (a, b, c) = tokio::join!(shared.shutdown(), dedicated.shutdown(), restarted.shutdown());
+        let (a, b, c) = tokio::join!(
+            shared.shutdown(),
+            dedicated.shutdown(),
+            restarted.shutdown()
+        );
         a.and(b).and(c)
     })
 }

@@ -19,8 +19,8 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
 pub const NAMESPACE: &str = "dlock-test/";
 
 /// A client of the server at `url` with test timings.
-pub async fn client(url: &str) -> anyhow::Result<PgLock> {
-    Ok(builder(url)?.connect().await?)
+pub async fn client(url: &str) -> anyhow::Result<Arc<PgLock>> {
+    Ok(Arc::new(builder(url)?.connect().await?))
 }
 
 /// The builder of [`client`], for other settings.
@@ -42,7 +42,7 @@ pub async fn freezable_client(
         switch: proxy.switch(),
         _proxy: proxy,
     };
-    Ok((Arc::new(locks), Arc::new(freeze)))
+    Ok((locks, Arc::new(freeze)))
 }
 
 /// A proxy's switch that keeps the proxy running as long as it is held.

@@ -10,7 +10,7 @@ use anyhow::{bail, ensure, Context};
 use dlock_core::{
     Admin, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, LockOptions, LostReason,
 };
-use dlock_postgres::{advisory_key, AdvisoryKey, PgLock};
+use dlock_postgres::{advisory_key, AdvisoryKey};
 use dlock_testkit::case;
 use dlock_testkit::fixtures::PostgresServer;
 use dlock_testkit::trials::{self, Case};
@@ -57,8 +57,12 @@ pub fn trials(server: &Arc<PostgresServer>, restarted: &Arc<PostgresServer>) -> 
 }
 
 /// The server back from the trials' shared handle, to remove it.
-pub fn unshare(server: Arc<PostgresServer>) -> anyhow::Result<PostgresServer> {
-    Arc::try_unwrap(server).map_err(|_| anyhow::anyhow!("a trial still holds the server"))
+pub fn unshare(
+    server: Arc<PostgresServer>,
+) -> Result<PostgresServer, dlock_testkit::fixtures::FixtureError> {
+    Arc::try_unwrap(server).map_err(|_| {
+        dlock_testkit::fixtures::FixtureError::Config("a trial still holds the server".into())
+    })
 }
 
 fn name(case: &str) -> String {
@@ -92,7 +96,10 @@ async fn psql_holds_and_dlock_waits(env: Env) -> anyhow::Result<()> {
     holder.wait_granted(Duration::from_secs(10)).await?;
     let locks = client(&env.server.url()).await?;
     ensure!(
-        locks.try_acquire(&name, &opts(Duration::from_secs(5))).await?.is_none(),
+        locks
+            .try_acquire(&name, &opts(Duration::from_secs(5)))
+            .await?
+            .is_none(),
         "dlock took a key psql holds"
     );
     let waiting = {
@@ -104,7 +111,10 @@ async fn psql_holds_and_dlock_waits(env: Env) -> anyhow::Result<()> {
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    ensure!(!waiting.is_finished(), "dlock's waiter did not wait for psql");
+    ensure!(
+        !waiting.is_finished(),
+        "dlock's waiter did not wait for psql"
+    );
     let released = Instant::now();
     holder.release().await?;
     let (lease, granted) = waiting.await?;
@@ -135,7 +145,10 @@ async fn dlock_holds_and_psql_is_refused(env: Env) -> anyhow::Result<()> {
         .server
         .psql(&format!("SELECT pg_try_advisory_lock({args})"))
         .await?;
-    ensure!(tried == "t", "psql could not take the released key: {tried:?}");
+    ensure!(
+        tried == "t",
+        "psql could not take the released key: {tried:?}"
+    );
     Ok(())
 }
 
@@ -161,8 +174,14 @@ async fn names_map_to_distributedlocks_keys_in_both_spaces(env: Env) -> anyhow::
             .psql(&format!("SELECT pg_try_advisory_lock({})", sql_args(key)))
             .await?;
         lease.release().await?;
-        ensure!(shown == "1", "pg_locks shows {shown} holds of {name:?} as {key}");
-        ensure!(tried == "f", "psql took {name:?}'s key {key} while dlock held it");
+        ensure!(
+            shown == "1",
+            "pg_locks shows {shown} holds of {name:?} as {key}"
+        );
+        ensure!(
+            tried == "f",
+            "psql took {name:?}'s key {key} while dlock held it"
+        );
     }
     if let AdvisoryKey::Single(k) = advisory_key(&number) {
         ensure!(
@@ -215,14 +234,18 @@ async fn a_terminated_session_loses_its_leases_at_once(env: Env) -> anyhow::Resu
     );
     successor.release().await?;
     // The holder's client opens a new session for its next lock.
-    let again = holder.acquire(&name, &opts(Duration::from_secs(10))).await?;
+    let again = holder
+        .acquire(&name, &opts(Duration::from_secs(10)))
+        .await?;
     again.release().await?;
     Ok(())
 }
 
 /// A restart (every session ends, the data stays) and a crash (recovery from the WAL; the
 /// unlogged table is emptied): held leases turn lost, and the next tokens are still greater.
-async fn a_restart_or_crash_loses_the_leases_and_tokens_keep_growing(env: Env) -> anyhow::Result<()> {
+async fn a_restart_or_crash_loses_the_leases_and_tokens_keep_growing(
+    env: Env,
+) -> anyhow::Result<()> {
     let server = &env.restarted;
     let member = server.member()?;
     let locks = client(&server.url()).await?;
@@ -243,7 +266,12 @@ async fn a_restart_or_crash_loses_the_leases_and_tokens_keep_growing(env: Env) -
         let watch = lease.watch();
         tokio::time::timeout(SESSION_TIMEOUT * 2, watch.lost())
             .await
-            .with_context(|| format!("the lease outlived the {}", if crash { "crash" } else { "restart" }))?;
+            .with_context(|| {
+                format!(
+                    "the lease outlived the {}",
+                    if crash { "crash" } else { "restart" }
+                )
+            })?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let next = loop {
             match locks.acquire(&name, &opts(Duration::from_secs(10))).await {
@@ -271,10 +299,14 @@ async fn a_restart_or_crash_loses_the_leases_and_tokens_keep_growing(env: Env) -
 /// itself must refuse a second task, and hand the key over when the first releases.
 async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> {
     let name = name("one-client");
-    let locks = Arc::new(client(&env.server.url()).await?);
+    let locks = client(&env.server.url()).await?;
     let first = locks.acquire(&name, &opts(Duration::from_secs(10))).await?;
+    let first_token = first.fencing_token();
     ensure!(
-        locks.try_acquire(&name, &opts(Duration::from_secs(10))).await?.is_none(),
+        locks
+            .try_acquire(&name, &opts(Duration::from_secs(10)))
+            .await?
+            .is_none(),
         "a second task of the same client took the key"
     );
     let waiting = {
@@ -295,7 +327,7 @@ async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> 
         "the local waiter took {:?} after the release",
         granted - released
     );
-    ensure!(second.fencing_token() > first.fencing_token(), "tokens did not grow");
+    ensure!(second.fencing_token() > first_token, "tokens did not grow");
     second.release().await?;
     Ok(())
 }
@@ -305,13 +337,16 @@ async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> 
 async fn eviction_ends_the_holders_session(env: Env) -> anyhow::Result<()> {
     let (a, b) = (name("evicted-a"), name("evicted-b"));
     let holder = client(&env.server.url()).await?;
-    let operator: Arc<dyn DistributedLock> = Arc::new(client(&env.server.url()).await?);
+    let operator: Arc<dyn DistributedLock> = client(&env.server.url()).await?;
     let first = holder.acquire(&a, &opts(Duration::from_secs(30))).await?;
     let second = holder.acquire(&b, &opts(Duration::from_secs(30))).await?;
     let answer = Admin::new(&operator)
         .force_unlock(&a, Some(first.fencing_token()))
         .await?;
-    ensure!(matches!(answer, Eviction::Evicted(_)), "evicting: {answer:?}");
+    ensure!(
+        matches!(answer, Eviction::Evicted(_)),
+        "evicting: {answer:?}"
+    );
     for (lease, which) in [(&first, "evicted"), (&second, "other")] {
         let watch = lease.watch();
         tokio::time::timeout(Duration::from_secs(2), watch.lost())
@@ -319,7 +354,10 @@ async fn eviction_ends_the_holders_session(env: Env) -> anyhow::Result<()> {
             .with_context(|| format!("the {which} lease of the evicted client is not lost"))?;
     }
     ensure!(
-        operator.try_acquire(&b, &opts(Duration::from_secs(5))).await?.is_some(),
+        operator
+            .try_acquire(&b, &opts(Duration::from_secs(5)))
+            .await?
+            .is_some(),
         "the evicted client's other lock is still held"
     );
     Ok(())
@@ -330,15 +368,30 @@ async fn eviction_ends_the_holders_session(env: Env) -> anyhow::Result<()> {
 async fn bad_configuration_fails_fast_and_shows_no_password(env: Env) -> anyhow::Result<()> {
     let url = env.server.url();
     let secret = "not-the-password-4f9a";
-    let (_, rest) = url.split_once('@').context("the fixture URL has credentials")?;
+    let (_, rest) = url
+        .split_once('@')
+        .context("the fixture URL has credentials")?;
     let wrong = format!("postgres://postgres:{secret}@{rest}");
     let started = Instant::now();
-    let error = client(&wrong).await.err().context("a wrong password connected")?;
+    let error = client(&wrong)
+        .await
+        .err()
+        .context("a wrong password connected")?;
     let shown = format!("{error:#} {error:?}");
-    ensure!(!shown.contains(secret), "the error shows the password: {shown}");
-    ensure!(started.elapsed() < Duration::from_secs(10), "a refused login took {:?}", started.elapsed());
+    ensure!(
+        !shown.contains(secret),
+        "the error shows the password: {shown}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "a refused login took {:?}",
+        started.elapsed()
+    );
     if let Some(e) = error.downcast_ref::<Error>() {
-        ensure!(!e.is_temporary(), "a refused login is reported as temporary: {e}");
+        ensure!(
+            !e.is_temporary(),
+            "a refused login is reported as temporary: {e}"
+        );
     }
     let closed = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable";
     let started = Instant::now();
@@ -348,11 +401,26 @@ async fn bad_configuration_fails_fast_and_shows_no_password(env: Env) -> anyhow:
         .await
         .err()
         .context("a closed port connected")?;
-    ensure!(error.is_temporary(), "a closed port is not temporary: {error}");
-    ensure!(started.elapsed() < Duration::from_secs(5), "a closed port took {:?}", started.elapsed());
-    let incomplete = PgLock::connect(&format!("{url}?sslmode=verify-full")).await.err();
     ensure!(
-        matches!(incomplete, Some(Error::InvalidInput { field: "sslrootcert", .. })),
+        error.is_temporary(),
+        "a closed port is not temporary: {error}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(5),
+        "a closed port took {:?}",
+        started.elapsed()
+    );
+    let incomplete = dlock_postgres::PgLock::connect(&format!("{url}?sslmode=verify-full"))
+        .await
+        .err();
+    ensure!(
+        matches!(
+            incomplete,
+            Some(Error::InvalidInput {
+                field: "sslrootcert",
+                ..
+            })
+        ),
         "verify-full without a root certificate: {incomplete:?}"
     );
     Ok(())
