@@ -13,7 +13,7 @@ use crate::exit;
 ///
 /// The lock service is named by a URL, as for dlock::connect: memory://, redis://host:6379,
 /// rediss://…, redis+sentinel://h1:26379,h2:26379/mymaster, zk://h1:2181,h2:2181/chroot,
-/// etcd://h1:2379,h2:2379, with options as query
+/// etcd://h1:2379,h2:2379, postgres://user@db:5432/app?sslmode=require, with options as query
 /// parameters (?ttl=30s&prefix=…). Durations are written 500ms, 30s, 2m.
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, after_help = exit::TABLE)]

@@ -2,7 +2,8 @@
 //! against a real Redis server in a container (one server for all trials, each trial on keys of
 //! its own), and `status` against etcd and three Redlock masters, whose holders' tokens it can
 //! tell. The primitives run across processes on Redis: `run --permits`, `run --read` and
-//! `--write`, `elect` and `leader --watch`.
+//! `--write`, `elect` and `leader --watch`. On PostgreSQL, `run`, `status`, `list` and `unlock`
+//! run as on the others, and no command shows the URL's password, whatever it prints or fails with.
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
@@ -21,7 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock::{DistributedLockExt, LockOptions};
-use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster, RedisMasters, RedisServer};
+use dlock_testkit::fixtures::{
+    docker_opt_out, EtcdCluster, PostgresServer, RedisMasters, RedisServer,
+};
 use dlock_testkit::trials;
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Handle;
@@ -58,7 +61,7 @@ fn main() {
             memory_leader_shows_nobody_with_0,
         ),
     ];
-    let server_trials: [(&str, ServerTrial); 20] = [
+    let server_trials: [(&str, ServerTrial); 26] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -130,9 +133,36 @@ fn main() {
             "redis_interrupted_campaign_runs_nothing_143",
             interrupted_campaign_runs_nothing,
         ),
+        (
+            "postgres_runs_never_overlap",
+            postgres_runs_never_overlap,
+        ),
+        (
+            "postgres_busy_lock_exits_75_without_running",
+            postgres_busy_lock_exits_75,
+        ),
+        (
+            "postgres_status_names_the_holders_token",
+            postgres_status_names_the_holders_token,
+        ),
+        (
+            "postgres_list_shows_the_held_locks",
+            postgres_list_shows_the_held_locks,
+        ),
+        (
+            "postgres_unlock_force_evicts_only_when_confirmed",
+            postgres_unlock_force_evicts_only_when_confirmed,
+        ),
+        (
+            "postgres_no_command_shows_the_password",
+            postgres_no_command_shows_the_password,
+        ),
     ];
 
-    if (RedisServer::needs_docker() || RedisMasters::needs_docker() || EtcdCluster::needs_docker())
+    if (RedisServer::needs_docker()
+        || RedisMasters::needs_docker()
+        || EtcdCluster::needs_docker()
+        || PostgresServer::needs_docker())
         && docker_opt_out()
     {
         for (name, _) in server_trials {
@@ -142,14 +172,18 @@ fn main() {
     }
 
     let runtime = trials::fixture_runtime();
-    let (server, masters, etcd) =
-        trials::start(&runtime, "Redis, 3 Redlock masters and etcd", async {
+    let (server, masters, etcd, postgres) = trials::start(
+        &runtime,
+        "Redis, 3 Redlock masters, etcd and PostgreSQL",
+        async {
             tokio::try_join!(
                 RedisServer::start(),
                 RedisMasters::start(3),
-                EtcdCluster::start(1)
+                EtcdCluster::start(1),
+                PostgresServer::start()
             )
-        });
+        },
+    );
     let master_hosts: Vec<String> = masters
         .urls()
         .iter()
@@ -166,6 +200,7 @@ fn main() {
         // The per-node timeout of the Redlock trials: far above a round trip through Docker's
         // port mapping on a loaded machine.
         redlock_url: format!("redlock://{}?request_timeout=200ms", master_hosts.join(",")),
+        postgres_url: postgres.url(),
         handle: runtime.handle().clone(),
     });
     for (name, test) in server_trials {
@@ -174,8 +209,13 @@ fn main() {
     }
     trials::run_then(&args, trials, &runtime, || async {
         remove_scratch();
-        let (a, b, c) = tokio::join!(server.shutdown(), masters.shutdown(), etcd.shutdown());
-        a.and(b).and(c)
+        let (a, b, c, d) = tokio::join!(
+            server.shutdown(),
+            masters.shutdown(),
+            etcd.shutdown(),
+            postgres.shutdown()
+        );
+        a.and(b).and(c).and(d)
     })
 }
 
@@ -190,6 +230,8 @@ struct Servers {
     etcd_url: String,
     /// Three Redlock masters, whose holders' tokens `status` can tell too.
     redlock_url: String,
+    /// A PostgreSQL server; the URL carries the fixture's password.
+    postgres_url: String,
     handle: Handle,
 }
 
@@ -558,18 +600,29 @@ fn unreachable_server_is_69() -> Result<(), Failed> {
 /// Three `dlock run` on one key, each appending a begin and an end line around a pause: the
 /// lines must come in begin/end pairs of one holder each, with increasing fencing tokens.
 fn runs_never_overlap(redis: &Servers) -> Result<(), Failed> {
-    let dir = scratch("overlap");
+    runs_never_overlap_on(&redis.url, "overlap")
+}
+
+/// [`runs_never_overlap`] on PostgreSQL.
+fn postgres_runs_never_overlap(servers: &Servers) -> Result<(), Failed> {
+    runs_never_overlap_on(&servers.postgres_url, "postgres-overlap")
+}
+
+/// Three `dlock run` on one key of `url`, as [`runs_never_overlap`] says; `trial` names the
+/// scratch directory and the key.
+fn runs_never_overlap_on(url: &str, trial: &str) -> Result<(), Failed> {
+    let dir = scratch(trial);
     let log = dir.join("log");
     let script = format!(
         "echo \"begin $DLOCK_FENCING_TOKEN\" >> {0}; sleep 0.3; echo \"end $DLOCK_FENCING_TOKEN\" >> {0}",
         log.display()
     );
-    let key = format!("cli-overlap-{}", std::process::id());
+    let key = format!("cli-{trial}-{}", std::process::id());
     let options = ["--ttl", "5s", "--wait", "60s"];
     let children = (0..3)
         .map(|_| {
             spawn(&mut dlock_run(
-                &redis.url,
+                url,
                 &key,
                 &options,
                 &["sh", "-c", &script],
@@ -606,10 +659,27 @@ fn runs_never_overlap(redis: &Servers) -> Result<(), Failed> {
 }
 
 fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
-    let dir = scratch("busy");
+    busy_lock_exits_75_on(redis, &redis.url, "busy", ", expires in ")
+}
+
+/// [`busy_lock_exits_75`] on PostgreSQL, whose lock lives as long as its session: `status`
+/// shows no remaining TTL.
+fn postgres_busy_lock_exits_75(servers: &Servers) -> Result<(), Failed> {
+    busy_lock_exits_75_on(servers, &servers.postgres_url, "postgres-busy", "")
+}
+
+/// A held key of `url`: `run --wait 0` and `--wait 300ms` exit 75 without running the command;
+/// `status` exits 75 and shows the holder's record, its token, then `after_token`.
+fn busy_lock_exits_75_on(
+    redis: &Servers,
+    url: &str,
+    trial: &str,
+    after_token: &str,
+) -> Result<(), Failed> {
+    let dir = scratch(trial);
     let marker = dir.join("ran");
-    let key = format!("cli-busy-{}", std::process::id());
-    let url = redis.url.clone();
+    let key = format!("cli-{trial}-{}", std::process::id());
+    let url = url.to_owned();
     let (locks, lease) = redis.handle.block_on(async {
         let locks = dlock::connect(&url).await?;
         let lease = locks
@@ -620,7 +690,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
 
     for wait in ["0", "300ms"] {
         let touch = marker.display().to_string();
-        let output = dlock_run_to_end(&redis.url, &key, &["--wait", wait], &["touch", &touch]);
+        let output = dlock_run_to_end(&url, &key, &["--wait", wait], &["touch", &touch]);
         ensure!(
             code(&output) == 75,
             "--wait {wait} exited {}",
@@ -633,7 +703,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
         );
     }
 
-    let output = dlock_status(&redis.url, &key);
+    let output = dlock_status(&url, &key);
     let stdout = text(&output.stdout);
     ensure!(
         code(&output) == 75,
@@ -642,7 +712,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
     );
     // The owner record beside the key names the holder and its token; the TTL Redis tells.
     let pid = format!("(pid {}) for ", std::process::id());
-    let token = format!("(fencing token {}), expires in ", lease.fencing_token());
+    let token = format!("(fencing token {}){after_token}", lease.fencing_token());
     ensure!(
         stdout.starts_with(&format!("{key}: held by "))
             && stdout.contains(&pid)
@@ -650,7 +720,7 @@ fn busy_lock_exits_75(redis: &Servers) -> Result<(), Failed> {
         "status printed {stdout:?}, expected …{pid}…{token}…"
     );
 
-    released_then_free(redis, &redis.url, &key, locks, lease)
+    released_then_free(redis, &url, &key, locks, lease)
 }
 
 /// Starts `dlock run` with `script` (which must write `started` to `log` first), deletes the
@@ -754,6 +824,11 @@ fn signals_reach_the_command(redis: &Servers) -> Result<(), Failed> {
 /// (exit 75), then free (exit 0) after the release. Looking takes nothing: the holder keeps it.
 fn status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
     status_shows_holder_then_free(servers, &servers.etcd_url, "etcd", "")
+}
+
+/// `status` on PostgreSQL: the holder's token from `dlock_holders` beside its advisory lock.
+fn postgres_status_names_the_holders_token(servers: &Servers) -> Result<(), Failed> {
+    status_shows_holder_then_free(servers, &servers.postgres_url, "postgres", "")
 }
 
 /// Releases the holder's `lease` and drops its handle; `status` on `url` then finds `key` free
@@ -985,18 +1060,29 @@ fn status_json_shows_owner_and_queue(servers: &Servers) -> Result<(), Failed> {
 /// `list PREFIX` on etcd: a table row and a `--json` entry for each held lock under the prefix,
 /// none for a lock outside it.
 fn list_shows_the_held_locks(servers: &Servers) -> Result<(), Failed> {
-    let prefix = format!("cli-etcd-list-{}/", std::process::id());
-    let url = format!("{}?owner=cli-lister", servers.etcd_url);
+    list_shows_the_held_locks_on(servers, &servers.etcd_url, "etcd")
+}
+
+/// [`list_shows_the_held_locks`] on PostgreSQL.
+fn postgres_list_shows_the_held_locks(servers: &Servers) -> Result<(), Failed> {
+    list_shows_the_held_locks_on(servers, &servers.postgres_url, "postgres")
+}
+
+/// `list PREFIX` on `base` (a URL without query parameters), as [`list_shows_the_held_locks`]
+/// says.
+fn list_shows_the_held_locks_on(servers: &Servers, base: &str, backend: &str) -> Result<(), Failed> {
+    let prefix = format!("cli-{backend}-list-{}/", std::process::id());
+    let url = format!("{base}?owner=cli-lister");
     let (locks, a) = hold(servers, &url, &format!("{prefix}a"))?;
     let b = servers.handle.block_on(locks.acquire(
         &format!("{prefix}b"),
         &LockOptions::new(Duration::from_secs(60)),
     ))?;
     let outside = servers.handle.block_on(locks.acquire(
-        &format!("cli-etcd-list-{}-outside", std::process::id()),
+        &format!("cli-{backend}-list-{}-outside", std::process::id()),
         &LockOptions::new(Duration::from_secs(60)),
     ))?;
-    let output = run_to_end(dlock().args(["list", "--url", &servers.etcd_url, &prefix]));
+    let output = run_to_end(dlock().args(["list", "--url", base, &prefix]));
     exits(&output, 0)?;
     let printed = text(&output.stdout);
     let lines: Vec<&str> = printed.lines().collect();
@@ -1009,7 +1095,7 @@ fn list_shows_the_held_locks(servers: &Servers) -> Result<(), Failed> {
             && lines[2].starts_with(&format!("{prefix}b ")),
         "list printed {printed:?}"
     );
-    let output = run_to_end(dlock().args(["list", "--json", "--url", &servers.etcd_url, &prefix]));
+    let output = run_to_end(dlock().args(["list", "--json", "--url", base, &prefix]));
     exits(&output, 0)?;
     let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
     let keys: Vec<&str> = json
@@ -1033,19 +1119,24 @@ fn list_shows_the_held_locks(servers: &Servers) -> Result<(), Failed> {
 /// (exit 1), "y" evicts (exit 0): the holder's lease turns lost and the next holder gets a
 /// greater token.
 fn unlock_force_evicts_only_when_confirmed(servers: &Servers) -> Result<(), Failed> {
-    let key = format!("cli-etcd-unlock-{}", std::process::id());
-    let url = format!("{}?owner=stuck-job", servers.etcd_url);
+    unlock_force_evicts_on(servers, &servers.etcd_url, "etcd")
+}
+
+/// [`unlock_force_evicts_only_when_confirmed`] on PostgreSQL, where evicting ends the holder's
+/// lock session (`pg_terminate_backend`).
+fn postgres_unlock_force_evicts_only_when_confirmed(servers: &Servers) -> Result<(), Failed> {
+    unlock_force_evicts_on(servers, &servers.postgres_url, "postgres")
+}
+
+/// `unlock --force` on `base` (a URL without query parameters), as
+/// [`unlock_force_evicts_only_when_confirmed`] says.
+fn unlock_force_evicts_on(servers: &Servers, base: &str, backend: &str) -> Result<(), Failed> {
+    let key = format!("cli-{backend}-unlock-{}", std::process::id());
+    let url = format!("{base}?owner=stuck-job");
     let (locks, lease) = hold(servers, &url, &key)?;
     let unlock = |answer: &str| -> Result<Output, Failed> {
         let mut child = dlock()
-            .args([
-                "unlock",
-                "--force",
-                "--url",
-                &servers.etcd_url,
-                "--key",
-                &key,
-            ])
+            .args(["unlock", "--force", "--url", base, "--key", &key])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1078,7 +1169,7 @@ fn unlock_force_evicts_only_when_confirmed(servers: &Servers) -> Result<(), Fail
         .handle
         .block_on(async { tokio::time::timeout(PATIENCE, lease.lost()).await });
     ensure!(lost.is_ok(), "the evicted lease did not turn lost");
-    let (next_locks, next) = hold(servers, &servers.etcd_url, &key)?;
+    let (next_locks, next) = hold(servers, base, &key)?;
     ensure!(
         next.fencing_token() > lease.fencing_token(),
         "the next holder's token {} is not above the evicted {}",
@@ -1086,7 +1177,7 @@ fn unlock_force_evicts_only_when_confirmed(servers: &Servers) -> Result<(), Fail
         lease.fencing_token()
     );
     drop((locks, lease));
-    released_then_free(servers, &servers.etcd_url, &key, next_locks, next)
+    released_then_free(servers, base, &key, next_locks, next)
 }
 
 /// `--trace` puts one span per lock call on standard error, with its outcome and token, and
@@ -1679,4 +1770,98 @@ fn interrupted_campaign_runs_nothing(servers: &Servers) -> Result<(), Failed> {
         text(&output.stdout)
     );
     Ok(())
+}
+
+/// The password of a `scheme://user:password@…` URL, if it has one.
+fn password_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let userinfo = rest.split_once('@')?.0;
+    userinfo
+        .split_once(':')
+        .map(|(_, p)| p.to_owned())
+        .filter(|p| !p.is_empty())
+}
+
+/// Every command on PostgreSQL, with the password in `--url` and in `DLOCK_URL`, with
+/// `--trace`, held, free, refused (a wrong password, an unknown parameter, a primitive the
+/// backend may not serve) and unreachable: the password shows in no output and no error.
+fn postgres_no_command_shows_the_password(servers: &Servers) -> Result<(), Failed> {
+    let url = servers.postgres_url.clone();
+    let Some(password) = password_of(&url) else {
+        eprintln!("the PostgreSQL server's URL has no password: nothing to look for");
+        return Ok(());
+    };
+    let wrong_password = "hunter2-Wrong";
+    let wrong = url.replacen(&format!(":{password}@"), &format!(":{wrong_password}@"), 1);
+    ensure!(wrong != url, "could not swap the password in the fixture's URL");
+    let unreachable =
+        format!("postgres://postgres:{password}@127.0.0.1:1/postgres?connect_timeout=300ms");
+    let dir = scratch("postgres-secrets");
+    let marker = dir.join("ran").display().to_string();
+    let key = format!("cli-postgres-secrets-{}", std::process::id());
+    let (locks, lease) = hold(servers, &format!("{url}?owner=secret-holder"), &key)?;
+    let free_key = format!("{key}-free");
+    let held: &[&[&str]] = &[
+        &["status", "--key", &key],
+        &["status", "--json", "--key", &key],
+        &["list", "cli-postgres-secrets-"],
+        &["list", "--json", "cli-postgres-secrets-"],
+        &["run", "--key", &key, "--wait", "0", "--", "touch", &marker],
+        &["--trace", "run", "--key", &free_key, "--", "true"],
+        &["--trace", "status", "--key", &free_key],
+        &["unlock", "--force", "--key", &free_key],
+        &["run", "--key", &free_key, "--permits", "2", "--", "true"],
+        &["run", "--key", &free_key, "--read", "--", "true"],
+        &["elect", "--key", &free_key, "--value", "me", "--wait", "0", "--", "true"],
+        &["leader", "--key", &free_key],
+    ];
+    let mut outputs = Vec::new();
+    for args in held {
+        for target in [&url, &wrong, &unreachable] {
+            // Once in --url, once from DLOCK_URL.
+            let mut with_flag = dlock();
+            with_flag.args(*args).args(["--url", target.as_str()]);
+            outputs.push((format!("{args:?} --url"), run_to_end(&mut with_flag)));
+            let mut from_env = dlock();
+            from_env.env("DLOCK_URL", target.as_str()).args(*args);
+            outputs.push((format!("{args:?} DLOCK_URL"), run_to_end(&mut from_env)));
+        }
+    }
+    // A refused URL, whose error quotes it.
+    for bad in [
+        format!("{url}?colour=red"),
+        format!("{url}?sslmode=sometimes"),
+        format!("{}/a/b", url.rsplit_once('/').map_or(url.as_str(), |(base, _)| base)),
+    ] {
+        let output = run_to_end(dlock().args(["status", "--key", &key, "--url", &bad]));
+        exits(&output, 64)?;
+        outputs.push((format!("status --url {bad:?}"), output));
+    }
+    for (what, output) in &outputs {
+        for secret in [password.as_str(), wrong_password] {
+            ensure!(
+                !text(&output.stdout).contains(secret) && !text(&output.stderr).contains(secret),
+                "{what} shows a password: {} / {}",
+                text(&output.stdout),
+                text(&output.stderr)
+            );
+        }
+    }
+    // The commands did what they say: the holder shows, the wrong password is refused.
+    ensure!(
+        code(&outputs[0].1) == 75 && text(&outputs[0].1.stdout).contains("secret-holder"),
+        "status printed {:?}",
+        outputs[0].1
+    );
+    let refused = &outputs[3].1;
+    ensure!(
+        code(refused) == 69 && text(&refused.stderr).contains("password authentication failed"),
+        "the wrong password: {refused:?}"
+    );
+    ensure!(
+        outputs.iter().any(|(_, o)| text(&o.stderr).contains("postgres:***@")),
+        "no error shows the URL without its password"
+    );
+    never_ran(&marker)?;
+    released_then_free(servers, &url, &key, locks, lease)
 }

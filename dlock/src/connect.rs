@@ -14,7 +14,8 @@ use dlock_core::url::ConnectUrl;
         feature = "redis",
         feature = "redlock",
         feature = "zk",
-        feature = "etcd"
+        feature = "etcd",
+        feature = "postgres"
     )),
     allow(dead_code, unused_imports)
 )]
@@ -56,6 +57,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("zk+tls", "zk-tls"),
     ("etcd", "etcd"),
     ("etcd+https", "etcd"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
 ];
 
 /// A connected backend.
@@ -77,6 +80,7 @@ type Backend = Arc<dyn DistributedLock>;
 /// | `zk+tls://[user:password@]host[:port],…[/chroot]?ca=PATH[&cert=PATH&key=PATH]` (ports default to 2281) | a ZooKeeper ensemble over TLS | `zk-tls` | as `zk://`, and `ca`, `cert`, `key` (PEM files) |
 /// | `etcd://[user[:password]@]host:port,…[/namespace]` | an etcd cluster | `etcd` | `prefix` (namespace, also the path), `session_timeout` (the session lease's TTL), `request_timeout`, `connect_timeout`, `owner` (the label in the owner records) |
 /// | `etcd+https://[user[:password]@]host:port,…[/namespace]?ca=PATH[&cert=PATH&key=PATH]` | an etcd cluster over TLS | `etcd` | as `etcd://`, and `ca` (required), `cert`, `key` (PEM files), `tls_server_name` |
+/// | `postgres://[user[:password]@]host[:port][,host[:port]…][/database]` (also `postgresql://`; several hosts are tried in order, as libpq does) | one PostgreSQL server (14 or later): session-level advisory locks | `postgres` | `sslmode` (`disable`, `prefer` (the default), `require`, `verify-ca`, `verify-full`), `sslrootcert`, `sslcert`, `sslkey` (PEM files), `session_timeout` (how long the server keeps a silent client's session, and with it its locks), `request_timeout`, `connect_timeout`, `application_name`, `owner` |
 ///
 /// Every scheme also takes the per-acquire defaults `ttl`, `wait`, `drift` (the fixed part of
 /// the clock-drift allowance) and `drift_factor`, found in [`Locks::options`], and the layers
@@ -133,6 +137,8 @@ pub(crate) async fn connect_with(url: &str, layers: Layers) -> Result<Locks> {
         "zk" | "zk-tls" => open(&mut url, dlock_zk::ZkLockBuilder::connect).await?,
         #[cfg(feature = "etcd")]
         "etcd" => open(&mut url, dlock_etcd::EtcdLockBuilder::connect).await?,
+        #[cfg(feature = "postgres")]
+        "postgres" => open(&mut url, dlock_postgres::PgLockBuilder::connect).await?,
         "" => memory(&mut url)?,
         other => return Err(missing_feature(&url, other)),
     };
@@ -191,6 +197,8 @@ const COMPILED: &[&str] = &[
     "zk-tls",
     #[cfg(feature = "etcd")]
     "etcd",
+    #[cfg(feature = "postgres")]
+    "postgres",
 ];
 
 /// Whether the Cargo feature `feature` of this crate is compiled in (`""`: no feature needed).
@@ -236,7 +244,8 @@ fn memory(url: &mut ConnectUrl) -> Result<Backend> {
         feature = "redis",
         feature = "redlock",
         feature = "zk",
-        feature = "etcd"
+        feature = "etcd",
+        feature = "postgres"
     )),
     allow(dead_code)
 )]

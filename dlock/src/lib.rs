@@ -6,7 +6,7 @@
 //! # async fn main() -> dlock::Result<()> {
 //! use dlock::DistributedLockExt;
 //!
-//! // memory:// in tests, redis://, zk:// or etcd:// in production: one setting.
+//! // memory:// in tests, redis://, zk://, etcd:// or postgres:// in production: one setting.
 //! let url = std::env::var("DLOCK_URL").unwrap_or_else(|_| "memory://?ttl=30s".into());
 //! let locks = dlock::connect(&url).await?;
 //!
@@ -33,6 +33,7 @@
 //! | `zk` | `zk` ([`dlock-zk`](https://docs.rs/dlock-zk)) | `zk://` |
 //! | `zk-tls` | `zk`, with TLS | `zk+tls://` as well |
 //! | `etcd` | `etcd` ([`dlock-etcd`](https://docs.rs/dlock-etcd)) | `etcd://` |
+//! | `postgres` | `postgres` ([`dlock-postgres`](https://docs.rs/dlock-postgres)) | `postgres://`, `postgresql://` |
 //!
 //! No network backend is on by default, so `cargo add dlock` builds anywhere, without protoc or
 //! a server. [`connect`] describes every URL form and its query parameters; a scheme whose
@@ -74,6 +75,10 @@ pub use dlock_zk as zk;
 /// The etcd backend (feature `etcd`): [`EtcdLock::builder`](dlock_etcd::EtcdLock::builder).
 #[cfg(feature = "etcd")]
 pub use dlock_etcd as etcd;
+
+/// The PostgreSQL backend (feature `postgres`): [`PgLock::builder`](dlock_postgres::PgLock::builder).
+#[cfg(feature = "postgres")]
+pub use dlock_postgres as postgres;
 
 /// The README's examples, compiled as doctests so they cannot rot. They live here, in the crate
 /// that sees every part of the API the README shows.

@@ -310,3 +310,52 @@ async fn etcd_urls() {
     let m = invalid(&format!("etcd://u:hunter2@h:1?prefix={}", "n".repeat(5000))).await;
     assert!(m.starts_with("prefix: is 5000 bytes long"), "{m}");
 }
+
+#[cfg(not(feature = "postgres"))]
+#[tokio::test]
+async fn postgres_without_its_feature_names_it() {
+    rejected(&[
+        (
+            "postgres://app:hunter2@db:5432/billing",
+            "needs the `postgres` feature",
+        ),
+        (
+            "postgresql://app:hunter2@db/billing?sslmode=require",
+            "needs the `postgres` feature",
+        ),
+    ])
+    .await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_urls() {
+    unreachable(&format!(
+        "postgres://app:hunter2@{NOBODY}/billing?sslmode=disable&session_timeout=2s&request_timeout=300ms&connect_timeout=300ms&application_name=billing&owner=worker-1&ttl=5s&wait=1s"
+    ))
+    .await;
+    unreachable(&format!(
+        "postgresql://app:hunter2@{NOBODY},127.0.0.1:2/billing?connect_timeout=300ms"
+    ))
+    .await;
+    rejected(&[
+        (
+            "postgres://app:hunter2@db?prefix=locks/",
+            "unknown parameter `prefix` for postgres://",
+        ),
+        ("postgres://app:hunter2@db?sslmode=allow", "sslmode"),
+        ("postgres://app:hunter2@db?session_timeout=1ms", "session_timeout"),
+        ("postgres://app:hunter2@db?session_timeout=10", "session_timeout"),
+        ("postgres://app:hunter2@db?connect_timeout=1h", "connect_timeout"),
+        ("postgres://app:hunter2@db/a/b", "one database name"),
+        ("postgres://app:hunter2@db:99999", "url"),
+        ("postgres://app:hunter2@db#frag", "fragments"),
+        ("postgres://app:p%zz@db", "percent-encoded"),
+        ("postgres://app:hunter2@db?owner=x&owner=y", "given twice"),
+        (
+            "postgres://app:hunter2@db?sslmode=verify-full&sslcert=/c.pem",
+            "key",
+        ),
+    ])
+    .await;
+}

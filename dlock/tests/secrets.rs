@@ -8,7 +8,8 @@
     feature = "redlock",
     feature = "zk",
     feature = "zk-tls",
-    feature = "etcd"
+    feature = "etcd",
+    feature = "postgres"
 ))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -89,6 +90,18 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
             "etcd+https://app:{PASSWORD}@127.0.0.1:1?ca={}",
             certs.client_key.display()
         ),
+        format!("postgres://app:{PASSWORD}@127.0.0.1:1/db?sslmode=disable&connect_timeout=300ms"),
+        format!(
+            "postgresql://app:{PASSWORD}@127.0.0.1:1/db?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}&connect_timeout=300ms",
+            certs.ca.display(),
+            certs.client_cert.display(),
+            certs.client_key.display()
+        ),
+        format!(
+            "postgres://app:{PASSWORD}@127.0.0.1:1/db?sslmode=require&sslrootcert={}",
+            certs.client_key.display()
+        ),
+        format!("postgres://app:{PASSWORD}@127.0.0.1:1/db?sslmode=sometimes"),
     ];
     let mut shown = String::new();
     for url in &urls {
@@ -122,6 +135,13 @@ async fn no_password_or_key_shows_in_errors_debug_or_logs() {
             "{:?}",
             dlock::etcd::EtcdLockBuilder::from_url(
                 urls.iter().find(|u| u.starts_with("etcd+https")).unwrap()
+            )
+            .unwrap()
+        ),
+        format!(
+            "{:?}",
+            <dlock::postgres::PgLockBuilder as dlock::url::FromUrl>::from_url(
+                urls.iter().find(|u| u.starts_with("postgresql")).unwrap()
             )
             .unwrap()
         ),

@@ -7,7 +7,8 @@
     feature = "redis-tls",
     feature = "redlock",
     feature = "zk",
-    feature = "etcd"
+    feature = "etcd",
+    feature = "postgres"
 ))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -58,6 +59,7 @@ fn backends() -> BTreeMap<&'static str, (Vec<&'static str>, Vec<&'static str>)> 
         ("redlock", of::<dlock::redlock::RedlockBuilder>()),
         ("zk", of::<dlock::zk::ZkLockBuilder>()),
         ("etcd", of::<dlock::etcd::EtcdLockBuilder>()),
+        ("postgres", of::<dlock::postgres::PgLockBuilder>()),
     ])
 }
 
@@ -133,12 +135,13 @@ fn every_production_example_parses() {
             "redlock" => parses::<dlock::redlock::RedlockBuilder>(url),
             "zk" => parses::<dlock::zk::ZkLockBuilder>(url),
             "etcd" => parses::<dlock::etcd::EtcdLockBuilder>(url),
+            "postgres" => parses::<dlock::postgres::PgLockBuilder>(url),
             other => panic!("{url}: no production example expected for {other}"),
         };
         parsed.unwrap_or_else(|e| panic!("{url}: {e}"));
         seen.insert(scheme.to_owned());
     }
-    assert!(seen.len() >= 7, "{seen:?}");
+    assert!(seen.len() >= 8, "{seen:?}");
 }
 
 /// Parses `url` as `dlock::connect` does, short of connecting: the per-acquire parameters, then
