@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::Primitives;
-use dlock_testkit::fixtures::{FixtureError, RedisMasters, RedisReplicated, RedisServer};
+use dlock_testkit::fixtures::{
+    FixtureError, PostgresServer, RedisMasters, RedisReplicated, RedisServer,
+};
 use dlock_testkit::registry::{Fixture, Role, BACKENDS};
 use tokio::time::Instant;
 
@@ -17,8 +19,8 @@ use crate::run::Run;
 use crate::scenarios;
 use crate::subject::{PrimitiveTarget, Subject};
 use crate::targets::{
-    ConsensusTarget, FaultUnavailable, MemoryTarget, RedisFlavor, RedisTarget, RedlockTarget,
-    Target,
+    ConsensusTarget, FaultUnavailable, MemoryTarget, PostgresTarget, RedisFlavor, RedisTarget,
+    RedlockTarget, Target,
 };
 use crate::Backend;
 use crate::Scenario;
@@ -96,6 +98,7 @@ enum Started {
     Redis(RedisTarget),
     Consensus(ConsensusTarget),
     Redlock(RedlockTarget),
+    Postgres(PostgresTarget),
 }
 
 impl Started {
@@ -105,12 +108,14 @@ impl Started {
             Started::Redis(t) => t,
             Started::Consensus(t) => t,
             Started::Redlock(t) => t,
+            Started::Postgres(t) => t,
         }
     }
 
     async fn shutdown(self) {
         let result = match self {
             Started::Consensus(t) => t.shutdown().await,
+            Started::Postgres(t) => t.shutdown().await,
             Started::Memory(_) | Started::Redis(_) | Started::Redlock(_) => Ok(()),
         };
         if let Err(e) = result {
@@ -143,8 +148,10 @@ async fn start(
             backend,
             backend.fixture.start(CLUSTER_SIZE).await?,
         )),
-        // No target for a PostgreSQL server yet: its cells are reported as not yet run.
-        Fixture::PostgresServer => return Ok(None),
+        Fixture::PostgresServer => Started::Postgres(PostgresTarget::new(
+            backend,
+            PostgresServer::start().await?,
+        )),
     }))
 }
 

@@ -353,7 +353,11 @@ async fn postgres_urls() {
         ("postgres://app:p%zz@db", "percent-encoded"),
         ("postgres://app:hunter2@db?owner=x&owner=y", "given twice"),
         (
-            "postgres://app:hunter2@db?sslmode=verify-full&sslcert=/c.pem",
+            "postgres://app:hunter2@db?sslmode=verify-full",
+            "sslrootcert",
+        ),
+        (
+            "postgres://app:hunter2@db?sslmode=require&sslcert=/c.pem",
             "key",
         ),
     ])

@@ -5,6 +5,7 @@
 mod dlock_only;
 mod etcd;
 mod memory;
+mod postgres;
 mod redis;
 mod redlock;
 mod zk;
@@ -56,6 +57,7 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         "redlock" => Box::pin(redlock::start(backend)),
         "zk" => Box::pin(zk::start(backend)),
         "etcd" => Box::pin(etcd::start(backend)),
+        "postgres" => Box::pin(postgres::start(backend)),
         _ => Box::pin(dlock_only::start(backend)),
     };
     let mut setup = starting.await?;

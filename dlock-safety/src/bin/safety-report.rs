@@ -20,7 +20,7 @@ fn cli() -> Command {
         .arg(Arg::new("only").long("only").value_name("SCENARIO/BACKEND").action(ArgAction::Append)
             .help("run only these cells, e.g. 2/redis, */zk, 8/*, 5 or etcd (repeatable)"))
         .after_help("Servers: containers by default (Docker, images from scripts/test-images); \
-                     DLOCK_TEST_REDIS_URL, DLOCK_TEST_REDLOCK_URLS, DLOCK_TEST_ZK_URL and DLOCK_TEST_ETCD_URL select your own \
+                     DLOCK_TEST_REDIS_URL, DLOCK_TEST_REDLOCK_URLS, DLOCK_TEST_ZK_URL, DLOCK_TEST_ETCD_URL and DLOCK_TEST_POSTGRES_URL select your own \
                      servers instead, where scenarios that break servers are reported as not run.")
 }
 

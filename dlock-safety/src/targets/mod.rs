@@ -7,6 +7,7 @@
 mod consensus;
 mod freeze;
 mod memory;
+mod postgres;
 mod redis;
 mod redlock;
 mod replication;
@@ -20,6 +21,7 @@ use dlock_testkit::Freeze;
 
 pub use self::consensus::ConsensusTarget;
 pub use self::memory::MemoryTarget;
+pub use self::postgres::PostgresTarget;
 pub use self::redis::{RedisFlavor, RedisTarget};
 pub use self::redlock::RedlockTarget;
 pub use self::replication::Replication;
