@@ -451,7 +451,7 @@ pub const BACKENDS: &[Backend] = &[
             (CaughtByFencing, "the server ends the paused holder's idle session, freeing its locks; nextval only grows"),
             (CaughtByFencing, "the lease ends at its TTL and is unlocked; the next holder's nextval is larger"),
             (Safe, "dlock-core never hands out a lease whose validity is over"),
-            (Safe, "the crashed holder's connection closes; the server frees its session's locks at once"),
+            (Safe, "the silent holder's session is ended by idle_session_timeout, which frees its locks (a process that exits closes its connection, which frees them at once)"),
             (Safe, "the lease is uncertain, then lost, before idle_session_timeout ends the session on the server"),
             (NotApplicable, "one server: a cut between client and server is scenario 6"),
             (NotApplicable, "the server logs every commit before acknowledging; a restart ends every session (locks freed, holders lost) and the sequence survives"),
