@@ -62,7 +62,7 @@ struct Args {
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/dlock-bench.json")]
     json: PathBuf,
-    /// Only these backends (comma-separated names: memory, redis, redlock, zk, etcd).
+    /// Only these backends (comma-separated names: memory, redis, redlock, zk, etcd, postgres).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Use this Redis server instead of a container (as DLOCK_TEST_REDIS_URL).
@@ -78,6 +78,11 @@ struct Args {
     /// Use this etcd cluster instead of containers (as DLOCK_TEST_ETCD_URL).
     #[arg(long)]
     etcd_url: Option<String>,
+    /// Use this PostgreSQL server instead of a container (as DLOCK_TEST_POSTGRES_URL); the
+    /// renewal workload's larger counts need a lock table of 100,000 slots or more
+    /// (max_locks_per_transaction × max_connections).
+    #[arg(long)]
+    postgres_url: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -96,6 +101,7 @@ fn main() -> anyhow::Result<()> {
         (&args.redlock_urls, "DLOCK_TEST_REDLOCK_URLS"),
         (&args.zk_url, "DLOCK_TEST_ZK_URL"),
         (&args.etcd_url, "DLOCK_TEST_ETCD_URL"),
+        (&args.postgres_url, "DLOCK_TEST_POSTGRES_URL"),
     ] {
         if let Some(url) = flag {
             std::env::set_var(env, url);
