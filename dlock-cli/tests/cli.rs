@@ -133,10 +133,7 @@ fn main() {
             "redis_interrupted_campaign_runs_nothing_143",
             interrupted_campaign_runs_nothing,
         ),
-        (
-            "postgres_runs_never_overlap",
-            postgres_runs_never_overlap,
-        ),
+        ("postgres_runs_never_overlap", postgres_runs_never_overlap),
         (
             "postgres_busy_lock_exits_75_without_running",
             postgres_busy_lock_exits_75,
@@ -620,14 +617,7 @@ fn runs_never_overlap_on(url: &str, trial: &str) -> Result<(), Failed> {
     let key = format!("cli-{trial}-{}", std::process::id());
     let options = ["--ttl", "5s", "--wait", "60s"];
     let children = (0..3)
-        .map(|_| {
-            spawn(&mut dlock_run(
-                url,
-                &key,
-                &options,
-                &["sh", "-c", &script],
-            ))
-        })
+        .map(|_| spawn(&mut dlock_run(url, &key, &options, &["sh", "-c", &script])))
         .collect::<Result<Vec<Child>, Failed>>()?;
     for child in children {
         let output = finish(child)?;
@@ -1070,7 +1060,11 @@ fn postgres_list_shows_the_held_locks(servers: &Servers) -> Result<(), Failed> {
 
 /// `list PREFIX` on `base` (a URL without query parameters), as [`list_shows_the_held_locks`]
 /// says.
-fn list_shows_the_held_locks_on(servers: &Servers, base: &str, backend: &str) -> Result<(), Failed> {
+fn list_shows_the_held_locks_on(
+    servers: &Servers,
+    base: &str,
+    backend: &str,
+) -> Result<(), Failed> {
     let prefix = format!("cli-{backend}-list-{}/", std::process::id());
     let url = format!("{base}?owner=cli-lister");
     let (locks, a) = hold(servers, &url, &format!("{prefix}a"))?;
@@ -1793,7 +1787,10 @@ fn postgres_no_command_shows_the_password(servers: &Servers) -> Result<(), Faile
     };
     let wrong_password = "hunter2-Wrong";
     let wrong = url.replacen(&format!(":{password}@"), &format!(":{wrong_password}@"), 1);
-    ensure!(wrong != url, "could not swap the password in the fixture's URL");
+    ensure!(
+        wrong != url,
+        "could not swap the password in the fixture's URL"
+    );
     let unreachable =
         format!("postgres://postgres:{password}@127.0.0.1:1/postgres?connect_timeout=300ms");
     let dir = scratch("postgres-secrets");
@@ -1812,7 +1809,9 @@ fn postgres_no_command_shows_the_password(servers: &Servers) -> Result<(), Faile
         &["unlock", "--force", "--key", &free_key],
         &["run", "--key", &free_key, "--permits", "2", "--", "true"],
         &["run", "--key", &free_key, "--read", "--", "true"],
-        &["elect", "--key", &free_key, "--value", "me", "--wait", "0", "--", "true"],
+        &[
+            "elect", "--key", &free_key, "--value", "me", "--wait", "0", "--", "true",
+        ],
         &["leader", "--key", &free_key],
     ];
     let mut outputs = Vec::new();
@@ -1831,7 +1830,10 @@ fn postgres_no_command_shows_the_password(servers: &Servers) -> Result<(), Faile
     for bad in [
         format!("{url}?colour=red"),
         format!("{url}?sslmode=sometimes"),
-        format!("{}/a/b", url.rsplit_once('/').map_or(url.as_str(), |(base, _)| base)),
+        format!(
+            "{}/a/b",
+            url.rsplit_once('/').map_or(url.as_str(), |(base, _)| base)
+        ),
     ] {
         let output = run_to_end(dlock().args(["status", "--key", &key, "--url", &bad]));
         exits(&output, 64)?;
@@ -1859,7 +1861,9 @@ fn postgres_no_command_shows_the_password(servers: &Servers) -> Result<(), Faile
         "the wrong password: {refused:?}"
     );
     ensure!(
-        outputs.iter().any(|(_, o)| text(&o.stderr).contains("postgres:***@")),
+        outputs
+            .iter()
+            .any(|(_, o)| text(&o.stderr).contains("postgres:***@")),
         "no error shows the URL without its password"
     );
     never_ran(&marker)?;

@@ -148,10 +148,9 @@ async fn start(
             backend,
             backend.fixture.start(CLUSTER_SIZE).await?,
         )),
-        Fixture::PostgresServer => Started::Postgres(PostgresTarget::new(
-            backend,
-            PostgresServer::start().await?,
-        )),
+        Fixture::PostgresServer => {
+            Started::Postgres(PostgresTarget::new(backend, PostgresServer::start().await?))
+        }
     }))
 }
 

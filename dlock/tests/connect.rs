@@ -344,9 +344,18 @@ async fn postgres_urls() {
             "unknown parameter `prefix` for postgres://",
         ),
         ("postgres://app:hunter2@db?sslmode=allow", "sslmode"),
-        ("postgres://app:hunter2@db?session_timeout=1ms", "session_timeout"),
-        ("postgres://app:hunter2@db?session_timeout=10", "session_timeout"),
-        ("postgres://app:hunter2@db?connect_timeout=1h", "connect_timeout"),
+        (
+            "postgres://app:hunter2@db?session_timeout=1ms",
+            "session_timeout",
+        ),
+        (
+            "postgres://app:hunter2@db?session_timeout=10",
+            "session_timeout",
+        ),
+        (
+            "postgres://app:hunter2@db?connect_timeout=1h",
+            "connect_timeout",
+        ),
         ("postgres://app:hunter2@db/a/b", "one database name"),
         ("postgres://app:hunter2@db:99999", "url"),
         ("postgres://app:hunter2@db#frag", "fragments"),

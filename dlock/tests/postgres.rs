@@ -14,14 +14,18 @@ use dlock_testkit::fixtures::{docker_opt_out, PostgresServer};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_schemes_connect_and_exclude_each_other() {
     if PostgresServer::needs_docker() && docker_opt_out() {
-        eprintln!("skipped: no PostgreSQL server (DLOCK_TEST_POSTGRES_URL unset, Docker opted out)");
+        eprintln!(
+            "skipped: no PostgreSQL server (DLOCK_TEST_POSTGRES_URL unset, Docker opted out)"
+        );
         return;
     }
     let server = PostgresServer::start().await.unwrap();
     let url = server.url();
     let params = "session_timeout=2s&connect_timeout=10s&ttl=5s&wait=300ms&owner=facade-test";
     let sep = if url.contains('?') { '&' } else { '?' };
-    let first = dlock::connect(&format!("{url}{sep}{params}")).await.unwrap();
+    let first = dlock::connect(&format!("{url}{sep}{params}"))
+        .await
+        .unwrap();
     let other_url = url.replacen("postgres://", "postgresql://", 1);
     let second = dlock::connect(&format!("{other_url}{sep}{params}&tracing=true"))
         .await
@@ -30,7 +34,11 @@ async fn both_schemes_connect_and_exclude_each_other() {
     assert_eq!(first.options().ttl, Duration::from_secs(5));
     assert_eq!(first.options().wait, Some(Duration::from_millis(300)));
     if let Some(password) = password_of(&url) {
-        for shown in [format!("{first:?}"), first.url().to_owned(), format!("{second:?}")] {
+        for shown in [
+            format!("{first:?}"),
+            first.url().to_owned(),
+            format!("{second:?}"),
+        ] {
             assert!(!shown.contains(&password), "the password shows in {shown}");
         }
     }
