@@ -9,6 +9,7 @@
 //! PGHOST=127.0.0.1 PGPASSWORD=secret cargo run -p examples --features postgres --example postgres
 //! ```
 //!
+//! `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD` and `PGDATABASE` are read as psql reads them.
 //! `dlock::connect("postgres://postgres:secret@127.0.0.1:5432/postgres?sslmode=disable&
 //! session_timeout=15s")` builds the same client from a URL.
 
@@ -21,13 +22,14 @@ use dlock::{DistributedLock, DistributedLockExt, LockOptions};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
-    let host = std::env::var("PGHOST").unwrap_or_else(|_| "127.0.0.1".to_owned());
-    // The password comes from the environment, as libpq's PGPASSWORD: never from the source.
-    let password = std::env::var("PGPASSWORD").ok();
+    // The server from libpq's variables, so the example runs wherever psql does; the password
+    // comes from PGPASSWORD, never from the source.
+    let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    let port: u16 = var("PGPORT", "5432").parse()?;
     let postgres = PgLock::builder()
-        .with_host(host, 5432)
-        .with_credentials("postgres", password)
-        .with_database("postgres")
+        .with_host(var("PGHOST", "127.0.0.1"), port)
+        .with_credentials(var("PGUSER", "postgres"), std::env::var("PGPASSWORD").ok())
+        .with_database(var("PGDATABASE", "postgres"))
         .with_ssl_mode(SslMode::Prefer)
         .with_session_timeout(Duration::from_secs(15))
         .connect()
@@ -37,7 +39,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(5));
     let lease = locks.acquire("invoices/42", &opts).await?;
     println!(
-        "holding \"invoices/42\" (advisory key {:?}) with fencing token {} (from the dlock_fencing sequence)",
+        "holding \"invoices/42\" (advisory key {}) with fencing token {} (from the dlock_fencing sequence)",
         PgLock::advisory_key("invoices/42"),
         lease.fencing_token()
     );
