@@ -71,6 +71,7 @@ mod held;
 mod inspect;
 mod key;
 mod listener;
+pub mod primitives;
 mod session;
 pub mod sql;
 mod tls;
@@ -81,4 +82,5 @@ pub use builder::{
 };
 pub use client::PgLock;
 pub use key::{advisory_key, AdvisoryKey};
+pub use primitives::{rw_companion_key, semaphore_guard_key, semaphore_slot_key};
 pub use tls::SslMode;
