@@ -336,4 +336,87 @@ mod tests {
         assert_eq!(held.take_due(now + Duration::from_secs(1)).len(), 1);
         assert!(held.reserve(2, key, "a", now));
     }
+
+    #[test]
+    fn readers_share_and_exclude_writers_of_this_client() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut held = Held::default();
+        let key = AdvisoryKey::Single(7);
+        assert!(held.reserve_as(1, Some(key), Kind::Read, "rw", until));
+        assert!(held.reserve_as(2, Some(key), Kind::Read, "rw", until));
+        assert_eq!(held.sharers(key), 2);
+        assert!(
+            !held.reserve(3, key, "rw", until),
+            "a writer beside readers"
+        );
+        held.remove(1);
+        assert!(
+            !held.reserve(3, key, "rw", until),
+            "a writer beside a reader"
+        );
+        held.remove(2);
+        assert_eq!(held.sharers(key), 0);
+        assert!(
+            held.reserve(3, key, "rw", until),
+            "a writer once the readers left"
+        );
+        assert!(
+            !held.reserve_as(4, Some(key), Kind::Read, "rw", until),
+            "a reader beside a writer"
+        );
+        assert!(!held.reserve(5, key, "rw", until), "a second writer");
+    }
+
+    #[test]
+    fn a_waiting_writer_holds_back_new_readers_of_this_client() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut held = Held::default();
+        let key = AdvisoryKey::Single(7);
+        assert!(held.reserve_as(1, Some(key), Kind::Read, "rw", until));
+        held.start_waiting(key);
+        assert!(
+            !held.reserve_as(2, Some(key), Kind::Read, "rw", until),
+            "a reader went ahead of a waiting writer"
+        );
+        held.start_waiting(key);
+        held.stop_waiting(key);
+        assert!(!held.reserve_as(2, Some(key), Kind::Read, "rw", until));
+        held.stop_waiting(key);
+        assert!(held.reserve_as(2, Some(key), Kind::Read, "rw", until));
+    }
+
+    #[test]
+    fn a_permit_is_placed_on_a_slot_this_client_does_not_use() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut held = Held::default();
+        let announce = AdvisoryKey::Pair(1, 0x4000_0001);
+        let kind = Kind::Permit { slot: 0, announce };
+        let (slot0, slot1) = (
+            AdvisoryKey::Pair(1, 0x0003_0001),
+            AdvisoryKey::Pair(1, 0x0003_0005),
+        );
+        assert!(held.reserve_as(1, None, kind, "sem", until));
+        assert!(
+            held.reserve_as(2, None, kind, "sem", until),
+            "grants under way share no key"
+        );
+        assert!(held.place(1, slot0, 0));
+        assert!(!held.place(2, slot0, 0), "one slot twice");
+        assert!(held.place(2, slot1, 1));
+        assert_eq!(
+            held.keys_where(|k| matches!(k, AdvisoryKey::Pair(1, _)))
+                .len(),
+            2
+        );
+        assert!(matches!(
+            held.get(2).map(|e| e.kind),
+            Some(Kind::Permit { slot: 1, .. })
+        ));
+        held.remove(1);
+        assert_eq!(held.keys_where(|_| true), vec![slot1]);
+        assert!(!held.place(9, slot0, 0), "no entry to place");
+    }
 }
