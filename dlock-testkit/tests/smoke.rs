@@ -490,7 +490,10 @@ async fn postgres_server() -> anyhow::Result<()> {
         "a disconnected PostgreSQL must refuse connections, got {cut_off:?}"
     );
     member.reconnect().await?;
-    ensure!(server.psql("SELECT 1").await? == "1", "psql after reconnect");
+    ensure!(
+        server.psql("SELECT 1").await? == "1",
+        "psql after reconnect"
+    );
 
     member.restart_wipe_data().await?;
     ensure!(server.url() == url, "URL changed across a wipe");
