@@ -543,14 +543,9 @@ fn session_backend() -> Capabilities {
 /// releases wake waiters; locks live in the client's session; the semaphore and the read-write
 /// lock (shared advisory locks for readers), no election.
 fn postgres() -> Capabilities {
-    // `Primitives` has no union of its constants; its fields are public.
-    let mut primitives = Primitives::NONE;
-    primitives.semaphore = true;
-    primitives.read_write = true;
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
         .with_notifications()
         .with_sessions()
-        .with_primitives(primitives)
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters served in

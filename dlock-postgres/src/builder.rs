@@ -1,0 +1,398 @@
+//! Configuration of a PostgreSQL lock client, and its connection string, validated before
+//! anything is sent.
+//!
+//! `postgres://[user[:password]@]host[:port][,host[:port]…][/database][?parameters]` (also
+//! `postgresql://`). Parameters: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` (as libpq reads
+//! them, see [`SslMode`]), `session_timeout` (how long the server keeps the locks of a silent
+//! client; default 10 s), `request_timeout` and `connect_timeout` (durations such as `10s` or
+//! `1500ms`), `application_name`, and `owner` (the application label of the owner records).
+//! Several hosts are tried in order, as libpq does. The port defaults to 5432, the user to
+//! `postgres`, the database to the user's name.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dlock_core::url::{ConnectUrl, FromUrl};
+use dlock_core::{check_within, Error, Owner, Result};
+
+use crate::client::PgLock;
+use crate::tls::{PgTls, SslMode};
+
+/// How long the server keeps a silent client's session (and so its locks) when none is set.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest session timeout accepted.
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest session timeout accepted (one hour).
+pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long one request may wait for an answer when none is set.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting may take when none is set.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest request or connect timeout accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
+/// PostgreSQL's port.
+pub const DEFAULT_PORT: u16 = 5432;
+
+/// The schemes of a PostgreSQL connection string.
+pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// A password that never shows in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Builds a [`PgLock`].
+#[derive(Debug, Clone)]
+pub struct PgLockBuilder {
+    hosts: Vec<(String, u16)>,
+    user: String,
+    password: Option<Secret>,
+    database: Option<String>,
+    tls: PgTls,
+    session_timeout: Duration,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    application_name: Option<String>,
+    owner: Option<String>,
+}
+
+/// What a client runs with.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) hosts: Vec<(String, u16)>,
+    pub(crate) user: String,
+    pub(crate) password: Option<Secret>,
+    pub(crate) database: String,
+    pub(crate) tls: PgTls,
+    pub(crate) session_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) application_name: String,
+    pub(crate) owner: Owner,
+}
+
+impl Default for PgLockBuilder {
+    fn default() -> Self {
+        PgLockBuilder::new()
+    }
+}
+
+impl PgLockBuilder {
+    /// A builder for `localhost:5432`, user `postgres`, `sslmode=prefer`.
+    pub fn new() -> Self {
+        PgLockBuilder {
+            hosts: Vec::new(),
+            user: "postgres".into(),
+            password: None,
+            database: None,
+            tls: PgTls::default(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            application_name: None,
+            owner: None,
+        }
+    }
+
+    /// Adds a server to try (in the order added).
+    pub fn with_host(mut self, host: impl Into<String>, port: u16) -> Self {
+        self.hosts.push((host.into(), port));
+        self
+    }
+
+    /// The user and password to log in with.
+    pub fn with_credentials(mut self, user: impl Into<String>, password: Option<String>) -> Self {
+        self.user = user.into();
+        self.password = password.map(Secret);
+        self
+    }
+
+    /// The database (default: the user's name). dlock keeps a sequence (`dlock_fencing`) and an
+    /// unlogged table (`dlock_holders`) there, in the first schema of the search path.
+    pub fn with_database(mut self, database: impl Into<String>) -> Self {
+        self.database = Some(database.into());
+        self
+    }
+
+    /// libpq's `sslmode` (default `prefer`).
+    pub fn with_ssl_mode(mut self, mode: SslMode) -> Self {
+        self.tls.mode = mode;
+        self
+    }
+
+    /// libpq's `sslrootcert`: the authority the server's certificate must chain to.
+    pub fn with_root_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls.files.ca = Some(path.into());
+        self
+    }
+
+    /// libpq's `sslcert` and `sslkey`: a client certificate and its key.
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls.files.cert = Some(cert.into());
+        self.tls.files.key = Some(key.into());
+        self
+    }
+
+    /// How long the server keeps the session of a client it no longer hears from, and so its
+    /// locks: the server ends a session idle for longer (`idle_session_timeout`), and the client,
+    /// which pings every quarter of it while it holds locks, counts its leases lost before then.
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long one request may wait for its answer.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The `application_name` the sessions show in `pg_stat_activity` (default `dlock`).
+    pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = Some(name.into());
+        self
+    }
+
+    /// The application label of the owner records this client writes.
+    pub fn with_owner(mut self, label: impl Into<String>) -> Self {
+        self.owner = Some(label.into());
+        self
+    }
+
+    /// Checks the settings; nothing is sent.
+    pub(crate) fn validate(&self) -> Result<Settings> {
+        check_within(
+            "session_timeout",
+            self.session_timeout,
+            MIN_SESSION_TIMEOUT..=MAX_SESSION_TIMEOUT,
+        )?;
+        check_within(
+            "request_timeout",
+            self.request_timeout,
+            Duration::from_millis(1)..=MAX_TIMEOUT,
+        )?;
+        check_within(
+            "connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(1)..=MAX_TIMEOUT,
+        )?;
+        if self.user.is_empty() {
+            return Err(Error::invalid("user", "the user name is empty"));
+        }
+        for (host, _) in &self.hosts {
+            if host.is_empty() {
+                return Err(Error::invalid("host", "a host name is empty"));
+            }
+        }
+        self.tls.validate()?;
+        let owner = Owner::labelled(self.owner.clone())?;
+        let application_name = self
+            .application_name
+            .clone()
+            .unwrap_or_else(|| "dlock".into());
+        if application_name.len() > 63 || !application_name.is_ascii() {
+            return Err(Error::invalid(
+                "application_name",
+                "at most 63 ASCII characters (the server cuts longer names)",
+            ));
+        }
+        Ok(Settings {
+            hosts: if self.hosts.is_empty() {
+                vec![("localhost".into(), DEFAULT_PORT)]
+            } else {
+                self.hosts.clone()
+            },
+            user: self.user.clone(),
+            password: self.password.clone(),
+            database: self.database.clone().unwrap_or_else(|| self.user.clone()),
+            tls: self.tls.clone(),
+            session_timeout: self.session_timeout,
+            request_timeout: self.request_timeout,
+            connect_timeout: self.connect_timeout,
+            application_name,
+            owner,
+        })
+    }
+
+    /// Checks the settings and connects (opening the lock session at once, so that a wrong
+    /// address or password fails here).
+    pub async fn connect(self) -> Result<PgLock> {
+        PgLock::start(self.validate()?).await
+    }
+}
+
+impl FromUrl for PgLockBuilder {
+    const SCHEMES: &'static [&'static str] = SCHEMES;
+    const PARAMETERS: &'static [&'static str] = &[
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "session_timeout",
+        "request_timeout",
+        "connect_timeout",
+        "application_name",
+        "owner",
+    ];
+
+    fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
+        if url.fragment().is_some() {
+            return Err(url.invalid("fragments are not supported"));
+        }
+        let mut builder = PgLockBuilder::new();
+        if let Some(credentials) = url.credentials() {
+            if credentials.user.is_empty() {
+                return Err(url.invalid("the user name is empty"));
+            }
+            builder =
+                builder.with_credentials(credentials.user.clone(), credentials.password.clone());
+        }
+        for host in url.hosts()? {
+            let (name, port) = split_host(host).map_err(|m| url.invalid(m))?;
+            builder = builder.with_host(name, port);
+        }
+        let database = url.path_decoded()?;
+        if database.contains('/') {
+            return Err(url.invalid("the path is one database name"));
+        }
+        if !database.is_empty() {
+            builder = builder.with_database(database);
+        }
+        if let Some(mode) = url.take_parsed::<SslModeText>("sslmode", "an sslmode")? {
+            builder = builder.with_ssl_mode(mode.0);
+        }
+        builder.tls.files.ca = url.take_path("sslrootcert")?;
+        builder.tls.files.cert = url.take_path("sslcert")?;
+        builder.tls.files.key = url.take_path("sslkey")?;
+        let builder = dlock_core::apply_parameters!(url, builder, {
+            "session_timeout" => take_duration => Self::with_session_timeout,
+            "request_timeout" => take_duration => Self::with_request_timeout,
+            "connect_timeout" => take_duration => Self::with_connect_timeout,
+            "application_name" => take_text => Self::with_application_name,
+            "owner" => take_text => Self::with_owner,
+        });
+        Ok(builder)
+    }
+}
+
+/// `sslmode` through `take_parsed`, whose error names the expected form.
+struct SslModeText(SslMode);
+
+impl std::str::FromStr for SslModeText {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        text.parse().map(SslModeText)
+    }
+}
+
+/// `host`, `host:port` or `[v6]:port`.
+fn split_host(host: &str) -> std::result::Result<(String, u16), String> {
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((name, "")) => (name, None),
+            Some((name, port)) => match port.strip_prefix(':') {
+                Some(port) => (name, Some(port)),
+                None => return Err(format!("{host:?} is not host[:port]")),
+            },
+            None => return Err(format!("{host:?} is not host[:port]")),
+        },
+        None => match host.rsplit_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(port) => port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{port:?} is not a port"))?,
+    };
+    if name.is_empty() {
+        return Err(format!("{host:?} names no host"));
+    }
+    Ok((name.to_string(), port))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn field(url: &str) -> &'static str {
+        match PgLockBuilder::from_url(url).and_then(|b| b.validate().map(|_| ())) {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_full_url_is_understood_and_hides_its_password() {
+        let b = PgLockBuilder::from_url(
+            "postgresql://app:s%40cret@db1:6543,db2/billing?sslmode=require&session_timeout=3s&owner=billing",
+        )
+        .unwrap();
+        let shown = format!("{b:?}");
+        assert!(
+            !shown.contains("s@cret") && !shown.contains("s%40cret"),
+            "{shown}"
+        );
+        let s = b.validate().unwrap();
+        assert_eq!(
+            s.hosts,
+            [("db1".to_string(), 6543), ("db2".to_string(), 5432)]
+        );
+        assert_eq!((s.user.as_str(), s.database.as_str()), ("app", "billing"));
+        assert_eq!(s.password.unwrap().0, "s@cret");
+        assert_eq!(s.tls.mode, SslMode::Require);
+        assert_eq!(s.session_timeout, Duration::from_secs(3));
+        assert_eq!(s.owner.label(), Some("billing"));
+    }
+
+    #[test]
+    fn bad_urls_name_the_setting() {
+        assert_eq!(field("postgres://h?sslmode=verify-full"), "sslrootcert");
+        assert_eq!(
+            field("postgres://h?sslmode=disable&sslrootcert=/ca.pem"),
+            "sslmode"
+        );
+        assert_eq!(field("postgres://h?sslcert=/c.pem"), "sslkey");
+        assert_eq!(
+            field("postgres://h?session_timeout=100ms"),
+            "session_timeout"
+        );
+        assert_eq!(field("postgres://h?sslmode=allow"), "url");
+        assert_eq!(field("postgres://h:0"), "url");
+        assert_eq!(field("postgres://h?statement_timeout=1s"), "url");
+        assert_eq!(field("postgres://h/a/b"), "url");
+    }
+
+    #[test]
+    fn defaults_follow_libpq() {
+        let s = PgLockBuilder::from_url("postgres://").err();
+        assert!(s.is_some(), "a URL without a host is refused");
+        let s = PgLockBuilder::from_url("postgres://[::1]")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(s.hosts, [("::1".to_string(), 5432)]);
+        assert_eq!(
+            (s.user.as_str(), s.database.as_str()),
+            ("postgres", "postgres")
+        );
+        assert_eq!(s.tls.mode, SslMode::Prefer);
+    }
+}

@@ -1,0 +1,563 @@
+//! The PostgreSQL lock client, [`PgLock`], and its implementation of the lock contract.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::url::FromUrl;
+use dlock_core::{
+    Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, ExtendRequest, Extension,
+    FencingGuarantee, FencingToken, Grant, HeldLock, Holding, Layer, LeaseRef, LockKey,
+    LockRequest, Released, Result, Waiting,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+
+use crate::builder::{PgLockBuilder, Settings};
+use crate::errors::{session_gone, BACKEND};
+use crate::held::{Entry, Held};
+use crate::key::{advisory_key, AdvisoryKey};
+use crate::listener::Listener;
+use crate::session::{connect, follow_connection, Session};
+use crate::sql::{self, KeyParams};
+
+/// A distributed lock service on PostgreSQL.
+///
+/// One value is one client: one lock session that holds every lock it takes, and one connection
+/// that hears releases and serves reads. Clone it (cheaply) to share it between tasks, or hold
+/// it as `Arc<dyn DistributedLock>`. See the crate documentation for the protocol.
+#[derive(Clone)]
+pub struct PgLock {
+    inner: Arc<Inner>,
+}
+
+/// What every clone of one [`PgLock`] shares.
+pub(crate) struct Inner {
+    pub(crate) settings: Settings,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    generations: AtomicU64,
+    schema_ready: AtomicBool,
+    held: Mutex<Held>,
+    keeper: Notify,
+    pub(crate) listener: Arc<Listener>,
+    this: Weak<Inner>,
+}
+
+impl fmt::Debug for PgLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.inner.settings;
+        f.debug_struct("PgLock")
+            .field("hosts", &s.hosts)
+            .field("user", &s.user)
+            .field("database", &s.database)
+            .field("sslmode", &s.tls.mode)
+            .field("session_timeout", &s.session_timeout)
+            .field("held", &self.inner.held().len())
+            .finish()
+    }
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inner").finish_non_exhaustive()
+    }
+}
+
+impl PgLock {
+    /// Connects with a connection string (see [`crate::builder`] for its parameters).
+    pub async fn connect(url: &str) -> Result<PgLock> {
+        PgLockBuilder::from_url(url)?.connect().await
+    }
+
+    /// A builder, for settings in code.
+    pub fn builder() -> PgLockBuilder {
+        PgLockBuilder::new()
+    }
+
+    pub(crate) async fn start(settings: Settings) -> Result<PgLock> {
+        let inner = Arc::new_cyclic(|this| Inner {
+            settings,
+            session: tokio::sync::Mutex::new(None),
+            generations: AtomicU64::new(0),
+            schema_ready: AtomicBool::new(false),
+            held: Mutex::new(Held::default()),
+            keeper: Notify::new(),
+            listener: Arc::new(Listener::default()),
+            this: this.clone(),
+        });
+        inner.session().await?;
+        inner.listener.start(&inner.settings);
+        tokio::spawn(keeper(Arc::downgrade(&inner)));
+        Ok(PgLock { inner })
+    }
+
+    /// The advisory key a lock name maps to (see [`advisory_key`]): what to hand to
+    /// `pg_advisory_lock` in psql or another library to exclude each other.
+    pub fn advisory_key(name: &str) -> AdvisoryKey {
+        advisory_key(name)
+    }
+
+    /// The server process of the current lock session, if one is open (`pg_locks.pid`).
+    pub async fn session_pid(&self) -> Option<i32> {
+        let slot = self.inner.session.lock().await;
+        slot.as_ref().filter(|s| !s.is_ended()).map(|s| s.pid)
+    }
+}
+
+/// Every lock call goes to the shared state.
+impl Layer for PgLock {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.inner.as_ref()
+    }
+}
+
+impl Inner {
+    pub(crate) fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn arc(&self) -> Result<Arc<Inner>> {
+        self.this
+            .upgrade()
+            .ok_or_else(|| session_gone("use a dropped client"))
+    }
+
+    /// The lock session: the current one if it can serve, otherwise a new one.
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
+        let mut slot = self.session.lock().await;
+        let now = Instant::now();
+        if let Some(session) = slot.as_ref() {
+            let holds = self.held().holds_in(session.generation);
+            if !session.is_ended() && (holds || session.is_fresh(now)) {
+                return Ok(session.clone());
+            }
+        }
+        let session = self.open().await?;
+        *slot = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The current session, if it is the one of `generation` and has not ended.
+    async fn session_of(&self, generation: u64) -> Option<Arc<Session>> {
+        let slot = self.session.lock().await;
+        slot.as_ref()
+            .filter(|s| s.generation == generation && !s.is_ended())
+            .cloned()
+    }
+
+    async fn open(&self) -> Result<Arc<Session>> {
+        let generation = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
+        let sent = Instant::now();
+        let (client, connection) = connect(&self.settings, true).await?;
+        let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _ = ended_tx.send(connection.await);
+        });
+        let rows = tokio::time::timeout(
+            self.settings.request_timeout,
+            client.query_typed("SELECT pg_backend_pid()", &[]),
+        )
+        .await
+        .map_err(|_| Error::no_answer("PostgreSQL session start", self.settings.request_timeout))?
+        .map_err(|e| crate::errors::from_driver(e, "start the session"))?;
+        let pid: i32 = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| Error::backend(BACKEND, false, "pg_backend_pid() gave no answer"))?;
+        let session = Arc::new(Session::new(generation, client, pid, &self.settings, sent));
+        if !self.schema_ready.load(Ordering::Acquire) {
+            self.ensure_schema(&session).await?;
+        }
+        let weak = Arc::downgrade(&session);
+        let inner = self.this.clone();
+        tokio::spawn(async move {
+            let ended = async move { ended_rx.await.unwrap_or(Ok(())) };
+            follow_connection(weak, ended).await;
+            if let Some(inner) = inner.upgrade() {
+                inner.session_ended(generation).await;
+            }
+        });
+        tokio::spawn(watchdog(self.this.clone(), Arc::downgrade(&session)));
+        Ok(session)
+    }
+
+    /// Creates the sequence and the table if they are missing.
+    async fn ensure_schema(&self, session: &Session) -> Result<()> {
+        let rows = session
+            .query(sql::SCHEMA_EXISTS, &[], "look for dlock's table")
+            .await?;
+        let exists = rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true);
+        if !exists {
+            let create = sql::create_schema();
+            tokio::time::timeout(
+                self.settings.request_timeout,
+                session.client.batch_execute(&create),
+            )
+            .await
+            .map_err(|_| Error::no_answer("create dlock's table", self.settings.request_timeout))?
+            .map_err(|e| crate::errors::from_driver(e, "create dlock_fencing and dlock_holders"))?;
+        }
+        self.schema_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Forgets the locks of an ended session, wakes their local waiters, and drops the session
+    /// so that its connection closes.
+    async fn session_ended(&self, generation: u64) {
+        let gone = self.held().take_generation(generation);
+        for entry in &gone {
+            self.listener.wake(&KeyParams::new(entry.key).payload);
+        }
+        let mut slot = self.session.lock().await;
+        if slot.as_ref().is_some_and(|s| s.generation == generation) {
+            *slot = None;
+        }
+    }
+
+    /// Takes `key` for `owner` on `session` (run in a task of its own, so that a dropped caller
+    /// cannot leave a grant unrecorded).
+    async fn grant(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        owner: u128,
+        key: AdvisoryKey,
+        name: String,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let params = KeyParams::new(key);
+        let statement = sql::grant(&params, "pg_try_advisory_lock");
+        let record = self.settings.owner.record().to_json();
+        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
+            (&name, Type::TEXT),
+            (&record, Type::TEXT),
+            (&params.key1, Type::INT8),
+            (&params.key2, Type::INT8),
+            (&params.space, Type::INT2),
+        ];
+        let sent = Instant::now();
+        let rows = session
+            .query(&statement, &params.with(&rest), "take the lock")
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                // A statement that failed may have taken the lock before failing (session locks
+                // outlive a failed statement): give it back before freeing the reservation.
+                tokio::spawn(async move {
+                    if !session.is_ended() {
+                        let unlock = sql::unlock(&params, "pg_advisory_unlock");
+                        let _ = session
+                            .query(&unlock, &params.with(&[]), "undo a failed grant")
+                            .await;
+                    }
+                    self.held().remove(owner);
+                });
+                return Err(e);
+            }
+        };
+        let Some(row) = rows.first() else {
+            self.held().remove(owner);
+            return Ok(Attempt::Busy { retry_after: None });
+        };
+        let token: i64 = row
+            .try_get(0)
+            .map_err(|e| Error::backend(BACKEND, false, format!("the grant's token: {e}")))?;
+        let token = token as u64;
+        let entry = self
+            .held()
+            .grant(owner, token, session.generation, sent + ttl);
+        if entry.as_ref().is_none_or(|e| e.abandoned) {
+            let _ = self.give_back(owner, token, &session, &params, &name).await;
+            return Ok(Attempt::Busy { retry_after: None });
+        }
+        self.keeper.notify_one();
+        Ok(Attempt::Acquired(
+            Grant::new(FencingToken(token), sent).with_session(session.watch()),
+        ))
+    }
+
+    /// Releases `owner`'s grant of `token` on `session`; whether the server held it.
+    async fn give_back(
+        &self,
+        owner: u128,
+        token: u64,
+        session: &Session,
+        params: &KeyParams,
+        name: &str,
+    ) -> Result<bool> {
+        let statement = sql::release(params, "pg_advisory_unlock");
+        let token = token as i64;
+        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+            (&name, Type::TEXT),
+            (&token, Type::INT8),
+            (&params.payload, Type::TEXT),
+        ];
+        let rows = session
+            .query(&statement, &params.with(&rest), "release the lock")
+            .await?;
+        self.held().remove(owner);
+        self.listener.wake(&params.payload);
+        Ok(rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true))
+    }
+
+    /// Gives back the locks whose TTL passed.
+    async fn expire_due(&self) {
+        let due = self.held().take_due(Instant::now());
+        for (owner, entry) in due {
+            self.expire(owner, entry).await;
+        }
+    }
+
+    async fn expire(&self, owner: u128, entry: Entry) {
+        let Some((token, generation)) = entry.grant else {
+            return;
+        };
+        let params = KeyParams::new(entry.key);
+        if let Some(session) = self.session_of(generation).await {
+            // Re-reserve while the unlock is under way, so that no local owner takes the key
+            // in between; the release removes the reservation again.
+            let reserved = self
+                .held()
+                .reserve(owner, entry.key, &entry.name, entry.delete_at);
+            if reserved {
+                self.held().grant(owner, token, generation, entry.delete_at);
+            }
+            if let Err(e) = self
+                .give_back(owner, token, &session, &params, &entry.name)
+                .await
+            {
+                tracing::debug!(backend = BACKEND, error = %e, "giving back an expired lock failed");
+                self.held().remove(owner);
+            }
+        } else {
+            self.listener.wake(&params.payload);
+        }
+    }
+}
+
+/// Gives back locks at their TTL, until the client is dropped.
+async fn keeper(inner: Weak<Inner>) {
+    loop {
+        let (next, wake) = {
+            let Some(inner) = inner.upgrade() else { return };
+            let next = inner.held().next_deadline();
+            (next, inner)
+        };
+        let far = Instant::now() + Duration::from_secs(1);
+        let until = next.map_or(far, |n| n.min(far));
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => {}
+            _ = wake.keeper.notified() => {}
+        }
+        wake.expire_due().await;
+    }
+}
+
+/// Pings the session every quarter of its timeout while it holds locks, and ends it once the
+/// server may have ended it.
+async fn watchdog(inner: Weak<Inner>, session: Weak<Session>) {
+    loop {
+        let interval = match session.upgrade() {
+            Some(s) if !s.is_ended() => s.timeout() / 4,
+            _ => return,
+        };
+        tokio::time::sleep(interval).await;
+        let (Some(inner), Some(session)) = (inner.upgrade(), session.upgrade()) else {
+            return;
+        };
+        if session.is_ended() {
+            return;
+        }
+        if !inner.held().holds_in(session.generation) {
+            continue;
+        }
+        if session
+            .query("SELECT 1", &[], "ping the session")
+            .await
+            .is_err()
+            && Instant::now() >= session.bound()
+            && session.end()
+        {
+            inner.session_ended(session.generation).await;
+            return;
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Inner {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Tokens come from a sequence, which only grows while the server keeps its data (a
+    /// failover to a replica that missed the last writes can repeat them); a release announces
+    /// itself to waiters; locks live in the client's session.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+            .with_notifications()
+            .with_sessions()
+    }
+
+    /// One statement: the advisory lock if free, and then a token and the holder's row.
+    ///
+    /// # Cancel safety
+    /// The statement runs in a task of its own; if the caller goes away its grant is still
+    /// recorded, so a release by owner token (or the TTL) gives it back.
+    async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        let key = advisory_key(req.key.as_str());
+        let owner = req.owner.as_u128();
+        let now = Instant::now();
+        if !self
+            .held()
+            .reserve(owner, key, req.key.as_str(), now + req.ttl)
+        {
+            return Ok(Attempt::Busy { retry_after: None });
+        }
+        let session = match self.session().await {
+            Ok(session) => session,
+            Err(e) => {
+                self.held().remove(owner);
+                return Err(e);
+            }
+        };
+        let inner = self.arc()?;
+        let name = req.key.as_str().to_string();
+        let task = tokio::spawn(inner.grant(session, owner, key, name, req.ttl));
+        task.await
+            .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
+    }
+
+    /// Confirms the session on the server (one round trip) and moves the TTL.
+    async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
+        let mut answers = self
+            .extend_many(&[ExtendRequest { lease: *lease, ttl }])
+            .await;
+        answers.pop().unwrap_or(Ok(Extension::Expired))
+    }
+
+    /// One ping of the session for the whole batch, then each TTL moved locally: a lock in a
+    /// live session cannot have been taken from it (only ending the session frees it).
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        let generations: Vec<Option<(u64, Instant)>> = {
+            let held = self.held();
+            requests
+                .iter()
+                .map(|r| {
+                    held.get(r.lease.owner.as_u128())
+                        .and_then(|e| e.grant.map(|(_, g)| (g, e.delete_at)))
+                })
+                .collect()
+        };
+        let Some(generation) = generations.iter().flatten().map(|(g, _)| *g).max() else {
+            return requests.iter().map(|_| Ok(Extension::Expired)).collect();
+        };
+        let session = self.session_of(generation).await;
+        let sent = Instant::now();
+        let pinged = match &session {
+            Some(session) => session.query("SELECT 1", &[], "extend").await.map(|_| ()),
+            None => Ok(()),
+        };
+        requests
+            .iter()
+            .zip(&generations)
+            .map(|(request, held)| {
+                let Some((g, delete_at)) = *held else {
+                    return Ok(Extension::Expired);
+                };
+                let Some(session) = session.as_ref().filter(|s| s.generation == g) else {
+                    return Ok(Extension::Expired);
+                };
+                if sent >= delete_at || session.is_ended() {
+                    return Ok(Extension::Expired);
+                }
+                if let Err(e) = &pinged {
+                    return Err(Error::unreachable(e.to_string()));
+                }
+                let owner = request.lease.owner.as_u128();
+                Ok(if self.held().re_arm(owner, g, sent + request.ttl) {
+                    Extension::Extended
+                } else {
+                    Extension::Expired
+                })
+            })
+            .collect()
+    }
+
+    /// One statement: the row deleted if it is still ours, the advisory lock given back, and the
+    /// release announced.
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
+        let owner = lease.owner.as_u128();
+        let entry = self.held().get(owner).cloned();
+        let Some(entry) = entry else {
+            return Ok(Released::Expired);
+        };
+        let Some((token, generation)) = entry.grant else {
+            self.held().abandon(owner);
+            return Ok(Released::Expired);
+        };
+        let Some(session) = self.session_of(generation).await else {
+            self.held().remove(owner);
+            return Ok(Released::Expired);
+        };
+        let params = KeyParams::new(entry.key);
+        let held = self
+            .give_back(owner, token, &session, &params, &entry.name)
+            .await?;
+        Ok(if held {
+            Released::Released
+        } else {
+            Released::Expired
+        })
+    }
+
+    /// Returns when a release of `key` is announced (by this client or another dlock client),
+    /// or at `until`.
+    async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
+        let payload = KeyParams::new(advisory_key(key.as_str())).payload;
+        let notify = self.listener.subscribe(&payload);
+        let _ = tokio::time::timeout_at(until, notify.notified()).await;
+        Ok(())
+    }
+
+    /// Waits for announced releases between attempts, listening before each attempt so that a
+    /// release between the busy answer and the wait is not missed; releases nobody announces (a
+    /// peer's `pg_advisory_unlock`, a session the server ended) are found at the backoff.
+    async fn lock(
+        &self,
+        req: &LockRequest<'_>,
+        deadline: Option<Instant>,
+        retry: &Backoff,
+    ) -> Result<Grant> {
+        let payload = KeyParams::new(advisory_key(req.key.as_str())).payload;
+        let notify = self.listener.subscribe(&payload);
+        let mut waiting = Waiting::new(req.key, deadline, retry);
+        loop {
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let sent = Instant::now();
+            if let Attempt::Acquired(grant) = self.try_lock(req).await? {
+                return Ok(grant.sent_no_later_than(sent));
+            }
+            let now = waiting.check()?;
+            let until = waiting.next_attempt(now, None);
+            let _ = tokio::time::timeout_at(until, notified).await;
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Holding> {
+        crate::inspect::holding(self, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        crate::inspect::list(self, prefix).await
+    }
+
+    async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
+        crate::inspect::evict(self, key, expected).await
+    }
+}

@@ -1,0 +1,84 @@
+//! The PostgreSQL backend of dlock: session-level advisory locks, fencing tokens from a
+//! sequence, leases that follow the session.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+//! use dlock_postgres::PgLock;
+//!
+//! let locks: Arc<dyn DistributedLock> =
+//!     Arc::new(PgLock::connect("postgres://app:secret@db:5432/billing?sslmode=verify-full&sslrootcert=/etc/ca.pem").await?);
+//! let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(5));
+//! let lease = locks.acquire("invoices/42", &opts).await?;
+//! println!("fencing token {}", lease.fencing_token());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # The protocol
+//!
+//! * A lock is a **session-level advisory lock** (`pg_try_advisory_lock`) on the key its name
+//!   maps to ([`advisory_key`], DistributedLock's mapping, so a .NET service using
+//!   DistributedLock's `PostgresDistributedLock` with the same name excludes dlock and the
+//!   reverse), in the database the client connects to: the same name in two databases is two
+//!   locks.
+//! * Each client holds all its locks in **one lock session** (a dedicated connection), and
+//!   serves the rest (hearing releases, operator reads) on a second connection. A session-level
+//!   advisory lock is re-entrant within its session, so the client itself refuses a second owner
+//!   of a key it holds.
+//! * A grant is one statement, one round trip: the lock if free, then `nextval('dlock_fencing')`
+//!   for the **fencing token** and the holder's row in the unlogged table `dlock_holders` (see
+//!   [`sql`](crate::sql) for the layout). A release is one statement: the row deleted if still
+//!   ours, the lock given back, and `pg_notify('dlock_release', key)` for the waiters.
+//! * **Tokens** come from a sequence: they grow across all keys and across restarts and crashes
+//!   (a sequence logs ahead and never goes back), for as long as the server keeps its data. A
+//!   failover to an asynchronous replica that missed the last writes can hand out a token again,
+//!   and loses every held lock (sessions do not move to the replica).
+//!
+//! # Leases, TTLs and the session
+//!
+//! | what happens | the lock on the server | the lease |
+//! |---|---|---|
+//! | the holder's TTL passes without an extend | the client's keeper gives it back | lost (expired) at `sent + ttl − drift` |
+//! | the client is connected | kept | held |
+//! | the connection is silent or broken | kept until the server ends the idle session, `T` after the last request it answered | **uncertain** until the last confirmation `+ T −` allowance, then lost |
+//! | the server ends the session (`pg_terminate_backend`, a restart, the idle timeout) | freed | **lost** at once (the server says so on the connection) or at the bound |
+//! | the process dies | freed as soon as the server sees the connection close | — |
+//!
+//! `T` is the session timeout (`session_timeout=`, default 10 s), set on the lock session as
+//! PostgreSQL's `idle_session_timeout` (so **PostgreSQL 14 or later** is needed). While locks are
+//! held the client pings every `T/4`, so a living client's session is never idle that long; a
+//! paused, frozen or cut-off client's session is ended by the server after `T`, which frees its
+//! locks. Extend pings the session once for a whole batch and moves the TTL kept on the client.
+//!
+//! Connect directly or through a session-mode pooler: a transaction-mode pooler (PgBouncer's
+//! `pool_mode = transaction`) moves a client between server sessions, which session locks
+//! cannot survive.
+//!
+//! # What the database user needs
+//!
+//! The first client creates `dlock_fencing` and `dlock_holders` in the first schema of its search
+//! path (so it needs `CREATE` there once); later ones need `USAGE` on the sequence and
+//! `SELECT, INSERT, UPDATE, DELETE` on the table. Evicting a holder ends its session with
+//! `pg_terminate_backend`, which needs the same user, a superuser, or `pg_signal_backend`.
+
+mod builder;
+mod client;
+mod errors;
+mod held;
+mod inspect;
+mod key;
+mod listener;
+mod session;
+pub mod sql;
+mod tls;
+
+pub use builder::{
+    PgLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT, MAX_TIMEOUT, MIN_SESSION_TIMEOUT, SCHEMES,
+};
+pub use client::PgLock;
+pub use key::{advisory_key, AdvisoryKey};
+pub use tls::SslMode;

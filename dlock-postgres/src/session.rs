@@ -1,0 +1,270 @@
+//! The lock session: one connection per client that holds every lock the client takes, since a
+//! session-level advisory lock belongs to the session that took it.
+//!
+//! The server ends the session when it has been idle for the session timeout `T`
+//! (`idle_session_timeout`, set for this session only), which frees the locks of a client that
+//! was paused, frozen or cut off. While locks are held the client pings every `T/4`, so a living
+//! client's session is never idle that long. The lease's session bound is the send time of the
+//! last answered request plus `T`, minus an allowance (a tenth of `T`, 1 % and 2 ms for clock
+//! rates): the server cannot have ended the session before then, because its idle timer starts
+//! only after it answered.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
+
+use dlock_core::{Error, Result, SessionState, SessionWatch};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
+
+use crate::builder::Settings;
+use crate::errors::{from_driver, BACKEND};
+
+/// One connection and what the client knows of its session.
+pub(crate) struct Session {
+    /// Counts the sessions of one client: a lock taken in one generation is lost with it.
+    pub(crate) generation: u64,
+    pub(crate) client: tokio_postgres::Client,
+    /// The server process of the session (`pg_backend_pid()`), which `pg_locks` shows.
+    pub(crate) pid: i32,
+    timeout: Duration,
+    request_timeout: Duration,
+    state: watch::Sender<SessionState>,
+    confirmed: Mutex<Instant>,
+    /// When the session last sent a request: a session idle for half its timeout is replaced
+    /// rather than used, so that no request meets the server ending it.
+    used: Mutex<Instant>,
+    ended: AtomicBool,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("generation", &self.generation)
+            .field("pid", &self.pid)
+            .field("ended", &self.ended.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// A tenth of the timeout, plus 1 % and 2 ms for clock rates.
+fn allowance(timeout: Duration) -> Duration {
+    timeout / 10 + timeout / 100 + Duration::from_millis(2)
+}
+
+/// The driver's settings of a connection: the lock session gets the server-side idle timeout,
+/// the listener none (it idles by design).
+pub(crate) fn driver_config(settings: &Settings, lock_session: bool) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    for (host, port) in &settings.hosts {
+        config.host(host).port(*port);
+    }
+    config
+        .user(&settings.user)
+        .dbname(&settings.database)
+        .application_name(&settings.application_name)
+        .connect_timeout(settings.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(settings.session_timeout.max(Duration::from_secs(2)) / 2);
+    if let Some(password) = &settings.password {
+        config.password(password.0.as_bytes());
+    }
+    if lock_session {
+        config
+            .options(format!(
+                "-c idle_session_timeout={}",
+                settings.session_timeout.as_millis()
+            ))
+            .tcp_user_timeout(settings.session_timeout);
+    }
+    config
+}
+
+/// A connection's driving half, which a task must poll for the client to make progress.
+pub(crate) type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+        tokio_postgres::Socket,
+    >>::Stream,
+>;
+
+/// Connects with `settings`: the lock session (`lock_session`) or the listener.
+pub(crate) async fn connect(
+    settings: &Settings,
+    lock_session: bool,
+) -> Result<(tokio_postgres::Client, Connection)> {
+    let mut config = driver_config(settings, lock_session);
+    let (mode, rustls) = settings.tls.load()?;
+    config.ssl_mode(mode);
+    let tls = tokio_postgres_rustls::MakeRustlsConnect::new(rustls);
+    match tokio::time::timeout(settings.connect_timeout, config.connect(tls)).await {
+        Ok(result) => result.map_err(|e| from_driver(e, "connect")),
+        Err(_) => Err(Error::no_answer(
+            "PostgreSQL connect",
+            settings.connect_timeout,
+        )),
+    }
+}
+
+impl Session {
+    /// A session of `client` (whose server process is `pid`), confirmed at `sent`.
+    pub(crate) fn new(
+        generation: u64,
+        client: tokio_postgres::Client,
+        pid: i32,
+        settings: &Settings,
+        sent: Instant,
+    ) -> Session {
+        let timeout = settings.session_timeout;
+        let until = sent + timeout - allowance(timeout);
+        Session {
+            generation,
+            client,
+            pid,
+            timeout,
+            request_timeout: settings.request_timeout,
+            state: watch::Sender::new(SessionState::Alive { until: Some(until) }),
+            confirmed: Mutex::new(sent),
+            used: Mutex::new(sent),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    /// The session timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// What leases granted in this session follow.
+    pub(crate) fn watch(&self) -> SessionWatch {
+        self.state.subscribe()
+    }
+
+    /// Whether the session is over (or the connection gone, which ends it).
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire) || self.client.is_closed()
+    }
+
+    /// Whether the session may serve a request now: alive, and not idle so long that the server
+    /// may be ending it.
+    pub(crate) fn is_fresh(&self, now: Instant) -> bool {
+        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
+        !self.is_ended() && now.saturating_duration_since(used) < self.timeout / 2
+    }
+
+    /// The latest instant the server is known to keep the session until.
+    pub(crate) fn bound(&self) -> Instant {
+        let confirmed = *self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        confirmed + self.timeout - allowance(self.timeout)
+    }
+
+    /// The server answered a request sent at `sent`.
+    pub(crate) fn confirm(&self, sent: Instant) {
+        {
+            let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+            if sent > *confirmed {
+                *confirmed = sent;
+            }
+        }
+        if !self.ended.load(Ordering::Acquire) {
+            let until = self.bound();
+            self.state.send_if_modified(|state| match state {
+                SessionState::Alive { until: old } if *old == Some(until) => false,
+                SessionState::Expired => false,
+                _ => {
+                    *state = SessionState::Alive { until: Some(until) };
+                    true
+                }
+            });
+        }
+    }
+
+    /// The client cannot reach the server: leases are uncertain until the bound.
+    pub(crate) fn suspend(&self) {
+        if !self.ended.load(Ordering::Acquire) {
+            let until = self.bound();
+            self.state.send_if_modified(|state| match state {
+                SessionState::Expired | SessionState::Suspended { .. } => false,
+                _ => {
+                    *state = SessionState::Suspended { until };
+                    true
+                }
+            });
+        }
+    }
+
+    /// The session is gone, and every lock in it. Returns whether this call ended it.
+    pub(crate) fn end(&self) -> bool {
+        let first = !self.ended.swap(true, Ordering::AcqRel);
+        self.state.send_replace(SessionState::Expired);
+        first
+    }
+
+    /// Runs one statement with typed parameters within the request timeout, confirming the
+    /// session on an answer. A timeout suspends the session (the connection is stuck).
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        what: &'static str,
+    ) -> Result<Vec<Row>> {
+        let sent = Instant::now();
+        *self.used.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+        match tokio::time::timeout(self.request_timeout, self.client.query_typed(sql, params)).await
+        {
+            Ok(Ok(rows)) => {
+                self.confirm(sent);
+                Ok(rows)
+            }
+            Ok(Err(e)) => {
+                if e.as_db_error().is_some() {
+                    // The server answered, with an error.
+                    self.confirm(sent);
+                } else {
+                    self.suspend();
+                }
+                Err(from_driver(e, what))
+            }
+            Err(_) => {
+                self.suspend();
+                Err(Error::no_answer(
+                    format_args!("PostgreSQL {what}"),
+                    self.request_timeout,
+                ))
+            }
+        }
+    }
+}
+
+/// Whether the driver's error says the server ended the session (SQLSTATE class 57: terminated
+/// by an administrator, a shutdown or an idle timeout), so that its locks are gone for sure.
+pub(crate) fn server_ended(error: &tokio_postgres::Error) -> bool {
+    error
+        .as_db_error()
+        .is_some_and(|db| db.code().code().starts_with("57"))
+}
+
+/// Ends the session when its connection stops: at once if the server ended it, otherwise (the
+/// connection broke; the server may keep the session) after its bound.
+pub(crate) async fn follow_connection<F>(session: Weak<Session>, connection: F)
+where
+    F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>,
+{
+    let ended_by_server = match connection.await {
+        Ok(()) => false,
+        Err(e) => {
+            tracing::debug!(backend = BACKEND, error = %e, "PostgreSQL connection ended");
+            server_ended(&e)
+        }
+    };
+    let Some(session) = session.upgrade() else {
+        return;
+    };
+    if !ended_by_server {
+        session.suspend();
+        tokio::time::sleep_until(session.bound()).await;
+    }
+    session.end();
+}
