@@ -540,8 +540,8 @@ fn session_backend() -> Capabilities {
 }
 
 /// PostgreSQL's declaration: tokens from a sequence, ordered while the server keeps its data;
-/// releases wake waiters; locks live in the client's session; the semaphore and the read-write
-/// lock (shared advisory locks for readers), no election.
+/// releases wake waiters; locks live in the client's session; the lock only, no primitive (what
+/// the crate serves today).
 fn postgres() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
         .with_notifications()
