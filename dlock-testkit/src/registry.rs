@@ -16,8 +16,8 @@ use dlock_core::{Capabilities, FencingGuarantee, Primitives};
 use serde::{Serialize, Serializer};
 
 use crate::fixtures::{
-    images, EtcdCluster, EtcdOptions, Member, RedisMasters, RedisServer, Result, ZkEnsemble,
-    ZkOptions,
+    images, EtcdCluster, EtcdOptions, Member, PostgresServer, RedisMasters, RedisServer, Result,
+    ZkEnsemble, ZkOptions,
 };
 use crate::scenario::{
     Class::{self, *},
@@ -33,11 +33,13 @@ pub enum Image {
     Etcd,
     /// ZooKeeper.
     ZooKeeper,
+    /// PostgreSQL.
+    Postgres,
 }
 
 impl Image {
     /// Every image, in the order `scripts/test-images` prints them.
-    pub const ALL: [Image; 3] = [Image::Redis, Image::Etcd, Image::ZooKeeper];
+    pub const ALL: [Image; 4] = [Image::Redis, Image::Etcd, Image::ZooKeeper, Image::Postgres];
 
     /// The image's name in `scripts/test-images` (`dlock-test/NAME:TAG`).
     pub fn name(self) -> &'static str {
@@ -45,6 +47,7 @@ impl Image {
             Image::Redis => "redis",
             Image::Etcd => "etcd",
             Image::ZooKeeper => "zookeeper",
+            Image::Postgres => "postgres",
         }
     }
 
@@ -54,6 +57,7 @@ impl Image {
             Image::Redis => images::REDIS_IMAGE_ENV,
             Image::Etcd => images::ETCD_IMAGE_ENV,
             Image::ZooKeeper => images::ZOOKEEPER_IMAGE_ENV,
+            Image::Postgres => images::POSTGRES_IMAGE_ENV,
         }
     }
 }
@@ -71,6 +75,8 @@ pub enum Fixture {
     ZkEnsemble,
     /// An etcd cluster ([`EtcdCluster`]).
     EtcdCluster,
+    /// One PostgreSQL server ([`PostgresServer`]).
+    PostgresServer,
 }
 
 impl Fixture {
@@ -81,6 +87,7 @@ impl Fixture {
             Fixture::RedisServer | Fixture::RedisMasters => &[Image::Redis],
             Fixture::ZkEnsemble => &[Image::ZooKeeper],
             Fixture::EtcdCluster => &[Image::Etcd],
+            Fixture::PostgresServer => &[Image::Postgres],
         }
     }
 
@@ -92,10 +99,12 @@ impl Fixture {
             Fixture::RedisMasters => RedisMasters::needs_docker(),
             Fixture::ZkEnsemble => ZkEnsemble::needs_docker(),
             Fixture::EtcdCluster => EtcdCluster::needs_docker(),
+            Fixture::PostgresServer => PostgresServer::needs_docker(),
         }
     }
 
-    /// Starts the deployment with `members` servers (ignored for one Redis server and in-process).
+    /// Starts the deployment with `members` servers (ignored for one Redis or PostgreSQL server
+    /// and in-process).
     pub async fn start(self, members: usize) -> Result<Deployment> {
         Ok(match self {
             Fixture::InProcess => Deployment::InProcess,
@@ -108,6 +117,7 @@ impl Fixture {
             Fixture::EtcdCluster => Deployment::EtcdCluster(
                 EtcdCluster::start_with(members, EtcdOptions::default()).await?,
             ),
+            Fixture::PostgresServer => Deployment::PostgresServer(PostgresServer::start().await?),
         })
     }
 }
@@ -128,11 +138,14 @@ pub enum Deployment {
     ZkEnsemble(ZkEnsemble),
     /// An etcd cluster.
     EtcdCluster(EtcdCluster),
+    /// One PostgreSQL server.
+    PostgresServer(PostgresServer),
 }
 
 impl Deployment {
     /// The servers' addresses, in member order, as the fixture gives them (`redis://host:port`,
-    /// `http://host:port` or `host:port`); none in-process.
+    /// `http://host:port`, `host:port`, or PostgreSQL's URL with its user and password:
+    /// [`PostgresServer::url`]); none in-process.
     pub fn endpoints(&self) -> Vec<String> {
         match self {
             Deployment::InProcess => Vec::new(),
@@ -140,6 +153,7 @@ impl Deployment {
             Deployment::RedisMasters(masters) => masters.urls(),
             Deployment::ZkEnsemble(ensemble) => ensemble.endpoints(),
             Deployment::EtcdCluster(cluster) => cluster.endpoints(),
+            Deployment::PostgresServer(server) => vec![server.url()],
         }
     }
 
@@ -151,6 +165,7 @@ impl Deployment {
             Deployment::RedisMasters(masters) => masters.members(),
             Deployment::ZkEnsemble(ensemble) => ensemble.members(),
             Deployment::EtcdCluster(cluster) => cluster.members(),
+            Deployment::PostgresServer(server) => server.member().map(std::slice::from_ref),
         }
     }
 
@@ -183,6 +198,7 @@ impl Deployment {
             Deployment::RedisMasters(masters) => masters.shutdown().await,
             Deployment::ZkEnsemble(ensemble) => ensemble.shutdown().await,
             Deployment::EtcdCluster(cluster) => cluster.shutdown().await,
+            Deployment::PostgresServer(server) => server.shutdown().await,
         }
     }
 }
@@ -422,6 +438,28 @@ pub const BACKENDS: &[Backend] = &[
             (Safe, "release and extend are transactions comparing revision and lease"),
         ],
     },
+    // Session-level advisory locks on one dedicated session per client, tokens from a sequence.
+    Backend {
+        name: "postgres",
+        title: "PostgreSQL",
+        role: Role::Backend,
+        scheme: "postgres",
+        fixture: Fixture::PostgresServer,
+        capabilities: Some(postgres),
+        safety: &[
+            (Safe, "one session holds a key's advisory lock; the granting statement takes the token"),
+            (CaughtByFencing, "the server ends the paused holder's idle session, freeing its locks; nextval only grows"),
+            (CaughtByFencing, "the lease ends at its TTL and is unlocked; the next holder's nextval is larger"),
+            (Safe, "dlock-core never hands out a lease whose validity is over"),
+            (Safe, "the crashed holder's connection closes; the server frees its session's locks at once"),
+            (Safe, "the lease is uncertain, then lost, before idle_session_timeout ends the session on the server"),
+            (NotApplicable, "one server: a cut between client and server is scenario 6"),
+            (NotApplicable, "the server logs every commit before acknowledging; a restart ends every session (locks freed, holders lost) and the sequence survives"),
+            (NotApplicable, "Redlock only: one server, whose clock times idle sessions"),
+            (NotApplicable, "the fixture runs one server; a failover to a replica loses held locks (README)"),
+            (Safe, "unlock and extend run on the holder's own session and touch only its locks"),
+        ],
+    },
     // Five masters, tokens the maximum over a quorum written back, no delayed restart (the
     // matrix's servers start fresh; see scenario 8's reason).
     Backend {
@@ -499,6 +537,15 @@ pub const BACKENDS: &[Backend] = &[
 /// session, and every primitive.
 fn session_backend() -> Capabilities {
     Capabilities::session_queue().with_primitives(Primitives::ALL)
+}
+
+/// PostgreSQL's declaration: tokens from a sequence, ordered while the server keeps its data;
+/// releases wake waiters; locks live in the client's session; the lock only, no primitive (what
+/// the crate serves today).
+fn postgres() -> Capabilities {
+    Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+        .with_notifications()
+        .with_sessions()
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters served in
@@ -664,6 +711,16 @@ mod tests {
         assert_eq!(
             url("etcd", &["http://a:1"], "session_timeout=2s").as_deref(),
             Some("etcd://a:1?session_timeout=2s")
+        );
+        // PostgreSQL's endpoint is its URL: the user and password stay, the database goes.
+        assert_eq!(
+            url(
+                "postgres",
+                &["postgres://postgres:pw@127.0.0.1:5432/postgres"],
+                "sslmode=disable"
+            )
+            .as_deref(),
+            Some("postgres://postgres:pw@127.0.0.1:5432?sslmode=disable")
         );
     }
 

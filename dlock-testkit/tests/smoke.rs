@@ -18,9 +18,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
+use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::{
-    docker_opt_out, four_letter_word, EtcdCluster, RedisMasters, RedisOptions, RedisServer,
-    ZkEnsemble, ZkOptions,
+    docker_opt_out, four_letter_word, AdvisoryLockHolder, EtcdCluster, PostgresOptions,
+    PostgresServer, PostgresTlsFiles, RedisMasters, RedisOptions, RedisServer, ZkEnsemble,
+    ZkOptions,
 };
 use dlock_testkit::trials;
 use libtest_mimic::{Arguments, Trial};
@@ -59,6 +61,17 @@ fn main() {
             zookeeper_ensemble,
         ),
         trial("etcd_cluster", EtcdCluster::needs_docker(), etcd_cluster),
+        trial(
+            "postgres_server",
+            PostgresServer::needs_docker(),
+            postgres_server,
+        ),
+        trial(
+            "postgres_advisory_lock_sessions",
+            PostgresServer::needs_docker(),
+            postgres_advisory_lock_sessions,
+        ),
+        trial("postgres_tls", PostgresServer::needs_docker(), postgres_tls),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -389,5 +402,242 @@ async fn etcd_cluster() -> anyhow::Result<()> {
 
     cluster.member(stopped)?.start().await?;
     cluster.wait_ready(Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+/// The password in a PostgreSQL URL.
+fn postgres_password(url: &str) -> anyhow::Result<String> {
+    let parsed = url::Url::parse(url)?;
+    Ok(parsed
+        .password()
+        .ok_or_else(|| anyhow::anyhow!("no password in the URL"))?
+        .to_owned())
+}
+
+async fn postgres_server() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let server = PostgresServer::start().await?;
+    eprintln!("[timing] PostgresServer::start: {:.2?}", started.elapsed());
+    let url = server.url();
+    if !server.supports_faults() {
+        return Ok(());
+    }
+    ensure!(
+        url.starts_with("postgres://postgres:")
+            && url.contains("@127.0.0.1:")
+            && url.ends_with("/postgres"),
+        "unexpected URL form (password hidden): {server:?}"
+    );
+    let password = postgres_password(&url)?;
+    let debug = format!("{server:?} {:?}", server.member()?);
+    ensure!(
+        !debug.contains(&password),
+        "Debug shows the password: {}",
+        debug.replace(&password, "<the password>")
+    );
+    ensure!(server.psql("SELECT 1").await? == "1", "psql SELECT 1");
+
+    // Clients on the network log in with the password (scram-sha-256), as the URL says.
+    let network = |password: &str| {
+        format!("host=postgres1 user=postgres dbname=postgres sslmode=disable password={password}")
+    };
+    let user = server
+        .psql_with(&network(&password), "SELECT current_user")
+        .await?;
+    ensure!(
+        user == "postgres",
+        "current_user over the network: {user:?}"
+    );
+    let refused = server.psql_with(&network("wrong"), "SELECT 1").await;
+    ensure!(
+        matches!(&refused, Err(e) if e.to_string().contains("password authentication failed")),
+        "a wrong password over the network: {refused:?}"
+    );
+
+    server
+        .psql("CREATE TABLE smoke (v int); INSERT INTO smoke VALUES (1)")
+        .await?;
+    let member = server.member()?;
+    let restarting = Instant::now();
+    member.restart_keep_data().await?;
+    eprintln!(
+        "[timing] PostgreSQL restart_keep_data: {:.2?}",
+        restarting.elapsed()
+    );
+    ensure!(server.url() == url, "URL changed across a restart");
+    let kept = server.psql("SELECT v FROM smoke").await?;
+    ensure!(kept == "1", "restart_keep_data lost the table: {kept:?}");
+
+    member.kill().await?;
+    member.start().await?;
+    let recovered = server.psql("SELECT v FROM smoke").await?;
+    ensure!(
+        recovered == "1",
+        "crash recovery lost the table: {recovered:?}"
+    );
+
+    member.pause().await?;
+    let frozen = server.psql("SELECT 1").await;
+    ensure!(frozen.is_err(), "psql in a paused container: {frozen:?}");
+    member.unpause().await?;
+    ensure!(server.psql("SELECT 1").await? == "1", "psql after unpause");
+
+    // Docker drops the published port with the network endpoint: refused at once, not a hang.
+    member.disconnect().await?;
+    let cut_off = timeout(ANSWER, tokio::net::TcpStream::connect(member.endpoint())).await;
+    ensure!(
+        matches!(cut_off, Ok(Err(_))),
+        "a disconnected PostgreSQL must refuse connections, got {cut_off:?}"
+    );
+    member.reconnect().await?;
+    ensure!(
+        server.psql("SELECT 1").await? == "1",
+        "psql after reconnect"
+    );
+
+    member.restart_wipe_data().await?;
+    ensure!(server.url() == url, "URL changed across a wipe");
+    let wiped = server
+        .psql("SELECT count(*) FROM pg_tables WHERE tablename = 'smoke'")
+        .await?;
+    ensure!(wiped == "0", "the table survived restart_wipe_data");
+    server.shutdown().await?;
+    Ok(())
+}
+
+async fn postgres_advisory_lock_sessions() -> anyhow::Result<()> {
+    let server = PostgresServer::start().await?;
+    if !server.supports_faults() {
+        return Ok(());
+    }
+    // Negative, and with bits in both halves: classid and objid as pg_locks splits the key.
+    let key: i64 = -0x1234_5678_9abc;
+    let holder = server.hold_advisory_lock(key).await?;
+    holder.wait_granted(ANSWER).await?;
+    let entries = server.advisory_lock_holders(key).await?;
+    ensure!(
+        entries.len() == 1
+            && entries[0].granted
+            && entries[0].exclusive
+            && entries[0].application_name == holder.application_name(),
+        "pg_locks for the held key: {entries:?}"
+    );
+    ensure!(
+        server.advisory_lock_holders(key + 1).await?.is_empty(),
+        "another key shows as held"
+    );
+    let taken = server
+        .psql(&format!("SELECT pg_try_advisory_lock({key})"))
+        .await?;
+    ensure!(
+        taken == "f",
+        "another session took the held lock: {taken:?}"
+    );
+
+    // A second psql queues behind the first and gets the lock when it is released.
+    let waiter = server.hold_advisory_lock(key).await?;
+    wait_queued(&server, &waiter).await?;
+    ensure!(!waiter.is_granted().await?, "both sessions hold the lock");
+    holder.release().await?;
+    waiter.wait_granted(ANSWER).await?;
+    let entries = server.advisory_lock_holders(key).await?;
+    ensure!(
+        entries.len() == 1 && entries[0].application_name == waiter.application_name(),
+        "after the release: {entries:?}"
+    );
+
+    // Dropping a holder ends its psql, and the server frees the lock with the session.
+    drop(waiter);
+    let deadline = Instant::now() + ANSWER;
+    while !server.advisory_lock_holders(key).await?.is_empty() {
+        ensure!(
+            Instant::now() < deadline,
+            "a dropped holder's lock was not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A request still waiting is given up on release.
+    let holder = server.hold_advisory_lock(key).await?;
+    holder.wait_granted(ANSWER).await?;
+    let waiter = server.hold_advisory_lock(key).await?;
+    wait_queued(&server, &waiter).await?;
+    waiter.release().await?;
+    let entries = server.advisory_lock_holders(key).await?;
+    ensure!(
+        entries.len() == 1 && entries[0].application_name == holder.application_name(),
+        "after giving up a waiting request: {entries:?}"
+    );
+    holder.release().await?;
+    ensure!(
+        server.advisory_lock_holders(key).await?.is_empty(),
+        "the lock is still held after the last release"
+    );
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// Waits until `waiter` queues for its lock (shows in `pg_locks`, not granted).
+async fn wait_queued(server: &PostgresServer, waiter: &AdvisoryLockHolder) -> anyhow::Result<()> {
+    let deadline = Instant::now() + ANSWER;
+    loop {
+        let entries = server.advisory_lock_holders(waiter.key()).await?;
+        if entries
+            .iter()
+            .any(|e| !e.granted && e.application_name == waiter.application_name())
+        {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the waiter never queued: {entries:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn postgres_tls() -> anyhow::Result<()> {
+    if !PostgresServer::needs_docker() {
+        return Ok(()); // an external server cannot be given the fixture's files
+    }
+    let certs = TestCerts::generate(&["localhost", "127.0.0.1", "postgres1"], "postgres")?;
+    let options = PostgresOptions::default()
+        .with_tls(PostgresTlsFiles {
+            ca: certs.ca.clone(),
+            server_cert: certs.server_cert.clone(),
+            server_key: certs.server_key.clone(),
+            require_client_cert: true,
+        })
+        .with_setting("log_connections", "on");
+    let server = PostgresServer::start_with(options).await?;
+    ensure!(server.psql("SHOW ssl").await? == "on", "ssl is off");
+    ensure!(
+        server.psql("SHOW log_connections").await? == "on",
+        "the extra setting is missing"
+    );
+    let loopback = "host=127.0.0.1 sslmode=require user=postgres dbname=postgres";
+    let ssl = server
+        .psql_with(
+            loopback,
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        )
+        .await?;
+    ensure!(ssl == "t", "the loopback connection is not TLS: {ssl:?}");
+    let rules = server
+        .psql("SELECT auth_method FROM pg_hba_file_rules WHERE type = 'hostssl'")
+        .await?;
+    ensure!(rules == "cert", "hostssl rules: {rules:?}");
+    let network = "host=postgres1 sslmode=require user=postgres dbname=postgres";
+    let refused = server.psql_with(network, "SELECT 1").await;
+    ensure!(
+        matches!(&refused, Err(e) if e.to_string().contains("certificate")),
+        "TLS without a client certificate: {refused:?}"
+    );
+    server.member()?.restart_keep_data().await?;
+    ensure!(
+        server.psql("SHOW ssl").await? == "on",
+        "ssl is off after a restart"
+    );
+    server.shutdown().await?;
     Ok(())
 }

@@ -1,0 +1,159 @@
+//! The shared compliance suite against a real PostgreSQL, plus what is particular to it:
+//! exclusion with a plain `psql` session in both directions on the documented key, a session the
+//! server ends, a server restart, and configuration errors.
+//!
+//! One server serves every case; the outage case and the restart case get one each. The
+//! freezable client of the lost-signal and paused-holder cases reaches the shared server through
+//! a [`FreezeProxy`]: freezing it silences the lock session, and the server ends it after the
+//! session timeout.
+//!
+//! ```sh
+//! eval "$(scripts/test-images)"
+//! cargo test -p dlock-postgres --test compliance
+//! ```
+//!
+//! [`FreezeProxy`]: dlock_testkit::FreezeProxy
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+#[path = "compliance/pg_cases.rs"]
+mod pg_cases;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::ensure;
+use async_trait::async_trait;
+use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
+use dlock_core::DistributedLock;
+use dlock_testkit::fixtures::{docker_opt_out, PostgresServer};
+use dlock_testkit::{trials, url_target, url_via};
+use libtest_mimic::Arguments;
+
+use support::{client, raw};
+
+/// Counts what a namespace left on the server: rows of `dlock_holders`, and advisory locks held
+/// by anyone under those rows' keys.
+struct Stored {
+    url: String,
+}
+
+#[async_trait]
+impl Inspect for Stored {
+    async fn stored(&self, namespace: &str) -> anyhow::Result<u64> {
+        let raw = raw(&self.url).await?;
+        let row = raw
+            .query_one(
+                "SELECT count(*) FROM dlock_holders WHERE starts_with(name, $1)",
+                &[&namespace],
+            )
+            .await?;
+        let rows: i64 = row.get(0);
+        Ok(u64::try_from(rows).unwrap_or(0))
+    }
+}
+
+/// What the registry of backends declares for PostgreSQL.
+fn declared() -> dlock_core::Capabilities {
+    dlock_testkit::registry::capabilities_of("postgres").expect("postgres in the registry")
+}
+
+fn subject(
+    shared: &PostgresServer,
+    dedicated: &PostgresServer,
+    capabilities: dlock_core::Capabilities,
+) -> anyhow::Result<Subject> {
+    let url = shared.url();
+    let connect = {
+        let url = url.clone();
+        move || {
+            let url = url.clone();
+            async move {
+                let locks: Arc<dyn DistributedLock> = client(&url).await?;
+                Ok(locks)
+            }
+        }
+    };
+    let outage_url = dedicated.url();
+    let outage = Outage::new(Arc::new(dedicated.member()?.clone()), move || {
+        let url = outage_url.clone();
+        async move {
+            let locks: Arc<dyn DistributedLock> = client(&url).await?;
+            Ok(locks)
+        }
+    });
+    let frozen = url.clone();
+    let proxied = url.clone();
+    Ok(Subject::new("postgres", capabilities, connect)
+        .with_timing(Timing {
+            ttl: Duration::from_secs(1),
+            slack: Duration::from_secs(3),
+        })
+        .with_outage(outage)
+        .with_inspect(Arc::new(Stored { url: url.clone() }))
+        .with_freezable(move || {
+            let url = frozen.clone();
+            async move { support::freezable_client(&url).await }
+        })
+        .with_proxied(vec![url_target(&url, 5432)?], move |addrs| {
+            let url = proxied.clone();
+            async move {
+                let via = url_via(&url, addrs[0])?;
+                let locks: Arc<dyn DistributedLock> = client(&via).await?;
+                Ok(locks)
+            }
+        }))
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    if PostgresServer::needs_docker() && docker_opt_out() {
+        let mut trials = suite::placeholder_trials("postgres", declared());
+        trials.extend(trials::placeholders(pg_cases::names()));
+        trials::run_ignored(&args, trials);
+    }
+    let runtime = trials::fixture_runtime();
+    let (shared, dedicated, restarted) =
+        trials::start(&runtime, "three PostgreSQL servers", async {
+            tokio::try_join!(
+                PostgresServer::start(),
+                PostgresServer::start(),
+                PostgresServer::start()
+            )
+        });
+    let (shared, restarted) = (Arc::new(shared), Arc::new(restarted));
+    // The backend declares its own capabilities, which must be the registry's; the suite checks
+    // them.
+    let capabilities = runtime.block_on(client(&shared.url())).and_then(|locks| {
+        let own = locks.capabilities();
+        ensure!(
+            own == declared(),
+            "the client declares {own:?}, the registry {:?}",
+            declared()
+        );
+        Ok(own)
+    });
+    let trials = match capabilities.and_then(|c| subject(&shared, &dedicated, c)) {
+        Ok(subject) => {
+            let mut trials = suite::trials(&subject);
+            trials.extend(pg_cases::trials(&shared, &restarted));
+            trials
+        }
+        Err(e) => {
+            eprintln!("cannot build the subject: {e:#}");
+            std::process::exit(101);
+        }
+    };
+    trials::run_then(&args, trials, &runtime, || async {
+        let shared = pg_cases::unshare(shared)?;
+        let restarted = pg_cases::unshare(restarted)?;
+        let (a, b, c) = tokio::join!(
+            shared.shutdown(),
+            dedicated.shutdown(),
+            restarted.shutdown()
+        );
+        a.and(b).and(c)
+    })
+}

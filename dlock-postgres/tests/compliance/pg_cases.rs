@@ -1,0 +1,427 @@
+//! PostgreSQL-specific cases, beyond the shared suite: exclusion with a plain `psql` session in
+//! both directions on the documented advisory key, in both key spaces; a session the server
+//! ends (`pg_terminate_backend`) and a server restart or crash, with fenced writes; tasks of one
+//! client; eviction, which ends the holder's whole session; configuration errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use dlock_core::{
+    Admin, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, LockOptions, LostReason,
+};
+use dlock_postgres::{advisory_key, AdvisoryKey};
+use dlock_testkit::case;
+use dlock_testkit::fixtures::PostgresServer;
+use dlock_testkit::trials::{self, Case};
+use libtest_mimic::Trial;
+use tokio::time::Instant;
+
+use crate::support::{builder, client, NAMESPACE, SESSION_TIMEOUT};
+
+/// Upper bound for one whole case.
+const TRIAL_BUDGET: Duration = Duration::from_secs(120);
+
+/// What the cases need: the shared server, and the one the restart case may restart.
+#[derive(Clone)]
+pub struct Env {
+    server: Arc<PostgresServer>,
+    restarted: Arc<PostgresServer>,
+}
+
+fn cases() -> Vec<(&'static str, Case<Env>)> {
+    vec![
+        case!(psql_holds_and_dlock_waits),
+        case!(dlock_holds_and_psql_is_refused),
+        case!(names_map_to_distributedlocks_keys_in_both_spaces),
+        case!(a_terminated_session_loses_its_leases_at_once),
+        case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
+        case!(tasks_of_one_client_exclude_each_other),
+        case!(eviction_ends_the_holders_session),
+        case!(bad_configuration_fails_fast_and_shows_no_password),
+    ]
+}
+
+/// The trial names, for a run that opted out of Docker.
+pub fn names() -> Vec<String> {
+    trials::names("postgres", &cases())
+}
+
+/// The trials against the shared server (and the restartable one).
+pub fn trials(server: &Arc<PostgresServer>, restarted: &Arc<PostgresServer>) -> Vec<Trial> {
+    let env = Env {
+        server: server.clone(),
+        restarted: restarted.clone(),
+    };
+    trials::cases("postgres", &cases(), &env, TRIAL_BUDGET)
+}
+
+/// The server back from the trials' shared handle, to remove it.
+pub fn unshare(
+    server: Arc<PostgresServer>,
+) -> Result<PostgresServer, dlock_testkit::fixtures::FixtureError> {
+    Arc::try_unwrap(server).map_err(|_| {
+        dlock_testkit::fixtures::FixtureError::Config("a trial still holds the server".into())
+    })
+}
+
+fn name(case: &str) -> String {
+    format!("{NAMESPACE}{case}/{}", rand_suffix())
+}
+
+fn rand_suffix() -> u64 {
+    dlock_core::OwnerToken::random().as_u128() as u64
+}
+
+/// `key`'s arguments for `pg_try_advisory_lock` and friends in psql.
+fn sql_args(key: AdvisoryKey) -> String {
+    match key {
+        AdvisoryKey::Single(k) => format!("{k}"),
+        AdvisoryKey::Pair(h, l) => format!("{h}, {l}"),
+    }
+}
+
+fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl)
+}
+
+/// A psql session holds the name's key with `pg_advisory_lock`: dlock is refused, waits, and
+/// takes the lock once psql lets it go (a release nobody announces, found by polling).
+async fn psql_holds_and_dlock_waits(env: Env) -> anyhow::Result<()> {
+    let name = name("psql-holds");
+    let AdvisoryKey::Single(key) = advisory_key(&name) else {
+        bail!("{name} should hash into the bigint space");
+    };
+    let holder = env.server.hold_advisory_lock(key).await?;
+    holder.wait_granted(Duration::from_secs(10)).await?;
+    let locks = client(&env.server.url()).await?;
+    ensure!(
+        locks
+            .try_acquire(&name, &opts(Duration::from_secs(5)))
+            .await?
+            .is_none(),
+        "dlock took a key psql holds"
+    );
+    let waiting = {
+        let (locks, name) = (locks.clone(), name.clone());
+        tokio::spawn(async move {
+            let opts = opts(Duration::from_secs(5)).with_wait(Duration::from_secs(20));
+            let lease = locks.acquire(&name, &opts).await;
+            (lease, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        !waiting.is_finished(),
+        "dlock's waiter did not wait for psql"
+    );
+    let released = Instant::now();
+    holder.release().await?;
+    let (lease, granted) = waiting.await?;
+    let lease = lease.context("dlock's waiter after psql let go")?;
+    ensure!(
+        granted - released < Duration::from_secs(3),
+        "the waiter took {:?} after psql let go",
+        granted - released
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// dlock holds a name; psql's `pg_try_advisory_lock` on the documented key is refused until
+/// dlock releases.
+async fn dlock_holds_and_psql_is_refused(env: Env) -> anyhow::Result<()> {
+    let name = name("dlock-holds");
+    let args = sql_args(advisory_key(&name));
+    let locks = client(&env.server.url()).await?;
+    let lease = locks.acquire(&name, &opts(Duration::from_secs(10))).await?;
+    let tried = env
+        .server
+        .psql(&format!("SELECT pg_try_advisory_lock({args})"))
+        .await?;
+    ensure!(tried == "f", "psql took a key dlock holds: {tried:?}");
+    lease.release().await?;
+    let tried = env
+        .server
+        .psql(&format!("SELECT pg_try_advisory_lock({args})"))
+        .await?;
+    ensure!(
+        tried == "t",
+        "psql could not take the released key: {tried:?}"
+    );
+    Ok(())
+}
+
+/// Short ASCII names land in the pair space, 16 hex digits are their number, others are hashed
+/// (DistributedLock's rules): `pg_locks` shows dlock's holds exactly there.
+async fn names_map_to_distributedlocks_keys_in_both_spaces(env: Env) -> anyhow::Result<()> {
+    let locks = client(&env.server.url()).await?;
+    let number = format!("{:016x}", rand_suffix() >> 1);
+    for (name, space) in [("job", 2), (number.as_str(), 1), ("reports/daily/eu", 1)] {
+        let key = advisory_key(name);
+        let (classid, objid, objsubid) = key.in_pg_locks();
+        ensure!(objsubid == space, "{name:?} maps to {key}");
+        let lease = locks.acquire(name, &opts(Duration::from_secs(10))).await?;
+        let shown = env
+            .server
+            .psql(&format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
+            ))
+            .await?;
+        let tried = env
+            .server
+            .psql(&format!("SELECT pg_try_advisory_lock({})", sql_args(key)))
+            .await?;
+        lease.release().await?;
+        ensure!(
+            shown == "1",
+            "pg_locks shows {shown} holds of {name:?} as {key}"
+        );
+        ensure!(
+            tried == "f",
+            "psql took {name:?}'s key {key} while dlock held it"
+        );
+    }
+    if let AdvisoryKey::Single(k) = advisory_key(&number) {
+        ensure!(
+            format!("{k:016x}") == number,
+            "16 hex digits are not their own number"
+        );
+    }
+    Ok(())
+}
+
+/// An operator ends the holder's session with `pg_terminate_backend`: the lease turns lost at
+/// once (not at its TTL), another client takes the lock with a greater token, and the fence
+/// refuses the old holder's late write.
+async fn a_terminated_session_loses_its_leases_at_once(env: Env) -> anyhow::Result<()> {
+    let name = name("terminated");
+    let holder = client(&env.server.url()).await?;
+    let other = client(&env.server.url()).await?;
+    let lease = holder
+        .acquire(&name, &opts(Duration::from_secs(30)).with_auto_renew())
+        .await?;
+    let resource = Fenced::new(Vec::<&str>::new());
+    resource.write(lease.fencing_token(), |log| log.push("before"))?;
+    let pid = holder.session_pid().await.context("the holder's session")?;
+    let ended = env
+        .server
+        .psql(&format!("SELECT pg_terminate_backend({pid}, 5000)"))
+        .await?;
+    ensure!(ended == "t", "pg_terminate_backend answered {ended:?}");
+    let watch = lease.watch();
+    let reason = tokio::time::timeout(Duration::from_secs(1), watch.lost())
+        .await
+        .context("the lease was not lost within 1 s of its session's end")?;
+    ensure!(
+        reason == LostReason::SessionEnded,
+        "the lease was lost for {reason}"
+    );
+    let successor = other.acquire(&name, &opts(Duration::from_secs(10))).await?;
+    ensure!(
+        successor.fencing_token() > lease.fencing_token(),
+        "the successor's token {} is not above {}",
+        successor.fencing_token(),
+        lease.fencing_token()
+    );
+    resource.write(successor.fencing_token(), |log| log.push("successor"))?;
+    ensure!(
+        resource
+            .write(lease.fencing_token(), |log| log.push("late"))
+            .is_err(),
+        "the fence took the terminated holder's write"
+    );
+    successor.release().await?;
+    // The holder's client opens a new session for its next lock.
+    let again = holder
+        .acquire(&name, &opts(Duration::from_secs(10)))
+        .await?;
+    again.release().await?;
+    Ok(())
+}
+
+/// A restart (every session ends, the data stays) and a crash (recovery from the WAL; the
+/// unlogged table is emptied): held leases turn lost, and the next tokens are still greater.
+async fn a_restart_or_crash_loses_the_leases_and_tokens_keep_growing(
+    env: Env,
+) -> anyhow::Result<()> {
+    let server = &env.restarted;
+    let member = server.member()?;
+    let locks = client(&server.url()).await?;
+    let mut last = 0;
+    for crash in [false, true] {
+        let name = name(if crash { "crash" } else { "restart" });
+        let lease = locks
+            .acquire(&name, &opts(Duration::from_secs(30)).with_auto_renew())
+            .await?;
+        ensure!(lease.fencing_token().0 > last, "tokens went back");
+        if crash {
+            member.kill().await?;
+            member.start().await?;
+        } else {
+            member.restart_keep_data().await?;
+        }
+        member.wait_ready().await?;
+        let watch = lease.watch();
+        tokio::time::timeout(SESSION_TIMEOUT * 2, watch.lost())
+            .await
+            .with_context(|| {
+                format!(
+                    "the lease outlived the {}",
+                    if crash { "crash" } else { "restart" }
+                )
+            })?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let next = loop {
+            match locks.acquire(&name, &opts(Duration::from_secs(10))).await {
+                Ok(next) => break next,
+                Err(e) if e.is_temporary() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e).context("acquire after the server came back"),
+            }
+        };
+        ensure!(
+            next.fencing_token() > lease.fencing_token(),
+            "after the {}, token {} is not above {}",
+            if crash { "crash" } else { "restart" },
+            next.fencing_token(),
+            lease.fencing_token()
+        );
+        last = next.fencing_token().0;
+        next.release().await?;
+    }
+    Ok(())
+}
+
+/// Every lock of a client lives in one session, where advisory locks are re-entrant: the client
+/// itself must refuse a second task, and hand the key over when the first releases.
+async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> {
+    let name = name("one-client");
+    let locks = client(&env.server.url()).await?;
+    let first = locks.acquire(&name, &opts(Duration::from_secs(10))).await?;
+    let first_token = first.fencing_token();
+    ensure!(
+        locks
+            .try_acquire(&name, &opts(Duration::from_secs(10)))
+            .await?
+            .is_none(),
+        "a second task of the same client took the key"
+    );
+    let waiting = {
+        let (locks, name) = (locks.clone(), name.clone());
+        tokio::spawn(async move {
+            let opts = opts(Duration::from_secs(10)).with_wait(Duration::from_secs(10));
+            let lease = locks.acquire(&name, &opts).await;
+            (lease, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    first.release().await?;
+    let (second, granted) = waiting.await?;
+    let second = second?;
+    ensure!(
+        granted - released < Duration::from_millis(500),
+        "the local waiter took {:?} after the release",
+        granted - released
+    );
+    ensure!(second.fencing_token() > first_token, "tokens did not grow");
+    second.release().await?;
+    Ok(())
+}
+
+/// Evicting a holder ends its session: every lock of that client ends with it (as documented),
+/// and each of its leases turns lost.
+async fn eviction_ends_the_holders_session(env: Env) -> anyhow::Result<()> {
+    let (a, b) = (name("evicted-a"), name("evicted-b"));
+    let holder = client(&env.server.url()).await?;
+    let operator: Arc<dyn DistributedLock> = client(&env.server.url()).await?;
+    let first = holder.acquire(&a, &opts(Duration::from_secs(30))).await?;
+    let second = holder.acquire(&b, &opts(Duration::from_secs(30))).await?;
+    let answer = Admin::new(&operator)
+        .force_unlock(&a, Some(first.fencing_token()))
+        .await?;
+    ensure!(
+        matches!(answer, Eviction::Evicted(_)),
+        "evicting: {answer:?}"
+    );
+    for (lease, which) in [(&first, "evicted"), (&second, "other")] {
+        let watch = lease.watch();
+        tokio::time::timeout(Duration::from_secs(2), watch.lost())
+            .await
+            .with_context(|| format!("the {which} lease of the evicted client is not lost"))?;
+    }
+    ensure!(
+        operator
+            .try_acquire(&b, &opts(Duration::from_secs(5)))
+            .await?
+            .is_some(),
+        "the evicted client's other lock is still held"
+    );
+    Ok(())
+}
+
+/// A wrong password, an unreachable port and an incomplete TLS setting fail within bounds, with
+/// errors that never show the password.
+async fn bad_configuration_fails_fast_and_shows_no_password(env: Env) -> anyhow::Result<()> {
+    let url = env.server.url();
+    let secret = "not-the-password-4f9a";
+    let (_, rest) = url
+        .split_once('@')
+        .context("the fixture URL has credentials")?;
+    let wrong = format!("postgres://postgres:{secret}@{rest}");
+    let started = Instant::now();
+    let error = client(&wrong)
+        .await
+        .err()
+        .context("a wrong password connected")?;
+    let shown = format!("{error:#} {error:?}");
+    ensure!(
+        !shown.contains(secret),
+        "the error shows the password: {shown}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "a refused login took {:?}",
+        started.elapsed()
+    );
+    if let Some(e) = error.downcast_ref::<Error>() {
+        ensure!(
+            !e.is_temporary(),
+            "a refused login is reported as temporary: {e}"
+        );
+    }
+    let closed = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable";
+    let started = Instant::now();
+    let error = builder(closed)?
+        .with_connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .err()
+        .context("a closed port connected")?;
+    ensure!(
+        error.is_temporary(),
+        "a closed port is not temporary: {error}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(5),
+        "a closed port took {:?}",
+        started.elapsed()
+    );
+    let incomplete = dlock_postgres::PgLock::connect(&format!("{url}?sslmode=verify-full"))
+        .await
+        .err();
+    ensure!(
+        matches!(
+            incomplete,
+            Some(Error::InvalidInput {
+                field: "sslrootcert",
+                ..
+            })
+        ),
+        "verify-full without a root certificate: {incomplete:?}"
+    );
+    Ok(())
+}
