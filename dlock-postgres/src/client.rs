@@ -171,6 +171,13 @@ impl Inner {
         if !self.schema_ready.load(Ordering::Acquire) {
             self.ensure_schema(&session).await?;
         }
+        // Best effort: a stale row only misleads operators until its name is granted again.
+        if let Err(e) = session
+            .query(sql::SWEEP, &[], "sweep ended sessions' rows")
+            .await
+        {
+            tracing::debug!(backend = BACKEND, error = %e, "sweeping stale holder rows failed");
+        }
         let weak = Arc::downgrade(&session);
         let inner = self.this.clone();
         tokio::spawn(async move {

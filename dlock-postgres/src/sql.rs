@@ -9,6 +9,9 @@
 //!   `pg_locks`. Unlogged, because the rows matter only while the sessions live: writing them
 //!   costs no WAL, and a crash, which ends every session, also empties the table.
 //!
+//! Rows of sessions that ended without releasing are swept each time a client opens its lock
+//! session.
+//!
 //! A grant is one statement and one round trip: try the advisory lock, and only if it was taken,
 //! take a token and write the row. A release is one statement too: delete the row (only if it is
 //! still the releaser's), unlock, and announce the release on the channel `dlock_release`.
@@ -45,6 +48,14 @@ pub(crate) fn create_schema() -> String {
         guard.sql_args()
     )
 }
+
+/// Deletes the rows whose process no longer holds their key: those of sessions that ended without
+/// releasing (a crash, a termination, a restart). A row becomes visible only once its grant's
+/// lock is held, so a grant under way is never swept.
+pub(crate) const SWEEP: &str = "DELETE FROM dlock_holders h WHERE NOT EXISTS (
+         SELECT 1 FROM pg_locks l WHERE l.pid = h.pid AND l.locktype = 'advisory' AND l.granted
+             AND l.classid::bigint = h.key1 AND l.objid::bigint = h.key2 AND l.objsubid = h.space
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))";
 
 /// The first three parameters of every statement on a key: `$1` the `bigint` key, `$2, $3` the
 /// pair (the unused ones are zero).
