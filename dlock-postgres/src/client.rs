@@ -67,7 +67,7 @@ impl fmt::Debug for Inner {
 }
 
 impl PgLock {
-    /// Connects with a connection string (see [`crate::builder`] for its parameters).
+    /// Connects with a connection string (see [`PgLockBuilder`] for its form and parameters).
     pub async fn connect(url: &str) -> Result<PgLock> {
         PgLockBuilder::from_url(url)?.connect().await
     }
