@@ -70,7 +70,7 @@ impl fmt::Debug for Inner {
 }
 
 impl PgLock {
-    /// Connects with a connection string (see [`crate::builder`] for its parameters).
+    /// Connects with a connection string (see [`PgLockBuilder`] for its form and parameters).
     pub async fn connect(url: &str) -> Result<PgLock> {
         PgLockBuilder::from_url(url)?.connect().await
     }
@@ -191,6 +191,13 @@ impl Inner {
         let session = Arc::new(Session::new(generation, client, pid, &self.settings, sent));
         if !self.schema_ready.load(Ordering::Acquire) {
             self.ensure_schema(&session).await?;
+        }
+        // Best effort: a stale row only misleads operators until its name is granted again.
+        if let Err(e) = session
+            .query(sql::SWEEP, &[], "sweep ended sessions' rows")
+            .await
+        {
+            tracing::debug!(backend = BACKEND, error = %e, "sweeping stale holder rows failed");
         }
         let weak = Arc::downgrade(&session);
         let inner = self.this.clone();

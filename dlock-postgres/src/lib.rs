@@ -30,7 +30,7 @@
 //!   of a key it holds.
 //! * A grant is one statement, one round trip: the lock if free, then `nextval('dlock_fencing')`
 //!   for the **fencing token** and the holder's row in the unlogged table `dlock_holders` (see
-//!   [`sql`](crate::sql) for the layout). A release is one statement: the row deleted if still
+//!   [`sql`] for the layout). A release is one statement: the row deleted if still
 //!   ours, the lock given back, and `pg_notify('dlock_release', key)` for the waiters.
 //! * **Tokens** come from a sequence: they grow across all keys and across restarts and crashes
 //!   (a sequence logs ahead and never goes back), for as long as the server keeps its data. A

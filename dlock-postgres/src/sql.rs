@@ -15,11 +15,14 @@
 //! |---|---|---|---|
 //! | `lock` | the lock, or the writer of the read-write lock of that name (the same server lock) | `''` | the name's key, exclusive |
 //! | `read` | a reader of the read-write lock | the acquire's owner token in hex | the name's key, shared |
-//! | `semaphore` | the holder of one permit | the slot's number | the slot's key (see [`primitives`](crate::primitives)) |
+//! | `semaphore` | the holder of one permit | the slot's number | the slot's key (see [`crate::primitives`]) |
 //!
 //! An exclusive grant overwrites the row a holder whose session ended left behind (there is one
 //! such row per name at most), and deletes the rows of readers, which cannot hold any more once a
 //! writer does.
+//!
+//! Rows of sessions that ended without releasing are swept each time a client opens its lock
+//! session.
 //!
 //! A grant is one statement and one round trip: try the advisory lock, and only if it was taken,
 //! take a token and write the row. A release is one statement too: delete the row (only if it is
@@ -74,6 +77,14 @@ pub(crate) fn create_schema() -> String {
         guard.sql_args()
     )
 }
+
+/// Deletes the rows whose process no longer holds their key: those of sessions that ended without
+/// releasing (a crash, a termination, a restart). A row becomes visible only once its grant's
+/// lock is held, so a grant under way is never swept.
+pub(crate) const SWEEP: &str = "DELETE FROM dlock_holders h WHERE NOT EXISTS (
+         SELECT 1 FROM pg_locks l WHERE l.pid = h.pid AND l.locktype = 'advisory' AND l.granted
+             AND l.classid::bigint = h.key1 AND l.objid::bigint = h.key2 AND l.objsubid = h.space
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))";
 
 /// The first three parameters of every statement on a key: `$1` the `bigint` key, `$2, $3` the
 /// pair (the unused ones are zero).
