@@ -1,7 +1,7 @@
 //! The semaphore and the read-write lock, served as views of the lock trait
 //! ([`DistributedLock::primitive`]): each view shares its client's lock session, table of held
 //! locks, keeper and listener, and its grants are advisory locks of that session like the lock's,
-//! each with a token from `dlock_fencing` and a row in `dlock_holders` (see [`sql`](crate::sql)).
+//! each with a token from `dlock_fencing` and a row in `dlock_holders` (see [`sql`]).
 //!
 //! # Read-write lock
 //!
