@@ -37,6 +37,14 @@
 //!   failover to an asynchronous replica that missed the last writes can hand out a token again,
 //!   and loses every held lock (sessions do not move to the replica).
 //!
+//! # Primitives
+//!
+//! The semaphore and the read-write lock are views of the client (`locks.semaphore(name, n)`,
+//! `locks.rw(name)`) on advisory keys of their own, in the same lock session: readers share the
+//! name's key (the lock's, as DistributedLock's reader-writer lock takes it), a waiting writer
+//! holds back new readers with a companion key, and a semaphore's permits are slot keys that
+//! carry its number of permits. See [`primitives`] for the layout and the reasons.
+//!
 //! # Leases, TTLs and the session
 //!
 //! | what happens | the lock on the server | the lease |
