@@ -603,11 +603,24 @@ impl WaitingWriter {
         self.done = true;
         let held_in = self.stop();
         if let Some(generation) = held_in {
-            let release =
-                release_companion(self.inner.clone(), generation, self.companion, self.key);
-            if !dlock_core::withdraw(name, release).await {
-                // The bound passed or the release failed; the session still frees it at its end.
-            }
+            // In a task of its own, so that past the bound it still finishes in the background.
+            let release = tokio::spawn(release_companion(
+                self.inner.clone(),
+                generation,
+                self.companion,
+                self.key,
+            ));
+            let finished = async move {
+                match release.await {
+                    Ok(result) => result,
+                    Err(e) => Err(Error::backend(
+                        BACKEND,
+                        true,
+                        format!("its task failed: {e}"),
+                    )),
+                }
+            };
+            dlock_core::withdraw(name, finished).await;
         }
     }
 
