@@ -165,11 +165,24 @@ async fn a_psql_writer_keeps_dlock_readers_and_writers_out(
     Ok(())
 }
 
-/// A dlock reader lets psql read and not write; a dlock writer lets psql do neither.
+/// A dlock reader lets psql read and not write; a dlock writer lets psql do neither: for a
+/// hashed name (the `bigint` space) and a short one (the pair space).
 async fn psql_sees_dlock_readers_and_writers(server: Arc<PostgresServer>) -> anyhow::Result<()> {
-    let name = name("dlock-rw");
-    let key = args(advisory_key(&name));
-    let rw = client(&server.url()).await?.rw(&name)?;
+    let short = format!("r{:08x}", dlock_core::OwnerToken::random().as_u128() as u32);
+    for name in [name("dlock-rw"), short] {
+        psql_sees_dlock_readers_and_writers_of(&server, &name)
+            .await
+            .with_context(|| format!("the read-write lock {name:?}"))?;
+    }
+    Ok(())
+}
+
+async fn psql_sees_dlock_readers_and_writers_of(
+    server: &PostgresServer,
+    name: &str,
+) -> anyhow::Result<()> {
+    let key = args(advisory_key(name));
+    let rw = client(&server.url()).await?.rw(name)?;
     // Each `psql` call is a session of its own, which ends (and frees what it took) at once.
     let try_read = format!("SELECT pg_try_advisory_lock_shared({key})");
     let try_write = format!("SELECT pg_try_advisory_lock({key})");
