@@ -32,7 +32,9 @@ use tokio_postgres::types::{ToSql, Type};
 
 use crate::key::AdvisoryKey;
 
-/// The channel releases are announced on, with the key's text as payload.
+/// The channel releases are announced on, with the text of the key its waiters listen for as
+/// payload: the lock's (or read-write lock's) key, a semaphore's guard key (its waiters wait for
+/// any permit, not one slot).
 pub(crate) const CHANNEL: &str = "dlock_release";
 
 /// Whether the sequence and the table exist, the table with its `holder` column (the layout
