@@ -118,22 +118,6 @@ impl Inspect for Stored {
     }
 }
 
-/// A freeze switch that keeps its proxy alive.
-struct ProxyFreeze {
-    switch: Arc<dyn Freeze>,
-    _proxy: FreezeProxy,
-}
-
-impl Freeze for ProxyFreeze {
-    fn freeze(&self) {
-        self.switch.freeze();
-    }
-
-    fn thaw(&self) {
-        self.switch.thaw();
-    }
-}
-
 fn declared() -> dlock_core::Capabilities {
     dlock_testkit::registry::capabilities_of("etcd").expect("etcd in the registry")
 }
@@ -179,12 +163,8 @@ fn subject(shared: &Env, dedicated: &EtcdTlsServer) -> anyhow::Result<Subject> {
                     .builder(&[format!("https://{}", proxy.addr())])
                     .connect()
                     .await?;
-                let freeze = ProxyFreeze {
-                    switch: proxy.switch(),
-                    _proxy: proxy,
-                };
                 let pair: (Arc<dyn DistributedLock>, Arc<dyn Freeze>) =
-                    (Arc::new(locks), Arc::new(freeze));
+                    (Arc::new(locks), Arc::new(proxy));
                 Ok(pair)
             }
         })

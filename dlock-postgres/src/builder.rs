@@ -47,7 +47,16 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Builds a [`PgLock`].
+/// Builds a [`PgLock`], in code or from a connection string
+/// ([`from_url`](dlock_core::url::FromUrl::from_url)):
+///
+/// `postgres://[user[:password]@]host[:port][,host[:port]…][/database][?parameters]` (also
+/// `postgresql://`). Parameters: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` (as libpq reads
+/// them, see [`SslMode`]), `session_timeout` (how long the server keeps the locks of a silent
+/// client; default 10 s), `request_timeout` and `connect_timeout` (durations such as `10s` or
+/// `1500ms`), `application_name`, and `owner` (the application label of the owner records).
+/// Several hosts are tried in order, as libpq does. The port defaults to 5432, the user to
+/// `postgres`, the database to the user's name.
 #[derive(Debug, Clone)]
 pub struct PgLockBuilder {
     hosts: Vec<(String, u16)>,

@@ -10,7 +10,7 @@ use dlock_core::url::FromUrl;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, ExtendRequest, Extension,
     FencingGuarantee, FencingToken, Grant, HeldLock, Holding, Layer, LeaseRef, LockKey,
-    LockRequest, Released, Result, Waiting,
+    LockRequest, Primitive, Primitives, Released, Result, Waiting,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -18,7 +18,7 @@ use tokio_postgres::types::Type;
 
 use crate::builder::{PgLockBuilder, Settings};
 use crate::errors::{session_gone, BACKEND};
-use crate::held::{Entry, Held};
+use crate::held::{Entry, Held, Kind};
 use crate::key::{advisory_key, AdvisoryKey};
 use crate::listener::Listener;
 use crate::session::{connect, follow_connection, Session};
@@ -43,6 +43,9 @@ pub(crate) struct Inner {
     held: Mutex<Held>,
     keeper: Notify,
     pub(crate) listener: Arc<Listener>,
+    /// Serializes this client's semaphore grants: each picks a free slot skipping the slots
+    /// this client uses, which a grant under way would not show yet.
+    pub(crate) permit_turn: tokio::sync::Mutex<()>,
     this: Weak<Inner>,
 }
 
@@ -67,7 +70,7 @@ impl fmt::Debug for Inner {
 }
 
 impl PgLock {
-    /// Connects with a connection string (see [`crate::builder`] for its parameters).
+    /// Connects with a connection string (see [`PgLockBuilder`] for its form and parameters).
     pub async fn connect(url: &str) -> Result<PgLock> {
         PgLockBuilder::from_url(url)?.connect().await
     }
@@ -86,6 +89,7 @@ impl PgLock {
             held: Mutex::new(Held::default()),
             keeper: Notify::new(),
             listener: Arc::new(Listener::default()),
+            permit_turn: tokio::sync::Mutex::new(()),
             this: this.clone(),
         });
         inner.session().await?;
@@ -107,11 +111,28 @@ impl PgLock {
     }
 }
 
-/// Every lock call goes to the shared state.
+/// Every lock call goes to the shared state; the primitives are views of it.
 impl Layer for PgLock {
     fn inner(&self) -> &dyn DistributedLock {
         self.inner.as_ref()
     }
+
+    /// The semaphore and the two sides of the read-write lock, sharing this client's lock
+    /// session, its table of held locks, its keeper and its listener (see
+    /// [`primitives`](crate::primitives) for their layout). There is no election.
+    fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
+        primitive.validate()?;
+        let view = crate::primitives::View::new(self.inner.clone(), primitive)?;
+        Ok(Arc::new(view))
+    }
+}
+
+/// The primitives this backend serves besides the lock.
+pub(crate) fn primitives() -> Primitives {
+    let mut primitives = Primitives::NONE;
+    primitives.semaphore = true;
+    primitives.read_write = true;
+    primitives
 }
 
 impl Inner {
@@ -119,7 +140,7 @@ impl Inner {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn arc(&self) -> Result<Arc<Inner>> {
+    pub(crate) fn arc(&self) -> Result<Arc<Inner>> {
         self.this
             .upgrade()
             .ok_or_else(|| session_gone("use a dropped client"))
@@ -141,7 +162,7 @@ impl Inner {
     }
 
     /// The current session, if it is the one of `generation` and has not ended.
-    async fn session_of(&self, generation: u64) -> Option<Arc<Session>> {
+    pub(crate) async fn session_of(&self, generation: u64) -> Option<Arc<Session>> {
         let slot = self.session.lock().await;
         slot.as_ref()
             .filter(|s| s.generation == generation && !s.is_ended())
@@ -170,6 +191,13 @@ impl Inner {
         let session = Arc::new(Session::new(generation, client, pid, &self.settings, sent));
         if !self.schema_ready.load(Ordering::Acquire) {
             self.ensure_schema(&session).await?;
+        }
+        // Best effort: a stale row only misleads operators until its name is granted again.
+        if let Err(e) = session
+            .query(sql::SWEEP, &[], "sweep ended sessions' rows")
+            .await
+        {
+            tracing::debug!(backend = BACKEND, error = %e, "sweeping stale holder rows failed");
         }
         let weak = Arc::downgrade(&session);
         let inner = self.this.clone();
@@ -209,7 +237,7 @@ impl Inner {
     async fn session_ended(&self, generation: u64) {
         let gone = self.held().take_generation(generation);
         for entry in &gone {
-            self.listener.wake(&KeyParams::new(entry.key).payload);
+            self.listener.wake(&announced(entry));
         }
         let mut slot = self.session.lock().await;
         if slot.as_ref().is_some_and(|s| s.generation == generation) {
@@ -265,13 +293,30 @@ impl Inner {
         let token: i64 = row
             .try_get(0)
             .map_err(|e| Error::backend(BACKEND, false, format!("the grant's token: {e}")))?;
-        let token = token as u64;
+        self.finish_grant(&session, owner, token as u64, sent, ttl)
+            .await
+    }
+
+    /// Records a grant the server made for `owner` (with the request sent at `sent`), or gives
+    /// it back at once if the owner released it meanwhile.
+    pub(crate) async fn finish_grant(
+        &self,
+        session: &Arc<Session>,
+        owner: u128,
+        token: u64,
+        sent: Instant,
+        ttl: Duration,
+    ) -> Result<Attempt> {
         let entry = self
             .held()
             .grant(owner, token, session.generation, sent + ttl);
-        if entry.as_ref().is_none_or(|e| e.abandoned) {
-            let _ = self.give_back(owner, token, &session, &params, &name).await;
-            return Ok(Attempt::Busy { retry_after: None });
+        match entry {
+            Some(entry) if !entry.abandoned => {}
+            Some(entry) => {
+                let _ = self.give_back(owner, token, session, &entry).await;
+                return Ok(Attempt::Busy { retry_after: None });
+            }
+            None => return Ok(Attempt::Busy { retry_after: None }),
         }
         self.keeper.notify_one();
         Ok(Attempt::Acquired(
@@ -279,27 +324,55 @@ impl Inner {
         ))
     }
 
-    /// Releases `owner`'s grant of `token` on `session`; whether the server held it.
-    async fn give_back(
+    /// Releases `owner`'s grant of `token` (its `entry`) on `session`; whether the server held
+    /// it. The release is announced with the payload its waiters listen for.
+    pub(crate) async fn give_back(
         &self,
         owner: u128,
         token: u64,
         session: &Session,
-        params: &KeyParams,
-        name: &str,
+        entry: &Entry,
     ) -> Result<bool> {
-        let statement = sql::release(params, "pg_advisory_unlock");
+        let Some(key) = entry.key else {
+            self.held().remove(owner);
+            return Ok(false);
+        };
+        let params = KeyParams::new(key);
+        let (function, kind, holder, payload) = match entry.kind {
+            Kind::Lock => (
+                "pg_advisory_unlock",
+                "lock",
+                String::new(),
+                params.payload.clone(),
+            ),
+            Kind::Read => (
+                "pg_advisory_unlock_shared",
+                "read",
+                holder_of(owner),
+                params.payload.clone(),
+            ),
+            Kind::Permit { slot, announce } => (
+                "pg_advisory_unlock",
+                "semaphore",
+                slot.to_string(),
+                KeyParams::new(announce).payload,
+            ),
+        };
+        let statement = sql::release(&params, function);
         let token = token as i64;
-        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+        let name = entry.name.as_str();
+        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
             (&name, Type::TEXT),
             (&token, Type::INT8),
-            (&params.payload, Type::TEXT),
+            (&payload, Type::TEXT),
+            (&kind, Type::TEXT),
+            (&holder, Type::TEXT),
         ];
         let rows = session
             .query(&statement, &params.with(&rest), "release the lock")
             .await?;
         self.held().remove(owner);
-        self.listener.wake(&params.payload);
+        self.listener.wake(&payload);
         Ok(rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true))
     }
 
@@ -315,27 +388,32 @@ impl Inner {
         let Some((token, generation)) = entry.grant else {
             return;
         };
-        let params = KeyParams::new(entry.key);
         if let Some(session) = self.session_of(generation).await {
             // Re-reserve while the unlock is under way, so that no local owner takes the key
             // in between; the release removes the reservation again.
-            let reserved = self
-                .held()
-                .reserve(owner, entry.key, &entry.name, entry.delete_at);
-            if reserved {
-                self.held().grant(owner, token, generation, entry.delete_at);
-            }
-            if let Err(e) = self
-                .give_back(owner, token, &session, &params, &entry.name)
-                .await
-            {
+            self.held().insert(owner, entry.clone());
+            if let Err(e) = self.give_back(owner, token, &session, &entry).await {
                 tracing::debug!(backend = BACKEND, error = %e, "giving back an expired lock failed");
                 self.held().remove(owner);
             }
         } else {
-            self.listener.wake(&params.payload);
+            self.listener.wake(&announced(&entry));
         }
     }
+}
+
+/// The payload a release of `entry` is announced with.
+pub(crate) fn announced(entry: &Entry) -> String {
+    match (entry.kind, entry.key) {
+        (Kind::Permit { announce, .. }, _) => KeyParams::new(announce).payload,
+        (_, Some(key)) => KeyParams::new(key).payload,
+        (_, None) => String::new(),
+    }
+}
+
+/// The `holder` column of a reader's row: its owner token in hex.
+pub(crate) fn holder_of(owner: u128) -> String {
+    format!("{owner:032x}")
 }
 
 /// Gives back locks at their TTL, until the client is dropped.
@@ -400,6 +478,7 @@ impl DistributedLock for Inner {
         Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
             .with_notifications()
             .with_sessions()
+            .with_primitives(primitives())
     }
 
     /// One statement: the advisory lock if free, and then a token and the holder's row.
@@ -503,10 +582,7 @@ impl DistributedLock for Inner {
             self.held().remove(owner);
             return Ok(Released::Expired);
         };
-        let params = KeyParams::new(entry.key);
-        let held = self
-            .give_back(owner, token, &session, &params, &entry.name)
-            .await?;
+        let held = self.give_back(owner, token, &session, &entry).await?;
         Ok(if held {
             Released::Released
         } else {

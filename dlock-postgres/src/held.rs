@@ -1,20 +1,65 @@
 //! The locks one client holds, as the client knows them.
 //!
 //! A session-level advisory lock is re-entrant within its session: the server would grant a key
-//! to a second owner of the same client. So the client keeps every key it holds or is taking in
-//! this table and answers busy itself to a second owner, and it keeps each lease's TTL, since
-//! advisory locks have none: the keeper gives back a lock whose TTL passed without an extend.
+//! to a second owner of the same client, and a shared and an exclusive hold of one key by the
+//! same session never conflict either. So the client keeps every key it holds or is taking in
+//! this table and applies each primitive's rules among its own owners itself, before the server
+//! is asked:
+//!
+//! * an **exclusive** hold (the lock, a writer, a semaphore slot) needs the key unused here;
+//! * a **shared** hold (a reader) needs no exclusive user of the key here, and no writer of this
+//!   client waiting for it (a waiting writer holds back later readers, here as on the server);
+//! * a semaphore permit is reserved without a key while its grant picks a slot (the slots this
+//!   client uses are skipped), and placed on its slot's key once the server granted it.
+//!
+//! It also keeps each lease's TTL, since advisory locks have none: the keeper gives back a lock
+//! whose TTL passed without an extend.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use tokio::time::Instant;
 
 use crate::key::AdvisoryKey;
 
+/// What an entry holds, which decides how it is given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The lock, or the write side of the read-write lock: both are the exclusive advisory lock
+    /// of the name's key.
+    Lock,
+    /// A read hold: a shared advisory lock of the name's key.
+    Read,
+    /// A semaphore permit: the exclusive advisory lock of one slot key; `announce` is the key
+    /// whose payload the release is announced with (the semaphore's guard, which its waiters
+    /// listen for).
+    Permit {
+        /// The slot's number, `0..permits`.
+        slot: u32,
+        /// The semaphore's guard key.
+        announce: AdvisoryKey,
+    },
+}
+
+impl Kind {
+    /// Whether the entry's key is held shared.
+    pub(crate) fn shared(self) -> bool {
+        self == Kind::Read
+    }
+}
+
+/// The local users of one key.
+#[derive(Debug)]
+enum Users {
+    Exclusive(u128),
+    Shared(HashSet<u128>),
+}
+
 /// One lock of this client.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
-    pub(crate) key: AdvisoryKey,
+    /// The advisory key held; `None` for a permit whose slot is being picked.
+    pub(crate) key: Option<AdvisoryKey>,
+    pub(crate) kind: Kind,
     pub(crate) name: String,
     /// The grant, once the server answered: its token and session generation.
     pub(crate) grant: Option<(u64, u64)>,
@@ -28,13 +73,15 @@ pub(crate) struct Entry {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     by_owner: HashMap<u128, Entry>,
-    by_key: HashMap<AdvisoryKey, u128>,
+    by_key: HashMap<AdvisoryKey, Users>,
     deadlines: BTreeSet<(Instant, u128)>,
+    /// How many writers of this client wait for each key.
+    waiting_writers: HashMap<AdvisoryKey, usize>,
 }
 
 impl Held {
-    /// Reserves `key` for `owner` while its grant is under way; `false` if this client holds or
-    /// takes it already.
+    /// Reserves `key` exclusively for `owner` while its grant is under way (the lock, a
+    /// writer); `false` if this client holds or takes it already.
     pub(crate) fn reserve(
         &mut self,
         owner: u128,
@@ -42,22 +89,130 @@ impl Held {
         name: &str,
         until: Instant,
     ) -> bool {
-        if self.by_key.contains_key(&key) || self.by_owner.contains_key(&owner) {
+        self.reserve_as(owner, Some(key), Kind::Lock, name, until)
+    }
+
+    /// Reserves `key` for `owner` held as `kind` says (a permit's key may be `None` until its
+    /// slot is known); `false` if the rules above refuse it here.
+    pub(crate) fn reserve_as(
+        &mut self,
+        owner: u128,
+        key: Option<AdvisoryKey>,
+        kind: Kind,
+        name: &str,
+        until: Instant,
+    ) -> bool {
+        let entry = Entry {
+            key,
+            kind,
+            name: name.to_string(),
+            grant: None,
+            delete_at: until,
+            abandoned: false,
+        };
+        self.insert(owner, entry)
+    }
+
+    /// Puts `entry` in the table for `owner` if the rules allow it.
+    pub(crate) fn insert(&mut self, owner: u128, entry: Entry) -> bool {
+        if self.by_owner.contains_key(&owner) {
             return false;
         }
-        self.by_key.insert(key, owner);
-        self.by_owner.insert(
-            owner,
-            Entry {
-                key,
-                name: name.to_string(),
-                grant: None,
-                delete_at: until,
-                abandoned: false,
-            },
-        );
-        self.deadlines.insert((until, owner));
+        if let Some(key) = entry.key {
+            if !self.admits(key, entry.kind.shared()) {
+                return false;
+            }
+            self.add_user(key, owner, entry.kind.shared());
+        }
+        self.deadlines.insert((entry.delete_at, owner));
+        self.by_owner.insert(owner, entry);
         true
+    }
+
+    /// Whether this client may take `key` (shared or not) now.
+    fn admits(&self, key: AdvisoryKey, shared: bool) -> bool {
+        match self.by_key.get(&key) {
+            None => !shared || self.waiting_writers.get(&key).is_none_or(|n| *n == 0),
+            Some(Users::Shared(_)) if shared => {
+                self.waiting_writers.get(&key).is_none_or(|n| *n == 0)
+            }
+            Some(_) => false,
+        }
+    }
+
+    fn add_user(&mut self, key: AdvisoryKey, owner: u128, shared: bool) {
+        if shared {
+            let users = self
+                .by_key
+                .entry(key)
+                .or_insert_with(|| Users::Shared(HashSet::new()));
+            if let Users::Shared(set) = users {
+                set.insert(owner);
+            }
+        } else {
+            self.by_key.insert(key, Users::Exclusive(owner));
+        }
+    }
+
+    fn remove_user(&mut self, key: AdvisoryKey, owner: u128) {
+        let empty = match self.by_key.get_mut(&key) {
+            Some(Users::Exclusive(o)) => *o == owner,
+            Some(Users::Shared(set)) => {
+                set.remove(&owner);
+                set.is_empty()
+            }
+            None => false,
+        };
+        if empty {
+            self.by_key.remove(&key);
+        }
+    }
+
+    /// Places a permit whose slot the server picked on the slot's key; `false` if the entry is
+    /// gone or the key is used here (the grant skips the slots this client uses, so it is not).
+    pub(crate) fn place(&mut self, owner: u128, key: AdvisoryKey, slot: u32) -> bool {
+        if self.by_key.contains_key(&key) {
+            return false;
+        }
+        let Some(entry) = self.by_owner.get_mut(&owner) else {
+            return false;
+        };
+        let Kind::Permit { announce, .. } = entry.kind else {
+            return false;
+        };
+        entry.key = Some(key);
+        entry.kind = Kind::Permit { slot, announce };
+        self.by_key.insert(key, Users::Exclusive(owner));
+        true
+    }
+
+    /// The keys this client uses (holds, or takes now) that `pick` picks.
+    pub(crate) fn keys_where(&self, pick: impl Fn(AdvisoryKey) -> bool) -> Vec<AdvisoryKey> {
+        self.by_key.keys().copied().filter(|k| pick(*k)).collect()
+    }
+
+    /// How many owners of this client use `key` shared.
+    pub(crate) fn sharers(&self, key: AdvisoryKey) -> usize {
+        match self.by_key.get(&key) {
+            Some(Users::Shared(set)) => set.len(),
+            _ => 0,
+        }
+    }
+
+    /// A writer of this client begins to wait for `key`: readers of this client are held back
+    /// until [`stop_waiting`](Self::stop_waiting).
+    pub(crate) fn start_waiting(&mut self, key: AdvisoryKey) {
+        *self.waiting_writers.entry(key).or_default() += 1;
+    }
+
+    /// A writer of this client stopped waiting for `key`.
+    pub(crate) fn stop_waiting(&mut self, key: AdvisoryKey) {
+        if let Some(n) = self.waiting_writers.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.waiting_writers.remove(&key);
+            }
+        }
     }
 
     /// Records the grant; returns the entry, which the caller gives back at once if it was
@@ -109,8 +264,8 @@ impl Held {
     pub(crate) fn remove(&mut self, owner: u128) -> Option<Entry> {
         let entry = self.by_owner.remove(&owner)?;
         self.deadlines.remove(&(entry.delete_at, owner));
-        if self.by_key.get(&entry.key) == Some(&owner) {
-            self.by_key.remove(&entry.key);
+        if let Some(key) = entry.key {
+            self.remove_user(key, owner);
         }
         Some(entry)
     }
@@ -180,5 +335,88 @@ mod tests {
         assert!(held.take_due(now).is_empty());
         assert_eq!(held.take_due(now + Duration::from_secs(1)).len(), 1);
         assert!(held.reserve(2, key, "a", now));
+    }
+
+    #[test]
+    fn readers_share_and_exclude_writers_of_this_client() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut held = Held::default();
+        let key = AdvisoryKey::Single(7);
+        assert!(held.reserve_as(1, Some(key), Kind::Read, "rw", until));
+        assert!(held.reserve_as(2, Some(key), Kind::Read, "rw", until));
+        assert_eq!(held.sharers(key), 2);
+        assert!(
+            !held.reserve(3, key, "rw", until),
+            "a writer beside readers"
+        );
+        held.remove(1);
+        assert!(
+            !held.reserve(3, key, "rw", until),
+            "a writer beside a reader"
+        );
+        held.remove(2);
+        assert_eq!(held.sharers(key), 0);
+        assert!(
+            held.reserve(3, key, "rw", until),
+            "a writer once the readers left"
+        );
+        assert!(
+            !held.reserve_as(4, Some(key), Kind::Read, "rw", until),
+            "a reader beside a writer"
+        );
+        assert!(!held.reserve(5, key, "rw", until), "a second writer");
+    }
+
+    #[test]
+    fn a_waiting_writer_holds_back_new_readers_of_this_client() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut held = Held::default();
+        let key = AdvisoryKey::Single(7);
+        assert!(held.reserve_as(1, Some(key), Kind::Read, "rw", until));
+        held.start_waiting(key);
+        assert!(
+            !held.reserve_as(2, Some(key), Kind::Read, "rw", until),
+            "a reader went ahead of a waiting writer"
+        );
+        held.start_waiting(key);
+        held.stop_waiting(key);
+        assert!(!held.reserve_as(2, Some(key), Kind::Read, "rw", until));
+        held.stop_waiting(key);
+        assert!(held.reserve_as(2, Some(key), Kind::Read, "rw", until));
+    }
+
+    #[test]
+    fn a_permit_is_placed_on_a_slot_this_client_does_not_use() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut held = Held::default();
+        let announce = AdvisoryKey::Pair(1, 0x4000_0001);
+        let kind = Kind::Permit { slot: 0, announce };
+        let (slot0, slot1) = (
+            AdvisoryKey::Pair(1, 0x0003_0001),
+            AdvisoryKey::Pair(1, 0x0003_0005),
+        );
+        assert!(held.reserve_as(1, None, kind, "sem", until));
+        assert!(
+            held.reserve_as(2, None, kind, "sem", until),
+            "grants under way share no key"
+        );
+        assert!(held.place(1, slot0, 0));
+        assert!(!held.place(2, slot0, 0), "one slot twice");
+        assert!(held.place(2, slot1, 1));
+        assert_eq!(
+            held.keys_where(|k| matches!(k, AdvisoryKey::Pair(1, _)))
+                .len(),
+            2
+        );
+        assert!(matches!(
+            held.get(2).map(|e| e.kind),
+            Some(Kind::Permit { slot: 1, .. })
+        ));
+        held.remove(1);
+        assert_eq!(held.keys_where(|_| true), vec![slot1]);
+        assert!(!held.place(9, slot0, 0), "no entry to place");
     }
 }

@@ -33,7 +33,7 @@ async fn reader(inner: &Inner) -> Result<Arc<tokio_postgres::Client>> {
         })
 }
 
-async fn read(
+pub(crate) async fn read(
     inner: &Inner,
     statement: &str,
     params: &[(&(dyn ToSql + Sync), Type)],
@@ -51,14 +51,14 @@ async fn read(
 fn holder_query(params: &KeyParams) -> String {
     format!(
         "SELECT l.pid, h.token, h.owner FROM pg_locks l
-         LEFT JOIN dlock_holders h ON h.name = $4 AND h.pid = l.pid
-             AND h.key1 = $5 AND h.key2 = $6 AND h.space = $7
+         LEFT JOIN dlock_holders h ON h.name = $4 AND h.kind = 'lock' AND h.holder = ''
+             AND h.pid = l.pid AND h.key1 = $5 AND h.key2 = $6 AND h.space = $7
          WHERE {} AND l.mode = 'ExclusiveLock'",
         sql::on_key(params)
     )
 }
 
-fn holder_of(row: &Row) -> Holder {
+pub(crate) fn holder_of(row: &Row) -> Holder {
     let token: Option<i64> = row.try_get(1).ok().flatten();
     let owner: Option<String> = row.try_get(2).ok().flatten();
     let mut holder = Holder::new().with_owner(owner.and_then(|o| OwnerRecord::parse(o.as_bytes())));
@@ -104,7 +104,7 @@ pub(crate) async fn list(inner: &Inner, prefix: &str) -> Result<Vec<HeldLock>> {
              AND l.mode = 'ExclusiveLock' AND l.classid::bigint = h.key1
              AND l.objid::bigint = h.key2 AND l.objsubid = h.space
              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-         WHERE starts_with(h.name, $1) ORDER BY h.name";
+         WHERE h.kind = 'lock' AND starts_with(h.name, $1) ORDER BY h.name";
     let rows = read(
         inner,
         statement,
@@ -142,7 +142,7 @@ pub(crate) async fn evict(
         "SELECT pg_terminate_backend(l.pid, $6) FROM pg_locks l
          WHERE {} AND l.mode = 'ExclusiveLock' AND l.pid = $4
            AND ($7::bigint IS NULL OR EXISTS (SELECT 1 FROM dlock_holders h
-                WHERE h.name = $5 AND h.pid = l.pid AND h.token = $7))",
+                WHERE h.name = $5 AND h.kind = 'lock' AND h.pid = l.pid AND h.token = $7))",
         sql::on_key(&params)
     );
     let rest: [(&(dyn ToSql + Sync), Type); 4] = [

@@ -32,7 +32,10 @@ const ASCII_BITS: u32 = 7;
 const ASCII_MAX: u64 = (1 << ASCII_BITS) - 1;
 const ASCII_MAX_LEN: usize = 9;
 
-/// The advisory key of the lock named `name` (see the [module documentation](self)).
+/// The advisory key of the lock named `name`, in DistributedLock's mapping (with hashing
+/// allowed): up to 9 ASCII characters packed into the pair space; 16 hexadecimal digits as that
+/// `bigint`, `XXXXXXXX,XXXXXXXX` as that pair; anything else the first 8 bytes of its SHA-1,
+/// little-endian, as a `bigint`. Hashed names can collide (see the crate documentation).
 ///
 /// ```
 /// use dlock_postgres::{advisory_key, AdvisoryKey};

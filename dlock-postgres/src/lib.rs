@@ -30,12 +30,20 @@
 //!   of a key it holds.
 //! * A grant is one statement, one round trip: the lock if free, then `nextval('dlock_fencing')`
 //!   for the **fencing token** and the holder's row in the unlogged table `dlock_holders` (see
-//!   [`sql`](crate::sql) for the layout). A release is one statement: the row deleted if still
+//!   [`sql`] for the layout). A release is one statement: the row deleted if still
 //!   ours, the lock given back, and `pg_notify('dlock_release', key)` for the waiters.
 //! * **Tokens** come from a sequence: they grow across all keys and across restarts and crashes
 //!   (a sequence logs ahead and never goes back), for as long as the server keeps its data. A
 //!   failover to an asynchronous replica that missed the last writes can hand out a token again,
 //!   and loses every held lock (sessions do not move to the replica).
+//!
+//! # Primitives
+//!
+//! The semaphore and the read-write lock are views of the client (`locks.semaphore(name, n)`,
+//! `locks.rw(name)`) on advisory keys of their own, in the same lock session: readers share the
+//! name's key (the lock's, as DistributedLock's reader-writer lock takes it), a waiting writer
+//! holds back new readers with a companion key, and a semaphore's permits are slot keys that
+//! carry its number of permits. See [`primitives`] for the layout and the reasons.
 //!
 //! # Leases, TTLs and the session
 //!
@@ -71,6 +79,7 @@ mod held;
 mod inspect;
 mod key;
 mod listener;
+pub mod primitives;
 mod session;
 pub mod sql;
 mod tls;
@@ -81,4 +90,5 @@ pub use builder::{
 };
 pub use client::PgLock;
 pub use key::{advisory_key, AdvisoryKey};
+pub use primitives::{rw_companion_key, semaphore_guard_key, semaphore_slot_key};
 pub use tls::SslMode;

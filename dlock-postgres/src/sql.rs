@@ -2,12 +2,27 @@
 //!
 //! * `dlock_fencing`, a sequence: every grant takes `nextval`, so tokens grow across all keys
 //!   and survive restarts (a sequence never goes back, also after a crash: it logs ahead).
-//! * `dlock_holders`, an **unlogged** table: one row per held lock name — its fencing token, the
+//! * `dlock_holders`, an **unlogged** table: one row per holder — its fencing token, the
 //!   holder's owner record, its server process and its advisory key — written by the granting
 //!   statement and deleted by the releasing one, for operators (`inspect`, `list`, `evict`). The
 //!   server lock is the truth: a row counts only while its process holds the advisory key in
 //!   `pg_locks`. Unlogged, because the rows matter only while the sessions live: writing them
 //!   costs no WAL, and a crash, which ends every session, also empties the table.
+//!
+//! A row's primary key is `(name, kind, holder)`:
+//!
+//! | `kind` | who | `holder` | advisory key |
+//! |---|---|---|---|
+//! | `lock` | the lock, or the writer of the read-write lock of that name (the same server lock) | `''` | the name's key, exclusive |
+//! | `read` | a reader of the read-write lock | the acquire's owner token in hex | the name's key, shared |
+//! | `semaphore` | the holder of one permit | the slot's number | the slot's key (see [`crate::primitives`]) |
+//!
+//! An exclusive grant overwrites the row a holder whose session ended left behind (there is one
+//! such row per name at most), and deletes the rows of readers, which cannot hold any more once a
+//! writer does.
+//!
+//! Rows of sessions that ended without releasing are swept each time a client opens its lock
+//! session.
 //!
 //! A grant is one statement and one round trip: try the advisory lock, and only if it was taken,
 //! take a token and write the row. A release is one statement too: delete the row (only if it is
@@ -17,12 +32,17 @@ use tokio_postgres::types::{ToSql, Type};
 
 use crate::key::AdvisoryKey;
 
-/// The channel releases are announced on, with the key's text as payload.
+/// The channel releases are announced on, with the text of the key its waiters listen for as
+/// payload: the lock's (or read-write lock's) key, a semaphore's guard key (its waiters wait for
+/// any permit, not one slot).
 pub(crate) const CHANNEL: &str = "dlock_release";
 
-/// Whether the sequence and the table exist.
+/// Whether the sequence and the table exist, the table with its `holder` column (the layout
+/// before the primitives had none).
 pub(crate) const SCHEMA_EXISTS: &str =
-    "SELECT to_regclass('dlock_fencing') IS NOT NULL AND to_regclass('dlock_holders') IS NOT NULL";
+    "SELECT to_regclass('dlock_fencing') IS NOT NULL AND to_regclass('dlock_holders') IS NOT NULL
+         AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_holders')
+             AND attname = 'holder' AND NOT attisdropped)";
 
 /// Creates them, one client at a time (`CREATE … IF NOT EXISTS` alone races with itself).
 pub(crate) fn create_schema() -> String {
@@ -33,18 +53,40 @@ pub(crate) fn create_schema() -> String {
          SELECT pg_advisory_xact_lock({});
          CREATE SEQUENCE IF NOT EXISTS dlock_fencing;
          CREATE UNLOGGED TABLE IF NOT EXISTS dlock_holders (
-             name text PRIMARY KEY,
+             name text NOT NULL,
+             kind text NOT NULL,
+             holder text NOT NULL,
              token bigint NOT NULL,
              owner text NOT NULL,
              pid integer NOT NULL,
              key1 bigint NOT NULL,
              key2 bigint NOT NULL,
-             space smallint NOT NULL
+             space smallint NOT NULL,
+             PRIMARY KEY (name, kind, holder)
          );
+         ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'lock';
+         ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS holder text NOT NULL DEFAULT '';
+         DO $$BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a
+                     ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                     WHERE i.indrelid = 'dlock_holders'::regclass AND i.indisprimary
+                         AND a.attname = 'holder') THEN
+                 ALTER TABLE dlock_holders DROP CONSTRAINT IF EXISTS dlock_holders_pkey;
+                 ALTER TABLE dlock_holders ADD PRIMARY KEY (name, kind, holder);
+             END IF;
+         END$$;
          COMMIT;",
         guard.sql_args()
     )
 }
+
+/// Deletes the rows whose process no longer holds their key: those of sessions that ended without
+/// releasing (a crash, a termination, a restart). A row becomes visible only once its grant's
+/// lock is held, so a grant under way is never swept.
+pub(crate) const SWEEP: &str = "DELETE FROM dlock_holders h WHERE NOT EXISTS (
+         SELECT 1 FROM pg_locks l WHERE l.pid = h.pid AND l.locktype = 'advisory' AND l.granted
+             AND l.classid::bigint = h.key1 AND l.objid::bigint = h.key2 AND l.objsubid = h.space
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))";
 
 /// The first three parameters of every statement on a key: `$1` the `bigint` key, `$2, $3` the
 /// pair (the unused ones are zero).
@@ -100,23 +142,101 @@ impl KeyParams {
     }
 }
 
-/// Takes the lock if free: `$4` name, `$5` owner record; returns the token, or no row if busy.
+/// Overwrites a row left behind by a holder whose session ended.
+const UPSERT: &str = "ON CONFLICT (name, kind, holder) DO UPDATE SET token = excluded.token,
+             owner = excluded.owner, pid = excluded.pid, key1 = excluded.key1,
+             key2 = excluded.key2, space = excluded.space";
+
+/// Takes the lock (or a writer's hold) if free: `$4` name, `$5` owner record; returns the
+/// token, or no row if busy. The rows of readers of the name go: none can hold beside us.
 pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
     format!(
-        "WITH granted AS (SELECT {function}({}) AS ok)
-         INSERT INTO dlock_holders AS h (name, token, owner, pid, key1, key2, space)
-         SELECT $4, nextval('dlock_fencing'), $5, pg_backend_pid(), $6, $7, $8 FROM granted WHERE ok
-         ON CONFLICT (name) DO UPDATE SET token = excluded.token, owner = excluded.owner,
-             pid = excluded.pid, key1 = excluded.key1, key2 = excluded.key2, space = excluded.space
+        "WITH granted AS (SELECT {function}({}) AS ok),
+         stale AS (DELETE FROM dlock_holders WHERE name = $4 AND kind = 'read'
+             AND (SELECT ok FROM granted))
+         INSERT INTO dlock_holders AS h (name, kind, holder, token, owner, pid, key1, key2, space)
+         SELECT $4, 'lock', '', nextval('dlock_fencing'), $5, pg_backend_pid(), $6, $7, $8
+         FROM granted WHERE ok
+         {UPSERT}
          RETURNING token",
         key.args()
     )
 }
 
-/// Gives the lock back: `$4` name, `$5` token, `$6` payload; returns whether it was held.
+/// Takes a read hold if no writer holds the key and none waits (`$9, $10`: the companion
+/// key, which a waiting writer holds; its shared lock is taken and given back at once):
+/// `$4` name, `$5` owner record, `$11` the holder (owner token in hex); returns the token, or
+/// no row if busy. `CASE` fixes the order: companion first, then the key.
+pub(crate) fn grant_read(key: &KeyParams) -> String {
+    format!(
+        "WITH granted AS (SELECT CASE WHEN pg_try_advisory_lock_shared($9, $10) THEN
+             (CASE WHEN pg_advisory_unlock_shared($9, $10)
+                 THEN pg_try_advisory_lock_shared({}) ELSE false END)
+             ELSE false END AS ok)
+         INSERT INTO dlock_holders AS h (name, kind, holder, token, owner, pid, key1, key2, space)
+         SELECT $4, 'read', $11, nextval('dlock_fencing'), $5, pg_backend_pid(), $6, $7, $8
+         FROM granted WHERE ok
+         {UPSERT}
+         RETURNING token",
+        key.args()
+    )
+}
+
+/// Takes a semaphore's permit, one statement in one implicit transaction:
+///
+/// 1. the guard `($1, $2)` as a transaction lock, so that grants of one semaphore (by any
+///    client) are one at a time;
+/// 2. a slot held by anyone with another number of permits than `$4` (its number is returned,
+///    and nothing is taken);
+/// 3. otherwise the first free slot `i` in `0..$4`, skipping the slots this client uses (`$5`:
+///    its session would be granted them again), with key `($1, $3 + 4 i)`;
+/// 4. a token and the row: `$6` name, `$7` owner record.
+///
+/// Returns one row: the other number of permits, the slot, the token. Each step is in a
+/// materialized CTE that reads the one before, so they run in this order.
+pub(crate) const GRANT_PERMIT: &str = "WITH guard AS MATERIALIZED (
+         SELECT pg_advisory_xact_lock($1, $2)::text AS g),
+     other AS MATERIALIZED (
+         SELECT (SELECT ((l.objid::bigint >> 16) & 16383)::integer FROM pg_locks l
+             WHERE guard.g IS NOT NULL AND l.locktype = 'advisory' AND l.granted
+                 AND l.objsubid = 2 AND l.classid = ($1::bigint & 4294967295)::oid
+                 AND (l.objid::bigint & 3) = 1 AND (l.objid::bigint >> 30) = 0
+                 AND ((l.objid::bigint >> 16) & 16383) <> $4
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             LIMIT 1) AS n
+         FROM guard),
+     slot AS MATERIALIZED (
+         SELECT other.n, CASE WHEN other.n IS NULL THEN
+             (SELECT i FROM generate_series(0, $4 - 1) AS i
+                 WHERE other.n IS NULL
+                     AND CASE WHEN i = ANY($5) THEN false
+                         ELSE pg_try_advisory_lock($1, $3 + i * 4) END
+                 LIMIT 1)
+             END AS i
+         FROM other),
+     ins AS (
+         INSERT INTO dlock_holders AS h (name, kind, holder, token, owner, pid, key1, key2, space)
+         SELECT $6, 'semaphore', slot.i::text, nextval('dlock_fencing'), $7, pg_backend_pid(),
+             $1::bigint & 4294967295, ($3 + slot.i * 4)::bigint & 4294967295, 2
+         FROM slot WHERE slot.i IS NOT NULL
+         ON CONFLICT (name, kind, holder) DO UPDATE SET token = excluded.token,
+             owner = excluded.owner, pid = excluded.pid, key1 = excluded.key1,
+             key2 = excluded.key2, space = excluded.space
+         RETURNING token)
+     SELECT slot.n, slot.i, (SELECT token FROM ins) FROM slot";
+
+/// Gives back the slots `($1, $2 + 4 i)`, `i` in `0..$3` but not in `$4`, after a permit's
+/// grant failed without saying which slot it took, if any (unlocking a slot this session does
+/// not hold only warns).
+pub(crate) const UNDO_PERMIT: &str = "SELECT count(*) FROM generate_series(0, $3 - 1) AS i
+     WHERE CASE WHEN i = ANY($4) THEN false ELSE pg_advisory_unlock($1, $2 + i * 4) END";
+
+/// Gives a hold back: `$4` name, `$5` token, `$6` payload, `$7` kind, `$8` holder; returns
+/// whether it was held.
 pub(crate) fn release(key: &KeyParams, function: &str) -> String {
     format!(
-        "WITH gone AS (DELETE FROM dlock_holders WHERE name = $4 AND token = $5 AND pid = pg_backend_pid())
+        "WITH gone AS (DELETE FROM dlock_holders WHERE name = $4 AND kind = $7 AND holder = $8
+             AND token = $5 AND pid = pg_backend_pid())
          SELECT {function}({}), pg_notify('{CHANNEL}', $6)",
         key.args()
     )

@@ -123,7 +123,7 @@ impl PgTls {
             SslMode::Prefer => Driver::Prefer,
             _ => Driver::Require,
         };
-        let pem = self.files.load()?;
+        let pem = self.files.load().map_err(libpq_names)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -193,6 +193,22 @@ impl PgTls {
             }
         };
         Ok((driver, config))
+    }
+}
+
+/// The error of reading the files, naming the settings as libpq (and the URL) calls them.
+fn libpq_names(error: Error) -> Error {
+    match error {
+        Error::InvalidInput { field, message } => Error::InvalidInput {
+            field: match field {
+                "ca" => "sslrootcert",
+                "cert" => "sslcert",
+                "key" => "sslkey",
+                other => other,
+            },
+            message,
+        },
+        other => other,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The shared compliance suite against a real PostgreSQL, plus what is particular to it:
-//! exclusion with a plain `psql` session in both directions on the documented key, a session the
-//! server ends, a server restart, and configuration errors.
+//! exclusion with a plain `psql` session in both directions on the documented key (for the lock,
+//! the read-write lock and the semaphore), a session the server ends, a server restart, and
+//! configuration errors.
 //!
 //! One server serves every case; the outage case and the restart case get one each. The
 //! freezable client of the lost-signal and paused-holder cases reaches the shared server through
@@ -20,6 +21,9 @@ mod support;
 
 #[path = "compliance/pg_cases.rs"]
 mod pg_cases;
+
+#[path = "compliance/pg_primitives.rs"]
+mod pg_primitives;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,6 +116,7 @@ fn main() {
     if PostgresServer::needs_docker() && docker_opt_out() {
         let mut trials = suite::placeholder_trials("postgres", declared());
         trials.extend(trials::placeholders(pg_cases::names()));
+        trials.extend(trials::placeholders(pg_primitives::names()));
         trials::run_ignored(&args, trials);
     }
     let runtime = trials::fixture_runtime();
@@ -139,6 +144,7 @@ fn main() {
         Ok(subject) => {
             let mut trials = suite::trials(&subject);
             trials.extend(pg_cases::trials(&shared, &restarted));
+            trials.extend(pg_primitives::trials(&shared));
             trials
         }
         Err(e) => {

@@ -38,27 +38,7 @@ pub async fn freezable_client(
 ) -> anyhow::Result<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)> {
     let proxy = FreezeProxy::start(url_target(url, 5432)?).await?;
     let locks = client(&url_via(url, proxy.addr())?).await?;
-    let freeze = ProxyFreeze {
-        switch: proxy.switch(),
-        _proxy: proxy,
-    };
-    Ok((locks, Arc::new(freeze)))
-}
-
-/// A proxy's switch that keeps the proxy running as long as it is held.
-struct ProxyFreeze {
-    switch: Arc<dyn Freeze>,
-    _proxy: FreezeProxy,
-}
-
-impl Freeze for ProxyFreeze {
-    fn freeze(&self) {
-        self.switch.freeze();
-    }
-
-    fn thaw(&self) {
-        self.switch.thaw();
-    }
+    Ok((locks, Arc::new(proxy)))
 }
 
 /// A plain driver connection, to look at the server's side.

@@ -2,11 +2,11 @@
 //!
 //! The compliance suite, the safety report and the benchmark all run real servers and inject
 //! faults — a frozen server, a crashed one, a lost disk, a partition, a silent link. This crate
-//! owns that: [`fixtures`] start Redis, etcd and ZooKeeper in Docker containers (or use servers
-//! named in `DLOCK_TEST_*` variables) and remove them however the run ends; [`FreezeProxy`] and
-//! [`Freezable`] freeze one client's link; [`History`] records what every client observed and
-//! [`Analysis`] counts what went wrong; [`trials`] is the frame of the test binaries that run
-//! all of this. The [`registry`] is the one table of backends — fixture, URL, declared
+//! owns that: [`fixtures`] start Redis, etcd, ZooKeeper and PostgreSQL in Docker containers (or
+//! use servers named in `DLOCK_TEST_*` variables) and remove them however the run ends;
+//! [`FreezeProxy`] and [`Freezable`] freeze one client's link; [`History`] records what every
+//! client observed and [`Analysis`] counts what went wrong; [`trials`] is the frame of the test
+//! binaries that run all of this. The [`registry`] is the one table of backends — fixture, URL, declared
 //! capabilities, expected safety classes per [`Scenario`] — that every harness reads.
 
 #![deny(missing_docs)]

@@ -107,6 +107,18 @@ impl FreezeProxy {
     }
 }
 
+/// The proxy is its own switch: a test that hands out `Arc<dyn Freeze>` keeps the proxy running
+/// for as long as the switch is held.
+impl Freeze for FreezeProxy {
+    fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+}
+
 impl Drop for FreezeProxy {
     fn drop(&mut self) {
         self.acceptor.abort();

@@ -540,12 +540,16 @@ fn session_backend() -> Capabilities {
 }
 
 /// PostgreSQL's declaration: tokens from a sequence, ordered while the server keeps its data;
-/// releases wake waiters; locks live in the client's session; the semaphore and the read-write
-/// lock (shared advisory locks for readers), no election.
+/// releases wake waiters; locks live in the client's session; the semaphore (slot keys) and the
+/// read-write lock (shared advisory locks for readers), no election.
 fn postgres() -> Capabilities {
+    let mut primitives = Primitives::NONE;
+    primitives.semaphore = true;
+    primitives.read_write = true;
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
         .with_notifications()
         .with_sessions()
+        .with_primitives(primitives)
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters served in

@@ -56,10 +56,14 @@ pub enum Defect {
     /// A forced unlock winds the fencing counter back, so the next holder gets the evicted
     /// holder's token again and the fence admits the evicted holder's late write.
     EvictionReusesToken,
+    /// A key held by one task of a client is granted to another task of the same client, as a
+    /// lock that lives in the client's session (a PostgreSQL session-level advisory lock) is
+    /// unless the client refuses the second owner itself.
+    ReentrantPerClient,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 17] = [
+    pub const ALL: [Defect; 18] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -77,6 +81,7 @@ impl Defect {
         Defect::CrashedWaiterBlocksQueue,
         Defect::EvictionKeepsHolder,
         Defect::EvictionReusesToken,
+        Defect::ReentrantPerClient,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,12 +103,15 @@ impl Defect {
             Defect::CrashedWaiterBlocksQueue => "a crashed queued waiter blocks the queue",
             Defect::EvictionKeepsHolder => "a forced unlock keeps the holder",
             Defect::EvictionReusesToken => "a forced unlock reuses the evicted token",
+            Defect::ReentrantPerClient => "a client grants its held key to its other tasks",
         }
     }
 }
 
 #[derive(Debug, Clone)]
 struct Holder {
+    /// Which client ([`Broken::connected`]) took it.
+    client: u64,
     owner: OwnerToken,
     expires: Instant,
     fencing: FencingToken,
@@ -122,6 +130,7 @@ impl Holder {
 #[derive(Debug, Default)]
 struct Table {
     counter: u64,
+    clients: u64,
     per_key: HashMap<String, u64>,
     holders: HashMap<String, Holder>,
     busy_answers: u64,
@@ -138,6 +147,8 @@ impl Table {
 pub struct Broken {
     defect: Option<Defect>,
     table: Arc<Mutex<Table>>,
+    /// This handle's client: handles of one client share it.
+    client: u64,
 }
 
 impl Broken {
@@ -145,6 +156,18 @@ impl Broken {
         Broken {
             defect,
             table: Arc::default(),
+            client: 0,
+        }
+    }
+
+    /// A handle of a new client of the same service.
+    pub fn connected(&self) -> Broken {
+        let mut table = self.table();
+        table.clients += 1;
+        Broken {
+            defect: self.defect,
+            table: self.table.clone(),
+            client: table.clients,
         }
     }
 
@@ -179,6 +202,7 @@ impl Broken {
         table.holders.insert(
             key,
             Holder {
+                client: self.client,
                 owner: req.owner,
                 expires: now + ttl,
                 fencing: FencingToken(token),
@@ -215,8 +239,9 @@ impl DistributedLock for Broken {
         let mut table = self.table();
         if let Some(holder) = table.live(key, now) {
             table.busy_answers += 1;
-            let overrule =
-                self.has(Defect::AcquireWhileHeld) && table.busy_answers.is_multiple_of(4);
+            let overrule = (self.has(Defect::AcquireWhileHeld)
+                && table.busy_answers.is_multiple_of(4))
+                || (self.has(Defect::ReentrantPerClient) && holder.client == self.client);
             if !overrule {
                 return Ok(Attempt::Busy {
                     retry_after: Some(holder.expires - now),

@@ -52,6 +52,23 @@ fn subject(service_kind: Service) -> Subject {
         (_, Some(Defect::ValidityIgnoresElapsed | Defect::DeadlineCutsFirstAttempt)) => {
             Arc::new(OwnWaitingLoop(service))
         }
+        (_, Some(Defect::ReentrantPerClient)) => {
+            // Each connect is a client of its own, whose tasks share its "session".
+            let capabilities = service.capabilities();
+            let subject = Subject::new(name, capabilities, move || {
+                let client: Arc<dyn DistributedLock> = Arc::new(service.connected());
+                async move { Ok(client) }
+            });
+            return subject.with_proxied(vec![link::echo_server()], move |addrs| {
+                let inner: Arc<dyn DistributedLock> = Arc::new(linked.connected());
+                async move {
+                    let addr = *addrs.first().context("no address to connect to")?;
+                    let client: Arc<dyn DistributedLock> =
+                        Arc::new(link::Linked::new(inner, addr, replaces_silent));
+                    Ok(client)
+                }
+            });
+        }
         _ => Arc::new(service),
     };
     // A queue in front declares the fair queue.

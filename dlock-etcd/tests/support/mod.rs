@@ -144,22 +144,6 @@ pub async fn contenders_until(
     .await
 }
 
-/// A freeze switch that keeps its proxy alive.
-pub struct ProxyFreeze {
-    switch: Arc<dyn Freeze>,
-    _proxy: FreezeProxy,
-}
-
-impl Freeze for ProxyFreeze {
-    fn freeze(&self) {
-        self.switch.freeze();
-    }
-
-    fn thaw(&self) {
-        self.switch.thaw();
-    }
-}
-
 /// A client that reaches `endpoint` (`127.0.0.1:PORT`) through a freezable proxy.
 pub async fn freezable_client(
     endpoint: &str,
@@ -171,11 +155,7 @@ pub async fn freezable_client(
         .context("fixture endpoint")?;
     let proxy = FreezeProxy::start(target).await?;
     let locks = client(&[format!("http://{}", proxy.addr())], session_ttl).await?;
-    let freeze = ProxyFreeze {
-        switch: proxy.switch(),
-        _proxy: proxy,
-    };
-    Ok((Arc::new(locks), Arc::new(freeze)))
+    Ok((Arc::new(locks), Arc::new(proxy)))
 }
 
 /// A command running inside a container (`docker exec`), with its output collected.

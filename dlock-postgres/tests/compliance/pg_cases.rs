@@ -202,6 +202,10 @@ async fn a_terminated_session_loses_its_leases_at_once(env: Env) -> anyhow::Resu
     let lease = holder
         .acquire(&name, &opts(Duration::from_secs(30)).with_auto_renew())
         .await?;
+    let other_name = format!("{name}/other");
+    let _also_held = holder
+        .acquire(&other_name, &opts(Duration::from_secs(30)))
+        .await?;
     let resource = Fenced::new(Vec::<&str>::new());
     resource.write(lease.fencing_token(), |log| log.push("before"))?;
     let pid = holder.session_pid().await.context("the holder's session")?;
