@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::PostgresServer;
-use dlock_testkit::{url_target, url_via, Freeze, FreezeProxy};
+use dlock_testkit::{url_target, url_via, FreezeProxy};
 
 use super::{FreezableClient, Target};
 use crate::Backend;
@@ -62,11 +62,8 @@ impl Target for PostgresTarget {
         let server_url = self.server.url();
         let proxy = FreezeProxy::start(url_target(&server_url, 5432)?).await?;
         let client = self.connect(&url_via(&server_url, proxy.addr())?).await?;
-        let switch = ProxySwitch {
-            switch: proxy.switch(),
-            _proxy: proxy,
-        };
-        Ok((client, Arc::new(switch)))
+        // The proxy is its own switch, and runs for as long as the scenario holds it.
+        Ok((client, Arc::new(proxy)))
     }
 
     fn fencing(&self) -> bool {
@@ -75,22 +72,5 @@ impl Target for PostgresTarget {
 
     fn abandon_bound(&self, _ttl: Duration) -> Duration {
         SESSION
-    }
-}
-
-/// A proxy's switch that keeps the proxy running for as long as the scenario holds it (the
-/// holder's connections go through it).
-struct ProxySwitch {
-    switch: Arc<dyn Freeze>,
-    _proxy: FreezeProxy,
-}
-
-impl Freeze for ProxySwitch {
-    fn freeze(&self) {
-        self.switch.freeze();
-    }
-
-    fn thaw(&self) {
-        self.switch.thaw();
     }
 }
