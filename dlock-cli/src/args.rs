@@ -36,7 +36,8 @@ pub enum Command {
     /// to N commands run at once; with --read or --write, the read or the write side of the
     /// read-write lock KEY (any number of readers, or one writer). Without these, run takes the
     /// plain lock KEY, which is independent of the semaphore and the read-write lock of the same
-    /// name. The command sees the lease's fencing token in DLOCK_FENCING_TOKEN and the key in
+    /// name (except on postgres://, where the write side is the lock KEY, as DistributedLock
+    /// maps them, so a writer and the plain lock exclude each other). The command sees the lease's fencing token in DLOCK_FENCING_TOKEN and the key in
     /// DLOCK_KEY; pass the token to the resource you write to, so it can reject a holder whose
     /// lease already ended. SIGINT and SIGTERM sent to dlock are passed on to the command. If the
     /// lease is lost (the service cannot be reached for longer than the lease is valid, or the

@@ -2,8 +2,8 @@
 //! against a real Redis server in a container (one server for all trials, each trial on keys of
 //! its own), and `status` against etcd and three Redlock masters, whose holders' tokens it can
 //! tell. The primitives run across processes on Redis: `run --permits`, `run --read` and
-//! `--write`, `elect` and `leader --watch`. On PostgreSQL, `run`, `status`, `list` and `unlock`
-//! run as on the others, and no command shows the URL's password, whatever it prints or fails with.
+//! `--write`, `elect` and `leader --watch`. On PostgreSQL, `run` (also `--permits`, `--read` and
+//! `--write`), `status`, `list` and `unlock` run as on the others, and no command shows the URL's password, whatever it prints or fails with.
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
@@ -61,7 +61,7 @@ fn main() {
             memory_leader_shows_nobody_with_0,
         ),
     ];
-    let server_trials: [(&str, ServerTrial); 26] = [
+    let server_trials: [(&str, ServerTrial); 28] = [
         ("redis_runs_never_overlap", runs_never_overlap),
         (
             "redis_busy_lock_exits_75_without_running",
@@ -153,6 +153,14 @@ fn main() {
         (
             "postgres_no_command_shows_the_password",
             postgres_no_command_shows_the_password,
+        ),
+        (
+            "postgres_run_permits_two_at_once_and_a_third_waits",
+            postgres_permits_two_at_once_and_a_third_waits,
+        ),
+        (
+            "postgres_run_read_shares_and_write_waits",
+            postgres_readers_share_and_a_writer_waits,
         ),
     ];
 
@@ -1393,25 +1401,29 @@ fn wait_for_lines(path: &Path, prefix: &str, count: usize) -> Result<(), Failed>
 /// of them ends; a fourth that does not wait is busy (75), and one that names another number of
 /// permits is refused (64); neither runs its command. Every holder has a token of its own.
 fn permits_two_at_once_and_a_third_waits(servers: &Servers) -> Result<(), Failed> {
-    let dir = scratch("permits");
+    permits_two_at_once_and_a_third_waits_on(&servers.url, "permits")
+}
+
+/// [`permits_two_at_once_and_a_third_waits`] on PostgreSQL's semaphore.
+fn postgres_permits_two_at_once_and_a_third_waits(servers: &Servers) -> Result<(), Failed> {
+    permits_two_at_once_and_a_third_waits_on(&servers.postgres_url, "postgres-permits")
+}
+
+/// [`permits_two_at_once_and_a_third_waits`] on `url`; `trial` names the scratch directory and
+/// the key.
+fn permits_two_at_once_and_a_third_waits_on(url: &str, trial: &str) -> Result<(), Failed> {
+    let dir = scratch(trial);
     let (log, go) = (dir.join("log"), dir.join("go"));
     let script = format!(
         "echo \"+ $DLOCK_FENCING_TOKEN\" >> {0}; {1}; echo \"- $DLOCK_FENCING_TOKEN\" >> {0}",
         log.display(),
         until_exists(&go)
     );
-    let key = format!("cli-permits-{}", std::process::id());
+    let key = format!("cli-{trial}-{}", std::process::id());
     let options = ["--permits", "2", "--ttl", "5s", "--wait", "60s"];
     let mut running = Running::default();
     let holders = (0..3)
-        .map(|_| {
-            running.start(&mut dlock_run(
-                &servers.url,
-                &key,
-                &options,
-                &["sh", "-c", &script],
-            ))
-        })
+        .map(|_| running.start(&mut dlock_run(url, &key, &options, &["sh", "-c", &script])))
         .collect::<Result<Vec<usize>, Failed>>()?;
     wait_for_lines(&log, "+ ", 2)?;
     // Time for a third permit to be handed out, were there one.
@@ -1423,7 +1435,7 @@ fn permits_two_at_once_and_a_third_waits(servers: &Servers) -> Result<(), Failed
     );
     let marker = dir.join("ran").display().to_string();
     let output = dlock_run_to_end(
-        &servers.url,
+        url,
         &key,
         &["--permits", "2", "--wait", "0"],
         &["touch", &marker],
@@ -1431,7 +1443,7 @@ fn permits_two_at_once_and_a_third_waits(servers: &Servers) -> Result<(), Failed
     exits(&output, 75)?;
     one_line_error(&output, "busy")?;
     let output = dlock_run_to_end(
-        &servers.url,
+        url,
         &key,
         &["--permits", "3", "--wait", "0"],
         &["touch", &marker],
@@ -1467,19 +1479,40 @@ fn permits_two_at_once_and_a_third_waits(servers: &Servers) -> Result<(), Failed
 /// The plain lock of the same name is another thing: free meanwhile. The writer's token is
 /// greater than both readers'.
 fn readers_share_and_a_writer_waits(servers: &Servers) -> Result<(), Failed> {
-    let dir = scratch("rw");
+    readers_share_and_a_writer_waits_on(&servers.url, "rw", Plain::Separate)
+}
+
+/// [`readers_share_and_a_writer_waits`] on PostgreSQL's read-write lock, whose write side is the
+/// plain lock of the name (DistributedLock's mapping): busy while the readers hold.
+fn postgres_readers_share_and_a_writer_waits(servers: &Servers) -> Result<(), Failed> {
+    readers_share_and_a_writer_waits_on(&servers.postgres_url, "postgres-rw", Plain::WriteSide)
+}
+
+/// What the plain lock of a read-write lock's name is on a backend.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Plain {
+    /// Another lock, free while the read-write lock is held.
+    Separate,
+    /// The write side itself, so busy while readers hold.
+    WriteSide,
+}
+
+/// [`readers_share_and_a_writer_waits`] on `url`; `trial` names the scratch directory and the
+/// key, `plain` what the plain lock of the name is there.
+fn readers_share_and_a_writer_waits_on(url: &str, trial: &str, plain: Plain) -> Result<(), Failed> {
+    let dir = scratch(trial);
     let (log, go) = (dir.join("log"), dir.join("go"));
     let reader = format!(
         "echo \"r+ $DLOCK_FENCING_TOKEN\" >> {0}; {1}; echo \"r- $DLOCK_FENCING_TOKEN\" >> {0}",
         log.display(),
         until_exists(&go)
     );
-    let key = format!("cli-rw-{}", std::process::id());
+    let key = format!("cli-{trial}-{}", std::process::id());
     let mut running = Running::default();
     let readers = (0..2)
         .map(|_| {
             running.start(&mut dlock_run(
-                &servers.url,
+                url,
                 &key,
                 &["--read", "--ttl", "5s", "--wait", "60s"],
                 &["sh", "-c", &reader],
@@ -1489,7 +1522,7 @@ fn readers_share_and_a_writer_waits(servers: &Servers) -> Result<(), Failed> {
     wait_for_lines(&log, "r+ ", 2)?;
     let writer_script = format!("echo \"w $DLOCK_FENCING_TOKEN\" >> {}", log.display());
     let writer = running.start(&mut dlock_run(
-        &servers.url,
+        url,
         &key,
         &["--write", "--ttl", "5s", "--wait", "60s"],
         &["sh", "-c", &writer_script],
@@ -1497,7 +1530,7 @@ fn readers_share_and_a_writer_waits(servers: &Servers) -> Result<(), Failed> {
     // Once the writer waits, a reader that does not wait is turned away.
     let until = Instant::now() + PATIENCE;
     loop {
-        let output = dlock_run_to_end(&servers.url, &key, &["--read", "--wait", "0"], &["true"]);
+        let output = dlock_run_to_end(url, &key, &["--read", "--wait", "0"], &["true"]);
         if code(&output) == 75 {
             one_line_error(&output, "busy")?;
             break;
@@ -1511,10 +1544,15 @@ fn readers_share_and_a_writer_waits(servers: &Servers) -> Result<(), Failed> {
         "the writer ran beside readers: {:?}",
         read(&log)
     );
-    // `run` without --read or --write takes the plain lock, which nobody holds.
+    // `run` without --read or --write takes the plain lock: nobody holds it, or it is the
+    // write side the readers keep out.
+    let expected = match plain {
+        Plain::Separate => 0,
+        Plain::WriteSide => 75,
+    };
     exits(
-        &dlock_run_to_end(&servers.url, &key, &["--wait", "0"], &["true"]),
-        0,
+        &dlock_run_to_end(url, &key, &["--wait", "0"], &["true"]),
+        expected,
     )?;
     open_gate(&go)?;
     for reader in readers {
