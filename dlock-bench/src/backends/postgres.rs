@@ -79,7 +79,7 @@ impl Floor {
         let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                tracing::warn!("the floor's PostgreSQL connection ended: {e}");
+                tracing::debug!("the floor's PostgreSQL connection ended: {e}");
             }
         });
         let lock = client
