@@ -6,7 +6,8 @@
 //! them, see [`SslMode`]), `session_timeout` (how long the server keeps the locks of a silent
 //! client; default 10 s), `request_timeout` and `connect_timeout` (durations such as `10s` or
 //! `1500ms`), `application_name`, and `owner` (the application label of the owner records).
-//! Several hosts are tried in order, as libpq does. The port defaults to 5432, the user to
+//! Several hosts are tried in order, as libpq does, for the first that takes writes (libpq's
+//! `target_session_attrs=read-write`: a primary, not a standby). The port defaults to 5432, the user to
 //! `postgres`, the database to the user's name.
 
 use std::fmt;
@@ -55,7 +56,8 @@ impl fmt::Debug for Secret {
 /// them, see [`SslMode`]), `session_timeout` (how long the server keeps the locks of a silent
 /// client; default 10 s), `request_timeout` and `connect_timeout` (durations such as `10s` or
 /// `1500ms`), `application_name`, and `owner` (the application label of the owner records).
-/// Several hosts are tried in order, as libpq does. The port defaults to 5432, the user to
+/// Several hosts are tried in order, as libpq does, for the first that takes writes (libpq's
+/// `target_session_attrs=read-write`: a primary, not a standby). The port defaults to 5432, the user to
 /// `postgres`, the database to the user's name.
 #[derive(Debug, Clone)]
 pub struct PgLockBuilder {

@@ -67,6 +67,10 @@ pub(crate) fn driver_config(settings: &Settings, lock_session: bool) -> tokio_po
         .application_name(&settings.application_name)
         .connect_timeout(settings.connect_timeout)
         .keepalives(true)
+        // Only a server that takes writes (a primary) can grant: the token and the row are
+        // writes, and NOTIFY and pg_locks are the primary's own. Among several hosts, libpq's
+        // `target_session_attrs=read-write` picks it; both connections go to it.
+        .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
         .keepalives_idle(settings.session_timeout.max(Duration::from_secs(2)) / 2);
     if let Some(password) = &settings.password {
         config.password(password.0.as_bytes());

@@ -3,7 +3,8 @@
 //! the read-write lock and the semaphore), a session the server ends, a server restart, and
 //! configuration errors.
 //!
-//! One server serves every case; the outage case and the restart case get one each. The
+//! One server serves every case; the outage case and the restart case get one each, and a
+//! read-only one stands for a standby. The
 //! freezable client of the lost-signal and paused-holder cases reaches the shared server through
 //! a [`FreezeProxy`]: freezing it silences the lock session, and the server ends it after the
 //! session timeout.
@@ -32,7 +33,7 @@ use anyhow::ensure;
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
-use dlock_testkit::fixtures::{docker_opt_out, PostgresServer};
+use dlock_testkit::fixtures::{docker_opt_out, PostgresOptions, PostgresServer};
 use dlock_testkit::{trials, url_target, url_via};
 use libtest_mimic::Arguments;
 
@@ -120,15 +121,20 @@ fn main() {
         trials::run_ignored(&args, trials);
     }
     let runtime = trials::fixture_runtime();
-    let (shared, dedicated, restarted) =
-        trials::start(&runtime, "three PostgreSQL servers", async {
+    let (shared, dedicated, restarted, read_only) =
+        trials::start(&runtime, "four PostgreSQL servers", async {
             tokio::try_join!(
                 PostgresServer::start(),
                 PostgresServer::start(),
-                PostgresServer::start()
+                PostgresServer::start(),
+                // Takes no writes, as a standby: a client must pass it by.
+                PostgresServer::start_with(
+                    PostgresOptions::default().with_setting("default_transaction_read_only", "on")
+                ),
             )
         });
     let (shared, restarted) = (Arc::new(shared), Arc::new(restarted));
+    let read_only = Arc::new(read_only);
     // The backend declares its own capabilities, which must be the registry's; the suite checks
     // them.
     let capabilities = runtime.block_on(client(&shared.url())).and_then(|locks| {
@@ -143,7 +149,7 @@ fn main() {
     let trials = match capabilities.and_then(|c| subject(&shared, &dedicated, c)) {
         Ok(subject) => {
             let mut trials = suite::trials(&subject);
-            trials.extend(pg_cases::trials(&shared, &restarted));
+            trials.extend(pg_cases::trials(&shared, &restarted, &read_only));
             trials.extend(pg_primitives::trials(&shared));
             trials
         }
@@ -155,11 +161,13 @@ fn main() {
     trials::run_then(&args, trials, &runtime, || async {
         let shared = pg_cases::unshare(shared)?;
         let restarted = pg_cases::unshare(restarted)?;
-        let (a, b, c) = tokio::join!(
+        let read_only = pg_cases::unshare(read_only)?;
+        let (a, b, c, d) = tokio::join!(
             shared.shutdown(),
             dedicated.shutdown(),
-            restarted.shutdown()
+            restarted.shutdown(),
+            read_only.shutdown()
         );
-        a.and(b).and(c)
+        a.and(b).and(c).and(d)
     })
 }

@@ -27,6 +27,8 @@ const TRIAL_BUDGET: Duration = Duration::from_secs(120);
 pub struct Env {
     server: Arc<PostgresServer>,
     restarted: Arc<PostgresServer>,
+    /// A server that takes no writes (`default_transaction_read_only`), as a standby.
+    read_only: Arc<PostgresServer>,
 }
 
 fn cases() -> Vec<(&'static str, Case<Env>)> {
@@ -39,6 +41,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(tasks_of_one_client_exclude_each_other),
         case!(eviction_ends_the_holders_session),
         case!(bad_configuration_fails_fast_and_shows_no_password),
+        case!(of_several_hosts_the_one_that_takes_writes_is_used),
     ]
 }
 
@@ -48,10 +51,15 @@ pub fn names() -> Vec<String> {
 }
 
 /// The trials against the shared server (and the restartable one).
-pub fn trials(server: &Arc<PostgresServer>, restarted: &Arc<PostgresServer>) -> Vec<Trial> {
+pub fn trials(
+    server: &Arc<PostgresServer>,
+    restarted: &Arc<PostgresServer>,
+    read_only: &Arc<PostgresServer>,
+) -> Vec<Trial> {
     let env = Env {
         server: server.clone(),
         restarted: restarted.clone(),
+        read_only: read_only.clone(),
     };
     trials::cases("postgres", &cases(), &env, TRIAL_BUDGET)
 }
@@ -426,6 +434,52 @@ async fn bad_configuration_fails_fast_and_shows_no_password(env: Env) -> anyhow:
             })
         ),
         "verify-full without a root certificate: {incomplete:?}"
+    );
+    Ok(())
+}
+
+/// `host:port` of a fixture's URL.
+fn host_port(url: &str) -> anyhow::Result<String> {
+    let (_, rest) = url
+        .split_once('@')
+        .context("the fixture URL has credentials")?;
+    Ok(rest.split('/').next().unwrap_or(rest).to_string())
+}
+
+/// Given a host that takes no writes (a standby) before the primary, the client connects to the
+/// primary, as libpq's `target_session_attrs=read-write` does; given the standby alone, it fails
+/// rather than lock where it cannot write.
+async fn of_several_hosts_the_one_that_takes_writes_is_used(env: Env) -> anyhow::Result<()> {
+    let url = env.server.url();
+    let (credentials, _) = url
+        .split_once('@')
+        .context("the fixture URL has credentials")?;
+    let standby = host_port(&env.read_only.url())?;
+    let primary = host_port(&url)?;
+    let both = format!("{credentials}@{standby},{primary}/postgres?sslmode=disable");
+    let locks = client(&both).await?;
+    let name = name("several-hosts");
+    let lease = locks.acquire(&name, &opts(Duration::from_secs(10))).await?;
+    let pid = locks.session_pid().await.context("no lock session")?;
+    let on_primary = env
+        .server
+        .psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+        ))
+        .await?;
+    ensure!(
+        on_primary == "1",
+        "the lock session {pid} is not on the primary"
+    );
+    lease.release().await?;
+    let alone = format!("{credentials}@{standby}/postgres?sslmode=disable");
+    let refused = builder(&alone)?
+        .with_connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await;
+    ensure!(
+        refused.is_err(),
+        "a client locked on a server that takes no writes"
     );
     Ok(())
 }
