@@ -111,6 +111,12 @@ impl PgLockBuilder {
         }
     }
 
+    /// Parses a connection string (the form and parameters above). A malformed string is an
+    /// [`Error::InvalidInput`] for field `url` that never repeats the password.
+    pub fn from_url(url: &str) -> Result<Self> {
+        <Self as FromUrl>::from_url(url)
+    }
+
     /// Adds a server to try (in the order added).
     pub fn with_host(mut self, host: impl Into<String>, port: u16) -> Self {
         self.hosts.push((host.into(), port));
