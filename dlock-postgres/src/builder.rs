@@ -49,7 +49,7 @@ impl fmt::Debug for Secret {
 }
 
 /// Builds a [`PgLock`], in code or from a connection string
-/// ([`from_url`](dlock_core::url::FromUrl::from_url)):
+/// ([`from_url`](Self::from_url)):
 ///
 /// `postgres://[user[:password]@]host[:port][,host[:port]…][/database][?parameters]` (also
 /// `postgresql://`). Parameters: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` (as libpq reads

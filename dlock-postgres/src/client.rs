@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::url::FromUrl;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, ExtendRequest, Extension,
     FencingGuarantee, FencingToken, Grant, HeldLock, Holding, Layer, LeaseRef, LockKey,

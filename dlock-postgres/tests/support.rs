@@ -25,7 +25,6 @@ pub async fn client(url: &str) -> anyhow::Result<Arc<PgLock>> {
 
 /// The builder of [`client`], for other settings.
 pub fn builder(url: &str) -> anyhow::Result<dlock_postgres::PgLockBuilder> {
-    use dlock_core::url::FromUrl;
     Ok(dlock_postgres::PgLockBuilder::from_url(url)?
         .with_session_timeout(SESSION_TIMEOUT)
         .with_request_timeout(Duration::from_secs(2))
