@@ -285,6 +285,19 @@ impl Inner {
                 return Err(e);
             }
         };
+        self.token_or_busy(&session, owner, &rows, sent, ttl).await
+    }
+
+    /// Concludes a granting statement that returns the token in its one row, or no row when the
+    /// key is busy (which frees the reservation).
+    pub(crate) async fn token_or_busy(
+        &self,
+        session: &Arc<Session>,
+        owner: u128,
+        rows: &[tokio_postgres::Row],
+        sent: Instant,
+        ttl: Duration,
+    ) -> Result<Attempt> {
         let Some(row) = rows.first() else {
             self.held().remove(owner);
             return Ok(Attempt::Busy { retry_after: None });
@@ -292,7 +305,7 @@ impl Inner {
         let token: i64 = row
             .try_get(0)
             .map_err(|e| Error::backend(BACKEND, false, format!("the grant's token: {e}")))?;
-        self.finish_grant(&session, owner, token as u64, sent, ttl)
+        self.finish_grant(session, owner, token as u64, sent, ttl)
             .await
     }
 

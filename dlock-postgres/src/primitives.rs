@@ -403,16 +403,7 @@ async fn grant_read(
             return Err(e);
         }
     };
-    let Some(row) = rows.first() else {
-        inner.held().remove(owner);
-        return Ok(Attempt::Busy { retry_after: None });
-    };
-    let token: i64 = row
-        .try_get(0)
-        .map_err(|e| Error::backend(BACKEND, false, format!("the grant's token: {e}")))?;
-    inner
-        .finish_grant(&session, owner, token as u64, sent, ttl)
-        .await
+    inner.token_or_busy(&session, owner, &rows, sent, ttl).await
 }
 
 /// Takes a permit of the semaphore `name` of `permits` for `owner` on `session`, one grant of
