@@ -104,14 +104,18 @@ impl Written {
     /// goes with its session lease, or with the next local contender for the same lock).
     async fn withdraw_once(&self) {
         for attempt in 0..WITHDRAW_ATTEMPTS {
-            let _turn = match &self.shared {
-                Some((queue, key)) if self.in_flight() => match queue.try_owned_turn(key) {
+            // The turn is taken around the deletion only, never across the pause before the
+            // next attempt: a live acquire that finds it taken waits for this one request.
+            let turn = match &self.shared {
+                Some((queue, key)) if self.in_flight() => match queue.try_withdrawal_turn(key) {
                     Some(turn) => Some(turn),
                     None => return,
                 },
                 _ => None,
             };
-            match self.delete().await {
+            let deleted = self.delete().await;
+            drop(turn);
+            match deleted {
                 Ok(_) => return,
                 Err(error) => {
                     tracing::debug!(%error, attempt, "withdrawing an abandoned contender key failed");

@@ -55,24 +55,49 @@ impl Drop for Held {
 }
 
 /// A key's turn taken from a [`LocalQueue`] by a holder that keeps no [`Held`] record there (an
-/// election's candidate): it passes the turn on and tidies the entry when dropped.
+/// election's candidate, or the background withdrawal of an abandoned candidate's key): it
+/// passes the turn on and tidies the entry when dropped.
 pub(crate) struct Turn {
     queue: Arc<LocalQueue>,
     key: LockKey,
     guard: Option<OwnedMutexGuard<()>>,
+    /// Taken by a background withdrawal, which the slot shows while it lasts.
+    withdrawal: bool,
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        drop(self.guard.take());
+        if self.withdrawal {
+            // The mark goes with the turn, in one step, so that no `try_turn_or_withdrawal`
+            // sees the turn taken and the mark already gone.
+            let mut slots = self.queue.slots();
+            if let Some(slot) = slots.get_mut(&self.key) {
+                slot.withdrawing = false;
+            }
+            drop(self.guard.take());
+        } else {
+            drop(self.guard.take());
+        }
         self.queue.tidy(&self.key);
     }
+}
+
+/// What [`LocalQueue::try_turn_or_withdrawal`] found.
+pub(crate) enum TryTurn {
+    /// The turn, taken.
+    Taken(Turn),
+    /// A live acquire or holder of this client has it.
+    Busy,
+    /// A background withdrawal has it, for one deletion: worth waiting for.
+    Withdrawing,
 }
 
 #[derive(Default)]
 struct Slot {
     turn: Arc<tokio::sync::Mutex<()>>,
     held: Option<Held>,
+    /// Whether the turn is taken by a background withdrawal (see [`Turn`]).
+    withdrawing: bool,
 }
 
 /// The locks one client holds and the local tasks waiting for each, key by key.
@@ -132,17 +157,60 @@ impl LocalQueue {
             queue: self.clone(),
             key: key.clone(),
             guard: Some(guard),
+            withdrawal: false,
         })
     }
 
-    /// [`try_turn`](Self::try_turn), as a [`Turn`] that tidies after itself.
-    pub(crate) fn try_owned_turn(self: &Arc<Self>, key: &LockKey) -> Option<Turn> {
-        let guard = self.try_turn(key)?;
+    /// Takes `key`'s turn for a background withdrawal if no local task has it, marking the
+    /// slot meanwhile: an acquire that finds the turn so taken waits for the one deletion
+    /// rather than answering busy for a lock nobody holds.
+    pub(crate) fn try_withdrawal_turn(self: &Arc<Self>, key: &LockKey) -> Option<Turn> {
+        let taken = {
+            let mut slots = self.slots();
+            let slot = slots.entry(key.clone()).or_default();
+            let guard = slot.turn.clone().try_lock_owned().ok();
+            slot.withdrawing = guard.is_some();
+            guard
+        };
+        let Some(guard) = taken else {
+            self.tidy(key);
+            return None;
+        };
         Some(Turn {
             queue: self.clone(),
             key: key.clone(),
             guard: Some(guard),
+            withdrawal: true,
         })
+    }
+
+    /// Takes `key`'s turn if nobody has it; otherwise tells a live local task from a
+    /// background withdrawal (both read in one step).
+    pub(crate) fn try_turn_or_withdrawal(self: &Arc<Self>, key: &LockKey) -> TryTurn {
+        let found = {
+            let mut slots = self.slots();
+            let slot = slots.entry(key.clone()).or_default();
+            match slot.turn.clone().try_lock_owned() {
+                Ok(guard) => Ok(guard),
+                Err(_) => Err(slot.withdrawing),
+            }
+        };
+        match found {
+            Ok(guard) => TryTurn::Taken(Turn {
+                queue: self.clone(),
+                key: key.clone(),
+                guard: Some(guard),
+                withdrawal: false,
+            }),
+            Err(withdrawing) => {
+                self.tidy(key);
+                if withdrawing {
+                    TryTurn::Withdrawing
+                } else {
+                    TryTurn::Busy
+                }
+            }
+        }
     }
 
     /// Records `held` as the lock this client holds on `key`.
@@ -210,5 +278,55 @@ impl LocalQueue {
             .values_mut()
             .filter_map(|slot| slot.held.take())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(queue: &Arc<LocalQueue>, key: &LockKey) -> &'static str {
+        match queue.try_turn_or_withdrawal(key) {
+            TryTurn::Taken(_) => "taken",
+            TryTurn::Busy => "busy",
+            TryTurn::Withdrawing => "withdrawing",
+        }
+    }
+
+    #[tokio::test]
+    async fn a_withdrawal_is_told_from_a_live_turn_and_leaves_no_mark() {
+        let queue = Arc::new(LocalQueue::default());
+        let key = LockKey::new("election").unwrap();
+
+        let withdrawal = queue.try_withdrawal_turn(&key).unwrap();
+        assert_eq!(outcome(&queue, &key), "withdrawing");
+        assert!(queue.try_withdrawal_turn(&key).is_none());
+        drop(withdrawal);
+        assert_eq!(queue.len(), 0, "the entry is tidied with the turn");
+
+        let live = queue.owned_turn(&key, None).await.unwrap();
+        assert_eq!(outcome(&queue, &key), "busy");
+        assert!(
+            queue.try_withdrawal_turn(&key).is_none(),
+            "a withdrawal skips a key a live acquire owns"
+        );
+        drop(live);
+        assert_eq!(outcome(&queue, &key), "taken");
+        assert_eq!(queue.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_acquire_waiting_for_a_withdrawal_gets_the_turn_when_it_ends() {
+        let queue = Arc::new(LocalQueue::default());
+        let key = LockKey::new("election").unwrap();
+        let withdrawal = queue.try_withdrawal_turn(&key).unwrap();
+        let waiter = {
+            let (queue, key) = (queue.clone(), key.clone());
+            tokio::spawn(async move { queue.owned_turn(&key, None).await.is_some() })
+        };
+        tokio::task::yield_now().await;
+        drop(withdrawal);
+        assert!(waiter.await.unwrap());
+        assert_eq!(outcome(&queue, &key), "taken");
     }
 }

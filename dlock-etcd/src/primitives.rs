@@ -57,7 +57,7 @@ use crate::client::{contender_value, ClientState};
 use crate::contention::{delete_own, remove_leftover};
 use crate::error::BACKEND;
 use crate::layout::{contender_key, KeyLayout};
-use crate::local_queue::Turn;
+use crate::local_queue::{TryTurn, Turn};
 use crate::requests::{RequestError, Requests};
 use crate::session::Session;
 use crate::waiting::{arm, Woken};
@@ -703,16 +703,27 @@ impl DistributedLock for View {
     /// One transaction that writes this acquire's key and reads what it waits behind; a key
     /// that does not hold at once is deleted again before the busy answer (in the background
     /// past dlock-core's withdrawal bound). A candidate whose client campaigns already on the
-    /// name is answered busy without a request.
+    /// name is answered busy without a request; one that finds only the background withdrawal
+    /// of an abandoned campaign's key waits for that deletion first.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         if self.kind == Kind::Observer {
             Primitive::observer().value()?;
         }
         let sent = Instant::now();
         let turn = match self.kind {
-            Kind::Candidate { .. } => match self.state.campaigns.try_owned_turn(req.key) {
-                Some(turn) => Some(turn),
-                None => return Ok(Attempt::Busy { retry_after: None }),
+            Kind::Candidate { .. } => match self.state.campaigns.try_turn_or_withdrawal(req.key) {
+                TryTurn::Taken(turn) => Some(turn),
+                TryTurn::Busy => return Ok(Attempt::Busy { retry_after: None }),
+                // The background withdrawal of an abandoned campaign's key holds the turn for
+                // one deletion request: wait for it rather than answer busy for a free
+                // election. Only a live local campaign that queued first outlasts the wait.
+                TryTurn::Withdrawing => {
+                    let until = Instant::now() + self.requests().timeout() * 2;
+                    match self.state.campaigns.owned_turn(req.key, Some(until)).await {
+                        Some(turn) => Some(turn),
+                        None => return Ok(Attempt::Busy { retry_after: None }),
+                    }
+                }
             },
             _ => None,
         };

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::{bail, ensure, Context};
-use dlock_core::DistributedLockExt;
+use dlock_core::{DistributedLock, DistributedLockExt, Primitive};
 use tokio::time::Instant;
 
 use super::Ctx;
@@ -20,8 +22,11 @@ const SILENCE: Duration = Duration::from_secs(3);
 pub const RECOVERY: Duration = Duration::from_secs(5);
 
 /// Silences every link of a proxied client for [`SILENCE`] (bytes discarded both ways,
-/// connections left open), checks that an attempt meanwhile fails in bounded time, heals the
-/// links, and checks that an acquire succeeds within [`RECOVERY`].
+/// connections left open), checks that attempts meanwhile (on the lock and on every primitive the
+/// subject declares, each on a key of its own) fail in bounded time, heals the links, and checks
+/// that an acquire succeeds within [`RECOVERY`] and that none of the failed attempts left its key
+/// busy: not on the server and not in the client, whose clean-up of the abandoned attempts may
+/// still be under way.
 pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> anyhow::Result<()> {
     let Some((client, link)) = cx.subject().proxied_client().await? else {
         bail!("the subject makes no clients through a proxy");
@@ -29,11 +34,31 @@ pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> 
     let key = cx.key("silent");
     let ttl = cx.ttl();
     cx.take_and_release(&client, &key).await?;
+    let declared = cx.subject().capabilities.primitives;
+    let mut views = Vec::new();
+    for primitive in [
+        Primitive::semaphore(2),
+        Primitive::Write,
+        Primitive::candidate("silent"),
+    ] {
+        if declared.serves(&primitive) {
+            let view = client.primitive(&primitive)?;
+            let key = cx.key(&format!("silent-{}", views.len()));
+            cx.take_and_release(&view, &key).await?;
+            views.push((primitive.name(), view, key));
+        }
+    }
 
     link.freeze();
     let silenced = Instant::now();
     let attempt = client.try_acquire(&key, &cx.opts(ttl)).await;
     let took = silenced.elapsed();
+    let mut failed_views = Vec::new();
+    for (name, view, key) in &views {
+        let start = Instant::now();
+        let attempt = view.try_acquire(key, &cx.opts(ttl)).await;
+        failed_views.push((*name, attempt.map(|lease| lease.is_some()), start.elapsed()));
+    }
     tokio::time::sleep_until(silenced + SILENCE).await;
     link.thaw();
     let healed = Instant::now();
@@ -45,6 +70,16 @@ pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> 
         took <= ttl + cx.slack(),
         "try_acquire took {took:?} to fail on a silent link"
     );
+    for (name, answer, took) in failed_views {
+        ensure!(
+            answer.is_err(),
+            "the {name} answered {answer:?} while the link was silent (expected an error)"
+        );
+        ensure!(
+            took <= ttl + cx.slack(),
+            "the {name} took {took:?} to fail on a silent link"
+        );
+    }
 
     // Short attempts, each bounded by the client's own timeouts, until one gets through; keep
     // going a little past the bound only to report how long recovery really took.
@@ -71,7 +106,7 @@ pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> 
                     .release()
                     .await
                     .context("release after the recovery")?;
-                return Ok(());
+                break;
             }
             Ok(None) => bail!("the key is busy after the silence: the failed attempt left it held"),
             Err(e) if healed.elapsed() > give_up => {
@@ -81,6 +116,40 @@ pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> 
                 last_error = Some(e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        }
+    }
+    for (name, view, key) in &views {
+        granted_after_the_silence(name, view, key, &cx, healed + give_up).await?;
+    }
+    Ok(())
+}
+
+/// `view` grants the free `key` before `give_up`: errors are retried (the link is back, but one
+/// connection may still be reconnecting), a busy answer fails at once.
+async fn granted_after_the_silence(
+    name: &str,
+    view: &Arc<dyn DistributedLock>,
+    key: &str,
+    cx: &Ctx,
+    give_up: Instant,
+) -> anyhow::Result<()> {
+    loop {
+        match view.try_acquire(key, &cx.opts(cx.ttl())).await {
+            Ok(Some(lease)) => {
+                lease
+                    .release()
+                    .await
+                    .context("release after the recovery")?;
+                return Ok(());
+            }
+            Ok(None) => bail!(
+                "the {name} is busy after the silence: an attempt that failed while the link \
+                 was silent left it held"
+            ),
+            Err(e) if Instant::now() > give_up => {
+                bail!("the {name} did not work again after the link healed: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
 }
