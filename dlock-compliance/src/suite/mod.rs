@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{
-    DistributedLock, DistributedLockExt, Error, FencingGuarantee, Lease, LockOptions, Released,
+    DistributedLock, DistributedLockExt, Error, FencingGuarantee, Lease, LockOptions, Primitive,
+    Released,
 };
 use libtest_mimic::{Failed, Trial};
 use tokio::time::Instant;
@@ -332,6 +333,28 @@ impl Ctx {
     ) -> anyhow::Result<()> {
         self.ensure_busy(other, key, busy).await?;
         release_held(lease, release).await
+    }
+
+    /// `client`'s view of each primitive the subject declares, of one permits count, one side
+    /// and one candidate value, with the primitive's name: what a fault case checks beside the
+    /// lock.
+    pub(crate) fn declared_views(
+        &self,
+        client: &Arc<dyn DistributedLock>,
+        candidate: &str,
+    ) -> anyhow::Result<Vec<(&'static str, Arc<dyn DistributedLock>)>> {
+        let declared = self.subject().capabilities.primitives;
+        let mut views = Vec::new();
+        for primitive in [
+            Primitive::semaphore(2),
+            Primitive::Write,
+            Primitive::candidate(candidate),
+        ] {
+            if declared.serves(&primitive) {
+                views.push((primitive.name(), client.primitive(&primitive)?));
+            }
+        }
+        Ok(views)
     }
 
     /// Takes the free `key` with `client` and releases it: the service works (before a fault,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLockExt, Error, Primitive};
+use dlock_core::{DistributedLockExt, Error};
 use tokio::time::Instant;
 
 use super::Ctx;
@@ -22,18 +22,9 @@ pub(crate) async fn server_outage_gives_errors_not_hangs_then_recovers(
     let key = cx.key("outage");
     let ttl = cx.ttl();
     cx.take_and_release(&client, &key).await?;
-    let declared = cx.subject().capabilities.primitives;
-    let mut views = Vec::new();
-    for primitive in [
-        Primitive::semaphore(2),
-        Primitive::Write,
-        Primitive::candidate("outage"),
-    ] {
-        if declared.serves(&primitive) {
-            let view = client.primitive(&primitive)?;
-            cx.take_and_release(&view, &key).await?;
-            views.push((primitive.name(), view));
-        }
+    let views = cx.declared_views(&client, "outage")?;
+    for (_, view) in &views {
+        cx.take_and_release(view, &key).await?;
     }
     outage.control.stop().await?;
     let result = async {

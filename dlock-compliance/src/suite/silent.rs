@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{DistributedLock, DistributedLockExt, Primitive};
+use dlock_core::{DistributedLock, DistributedLockExt};
 use tokio::time::Instant;
 
 use super::Ctx;
@@ -34,19 +34,15 @@ pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> 
     let key = cx.key("silent");
     let ttl = cx.ttl();
     cx.take_and_release(&client, &key).await?;
-    let declared = cx.subject().capabilities.primitives;
     let mut views = Vec::new();
-    for primitive in [
-        Primitive::semaphore(2),
-        Primitive::Write,
-        Primitive::candidate("silent"),
-    ] {
-        if declared.serves(&primitive) {
-            let view = client.primitive(&primitive)?;
-            let key = cx.key(&format!("silent-{}", views.len()));
-            cx.take_and_release(&view, &key).await?;
-            views.push((primitive.name(), view, key));
-        }
+    for (n, (name, view)) in cx
+        .declared_views(&client, "silent")?
+        .into_iter()
+        .enumerate()
+    {
+        let key = cx.key(&format!("silent-{n}"));
+        cx.take_and_release(&view, &key).await?;
+        views.push((name, view, key));
     }
 
     link.freeze();
