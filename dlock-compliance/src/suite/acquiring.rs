@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLockExt, Released};
+use dlock_core::{Backoff, DistributedLockExt, Released};
 use dlock_testkit::trials::ensure_token_above;
 use tokio::time::Instant;
 
@@ -51,12 +51,38 @@ pub(crate) async fn acquire_respects_its_deadline(cx: Ctx) -> anyhow::Result<()>
 
 /// A waiter gets the lock soon after the holder releases, long before the TTL.
 pub(crate) async fn release_frees_promptly_for_a_waiter(cx: Ctx) -> anyhow::Result<()> {
+    hand_over(&cx, "handover", Backoff::default()).await
+}
+
+/// How long a waiter of [`a_release_wakes_a_waiter_that_does_not_poll`] would sleep between
+/// attempts if nothing woke it: far beyond any subject's slack.
+const NO_POLLING: Duration = Duration::from_secs(20);
+
+/// On a backend that declares that releases wake waiters, a waiter whose backoff would keep it
+/// asleep for [`NO_POLLING`] (and whose holder's TTL is longer still) gets the lock within the
+/// slack of the release: it was woken, not polling.
+pub(crate) async fn a_release_wakes_a_waiter_that_does_not_poll(cx: Ctx) -> anyhow::Result<()> {
+    let retry = Backoff {
+        initial: NO_POLLING,
+        max: NO_POLLING,
+        multiplier: 1.0,
+        jitter: 0.0,
+    };
+    hand_over(&cx, "wake", retry).await
+}
+
+/// A holder of `name` with a long TTL, a waiter with backoff `retry`; the holder releases and
+/// the waiter must have the lock within the slack, with a larger token.
+async fn hand_over(cx: &Ctx, name: &str, retry: Backoff) -> anyhow::Result<()> {
     let [holder, waiter] = cx.clients().await?;
-    let key = cx.key("handover");
+    let key = cx.key(name);
     let opts = cx.opts(cx.long_ttl());
     let lease = holder.acquire(&key, &opts).await?;
     let first = lease.fencing_token();
-    let wait_opts = opts.clone().with_wait(Duration::from_secs(30));
+    let wait_opts = opts
+        .clone()
+        .with_wait(Duration::from_secs(30))
+        .with_retry(retry);
     let waiting = {
         let key = key.clone();
         tokio::spawn(async move {

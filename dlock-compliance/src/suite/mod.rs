@@ -62,6 +62,9 @@ pub enum Needs {
     /// A backend that serves waiters in arrival order
     /// ([`Capabilities::fair_queue`](dlock_core::Capabilities::fair_queue)).
     FairQueue,
+    /// A backend whose releases wake waiters
+    /// ([`Capabilities::notifies_waiters`](dlock_core::Capabilities::notifies_waiters)).
+    Notifications,
 }
 
 type CaseFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -160,6 +163,7 @@ pub fn cases() -> Vec<Case> {
             fairness::a_crashed_queued_waiter_does_not_block_the_queue,
             fairness::many_waiters_exclude_each_other_with_growing_tokens,
         ],
+        Notifications: [acquiring::a_release_wakes_a_waiter_that_does_not_poll],
         Outage: [outage::server_outage_gives_errors_not_hangs_then_recovers],
         Proxy: [silent::silent_link_fails_in_bounded_time_then_recovers],
     ]
@@ -178,6 +182,7 @@ pub fn applicable(subject: &Subject) -> Vec<Case> {
             Needs::ReadWrite => subject.capabilities.primitives.read_write,
             Needs::Election => subject.capabilities.primitives.election,
             Needs::FairQueue => subject.capabilities.fair_queue,
+            Needs::Notifications => subject.capabilities.notifies_waiters,
         })
         .collect()
 }

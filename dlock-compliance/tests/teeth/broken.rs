@@ -10,6 +10,7 @@ use dlock_core::{
     FencingToken, Grant, HeldLock, Holder as HolderView, Holding, Layer, LeaseRef, LockKey,
     LockRequest, Owner, OwnerRecord, OwnerToken, Released, Result,
 };
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The defects. Each must be caught by at least one case of the suite.
@@ -60,10 +61,12 @@ pub enum Defect {
     /// lock that lives in the client's session (a PostgreSQL session-level advisory lock) is
     /// unless the client refuses the second owner itself.
     ReentrantPerClient,
+    /// Releases are declared to wake waiters, but wake none: waiters find out by polling.
+    ReleaseWakesNobody,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 18] = [
+    pub const ALL: [Defect; 19] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -82,6 +85,7 @@ impl Defect {
         Defect::EvictionKeepsHolder,
         Defect::EvictionReusesToken,
         Defect::ReentrantPerClient,
+        Defect::ReleaseWakesNobody,
     ];
 
     pub fn name(self) -> &'static str {
@@ -104,6 +108,7 @@ impl Defect {
             Defect::EvictionKeepsHolder => "a forced unlock keeps the holder",
             Defect::EvictionReusesToken => "a forced unlock reuses the evicted token",
             Defect::ReentrantPerClient => "a client grants its held key to its other tasks",
+            Defect::ReleaseWakesNobody => "a release wakes no waiter",
         }
     }
 }
@@ -142,11 +147,13 @@ impl Table {
     }
 }
 
-/// One lock service with at most one defect. Clones share the service.
+/// One lock service with at most one defect. Clones share the service. A release (or an
+/// eviction) wakes the service's waiters, as the backends that declare notifications do.
 #[derive(Debug, Clone)]
 pub struct Broken {
     defect: Option<Defect>,
     table: Arc<Mutex<Table>>,
+    released: Arc<Notify>,
     /// This handle's client: handles of one client share it.
     client: u64,
 }
@@ -156,6 +163,7 @@ impl Broken {
         Broken {
             defect,
             table: Arc::default(),
+            released: Arc::default(),
             client: 0,
         }
     }
@@ -167,6 +175,7 @@ impl Broken {
         Broken {
             defect: self.defect,
             table: self.table.clone(),
+            released: self.released.clone(),
             client: table.clients,
         }
     }
@@ -221,7 +230,7 @@ impl DistributedLock for Broken {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::Monotonic)
+        Capabilities::new(FencingGuarantee::Monotonic).with_notifications()
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
@@ -277,10 +286,22 @@ impl DistributedLock for Broken {
         };
         if holder.owner == lease.owner || self.has(Defect::ReleaseWithoutOwnershipCheck) {
             table.holders.remove(key);
+            self.released.notify_waiters();
             Ok(Released::Released)
         } else {
             Ok(Released::TakenOver)
         }
+    }
+
+    /// Until any release of the service (or `until`); with [`Defect::ReleaseWakesNobody`],
+    /// until `until`.
+    async fn wait_for_release(&self, _key: &LockKey, until: Instant) -> Result<()> {
+        if self.has(Defect::ReleaseWakesNobody) {
+            tokio::time::sleep_until(until).await;
+        } else {
+            let _ = tokio::time::timeout_at(until, self.released.notified()).await;
+        }
+        Ok(())
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
@@ -313,6 +334,7 @@ impl DistributedLock for Broken {
         }
         if !self.has(Defect::EvictionKeepsHolder) {
             table.holders.remove(key.as_str());
+            self.released.notify_waiters();
         }
         if self.has(Defect::EvictionReusesToken) {
             table.counter = holder.fencing.0 - 1;
