@@ -190,8 +190,11 @@
 //!
 //! # Waiting
 //!
-//! Redlock has no release notifications: a waiting acquire polls, at the caller's backoff,
-//! bounded by the holder's remaining TTL (reported by the masters that refused).
+//! A waiting acquire of the lock stands in every master's fair queue with one arrival score and
+//! is woken by the release notification of any master that names it; it comes back by itself at
+//! the holder's expiry and every third of its TTL, in case a notification was lost (see
+//! `waiting`). The primitives' waiters poll, at the caller's backoff, bounded by the holder's
+//! remaining TTL (reported by the masters that refused).
 //!
 //! # Primitives
 //!

@@ -681,15 +681,16 @@ impl DistributedLock for RedlockLock {
     }
 
     /// Waiters are served in arrival order, woken by the masters' release notifications (see
-    /// the README's "Redlock: waiting in a fair queue"). `notifies_waiters` stays off: it describes the primitives too, whose
-    /// waiters poll. The read-write lock and the election are served; the semaphore is not (see
-    /// [the crate docs](crate#primitives)).
+    /// the README's "Redlock: waiting in a fair queue"). The read-write lock and the election
+    /// are served; the semaphore is not (see [the crate docs](crate#primitives)). The views of
+    /// the primitives declare neither the fair queue nor notifications: their waiters poll.
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(if self.inner.settings.fencing {
             FencingGuarantee::MonotonicWhileDataSurvives
         } else {
             FencingGuarantee::None
         })
+        .with_notifications()
         .with_fair_queue()
         .with_primitives(Primitives::ALL.without_semaphore())
     }

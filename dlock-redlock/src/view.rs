@@ -286,6 +286,7 @@ impl DistributedLock for RedlockView {
     fn capabilities(&self) -> Capabilities {
         let mut capabilities = self.lock.capabilities();
         capabilities.fair_queue = false;
+        capabilities.notifies_waiters = false;
         capabilities
     }
 

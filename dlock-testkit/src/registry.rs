@@ -553,11 +553,12 @@ fn postgres() -> Capabilities {
 }
 
 /// Redlock's declaration: tokens ordered while the masters keep their data, waiters served in
-/// arrival order (woken by the masters' releases; the primitives' waiters poll, so no
-/// `notifies_waiters`); the read-write lock and the election, no semaphore (not sound by
-/// majority quorum).
+/// arrival order and woken by the masters' releases (the primitives' waiters poll: their views
+/// declare neither); the read-write lock and the election, no semaphore (not sound by majority
+/// quorum).
 fn redlock() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+        .with_notifications()
         .with_fair_queue()
         .with_primitives(Primitives::ALL.without_semaphore())
 }
