@@ -51,10 +51,27 @@ pub(crate) async fn create_node(
     let options = zk::CreateMode::EphemeralSequential.with_acls(inner.config.acl.acls());
     let mut missing_parent = 0;
     loop {
-        let created = call(inner, session, until, |c| {
-            c.create(&create_path, data, &options)
-        })
-        .await;
+        let created = if missing_parent == 1 {
+            // A key nobody has used: its parent's create and the node's go out together, one
+            // round trip, and the server runs a session's requests in order, so the node's
+            // create finds the parent. Whatever the parent's create answered, the node's tells
+            // (a base path missing or a server without containers: `ensure_parent` below).
+            let parent_options = parent_mode(inner).with_acls(inner.config.acl.acls());
+            call(inner, session, until, |c| {
+                let parent_made = c.create(parent, &[], &parent_options);
+                let made = c.create(&create_path, data, &options);
+                async move {
+                    let _ = parent_made.await;
+                    made.await
+                }
+            })
+            .await
+        } else {
+            call(inner, session, until, |c| {
+                c.create(&create_path, data, &options)
+            })
+            .await
+        };
         match created {
             Ok((stat, sequence)) => {
                 let name = format!("{prefix}{sequence}");
@@ -66,7 +83,9 @@ pub(crate) async fn create_node(
             }
             Err(Failure::Zk(zk::Error::NoNode)) if missing_parent < PARENT_ATTEMPTS => {
                 missing_parent += 1;
-                ensure_parent(inner, session, parent, until).await?;
+                if missing_parent > 1 {
+                    ensure_parent(inner, session, parent, until).await?;
+                }
             }
             Err(f) if f.outcome_unknown() => {
                 if let Some(node) = find_own(inner, session, parent, prefix, until).await? {
@@ -94,12 +113,7 @@ pub(crate) async fn ensure_parent(
     let mut made_base = false;
     loop {
         let containers = inner.containers.load(Ordering::Relaxed);
-        let mode = if containers {
-            zk::CreateMode::Container
-        } else {
-            zk::CreateMode::Persistent
-        };
-        let options = mode.with_acls(inner.config.acl.acls());
+        let options = parent_mode(inner).with_acls(inner.config.acl.acls());
         match call(inner, session, until, |c| c.create(parent, &[], &options)).await {
             Ok(_) | Err(Failure::Zk(zk::Error::NodeExists)) => return Ok(()),
             Err(Failure::Zk(zk::Error::NoNode)) if !made_base => {
@@ -119,6 +133,15 @@ pub(crate) async fn ensure_parent(
             Err(f) if f.outcome_unknown() => return Ok(()),
             Err(f) => return Err(f),
         }
+    }
+}
+
+/// A lock parent's mode: a container node, or persistent on servers without containers.
+fn parent_mode(inner: &Inner) -> zk::CreateMode {
+    if inner.containers.load(Ordering::Relaxed) {
+        zk::CreateMode::Container
+    } else {
+        zk::CreateMode::Persistent
     }
 }
 
