@@ -227,6 +227,37 @@ impl Wakeups {
             // then polls.
             let _ = self.requests.send(());
         }
+        self.registration(channel, owner)
+    }
+
+    /// [`register`](Self::register), but only if `channel` is subscribed on the live connection
+    /// already (a hot lock's channel): then a message that follows at once is delivered, and a
+    /// waiter needs no new attempt after registering. `None` otherwise, subscribing nothing.
+    ///
+    /// The check and the registration are one step under the channels' lock, so the listener's
+    /// sweep of idle channels cannot unsubscribe the channel in between (which would leave the
+    /// waiter counting on a subscription that is gone, and miss its wake-up).
+    pub fn register_if_subscribed(
+        &self,
+        channel: &str,
+        owner: Option<&str>,
+    ) -> Option<Registration> {
+        let status = *self.shared.status.borrow();
+        let channel = {
+            let channels = self.shared.channels();
+            let existing = channels.get(channel).filter(|c| {
+                status.epoch != 0
+                    && !status.down
+                    && c.subscribed_in.load(Ordering::Acquire) == status.epoch
+            })?;
+            existing.users.fetch_add(1, Ordering::AcqRel);
+            existing.clone()
+        };
+        Some(self.registration(channel, owner))
+    }
+
+    /// The registration of a task counted among `channel`'s users.
+    fn registration(&self, channel: Arc<Channel>, owner: Option<&str>) -> Registration {
         let notify = match owner {
             Some(owner) => {
                 let notify = Arc::new(Notify::new());
@@ -240,23 +271,6 @@ impl Wakeups {
             notify,
             owner: owner.map(str::to_owned),
         }
-    }
-
-    /// [`register`](Self::register), but only if `channel` is subscribed on the live connection
-    /// already (a hot lock's channel): then a message that follows at once is delivered, and a
-    /// waiter needs no new attempt after registering. `None` otherwise, subscribing nothing.
-    pub fn register_if_subscribed(
-        &self,
-        channel: &str,
-        owner: Option<&str>,
-    ) -> Option<Registration> {
-        let status = *self.shared.status.borrow();
-        let live = self.shared.channels().get(channel).is_some_and(|c| {
-            status.epoch != 0
-                && !status.down
-                && c.subscribed_in.load(Ordering::Acquire) == status.epoch
-        });
-        live.then(|| self.register(channel, owner))
     }
 
     /// Waits until the registration's channel is subscribed on the live connection, the
