@@ -15,9 +15,6 @@ use crate::locker::{self, Held, Locker, Release, Side};
 use crate::server::ZkPackets;
 
 const SESSION: Duration = Duration::from_secs(10);
-/// Hot-key tasks with sessions of their own that the servers accept beside the run's other
-/// sessions (the shared client, the floor's, those of the previous run still closing).
-const MAX_TASKS: usize = 40;
 /// Where the floor's nodes live, away from the locks.
 const FLOOR_ROOT: &str = "/dlock-bench-floor";
 
@@ -59,10 +56,7 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         server_count: Ok(Arc::new(ZkPackets {
             endpoint: endpoint.clone(),
         })),
-        max_clients: Some((
-            MAX_TASKS,
-            "the test image's ZooKeeper accepts at most 60 connections from one address (maxClientCnxns=60), and the run keeps other sessions of its own, some still closing",
-        )),
+        max_clients: None,
         fresh_floor: Some((
             "floor: create parent + create + list + delete".into(),
             fresh_floor,
