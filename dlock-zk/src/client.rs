@@ -16,6 +16,7 @@ use crate::backend::Queue;
 use crate::builder::{Config, ZkLockBuilder};
 use crate::errors::Failure;
 use crate::naming::encode_key;
+use crate::recipe::KnownParents;
 use crate::registry::Registry;
 use crate::session::Session;
 use crate::stats::{Counters, ZkStats};
@@ -45,6 +46,8 @@ pub(crate) struct Inner {
     pub(crate) counters: Counters,
     /// Whether the server accepts container nodes (3.5.3 and later); cleared on `Unimplemented`.
     pub(crate) containers: AtomicBool,
+    /// The lock parents this client created or used (see [`KnownParents`]).
+    pub(crate) parents: KnownParents,
     /// The keeper task; restarted if the runtime it ran on went away.
     keeper_task: Mutex<Option<JoinHandle<()>>>,
     /// The session watchdogs, stopped when the handle goes away.
@@ -95,6 +98,7 @@ impl ZkLock {
             keeper: Arc::new(Notify::new()),
             counters: Counters::default(),
             containers: AtomicBool::new(true),
+            parents: KnownParents::default(),
             keeper_task: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
         });

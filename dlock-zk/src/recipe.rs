@@ -6,7 +6,9 @@
 //! cleanup can never remove a parent under a new contender. A contender whose create meets a
 //! parent deleted a moment earlier gets `NoNode` and simply creates the parent again.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -33,8 +35,44 @@ pub(crate) struct OwnNode {
     pub(crate) czxid: i64,
 }
 
+/// The lock parents this client created or used lately: a node's create under one of them goes
+/// out alone; under any other, together with the parent's create (see [`create_node`]). Bounded:
+/// forgotten all at once when full, which costs only a pipelined parent create per name.
+#[derive(Debug, Default)]
+pub(crate) struct KnownParents(Mutex<HashSet<String>>);
+
+/// How many parents a client remembers.
+const KNOWN_PARENTS: usize = 4096;
+
+impl KnownParents {
+    fn set(&self) -> MutexGuard<'_, HashSet<String>> {
+        // Inserts and lookups leave the set whole before anything can panic.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn knows(&self, parent: &str) -> bool {
+        self.set().contains(parent)
+    }
+
+    fn learn(&self, parent: &str) {
+        let mut set = self.set();
+        if set.len() >= KNOWN_PARENTS {
+            set.clear();
+        }
+        set.insert(parent.to_owned());
+    }
+}
+
 /// Creates an ephemeral sequential node named `prefix` plus its sequence in `parent`, holding
 /// `data`, creating missing parents.
+///
+/// Under a parent this client has not used lately (a key nobody may have used), the parent's
+/// create goes out with the node's, one round trip: the server runs a session's requests in
+/// order, so the node's create finds the parent, and a parent that exists only answers
+/// `NodeExists`, which changes nothing. Under a known parent the node's create goes alone, and
+/// meets a missing parent (removed by the server's container cleanup) with `NoNode`: then the
+/// pair is sent, and if the node still finds no parent, [`ensure_parent`] makes the base path
+/// or falls back to persistent parents.
 ///
 /// If the connection is lost before the reply arrives, the create may or may not have happened:
 /// the node is then looked up by its name prefix (which embeds the owner token) after
@@ -49,18 +87,16 @@ pub(crate) async fn create_node(
 ) -> Result<OwnNode, Failure> {
     let create_path = format!("{parent}/{prefix}");
     let options = zk::CreateMode::EphemeralSequential.with_acls(inner.config.acl.acls());
+    let mut with_parent = !inner.parents.knows(parent);
     let mut missing_parent = 0;
     loop {
-        let created = if missing_parent == 1 {
-            // A key nobody has used: its parent's create and the node's go out together, one
-            // round trip, and the server runs a session's requests in order, so the node's
-            // create finds the parent. Whatever the parent's create answered, the node's tells
-            // (a base path missing or a server without containers: `ensure_parent` below).
+        let created = if with_parent {
             let parent_options = parent_mode(inner).with_acls(inner.config.acl.acls());
             call(inner, session, until, |c| {
                 let parent_made = c.create(parent, &[], &parent_options);
                 let made = c.create(&create_path, data, &options);
                 async move {
+                    // Whatever the parent's create answered, the node's tells.
                     let _ = parent_made.await;
                     made.await
                 }
@@ -74,6 +110,7 @@ pub(crate) async fn create_node(
         };
         match created {
             Ok((stat, sequence)) => {
+                inner.parents.learn(parent);
                 let name = format!("{prefix}{sequence}");
                 return Ok(OwnNode {
                     path: format!("{parent}/{name}"),
@@ -83,9 +120,10 @@ pub(crate) async fn create_node(
             }
             Err(Failure::Zk(zk::Error::NoNode)) if missing_parent < PARENT_ATTEMPTS => {
                 missing_parent += 1;
-                if missing_parent > 1 {
+                if with_parent {
                     ensure_parent(inner, session, parent, until).await?;
                 }
+                with_parent = !with_parent;
             }
             Err(f) if f.outcome_unknown() => {
                 if let Some(node) = find_own(inner, session, parent, prefix, until).await? {
