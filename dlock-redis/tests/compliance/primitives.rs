@@ -72,11 +72,11 @@ fn quick_retry() -> Backoff {
     }
 }
 
-/// How a waiter of `client` waits, and how soon after a release it must be served: with
-/// release notifications, a poll so slow (30 s) that only the notification explains a prompt
-/// hand-over; without (Redlock), a quick poll.
-fn hand_over(client: &Arc<dyn DistributedLock>) -> (Backoff, Duration) {
-    if client.capabilities().notifies_waiters {
+/// How a waiter of the primitive `view` waits, and how soon after a release it must be served:
+/// where the view declares release notifications, a poll so slow (30 s) that only the
+/// notification explains a prompt hand-over; without (Redlock's primitives), a quick poll.
+fn hand_over(view: &Arc<dyn DistributedLock>) -> (Backoff, Duration) {
+    if view.capabilities().notifies_waiters {
         let slow = Backoff {
             initial: Duration::from_secs(30),
             max: Duration::from_secs(30),
@@ -283,7 +283,7 @@ pub async fn a_waiting_writer_is_not_starved_by_new_readers(
         .try_read(&opts)
         .await?
         .context("reader")?;
-    let (retry, prompt) = hand_over(&clients[1]);
+    let (retry, prompt) = hand_over(&clients[1].primitive(&Primitive::Write)?);
     let writer = {
         let rw = clients[1].rw(&name)?;
         let opts = opts
@@ -375,7 +375,7 @@ pub async fn election_terms_grow_and_resign_hands_over(connect: Connect) -> anyh
         "{seen:?} vs term {:?}",
         a.term()
     );
-    let (retry, prompt) = hand_over(&clients[1]);
+    let (retry, prompt) = hand_over(&clients[1].primitive(&Primitive::candidate("b"))?);
     let b = {
         let election = clients[1].election(&name)?;
         let opts = opts
