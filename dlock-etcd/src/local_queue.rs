@@ -67,15 +67,13 @@ pub(crate) struct Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if self.withdrawal {
-            // The mark goes with the turn, in one step, so that no `try_turn_or_withdrawal`
-            // sees the turn taken and the mark already gone.
-            let mut slots = self.queue.slots();
-            if let Some(slot) = slots.get_mut(&self.key) {
+        {
+            // A withdrawal's mark goes with its turn, in one step under the table's lock, so
+            // that no `try_turn_or_withdrawal` sees the turn taken and the mark already gone.
+            let mut slots = self.withdrawal.then(|| self.queue.slots());
+            if let Some(slot) = slots.as_mut().and_then(|s| s.get_mut(&self.key)) {
                 slot.withdrawing = false;
             }
-            drop(self.guard.take());
-        } else {
             drop(self.guard.take());
         }
         self.queue.tidy(&self.key);
@@ -165,50 +163,43 @@ impl LocalQueue {
     /// slot meanwhile: an acquire that finds the turn so taken waits for the one deletion
     /// rather than answering busy for a lock nobody holds.
     pub(crate) fn try_withdrawal_turn(self: &Arc<Self>, key: &LockKey) -> Option<Turn> {
-        let taken = {
-            let mut slots = self.slots();
-            let slot = slots.entry(key.clone()).or_default();
-            let guard = slot.turn.clone().try_lock_owned().ok();
-            slot.withdrawing = guard.is_some();
-            guard
-        };
-        let Some(guard) = taken else {
-            self.tidy(key);
-            return None;
-        };
-        Some(Turn {
-            queue: self.clone(),
-            key: key.clone(),
-            guard: Some(guard),
-            withdrawal: true,
-        })
+        self.try_take(key, true).ok()
     }
 
     /// Takes `key`'s turn if nobody has it; otherwise tells a live local task from a
     /// background withdrawal (both read in one step).
     pub(crate) fn try_turn_or_withdrawal(self: &Arc<Self>, key: &LockKey) -> TryTurn {
-        let found = {
+        match self.try_take(key, false) {
+            Ok(turn) => TryTurn::Taken(turn),
+            Err(true) => TryTurn::Withdrawing,
+            Err(false) => TryTurn::Busy,
+        }
+    }
+
+    /// Takes `key`'s turn, for a withdrawal or not, if nobody has it; otherwise whether a
+    /// withdrawal has it. The turn and the mark are read and set under the table's lock.
+    fn try_take(self: &Arc<Self>, key: &LockKey, withdrawal: bool) -> Result<Turn, bool> {
+        let taken = {
             let mut slots = self.slots();
             let slot = slots.entry(key.clone()).or_default();
             match slot.turn.clone().try_lock_owned() {
-                Ok(guard) => Ok(guard),
+                Ok(guard) => {
+                    slot.withdrawing = withdrawal;
+                    Ok(guard)
+                }
                 Err(_) => Err(slot.withdrawing),
             }
         };
-        match found {
-            Ok(guard) => TryTurn::Taken(Turn {
+        match taken {
+            Ok(guard) => Ok(Turn {
                 queue: self.clone(),
                 key: key.clone(),
                 guard: Some(guard),
-                withdrawal: false,
+                withdrawal,
             }),
             Err(withdrawing) => {
                 self.tidy(key);
-                if withdrawing {
-                    TryTurn::Withdrawing
-                } else {
-                    TryTurn::Busy
-                }
+                Err(withdrawing)
             }
         }
     }
