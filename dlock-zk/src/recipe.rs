@@ -110,7 +110,9 @@ pub(crate) async fn create_node(
         };
         match created {
             Ok((stat, sequence)) => {
-                inner.parents.learn(parent);
+                if with_parent {
+                    inner.parents.learn(parent);
+                }
                 let name = format!("{prefix}{sequence}");
                 return Ok(OwnNode {
                     path: format!("{parent}/{name}"),
