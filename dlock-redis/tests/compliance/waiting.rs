@@ -21,6 +21,7 @@ use crate::support::{clients, raw, unique, waiting_without_polling, PROMPT};
 /// The cases of this module, each given the shared server's URL.
 pub fn cases() -> Vec<(&'static str, Case<String>)> {
     vec![
+        case!(a_release_wakes_a_waiter_without_polling),
         case!(waiters_of_one_client_are_woken_one_per_release),
         case!(an_expiring_holder_is_followed_at_its_ttl),
         case!(a_hot_key_costs_at_most_four_commands_per_acquisition),
@@ -174,6 +175,41 @@ pub async fn a_hot_key_costs_at_most_four_commands_per_acquisition(
             "{waiters} waiters on one key: {sent:.2} client commands per acquisition"
         );
     }
+    Ok(())
+}
+
+/// Five hand-overs between two clients, each long before any poll could happen.
+pub async fn a_release_wakes_a_waiter_without_polling(url: String) -> anyhow::Result<()> {
+    let [a, b] = clients(&url).await?;
+    let key = unique("wake");
+    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
+    let mut holder = a.acquire(&key, &opts).await?;
+    let mut clients = [a, b];
+    for round in 0..5 {
+        clients.swap(0, 1);
+        let waiting = {
+            let (client, key, opts) = (clients[0].clone(), key.clone(), opts.clone());
+            tokio::spawn(async move {
+                let lease = client.acquire(&key, &opts).await;
+                (lease, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ensure!(
+            !waiting.is_finished(),
+            "round {round}: a held lock was taken"
+        );
+        let released_at = Instant::now();
+        ensure!(
+            holder.release().await? == Released::Released,
+            "round {round}: release"
+        );
+        let (lease, acquired_at) = waiting.await?;
+        holder = lease.with_context(|| format!("round {round}: the waiter"))?;
+        let gap = acquired_at - released_at;
+        ensure!(gap <= PROMPT, "round {round}: hand-over took {gap:?}");
+    }
+    holder.release().await?;
     Ok(())
 }
 
