@@ -2,9 +2,8 @@
 //! forgot the connection, a proxy that lost its state). Calls fail in bounded time meanwhile,
 //! and once the link carries bytes again the same client works within [`RECOVERY`].
 
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{DistributedLock, DistributedLockExt};
