@@ -4,8 +4,9 @@
 //! one on the next call; the defective one keeps it, and so fails every call from then on, as a
 //! pipelining client does when a reply it waits for will never come.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,9 +17,13 @@ use dlock_core::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 /// The bound on one round trip.
 const ROUND_TRIP: Duration = Duration::from_millis(500);
+
+/// How long a defective client answers busy for the key of a try that failed on the link.
+const FAILED_BUSY: Duration = Duration::from_secs(10);
 
 /// The address of an echo server that runs on threads of its own for the rest of the process
 /// (each case's runtime ends with the case; the server must outlive them).
@@ -56,15 +61,25 @@ pub struct Linked {
     addr: SocketAddr,
     /// Whether a connection that stopped answering is replaced (the correct behaviour).
     replaces_silent: bool,
+    /// With [`Defect::FailedAttemptKeepsKeyBusy`](crate::broken::Defect): the keys of tries that
+    /// failed on the link, answered busy by this client until the instant given (as a client
+    /// whose clean-up of an abandoned attempt holds the key's local turn does).
+    failed_busy: Option<std::sync::Mutex<HashMap<String, Instant>>>,
     link: Mutex<Link>,
 }
 
 impl Linked {
-    pub fn new(inner: Arc<dyn DistributedLock>, addr: SocketAddr, replaces_silent: bool) -> Self {
+    pub fn new(
+        inner: Arc<dyn DistributedLock>,
+        addr: SocketAddr,
+        replaces_silent: bool,
+        keeps_failed_busy: bool,
+    ) -> Self {
         Linked {
             inner,
             addr,
             replaces_silent,
+            failed_busy: keeps_failed_busy.then(Default::default),
             link: Mutex::new(Link::Closed),
         }
     }
@@ -125,7 +140,23 @@ impl DistributedLock for Linked {
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        self.round_trip().await?;
+        if let Some(failed) = &self.failed_busy {
+            let key = req.key.as_str();
+            let mut failed = failed.lock().unwrap_or_else(PoisonError::into_inner);
+            if failed.get(key).is_some_and(|until| Instant::now() < *until) {
+                return Ok(Attempt::Busy { retry_after: None });
+            }
+            failed.remove(key);
+        }
+        if let Err(error) = self.round_trip().await {
+            if let Some(failed) = &self.failed_busy {
+                failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(req.key.to_string(), Instant::now() + FAILED_BUSY);
+            }
+            return Err(error);
+        }
         self.inner.try_lock(req).await
     }
 

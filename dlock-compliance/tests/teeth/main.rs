@@ -34,6 +34,7 @@ fn subject(service_kind: Service) -> Subject {
     let service = Broken::new(defect);
     let linked = service.clone();
     let replaces_silent = defect != Some(Defect::SilentConnectionKept);
+    let keeps_failed_busy = defect == Some(Defect::FailedAttemptKeepsKeyBusy);
     let name = match service_kind {
         Service::Plain(defect) => defect.map_or("correct", Defect::name),
         Service::CorrectQueue => "correct queue",
@@ -63,8 +64,12 @@ fn subject(service_kind: Service) -> Subject {
                 let inner: Arc<dyn DistributedLock> = Arc::new(linked.connected());
                 async move {
                     let addr = *addrs.first().context("no address to connect to")?;
-                    let client: Arc<dyn DistributedLock> =
-                        Arc::new(link::Linked::new(inner, addr, replaces_silent));
+                    let client: Arc<dyn DistributedLock> = Arc::new(link::Linked::new(
+                        inner,
+                        addr,
+                        replaces_silent,
+                        keeps_failed_busy,
+                    ));
                     Ok(client)
                 }
             });
@@ -81,8 +86,12 @@ fn subject(service_kind: Service) -> Subject {
         let inner: Arc<dyn DistributedLock> = Arc::new(linked.clone());
         async move {
             let addr = *addrs.first().context("no address to connect to")?;
-            let client: Arc<dyn DistributedLock> =
-                Arc::new(link::Linked::new(inner, addr, replaces_silent));
+            let client: Arc<dyn DistributedLock> = Arc::new(link::Linked::new(
+                inner,
+                addr,
+                replaces_silent,
+                keeps_failed_busy,
+            ));
             Ok(client)
         }
     })
