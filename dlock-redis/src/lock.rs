@@ -17,7 +17,7 @@ use crate::cluster::{self, ClusterInfo, RedisConnection};
 use crate::connection::Connection;
 use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
-use crate::protocol::scripts::{self, AcquireCall, AcquireReply, Publish, Queueing};
+use crate::protocol::scripts::{self, AcquireCall, AcquireReply, Publish, Queueing, ReleaseCall};
 use crate::replicas::{Acknowledged, Acks};
 use crate::view::RedisView;
 use crate::wakeups::Wakeups;
@@ -175,14 +175,20 @@ impl RedisLock {
             (&reply, acks.check("acquire", acknowledged))
         {
             // Never returned as held: take it back (a failed release leaves the key to its TTL).
-            let (lock, owner, channel) = (call.lock_key, call.owner, call.queue.channel);
-            let publish = call.queue.publish;
+            let release = ReleaseCall {
+                lock_key: call.lock_key,
+                owner: call.owner,
+                channel: call.queue.channel,
+                publish: call.queue.publish,
+                keep_place: None,
+            };
             let released = self
                 .inner
                 .connection
-                .run("release", |mut con| async move {
-                    scripts::release_with(&mut con, lock, owner, channel, publish).await
-                })
+                .run(
+                    "release",
+                    |mut con| async move { release.run(&mut con).await },
+                )
                 .await;
             if let Err(error) = released {
                 tracing::warn!(%error, "redis: an unacknowledged grant could not be released; it expires with its TTL");
@@ -411,20 +417,26 @@ impl DistributedLock for RedisLock {
         let lock = self.inner.layout.lock_key(lease.key);
         let channel = self.release_channel(&lock);
         let owner = lease.owner.to_hex();
-        let publish = self.publish();
+        let release = ReleaseCall {
+            lock_key: &lock,
+            owner: &owner,
+            channel: &channel,
+            publish: self.publish(),
+            keep_place: None,
+        };
         let Some(acks) = self.inner.acks else {
             return self
                 .inner
                 .connection
-                .run("release", |mut con| async move {
-                    scripts::release_with(&mut con, &lock, &owner, &channel, publish).await
-                })
+                .run(
+                    "release",
+                    |mut con| async move { release.run(&mut con).await },
+                )
                 .await;
         };
         let (released, acknowledged) = self
             .acknowledged("release", &acks, |mut con| async move {
-                let released =
-                    scripts::release_with(&mut con, &lock, &owner, &channel, publish).await;
+                let released = release.run(&mut con).await;
                 released.map(|r| (r, con.acknowledged))
             })
             .await?;

@@ -12,7 +12,7 @@ use dlock_core::{
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{
-    self, AcquireCall, AcquireReply, FenceRaise, Peek, Publish, Queueing,
+    self, AcquireCall, AcquireReply, FenceRaise, Peek, Publish, Queueing, ReleaseCall,
 };
 use dlock_redis::EXTEND_BATCH;
 use tokio::time::Instant;
@@ -223,23 +223,35 @@ impl RedlockLock {
         timeout: Duration,
         done: impl FnMut(Progress<'_, Released>) -> bool,
     ) -> Vec<Reply<Released>> {
-        self.release_at(names, self.all().collect(), timeout, done)
+        self.release_at(names, self.all().collect(), timeout, None, done)
             .await
     }
 
-    /// Releases on the masters at `targets` (by owner token: a grant is deleted, else a queue
-    /// entry withdrawn), listening for answers until `done`.
+    /// Releases on the masters at `targets` (by owner token: a grant is deleted, and the queue
+    /// entry withdrawn, or kept with `keep_place`; see [`ReleaseCall`]), listening for answers
+    /// until `done`.
     async fn release_at(
         &self,
         names: &Names,
         targets: Vec<usize>,
         timeout: Duration,
+        keep_place: Option<(u64, Duration)>,
         done: impl FnMut(Progress<'_, Released>) -> bool,
     ) -> Vec<Reply<Released>> {
         let names = names.clone();
         let call = move |mut con| {
             let n = names.clone();
-            async move { scripts::release(&mut con, &n.lock, &n.owner, &n.channel).await }
+            async move {
+                ReleaseCall {
+                    lock_key: &n.lock,
+                    owner: &n.owner,
+                    channel: &n.channel,
+                    publish: Publish::Plain,
+                    keep_place,
+                }
+                .run(&mut con)
+                .await
+            }
         };
         gather(&self.inner.nodes, targets, "release", timeout, call, done).await
     }
@@ -254,7 +266,7 @@ impl RedlockLock {
         first: &[Reply<R>],
         outcome: T,
     ) -> T {
-        self.give_back(names, self.all().collect(), timeout, first)
+        self.give_back(names, self.all().collect(), timeout, first, None)
             .await;
         outcome
     }
@@ -267,12 +279,13 @@ impl RedlockLock {
         targets: Vec<usize>,
         timeout: Duration,
         first: &[Reply<R>],
+        keep_place: Option<(u64, Duration)>,
     ) {
         let responsive = first
             .iter()
             .filter(|r| r.result.is_ok() && targets.contains(&r.index))
             .count();
-        self.release_at(names, targets, timeout, |p| {
+        self.release_at(names, targets, timeout, keep_place, |p| {
             p.replies.iter().filter(|r| r.result.is_ok()).count() >= responsive
         })
         .await;
@@ -334,8 +347,10 @@ impl RedlockLock {
     /// greatest token written back. A master grants only to the head of its queue (or when
     /// nobody waits), which only ever refuses more. Short of a quorum, the grants are given back
     /// — on every master that granted or did not answer, not where the caller stands in the
-    /// queue, so that it keeps its place there; it re-enters with the same score where it gave
-    /// back.
+    /// queue; a waiter keeps its place in every queue, put back at its score where it gives a
+    /// grant back. A refused `try_lock` stops listening once a quorum refused; a waiter listens to
+    /// every master (each within the per-node timeout), so that it gives back only where it was
+    /// granted or got no answer at all.
     pub(crate) async fn attempt(
         &self,
         req: &LockRequest<'_>,
@@ -386,7 +401,11 @@ impl RedlockLock {
             call,
             |p: Progress<'_, AcquireReply>| {
                 let granted = counted(p.replies, |r| matches!(r, AcquireReply::Granted(_)));
-                granted >= quorum || (granted + p.pending < quorum && answered(p.replies) >= quorum)
+                let refused = granted + p.pending < quorum && answered(p.replies) >= quorum;
+                // A waiter hears every master out: giving back where no answer came yet would
+                // also take it out of that master's queue, where the next in line (often the
+                // releaser, queued again) would then head the queue and split the masters.
+                granted >= quorum || (refused && (arrival.is_none() || p.pending == 0))
             },
         )
         .await;
@@ -410,7 +429,11 @@ impl RedlockLock {
             };
             let elsewhere: Vec<usize> = self.all().filter(|&i| !queued_at(i)).collect();
             if !elsewhere.is_empty() {
-                self.give_back(names, elsewhere, timeout, &replies).await;
+                // A waiter keeps its place where it gives a grant back, so that the next in line
+                // cannot take those masters meanwhile and split them.
+                let keep_place = arrival.map(|arrival| (arrival, entry_lifetime));
+                self.give_back(names, elsewhere, timeout, &replies, keep_place)
+                    .await;
             }
             return Ok(busy);
         }
@@ -603,7 +626,9 @@ fn busy(replies: &[Reply<AcquireReply>], quorum: usize) -> Round {
                     unannounced |= foreign || pttl.is_none();
                     back.extend(pttl);
                 } else if let Some(lapse) = head_lapses_in {
-                    back.push(lapse.max(pttl.unwrap_or_default()));
+                    // Not later, even while a holder's key lasts longer: its release announces
+                    // the head, which may have crashed.
+                    back.push(lapse);
                 }
             }
             Err(_) => {}
@@ -982,8 +1007,8 @@ mod tests {
         };
         assert_eq!(
             come_back_in,
-            ms(70),
-            "40, 50, then max(60, the holder's 70)"
+            ms(60),
+            "40, 50, 60: not the holder's 70, whose release would name the head"
         );
         assert!(!poll);
     }

@@ -23,8 +23,10 @@
 //!    while a holder's release will not be announced (a foreign client's key); never past the
 //!    deadline.
 //!
-//! An attempt short of a quorum gives its grants back and keeps its place wherever it is queued;
-//! it re-enters with the same score where it gave back, so it does not lose its turn. A waiter
+//! An attempt waits for every master's answer (each within the per-node timeout). Short of a
+//! quorum it gives its grants back but keeps its place in every queue: where it gives a grant
+//! back, the same script puts it back in the queue at its score, so the next in line cannot
+//! take that master meanwhile and split the masters between them. A waiter
 //! whose wait runs out withdraws from every master's queue (a release by its owner token, within
 //! [`dlock_core::WITHDRAW_BOUND`], then in the background); a dropped wait is withdrawn by
 //! dlock-core the same way. Wake-ups that came before an attempt was sent are dropped (the

@@ -327,27 +327,42 @@ return answers
 /// script may only publish on a sharded channel of its own slot, so the channel must hash like the
 /// lock key (the cluster's release channel does).
 ///
+/// A waiter that gives back a grant short of a quorum (Redlock) keeps its place instead: with
+/// its arrival score in `ARGV[4]` and its entry's lifetime in `ARGV[5]`, a deleted grant puts it
+/// back in the queue at that score, and where it did not hold the lock its entry stays. It is not
+/// announced to itself.
+///
 /// `KEYS[1]` lock key, `KEYS[2]` owner record, `KEYS[3]` waiters, `KEYS[4]` waiter lapses;
-/// `ARGV[1]` owner token, `ARGV[2]` release channel or `""`, `ARGV[3]` `PUBLISH` or `SPUBLISH`.
+/// `ARGV[1]` owner token, `ARGV[2]` release channel or `""`, `ARGV[3]` `PUBLISH` or `SPUBLISH`,
+/// optional `ARGV[4]` arrival score and `ARGV[5]` entry lifetime in ms.
 pub static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "release",
         r#"
 local holder = redis.call('GET', KEYS[1])
 local code = 0
+local stay = ARGV[4] ~= nil
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   holder = false
   code = 1
+  if stay then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+    redis.call('ZADD', KEYS[4], string.format('%d', now + tonumber(ARGV[5])), ARGV[1])
+  end
 else
   if holder then code = 2 end
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  if not stay then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
 end
 if not holder and ARGV[2] ~= '' then
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if head then
-    redis.pcall(ARGV[3], ARGV[2], head)
+    if head ~= ARGV[1] then redis.pcall(ARGV[3], ARGV[2], head) end
   elseif code == 1 then
     redis.pcall(ARGV[3], ARGV[2], '')
   end
@@ -739,7 +754,7 @@ where
 }
 
 /// Runs [`RELEASE`] for `owner` (which also withdraws its queue entry), announcing the queue's
-/// head on `channel` (none if empty) with `PUBLISH`.
+/// head on `channel` (none if empty) with `PUBLISH`: [`ReleaseCall`] with the defaults.
 ///
 /// # Cancel safety
 /// If dropped, the release may or may not have happened; repeating it is harmless.
@@ -752,53 +767,64 @@ pub async fn release<C>(
 where
     C: ConnectionLike + Send,
 {
-    release_with(con, lock_key, owner, channel, Publish::Plain).await
+    ReleaseCall {
+        lock_key,
+        owner,
+        channel,
+        publish: Publish::Plain,
+        keep_place: None,
+    }
+    .run(con)
+    .await
 }
 
-/// [`release`] on a Redis Cluster: the announcement is `SPUBLISH` on the sharded `channel`.
-///
-/// # Cancel safety
-/// If dropped, the release may or may not have happened; repeating it is harmless.
-pub async fn release_sharded<C>(
-    con: &mut C,
-    lock_key: &str,
-    owner: &str,
-    channel: &str,
-) -> RedisResult<Released>
-where
-    C: ConnectionLike + Send,
-{
-    release_with(con, lock_key, owner, channel, Publish::Sharded).await
+/// One run of [`RELEASE`]: what is asked, with which keys.
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseCall<'a> {
+    /// The lock key.
+    pub lock_key: &'a str,
+    /// The owner token's hex form.
+    pub owner: &'a str,
+    /// The release channel on which the queue's head is announced, or `""`.
+    pub channel: &'a str,
+    /// How the announcement is published.
+    pub publish: Publish,
+    /// `None`: a release, which also withdraws the owner's queue entry. `Some((arrival,
+    /// entry_lifetime))`: a waiter gives a grant back but keeps its place in the queue (see
+    /// [`RELEASE`]).
+    pub keep_place: Option<(u64, Duration)>,
 }
 
-/// Runs [`RELEASE`] for `owner`, announcing with `publish` on `channel` (none if empty).
-///
-/// # Cancel safety
-/// If dropped, the release may or may not have happened; repeating it is harmless.
-pub async fn release_with<C>(
-    con: &mut C,
-    lock_key: &str,
-    owner: &str,
-    channel: &str,
-    publish: Publish,
-) -> RedisResult<Released>
-where
-    C: ConnectionLike + Send,
-{
-    let (record, queue, lapses) = (
-        owner_key(lock_key),
-        queue_key(lock_key),
-        lapse_key(lock_key),
-    );
-    let args = [
-        owner.as_bytes(),
-        channel.as_bytes(),
-        publish.command().as_bytes(),
-    ];
-    let code: i64 = RELEASE
-        .invoke(con, &[lock_key, &record, &queue, &lapses], &args)
-        .await?;
-    decode_release(code)
+impl ReleaseCall<'_> {
+    /// Runs [`RELEASE`]; the owner record's and the queue's keys are derived from the lock key.
+    ///
+    /// # Cancel safety
+    /// If dropped, the release may or may not have happened; repeating it is harmless.
+    pub async fn run<C>(&self, con: &mut C) -> RedisResult<Released>
+    where
+        C: ConnectionLike + Send,
+    {
+        let (record, queue, lapses) = (
+            owner_key(self.lock_key),
+            queue_key(self.lock_key),
+            lapse_key(self.lock_key),
+        );
+        let place = self
+            .keep_place
+            .map(|(arrival, lifetime)| (arrival.to_string(), ttl_millis(lifetime).to_string()));
+        let mut args = vec![
+            self.owner.as_bytes(),
+            self.channel.as_bytes(),
+            self.publish.command().as_bytes(),
+        ];
+        if let Some((arrival, lifetime)) = &place {
+            args.extend([arrival.as_bytes(), lifetime.as_bytes()]);
+        }
+        let code: i64 = RELEASE
+            .invoke(con, &[self.lock_key, &record, &queue, &lapses], &args)
+            .await?;
+        decode_release(code)
+    }
 }
 
 /// Runs [`RAISE_FENCE`] for `owner`: the counter `fence_key` becomes at least `token` if `owner`

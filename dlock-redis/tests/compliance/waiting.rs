@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use dlock_core::{DistributedLockExt, Holding, LockOptions, Released};
+use dlock_redis::protocol::keys;
+use dlock_redis::protocol::scripts::{
+    self, AcquireCall, AcquireReply, Publish, Queueing, ReleaseCall,
+};
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
@@ -26,7 +30,117 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
         case!(an_expiring_holder_is_followed_at_its_ttl),
         case!(a_hot_key_costs_at_most_four_commands_per_acquisition),
         case!(inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry),
+        case!(a_waiter_that_gives_a_grant_back_keeps_its_place),
     ]
+}
+
+/// One attempt of the acquire script on `lock` for `owner`: a waiter at `arrival` (with a 30 s
+/// entry) or, without one, a `try_lock`. Returns whether it was granted.
+async fn attempt(
+    con: &mut MultiplexedConnection,
+    lock: &str,
+    owner: &str,
+    arrival: Option<u64>,
+) -> anyhow::Result<bool> {
+    let fence = keys::fence_key(lock);
+    let reply = AcquireCall {
+        lock_key: lock,
+        fence_key: &fence,
+        owner,
+        record: "{}",
+        ttl: Duration::from_secs(30),
+        fence_ttl: None,
+        queue: Queueing {
+            entry_lifetime: if arrival.is_some() {
+                Duration::from_secs(30)
+            } else {
+                Duration::ZERO
+            },
+            arrival,
+            channel: "",
+            publish: Publish::Plain,
+        },
+    }
+    .run(con)
+    .await?;
+    Ok(matches!(reply, AcquireReply::Granted(_)))
+}
+
+/// Gives `owner`'s grant of `lock` back, keeping its place in the queue at `arrival`.
+async fn give_back(
+    con: &mut MultiplexedConnection,
+    lock: &str,
+    owner: &str,
+    arrival: u64,
+) -> anyhow::Result<Released> {
+    let call = ReleaseCall {
+        lock_key: lock,
+        owner,
+        channel: "",
+        publish: Publish::Plain,
+        keep_place: Some((arrival, Duration::from_secs(30))),
+    };
+    Ok(call.run(con).await?)
+}
+
+/// The queue of waiters of `lock`, head first.
+async fn queue(con: &mut MultiplexedConnection, lock: &str) -> anyhow::Result<Vec<String>> {
+    Ok(redis::cmd("ZRANGE")
+        .arg(keys::queue_key(lock))
+        .arg(0)
+        .arg(-1)
+        .query_async(con)
+        .await?)
+}
+
+/// The give-back Redlock uses for a grant short of a quorum: the lock is free again, and the
+/// waiter is back in the queue at its own score (ahead of a later waiter, which therefore cannot
+/// take the lock), while a plain release would have withdrawn it. Where it did not hold the lock,
+/// the give-back leaves its entry in place.
+pub async fn a_waiter_that_gives_a_grant_back_keeps_its_place(url: String) -> anyhow::Result<()> {
+    let mut con = raw(&url).await?;
+    let lock = format!("dlock:{}", unique("keep-place"));
+    ensure!(attempt(&mut con, &lock, "holder", None).await?, "free lock");
+    ensure!(!attempt(&mut con, &lock, "late", Some(200)).await?, "held");
+    ensure!(!attempt(&mut con, &lock, "early", Some(100)).await?, "held");
+    // Queued but not holding: the give-back keeps the entry where a release withdraws it.
+    give_back(&mut con, &lock, "early", 100).await?;
+    ensure!(queue(&mut con, &lock).await? == ["early", "late"]);
+    ensure!(scripts::release(&mut con, &lock, "holder", "").await? == Released::Released);
+    ensure!(
+        attempt(&mut con, &lock, "early", Some(100)).await?,
+        "the head"
+    );
+    ensure!(
+        queue(&mut con, &lock).await? == ["late"],
+        "a grant dequeues"
+    );
+    let given_back = give_back(&mut con, &lock, "early", 100).await?;
+    ensure!(given_back == Released::Released, "{given_back:?}");
+    ensure!(
+        queue(&mut con, &lock).await? == ["early", "late"],
+        "back at its score"
+    );
+    ensure!(
+        !attempt(&mut con, &lock, "late", Some(200)).await?,
+        "the later waiter took a lock given back to the head"
+    );
+    ensure!(
+        attempt(&mut con, &lock, "early", Some(100)).await?,
+        "the head again"
+    );
+    // A plain release by the owner token withdraws the entry; the later waiter is next.
+    scripts::release(&mut con, &lock, "early", "").await?;
+    ensure!(
+        attempt(&mut con, &lock, "late", Some(200)).await?,
+        "next in line"
+    );
+    scripts::release(&mut con, &lock, "late", "").await?;
+    ensure!(
+        queue(&mut con, &lock).await?.is_empty(),
+        "entries left behind"
+    );
+    Ok(())
 }
 
 /// Two waiters queue behind a holder: `holding` counts them; once one timed out and the other
