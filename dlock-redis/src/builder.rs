@@ -224,6 +224,7 @@ impl RedisLockBuilder {
             self.connect_timeout,
             self.request_timeout,
             shown.clone(),
+            Wakeups::new_tag(),
         );
         Ok(RedisLock::new(Inner {
             connection,

@@ -397,7 +397,7 @@ pub(crate) async fn connect(
         request_timeout,
         endpoint: redacted.clone(),
     };
-    let wakeups = Wakeups::start_with(move |feed| listener.run(feed));
+    let wakeups = Wakeups::start_with(move |feed| listener.run(feed), Wakeups::new_tag());
     let first = endpoints
         .into_iter()
         .next()

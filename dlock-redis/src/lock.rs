@@ -127,12 +127,17 @@ impl RedisLock {
 
     /// How an attempt with queue entry lifetime `entry_lifetime` (zero: a `try_lock`) of the
     /// lock key `lock` uses the queue, announcing on `channel`.
-    pub(crate) fn queueing<'a>(&self, channel: &'a str, entry_lifetime: Duration) -> Queueing<'a> {
+    pub(crate) fn queueing<'a>(
+        &'a self,
+        channel: &'a str,
+        entry_lifetime: Duration,
+    ) -> Queueing<'a> {
         Queueing {
             entry_lifetime,
             arrival: None,
             channel,
             publish: self.publish(),
+            wake_tag: self.wakeups().tag(),
         }
     }
 
@@ -180,6 +185,7 @@ impl RedisLock {
                 owner: call.owner,
                 channel: call.queue.channel,
                 publish: call.queue.publish,
+                wake_tag: call.queue.wake_tag,
                 keep_place: None,
             };
             let released = self
@@ -422,6 +428,7 @@ impl DistributedLock for RedisLock {
             owner: &owner,
             channel: &channel,
             publish: self.publish(),
+            wake_tag: self.wakeups().tag(),
             keep_place: None,
         };
         let Some(acks) = self.inner.acks else {
@@ -573,7 +580,7 @@ impl AttemptNames {
     /// enqueue).
     pub(crate) fn call<'a>(
         &'a self,
-        client: &RedisLock,
+        client: &'a RedisLock,
         ttl: Duration,
         entry_lifetime: Duration,
     ) -> AcquireCall<'a> {

@@ -7,14 +7,17 @@
 //! * **One subscriber connection per client**, opened on first need and shared by every waiting
 //!   task, driven by one background task (the *listener*) that also owns every `SUBSCRIBE` and
 //!   `UNSUBSCRIBE`, so they reach the server in the order they were decided.
-//! * **One wake-up per release, for one task**: a lock's release names the owner token of the
-//!   waiter at the head of the lock's queue (see [`scripts::RELEASE`](crate::protocol::scripts::RELEASE));
-//!   a task registered with that owner token ([`Wakeups::register`]) is woken, and no other. Every
-//!   client subscribed to the channel receives the message, but only the one whose task heads the
-//!   queue sends the server anything. An empty message (a release with nobody queued, a
-//!   primitive's release) wakes the task of this client registered without an owner that has
-//!   waited longest (`Notify::notify_one`): only one contender can win anyway. A wake-up that
-//!   comes while its task is between two attempts is kept (a `Notify` permit), not lost.
+//! * **One wake-up per release, for one task, sent to one client**: a lock's release names the
+//!   owner token of the waiter at the head of the lock's queue (see
+//!   [`scripts::RELEASE`](crate::protocol::scripts::RELEASE)) on that waiter's client's own wake
+//!   channel: the release channel followed by the client's wake tag ([`Wakeups::tag`],
+//!   [`keys::wake_channel`](crate::protocol::keys::wake_channel)). A task registered with that
+//!   owner token ([`Wakeups::register`]) is woken, and no other; no other client even receives
+//!   the message, so a release costs the same however many clients wait. An empty message on the
+//!   release channel itself (a release with nobody queued, a primitive's release) wakes the task
+//!   of this client registered without an owner that has waited longest (`Notify::notify_one`):
+//!   only one contender can win anyway. A wake-up that comes while its task is between two
+//!   attempts is kept (a `Notify` permit), not lost.
 //! * **A lost message only costs latency**: waiters also come back by themselves (the head of a
 //!   queue at the holder's expiry, every queued waiter to refresh its entry, a primitive's waiter
 //!   after its backoff), so a release during a reconnection, a release by a foreign client (which
@@ -29,6 +32,7 @@
 //! * **Subscriptions outlive their waiters a little**: a channel nobody waits on is unsubscribed by
 //!   a periodic sweep, not at once, so a hot key is not resubscribed between every two waits.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -43,6 +47,7 @@ use dlock_core::Result;
 
 use crate::connection::Target;
 use crate::endpoint::Endpoint;
+use crate::protocol::keys;
 
 /// How often the subscriber connection is checked with a `PING`.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -62,6 +67,8 @@ const REFUSED_PAUSE: Duration = Duration::from_secs(30);
 pub struct Wakeups {
     shared: Arc<Shared>,
     requests: mpsc::UnboundedSender<()>,
+    /// The wake tag: names this client's queue entries and its wake channels.
+    tag: Arc<str>,
 }
 
 /// What the listener and the waiting tasks share.
@@ -159,19 +166,35 @@ impl Channel {
 
 impl Wakeups {
     /// Starts listening to the release channels of the server `endpoint` (the way dlock-redlock
-    /// listens to each master), on the current tokio runtime. It opens no connection until a
-    /// task registers; it reconnects by itself, waiters polling meanwhile.
+    /// listens to each master), on the current tokio runtime, for a client with the wake tag
+    /// `tag` ([`new_tag`](Self::new_tag); dlock-redlock gives all its masters one, so that its
+    /// requests are the same on each). It opens no connection until a task registers; it
+    /// reconnects by itself, waiters polling meanwhile.
     pub fn for_server(
         endpoint: &Endpoint,
         connect_timeout: Duration,
         request_timeout: Duration,
+        tag: Arc<str>,
     ) -> Result<Self> {
         Ok(Self::start(
             Target::Server(Box::new(endpoint.client()?)),
             connect_timeout,
             request_timeout,
             endpoint.redacted().to_owned(),
+            tag,
         ))
+    }
+
+    /// A new wake tag: 16 random hex digits.
+    pub fn new_tag() -> Arc<str> {
+        format!("{:016x}", rand::random::<u64>()).into()
+    }
+
+    /// This client's wake tag: its waiters' queue entries carry it, and the releases that name
+    /// them are announced on their wake channels
+    /// ([`keys::wake_channel`](crate::protocol::keys::wake_channel)).
+    pub fn tag(&self) -> &str {
+        &self.tag
     }
 
     /// Starts the listener on the current runtime. It opens no connection until a task waits.
@@ -180,6 +203,7 @@ impl Wakeups {
         connect_timeout: Duration,
         request_timeout: Duration,
         endpoint: String,
+        tag: Arc<str>,
     ) -> Self {
         let shared = Arc::new(Shared {
             channels: Mutex::new(HashMap::new()),
@@ -201,13 +225,20 @@ impl Wakeups {
             refused: false,
         };
         tokio::spawn(listener.run());
-        Wakeups { shared, requests }
+        Wakeups {
+            shared,
+            requests,
+            tag,
+        }
     }
 
-    /// Registers a waiting task on `channel` and asks the listener to subscribe to it. With
-    /// `owner` (the hex owner token the task waits with), only a message naming that owner
-    /// wakes it (a release whose queue it heads); without, empty messages do.
+    /// Registers a waiting task on the release channel `channel` and asks the listener to
+    /// subscribe. With `owner` (the hex owner token the task waits with), only a message naming
+    /// that owner on this client's wake channel of `channel` wakes it (a release whose queue it
+    /// heads); without, empty messages on `channel` itself do.
     pub fn register(&self, channel: &str, owner: Option<&str>) -> Registration {
+        let listened = self.listened(channel, owner);
+        let channel: &str = &listened;
         let (channel, new) = {
             let mut channels = self.shared.channels();
             match channels.get(channel) {
@@ -243,6 +274,8 @@ impl Wakeups {
         owner: Option<&str>,
     ) -> Option<Registration> {
         let status = *self.shared.status.borrow();
+        let listened = self.listened(channel, owner);
+        let channel: &str = &listened;
         let channel = {
             let channels = self.shared.channels();
             let existing = channels.get(channel).filter(|c| {
@@ -254,6 +287,15 @@ impl Wakeups {
             existing.clone()
         };
         Some(self.registration(channel, owner))
+    }
+
+    /// The channel a task waiting on the release channel `channel` listens to, if not that one:
+    /// with an owner, this client's wake channel.
+    fn listened<'c>(&self, channel: &'c str, owner: Option<&str>) -> Cow<'c, str> {
+        match owner {
+            Some(_) => Cow::Owned(keys::wake_channel(channel, &self.tag)),
+            None => Cow::Borrowed(channel),
+        }
     }
 
     /// The registration of a task counted among `channel`'s users.
@@ -553,7 +595,7 @@ impl Wakeups {
     /// Starts a listener of another kind on the waiting tasks' shared state — a cluster's, which
     /// subscribes each channel on its shard (see [`crate::cluster`]). It opens no connection
     /// until a task waits.
-    pub(crate) fn start_with<F, Fut>(listener: F) -> Self
+    pub(crate) fn start_with<F, Fut>(listener: F, tag: Arc<str>) -> Self
     where
         F: FnOnce(Feed) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -570,7 +612,11 @@ impl Wakeups {
             shared: shared.clone(),
             requests: rx,
         }));
-        Wakeups { shared, requests }
+        Wakeups {
+            shared,
+            requests,
+            tag,
+        }
     }
 }
 

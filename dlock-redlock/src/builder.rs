@@ -6,7 +6,7 @@ use std::time::Duration;
 use dlock_core::{check_within, Drift, Error, Owner, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
 use dlock_redis::protocol::keys::KeyLayout;
 use dlock_redis::protocol::{check_fence_ttl, check_timeout, ServerUrl};
-use dlock_redis::Endpoint;
+use dlock_redis::{Endpoint, Wakeups};
 use tracing::Instrument;
 
 use crate::lock::{RedlockLock, Settings};
@@ -172,6 +172,7 @@ impl RedlockBuilder {
                     self.connect_timeout,
                     request_timeout,
                     settings.restart_window(),
+                    settings.wake_tag.clone(),
                 )
             })
             .collect::<Result<Vec<_>>>()?;
@@ -249,6 +250,7 @@ impl RedlockBuilder {
             fencing: self.fencing,
             delayed_restart: self.delayed_restart,
             fence_ttl: self.fence_ttl,
+            wake_tag: Wakeups::new_tag(),
         };
         Ok((Arc::new(settings), endpoints))
     }

@@ -39,16 +39,19 @@ pub(crate) struct Names {
     pub(crate) owner: Arc<str>,
     /// Where the masters announce the head of the lock's queue of waiters.
     pub(crate) channel: Arc<str>,
+    /// The client's wake tag, which the owner's queue entries carry (`""`: none).
+    wake_tag: Arc<str>,
 }
 
 impl Names {
-    pub(crate) fn new(layout: &KeyLayout, key: &LockKey, owner: OwnerToken) -> Self {
-        let lock = layout.lock_key(key);
+    pub(crate) fn new(settings: &Settings, key: &LockKey, owner: OwnerToken) -> Self {
+        let lock = settings.layout.lock_key(key);
         Names {
             fence: keys::fence_key(&lock).into(),
             channel: keys::release_channel(&lock).into(),
             lock: lock.into(),
             owner: owner.to_hex().into(),
+            wake_tag: settings.wake_tag.clone(),
         }
     }
 }
@@ -88,6 +91,8 @@ pub(crate) struct Settings {
     pub(crate) fence_ttl: Option<Duration>,
     /// Who takes locks through this client: every grant leaves its record on every master.
     pub(crate) owner: Owner,
+    /// The client's wake tag, the same on every master (see [`dlock_redis::Wakeups::tag`]).
+    pub(crate) wake_tag: Arc<str>,
 }
 
 impl Settings {
@@ -247,6 +252,7 @@ impl RedlockLock {
                     owner: &n.owner,
                     channel: &n.channel,
                     publish: Publish::Plain,
+                    wake_tag: &n.wake_tag,
                     keep_place,
                 }
                 .run(&mut con)
@@ -385,6 +391,7 @@ impl RedlockLock {
                             arrival,
                             channel: &n.channel,
                             publish: Publish::Plain,
+                            wake_tag: &n.wake_tag,
                         },
                     }
                     .run(&mut con)
@@ -734,7 +741,7 @@ impl DistributedLock for RedlockLock {
     /// One attempt that never stands in the queue of waiters: granted only where nobody waits
     /// (a master grants only to the head of its queue of waiters).
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let names = Names::new(&self.inner.settings.layout, req.key, req.owner);
+        let names = Names::new(&self.inner.settings, req.key, req.owner);
         Ok(match self.attempt(req, &names, None).await? {
             Round::Granted(grant) => Attempt::Acquired(grant),
             Round::Busy { free_in, .. } => Attempt::Busy {
@@ -757,7 +764,7 @@ impl DistributedLock for RedlockLock {
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let settings = &self.inner.settings;
         let (timeout, validity) = settings.plan(ttl)?;
-        let names = Names::new(&settings.layout, lease.key, lease.owner);
+        let names = Names::new(settings, lease.key, lease.owner);
         let quorum = settings.quorum;
         let call = move |mut con| {
             let n = names.clone();
@@ -799,7 +806,7 @@ impl DistributedLock for RedlockLock {
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let settings = &self.inner.settings;
-        let names = Names::new(&settings.layout, lease.key, lease.owner);
+        let names = Names::new(settings, lease.key, lease.owner);
         let quorum = settings.quorum;
         // A release must go out even for a TTL the settings would refuse now.
         let timeout = settings.untimed_node_timeout();
@@ -902,6 +909,7 @@ impl DistributedLock for RedlockLock {
             lock: lock.into(),
             fence: Arc::from(""),
             owner: value.into(),
+            wake_tag: Arc::from(""),
         };
         let replies = self
             .release_everywhere(&names, settings.untimed_node_timeout(), |_| false)

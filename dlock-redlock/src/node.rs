@@ -82,16 +82,17 @@ pub(crate) struct Node {
 
 impl Node {
     /// A master at `endpoint`, not yet connected; `request_timeout` bounds each request of its
-    /// release notifications' connection. Starts the (idle) listener of those on the current
-    /// tokio runtime.
+    /// release notifications' connection, which listens for the client's `wake_tag`. Starts the
+    /// (idle) listener of those on the current tokio runtime.
     pub(crate) fn new(
         endpoint: Endpoint,
         connect_timeout: Duration,
         request_timeout: Duration,
         restart_window: Option<Duration>,
+        wake_tag: Arc<str>,
     ) -> Result<Arc<Self>, Error> {
         let client = endpoint.client()?;
-        let wakeups = Wakeups::for_server(&endpoint, connect_timeout, request_timeout)?;
+        let wakeups = Wakeups::for_server(&endpoint, connect_timeout, request_timeout, wake_tag)?;
         Ok(Arc::new(Node {
             endpoint,
             client,

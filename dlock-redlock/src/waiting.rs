@@ -80,7 +80,7 @@ impl RedlockLock {
         retry: &Backoff,
     ) -> Result<Grant> {
         let mut waiting = Waiting::new(req.key, deadline, retry);
-        let names = Names::new(&self.inner.settings.layout, req.key, req.owner);
+        let names = Names::new(&self.inner.settings, req.key, req.owner);
         let arrival = Some(arrival_now());
         let nodes = &self.inner.nodes;
         let (channel, owner) = (&*names.channel, Some(&*names.owner));

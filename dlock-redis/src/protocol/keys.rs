@@ -7,8 +7,9 @@
 //! | owner record | see [`owner_key`] | a hash: `token` (the owner token), `fencing` (the holder's fencing token), `record` (the [`OwnerRecord`](dlock_core::OwnerRecord) JSON) | the lease's TTL, re-armed with it |
 //! | fencing counter | see [`fence_key`] | an integer, incremented per grant | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:` + lock key | (pub/sub channel, not a key) | — |
-//! | waiters | see [`queue_key`] | a sorted set: member the owner token of a waiting `lock()`, score its arrival order | none; emptied by grants, withdrawals and lapses |
-//! | waiter lapses | see [`lapse_key`] | a sorted set: member the owner token, score the server time (ms) at which its entry lapses | as the waiters |
+//! | wake channel | see [`wake_channel`]: the release channel + `:` + a client's wake tag | (pub/sub channel) | — |
+//! | waiters | see [`queue_key`] | a sorted set: member the owner token of a waiting `lock()` + `:` + its client's wake tag, score its arrival order | none; emptied by grants, withdrawals and lapses |
+//! | waiter lapses | see [`lapse_key`] | a sorted set: member as in the waiters, score the server time (ms) at which its entry lapses | as the waiters |
 //!
 //! The lock key is the plain name so that the common single-instance convention interoperates:
 //! redis-py's `Lock(name)`, redsync and similar clients `SET name <random> NX PX <ttl>` and release
@@ -209,6 +210,14 @@ pub fn lock_keys_under<'a>(
 /// The channel a release of `lock_key` is published on.
 pub fn release_channel(lock_key: &str) -> String {
     concat(&[RELEASE_CHANNEL_PREFIX, lock_key])
+}
+
+/// The channel on which a release names the head of `release_channel`'s lock's queue when that
+/// waiter's client has the wake tag `tag`: only that client subscribes to it, so the other
+/// clients waiting on the lock hear nothing. A tag is 16 hex digits, random per client; the
+/// channel keeps the release channel's hash tag, so it stays in the lock key's slot in a cluster.
+pub fn wake_channel(release_channel: &str, tag: &str) -> String {
+    concat(&[release_channel, ":", tag])
 }
 
 fn concat(parts: &[&str]) -> String {

@@ -163,6 +163,24 @@ fn is_noscript(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
+/// The Lua function the scripts that name a queue's head announce it with: an entry
+/// `owner:tag` on the wake channel of its client (the release channel, `:`, the tag), with the
+/// owner token as the message; an entry without a tag on the release channel itself.
+macro_rules! announce_lua {
+    () => {
+        r#"
+local function announce(command, channel, head)
+  local owner, tag = string.match(head, '^([^:]*):(.+)$')
+  if tag then
+    redis.pcall(command, channel .. ':' .. tag, owner)
+  else
+    redis.pcall(command, channel, head)
+  end
+end
+"#
+    };
+}
+
 /// Takes a lock, or stands in its queue of waiters. Returns the fencing token (always positive)
 /// when granted; otherwise `{pttl, head, foreign, ahead}`: the holder's remaining `PTTL` (-1: no
 /// TTL, -2: the lock is free but another waiter is ahead), 1 if the caller heads the queue, 1 if
@@ -179,8 +197,13 @@ fn is_noscript(error: &RedisError) -> bool {
 /// 3. grants only if the lock is free and the caller heads the queue (or nobody waits), and
 ///    then takes the caller out of the queue;
 /// 4. if the lock is free and step 1 made someone else the head, announces that head's owner
-///    token on the release channel, so that its client wakes it (no lost wake-up when a queued
-///    waiter crashed).
+///    token, so that its client wakes it (no lost wake-up when a queued waiter crashed).
+///
+/// A queue entry is the owner token followed by `:` and the wake tag of the waiter's client
+/// (just the owner token without a tag). A head is announced on the release channel followed by
+/// `:` and its tag ([`keys::wake_channel`](super::keys::wake_channel)), a channel only that client
+/// listens to, so a release costs the other waiting clients nothing; a head without a tag is
+/// announced on the release channel itself.
 ///
 /// An uncontended grant (free lock, empty queue) skips all of it: `GET`, `SET NX`, `INCR`.
 ///
@@ -194,13 +217,17 @@ fn is_noscript(error: &RedisError) -> bool {
 /// record's JSON, `ARGV[4]` the counter's expiry in ms or `''` (see
 /// [the module docs](self#the-fencing-counters-expiry)), `ARGV[5]` the queue entry's lifetime
 /// in ms (0: never enqueue), `ARGV[6]` the arrival score or `''` (past the last), `ARGV[7]` the
-/// release channel or `''`, `ARGV[8]` `PUBLISH` or `SPUBLISH`.
+/// release channel or `''`, `ARGV[8]` `PUBLISH` or `SPUBLISH`, `ARGV[9]` the wake tag or `''`.
 /// Needs Redis 5 or later (effects replication, for `TIME` followed by a write).
 pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "acquire",
-        r#"
+        concat!(
+            announce_lua!(),
+            r#"
 local owner = ARGV[1]
+local member = owner
+if ARGV[9] ~= '' then member = owner .. ':' .. ARGV[9] end
 local holder = redis.call('GET', KEYS[1])
 if holder == owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -218,36 +245,36 @@ else
     end
     local lifetime = tonumber(ARGV[5])
     if lifetime > 0 then
-      if not redis.call('ZSCORE', KEYS[4], owner) then
+      if not redis.call('ZSCORE', KEYS[4], member) then
         local score = ARGV[6]
         if score == '' then
           local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
           score = string.format('%d', (tonumber(last[2]) or 0) + 1)
         end
-        redis.call('ZADD', KEYS[4], score, owner)
+        redis.call('ZADD', KEYS[4], score, member)
       end
-      redis.call('ZADD', KEYS[5], string.format('%d', now + lifetime), owner)
+      redis.call('ZADD', KEYS[5], string.format('%d', now + lifetime), member)
     end
     local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-    if not holder and head and head ~= first and head ~= owner and ARGV[7] ~= '' then
-      redis.pcall(ARGV[8], ARGV[7], head)
+    if not holder and head and head ~= first and head ~= member and ARGV[7] ~= '' then
+      announce(ARGV[8], ARGV[7], head)
     end
-    if holder or (head and head ~= owner) then
+    if holder or (head and head ~= member) then
       local pttl, foreign, ahead = -2, 0, -1
       if holder then
         pttl = redis.call('PTTL', KEYS[1])
         if redis.call('HGET', KEYS[3], 'token') ~= holder then foreign = 1 end
       end
-      if head == owner then return {pttl, 1, foreign, ahead} end
-      if redis.call('ZRANK', KEYS[4], owner) == 1 then
+      if head == member then return {pttl, 1, foreign, ahead} end
+      if redis.call('ZRANK', KEYS[4], member) == 1 then
         local lapse = redis.call('ZSCORE', KEYS[5], head)
         if lapse then ahead = math.max(0, tonumber(lapse) - now) end
       end
       return {pttl, 0, foreign, ahead}
     end
     if head then
-      redis.call('ZREM', KEYS[4], owner)
-      redis.call('ZREM', KEYS[5], owner)
+      redis.call('ZREM', KEYS[4], member)
+      redis.call('ZREM', KEYS[5], member)
     end
   end
   redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
@@ -263,7 +290,8 @@ if ARGV[4] ~= '' then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
 redis.call('HSET', KEYS[3], 'token', owner, 'fencing', string.format('%d', token), 'record', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[2])
 return token
-"#,
+"#
+        ),
     )
 });
 
@@ -315,10 +343,10 @@ return answers
 
 /// Deletes a lock and its owner record if the owner still holds it; otherwise takes the owner's
 /// entry out of the lock's queue of waiters (a waiter that gave up or was dropped withdraws with
-/// a release by its owner token). Then, if the lock is free, announces it on the release channel:
-/// with the owner token of the waiter at the head of the queue, so that only that waiter's
-/// client wakes it, or with an empty message if nobody is queued and the caller released (for
-/// `wait_for_release` and waiters of older clients). Returns [`HELD_BY_CALLER`], [`NOT_HELD`]
+/// a release by its owner token). Then, if the lock is free, announces it: the waiter at the head
+/// of the queue on its client's wake channel (see [`ACQUIRE`]), so that only that waiter is
+/// woken, or an empty message on the release channel if nobody is queued and the caller released
+/// (for `wait_for_release` and the waiters of the primitives). Returns [`HELD_BY_CALLER`], [`NOT_HELD`]
 /// or [`HELD_BY_OTHER`].
 ///
 /// The announcement is best effort (`redis.pcall`): a user without permission for the channel
@@ -328,20 +356,25 @@ return answers
 /// lock key (the cluster's release channel does).
 ///
 /// A waiter that gives back a grant short of a quorum (Redlock) keeps its place instead: with
-/// its arrival score in `ARGV[4]` and its entry's lifetime in `ARGV[5]`, a deleted grant puts it
+/// its arrival score in `ARGV[5]` and its entry's lifetime in `ARGV[6]`, a deleted grant puts it
 /// back in the queue at that score, and where it did not hold the lock its entry stays. It is not
 /// announced to itself.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` owner record, `KEYS[3]` waiters, `KEYS[4]` waiter lapses;
 /// `ARGV[1]` owner token, `ARGV[2]` release channel or `""`, `ARGV[3]` `PUBLISH` or `SPUBLISH`,
-/// optional `ARGV[4]` arrival score and `ARGV[5]` entry lifetime in ms.
+/// `ARGV[4]` the owner's wake tag or `""`, optional `ARGV[5]` arrival score and `ARGV[6]` entry
+/// lifetime in ms.
 pub static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "release",
-        r#"
+        concat!(
+            announce_lua!(),
+            r#"
+local member = ARGV[1]
+if ARGV[4] ~= '' then member = ARGV[1] .. ':' .. ARGV[4] end
 local holder = redis.call('GET', KEYS[1])
 local code = 0
-local stay = ARGV[4] ~= nil
+local stay = ARGV[5] ~= nil
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   holder = false
@@ -349,26 +382,27 @@ if holder == ARGV[1] then
   if stay then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-    redis.call('ZADD', KEYS[4], string.format('%d', now + tonumber(ARGV[5])), ARGV[1])
+    redis.call('ZADD', KEYS[3], ARGV[5], member)
+    redis.call('ZADD', KEYS[4], string.format('%d', now + tonumber(ARGV[6])), member)
   end
 else
   if holder then code = 2 end
   if not stay then
-    redis.call('ZREM', KEYS[3], ARGV[1])
-    redis.call('ZREM', KEYS[4], ARGV[1])
+    redis.call('ZREM', KEYS[3], member)
+    redis.call('ZREM', KEYS[4], member)
   end
 end
 if not holder and ARGV[2] ~= '' then
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if head then
-    if head ~= ARGV[1] then redis.pcall(ARGV[3], ARGV[2], head) end
+    if head ~= member then announce(ARGV[3], ARGV[2], head) end
   elseif code == 1 then
     redis.pcall(ARGV[3], ARGV[2], '')
   end
 end
 return code
-"#,
+"#
+        ),
     )
 });
 
@@ -428,7 +462,9 @@ return 1
 pub static EVICT: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         "evict",
-        r#"
+        concat!(
+            announce_lua!(),
+            r#"
 local holder = redis.call('GET', KEYS[1])
 if not holder then return {0} end
 local pttl = redis.call('PTTL', KEYS[1])
@@ -438,11 +474,12 @@ if ARGV[1] ~= '' and (record[1] ~= holder or record[2] ~= ARGV[1]) then
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 if ARGV[2] ~= '' then
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
-  redis.pcall(ARGV[3], ARGV[2], head)
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head then announce(ARGV[3], ARGV[2], head) else redis.pcall(ARGV[3], ARGV[2], '') end
 end
 return {1, holder, pttl, record[1], record[2], record[3]}
-"#,
+"#
+        ),
     )
 });
 
@@ -597,6 +634,10 @@ pub struct Queueing<'a> {
     pub channel: &'a str,
     /// How the announcement is published.
     pub publish: Publish,
+    /// The caller's client's wake tag, or `""`: its queue entry is `owner:tag`, and a release
+    /// that makes it the head announces it on the release channel followed by `:tag`, which only
+    /// its client listens to (see [`keys::wake_channel`](super::keys::wake_channel)).
+    pub wake_tag: &'a str,
 }
 
 /// One run of [`ACQUIRE`]: what is asked, with which keys.
@@ -648,6 +689,7 @@ impl AcquireCall<'_> {
             arrival.as_bytes(),
             self.queue.channel.as_bytes(),
             self.queue.publish.command().as_bytes(),
+            self.queue.wake_tag.as_bytes(),
         ];
         let (record, queue, lapses) = (
             owner_key(self.lock_key),
@@ -772,6 +814,7 @@ where
         owner,
         channel,
         publish: Publish::Plain,
+        wake_tag: "",
         keep_place: None,
     }
     .run(con)
@@ -789,6 +832,9 @@ pub struct ReleaseCall<'a> {
     pub channel: &'a str,
     /// How the announcement is published.
     pub publish: Publish,
+    /// The wake tag the owner waited with, or `""` (see [`Queueing::wake_tag`]): it names the
+    /// owner's queue entry.
+    pub wake_tag: &'a str,
     /// `None`: a release, which also withdraws the owner's queue entry. `Some((arrival,
     /// entry_lifetime))`: a waiter gives a grant back but keeps its place in the queue (see
     /// [`RELEASE`]).
@@ -816,6 +862,7 @@ impl ReleaseCall<'_> {
             self.owner.as_bytes(),
             self.channel.as_bytes(),
             self.publish.command().as_bytes(),
+            self.wake_tag.as_bytes(),
         ];
         if let Some((arrival, lifetime)) = &place {
             args.extend([arrival.as_bytes(), lifetime.as_bytes()]);

@@ -18,6 +18,7 @@ use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
 use dlock_testkit::trials::Case;
+use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 
 use crate::support::{clients, raw, unique, waiting_without_polling, PROMPT};
@@ -31,7 +32,77 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
         case!(a_hot_key_costs_at_most_four_commands_per_acquisition),
         case!(inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry),
         case!(a_waiter_that_gives_a_grant_back_keeps_its_place),
+        case!(a_release_is_announced_to_the_heads_client_only),
     ]
+}
+
+/// The next message `heard` within [`PROMPT`]: its channel and payload.
+async fn announced(
+    heard: &mut (impl futures::Stream<Item = redis::Msg> + Unpin),
+) -> Option<(String, String)> {
+    let message = tokio::time::timeout(PROMPT, heard.next()).await.ok()??;
+    let payload: String = message.get_payload().ok()?;
+    Some((message.get_channel_name().to_owned(), payload))
+}
+
+/// A holds the key; B's and then C's client wait on it (never polling). A raw subscriber of
+/// every channel that starts with the lock's release channel hears each release exactly once:
+/// A's and B's on the wake channel of the next waiter's client (two different channels, each
+/// the release channel followed by a tag), none on the release channel all clients share; C's,
+/// with nobody queued, as an empty message on the release channel.
+pub async fn a_release_is_announced_to_the_heads_client_only(url: String) -> anyhow::Result<()> {
+    let [a, b, c] = clients(&url).await?;
+    let key = unique("wake-channel");
+    let channel = keys::release_channel(&key);
+    let mut pubsub = redis::Client::open(url.as_str())?
+        .get_async_pubsub()
+        .await?;
+    pubsub.psubscribe(format!("{channel}*")).await?;
+    let mut heard = pubsub.on_message();
+    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
+    let held = a.acquire(&key, &opts).await?;
+    let wait = |client: Arc<RedisLock>| {
+        let (key, opts) = (key.clone(), opts.clone());
+        tokio::spawn(async move { client.acquire(&key, &opts).await })
+    };
+    let b_waits = wait(b);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let c_waits = wait(c);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut wake_channels = Vec::new();
+    let mut holder = held;
+    for waiter in [b_waits, c_waits] {
+        holder.release().await?;
+        let (name, owner) = announced(&mut heard)
+            .await
+            .context("a release was not announced")?;
+        let tag = name
+            .strip_prefix(&format!("{channel}:"))
+            .with_context(|| format!("announced on {name}, not a wake channel of {channel}"))?;
+        ensure!(
+            tag.len() == 16 && owner.len() == 32,
+            "tag {tag:?}, owner {owner:?}"
+        );
+        ensure!(
+            !wake_channels.contains(&name),
+            "two clients' waiters were named on one channel"
+        );
+        wake_channels.push(name);
+        holder = waiter.await??;
+        ensure!(
+            announced(&mut heard).await.is_none(),
+            "a release was announced twice"
+        );
+    }
+    holder.release().await?;
+    let (name, payload) = announced(&mut heard)
+        .await
+        .context("the last release was not announced")?;
+    ensure!(
+        name == channel && payload.is_empty(),
+        "with nobody queued: {payload:?} on {name}"
+    );
+    Ok(())
 }
 
 /// One attempt of the acquire script on `lock` for `owner`: a waiter at `arrival` (with a 30 s
@@ -59,6 +130,7 @@ async fn attempt(
             arrival,
             channel: "",
             publish: Publish::Plain,
+            wake_tag: "",
         },
     }
     .run(con)
@@ -78,6 +150,7 @@ async fn give_back(
         owner,
         channel: "",
         publish: Publish::Plain,
+        wake_tag: "",
         keep_place: Some((arrival, Duration::from_secs(30))),
     };
     Ok(call.run(con).await?)
