@@ -13,13 +13,16 @@
 //! again through a new connection once it runs. The connection is replaced here rather than
 //! inside redis-rs's `ConnectionManager` because every new connection must be checked with
 //! `INFO server` before it is used (see [`crate::restart`]): a restarted master is only ever
-//! reached through a new connection.
+//! reached through a new connection. Every script is loaded on it then too
+//! (`dlock_redis::protocol::scripts::load_all`), so a restarted master, which forgot them, does
+//! not answer `NOSCRIPT` to each request of the first burst.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::Error;
+use dlock_redis::protocol::scripts;
 use dlock_redis::{Endpoint, Wakeups};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
@@ -295,6 +298,10 @@ async fn open(node: &Node) -> Result<Link, Arc<Error>> {
             ),
         )));
     };
+    // Best effort: on a server that refuses it, each script still runs from its source once.
+    if let Err(error) = scripts::load_all().query_async::<()>(&mut connection).await {
+        tracing::debug!(endpoint = node.endpoint(), %error, "Redlock master: SCRIPT LOAD refused");
+    }
     let seen = lock(&node.restarts).saw(&info, Instant::now(), node.restart_window);
     if seen == Seen::Restarted {
         tracing::info!(

@@ -72,7 +72,8 @@
 //! Scripts run by SHA1 (`EVALSHA`). When the server answers `NOSCRIPT` — it restarted, failed over,
 //! or someone ran `SCRIPT FLUSH` — the call is repeated once with `EVAL` and the full source, which
 //! also puts the script back in the cache. `NOSCRIPT` guarantees the first attempt did nothing, so
-//! repeating it is safe.
+//! repeating it is safe. dlock-redlock loads every script ([`load_all`]) on each connection it
+//! opens, before using it.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -157,6 +158,40 @@ impl LockScript {
         }
         cmd
     }
+}
+
+/// Every script a lock and its primitives run.
+pub fn all() -> [&'static LockScript; 11] {
+    use super::primitives;
+    [
+        &ACQUIRE,
+        &EXTEND,
+        &EXTEND_MANY,
+        &RELEASE,
+        &RAISE_FENCE,
+        &EVICT,
+        &primitives::ACQUIRE,
+        &primitives::EXTEND,
+        &primitives::RELEASE,
+        &primitives::PEEK,
+        &primitives::RAISE_FENCE,
+    ]
+}
+
+/// `SCRIPT LOAD` of every script of [`all`], in one pipeline (each reply is ignored). Sent on a
+/// new connection before it is used, so that the requests made together on it (a burst of
+/// renewals on a fresh master) find their scripts cached, rather than each meeting `NOSCRIPT`
+/// and sending its source.
+pub fn load_all() -> redis::Pipeline {
+    let mut pipeline = redis::pipe();
+    for script in all() {
+        pipeline
+            .cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script.source())
+            .ignore();
+    }
+    pipeline
 }
 
 fn is_noscript(error: &RedisError) -> bool {

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{DistributedLockExt, Error, FencingToken, LockOptions};
+use dlock_redis::protocol::scripts;
 use dlock_redlock::RedlockLock;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;
@@ -21,7 +22,41 @@ pub fn cases() -> Vec<(&'static str, Case<Arc<RedisMasters>>)> {
         case!(a_frozen_master_costs_at_most_the_node_timeout),
         case!(restart_without_persistence_with_delayed_restart_has_one_holder),
         case!(restart_without_persistence_without_delayed_restart_has_two_holders),
+        case!(a_master_that_lost_its_scripts_has_them_again_before_the_first_request),
     ]
+}
+
+/// Every master forgets its scripts (`SCRIPT FLUSH`, as a restart without persistence does); a
+/// client connecting to them loads every script on each new connection before using it, so the
+/// first burst of requests finds them cached instead of each sending its source.
+pub async fn a_master_that_lost_its_scripts_has_them_again_before_the_first_request(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    support::all_serving(&masters).await?;
+    let urls = masters.urls();
+    let hashes: Vec<&str> = scripts::all().iter().map(|s| s.hash()).collect();
+    let mut raws = Vec::new();
+    for url in &urls {
+        let mut raw = support::raw(url).await?;
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async::<()>(&mut raw)
+            .await?;
+        raws.push(raw);
+    }
+    let _client = support::client_with(&urls, |b| b).await?;
+    for (url, raw) in urls.iter().zip(&mut raws) {
+        let cached: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&hashes)
+            .query_async(raw)
+            .await?;
+        ensure!(
+            cached.iter().all(|c| *c),
+            "{url}: scripts cached {cached:?} after connecting, before any request"
+        );
+    }
+    Ok(())
 }
 
 /// Acquires and releases `key` once, returning the token; fails on busy.
