@@ -378,9 +378,18 @@ pub async fn renewing(
         .buffer_unordered(at_once);
     let mut taken = Vec::with_capacity(leases);
     let mut note = None;
+    // An overloaded backend may refuse some acquires (unavailable, timed out): that is counted
+    // and reported, and the figures are for the leases taken.
+    let (mut failed, mut first_failure) = (0usize, None);
     while let Some(lease) = acquiring.next().await {
-        taken.push(lease?);
-        if taken.len() < leases && Instant::now() > deadline {
+        match lease {
+            Ok(lease) => taken.push(lease),
+            Err(error) => {
+                failed += 1;
+                first_failure.get_or_insert_with(|| error.to_string());
+            }
+        }
+        if taken.len() + failed < leases && Instant::now() > deadline {
             note = Some(format!(
                 "took {} of {leases} leases in the {:?} budget ({:.0}/s); the figures are for those",
                 taken.len(),
@@ -389,6 +398,16 @@ pub async fn renewing(
             ));
             break;
         }
+    }
+    if let Some(first) = first_failure {
+        let failures = format!("{failed} acquires failed (the first: {first})");
+        note = Some(match note {
+            Some(note) => format!("{note}; {failures}"),
+            None => format!(
+                "took {} of {leases} leases: {failures}; the figures are for those taken",
+                taken.len()
+            ),
+        });
     }
     // Dropping the stream cancels the acquires still in flight; the core releases them.
     drop(acquiring);
@@ -433,11 +452,12 @@ pub async fn renewing(
         // Aborting drops the task's lease, which releases it in the background.
         task.abort();
     }
-    futures::stream::iter(held)
+    // A release refused by an overloaded backend leaves its key to the TTL; it is not measured.
+    let _ = futures::stream::iter(held)
         .map(|lease| async move { lease.release().await })
         .buffer_unordered(at_once)
-        .try_collect::<Vec<_>>()
-        .await?;
+        .collect::<Vec<_>>()
+        .await;
     Ok(Renewing {
         mode: mode.name(),
         leases,
