@@ -379,15 +379,16 @@ pub async fn renewing(
     let mut taken = Vec::with_capacity(leases);
     let mut note = None;
     // An overloaded backend may refuse some acquires (unavailable, timed out): that is counted
-    // and reported, and the figures are for the leases taken.
+    // and reported, and the figures are for the leases taken. Any other error ends the run.
     let (mut failed, mut first_failure) = (0usize, None);
     while let Some(lease) = acquiring.next().await {
         match lease {
             Ok(lease) => taken.push(lease),
-            Err(error) => {
+            Err(error) if error.is_temporary() => {
                 failed += 1;
                 first_failure.get_or_insert_with(|| error.to_string());
             }
+            Err(error) => return Err(error.into()),
         }
         if taken.len() + failed < leases && Instant::now() > deadline {
             note = Some(format!(

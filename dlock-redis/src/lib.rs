@@ -91,8 +91,9 @@
 //! | owner record | `dlock:owner:{<lock key>}` (same cluster slot; see [Owner records](#owner-records)) | hash: `token`, `fencing`, `record` | the lease's TTL |
 //! | fencing counter | `{<lock key>}:dlock:fence` (same cluster slot) | integer | never, or the fence TTL after the last grant |
 //! | release channel | `dlock:released:<lock key>` (pub/sub) | — | — |
-//! | waiters | `dlock:queue:{<lock key>}` (same cluster slot, named like the owner record) | sorted set: owner token → arrival order | none; empty while nobody waits |
-//! | waiter lapses | `dlock:lapse:{<lock key>}` (same cluster slot) | sorted set: owner token → server time (ms) its entry lapses | as the waiters |
+//! | wake channel | the release channel + `:` + a client's wake tag (pub/sub) | — | — |
+//! | waiters | `dlock:queue:{<lock key>}` (same cluster slot, named like the owner record) | sorted set: owner token + `:` + the client's wake tag → arrival order | none; empty while nobody waits |
+//! | waiter lapses | `dlock:lapse:{<lock key>}` (same cluster slot) | sorted set: the same entries → server time (ms) each lapses | as the waiters |
 //!
 //! The lock key is the plain name, so the common single-instance convention interoperates: a
 //! lock held by redis-py's `Lock`, redsync or any client that does `SET name <random> NX PX ttl`
@@ -140,8 +141,8 @@
 //!   the head of the queue knows when an abandoned lock frees (see [Waiting](#waiting));
 //! * extend: re-arm the TTL if the owner still holds the lock; never re-creates it;
 //! * release: delete it and its owner record if the owner still holds it, else take the owner's
-//!   queue entry out; then, if the lock is free, publish the owner token of the queue's head
-//!   (or an empty message if nobody waits) on the release channel;
+//!   queue entry out; then, if the lock is free, publish the owner token of the queue's head on
+//!   its client's wake channel (or an empty message on the release channel if nobody waits);
 //! * evict: delete whoever holds it (the expected holder only, if given) and publish as release
 //!   does.
 //!
@@ -190,11 +191,15 @@
 //!   again queues behind the waiters, and `try_acquire` does not jump the queue either (it
 //!   answers busy while anyone waits, and never queues).
 //! * A release (or an eviction, or a waiter that gives up while the lock is free) publishes the
-//!   head's owner token on the release channel. Every client subscribed to it receives the
-//!   message, but only the client whose task heads the queue wakes it, and only that task:
-//!   one attempt per release, whatever the number of waiters. The subscription is on the
+//!   head's owner token on the wake channel of the head's client (the release channel followed
+//!   by `:` and the client's random wake tag, which its queue entry carries). Only that client
+//!   receives the message, and it wakes only that task: one attempt per release, and nothing
+//!   sent to the other clients, whatever the number of waiters. The subscription is on the
 //!   client's subscriber connection (opened on first need, shared by all waiting tasks,
-//!   reconnected when it breaks or when a `PING` every few seconds gets no answer).
+//!   reconnected when it breaks or when a `PING` every few seconds gets no answer). Waiters of a
+//!   client of an earlier dlock version (entries without a tag) are announced on the release
+//!   channel as before; a client of this version is not woken by such a client's releases and
+//!   comes back by itself (below), so a fleet upgrades together.
 //! * Without a message, a waiter comes back by itself: the head at the holder's expiry (plus a
 //!   little jitter), the second in line when the head's entry lapses, every waiter to refresh its
 //!   entry about every third of its TTL, and, with the caller's backoff, the head while a foreign

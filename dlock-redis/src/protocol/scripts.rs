@@ -16,8 +16,8 @@
 //! * [`EXTEND_MANY`]: [`EXTEND`] for many locks in one call, so auto-renew costs one round trip
 //!   per batch rather than one per lease.
 //! * [`RELEASE`]: if the lock's value is the owner, `DEL` it and its owner record, else take the
-//!   owner out of the queue; then announce the queue's head on the release channel (`PUBLISH`,
-//!   or `SPUBLISH` on a Redis Cluster).
+//!   owner out of the queue; then announce the queue's head on its client's wake channel
+//!   (`PUBLISH`, or `SPUBLISH` on a Redis Cluster).
 //! * [`RAISE_FENCE`] (used by Redlock, not by this crate's client): if the lock's value is the
 //!   owner, raise the fencing counter to at least a given token, never lowering it, and put the
 //!   token in the owner record.
@@ -390,6 +390,11 @@ return answers
 /// script may only publish on a sharded channel of its own slot, so the channel must hash like the
 /// lock key (the cluster's release channel does).
 ///
+/// The owner's entry is `owner:tag` with the wake tag in `ARGV[4]`. Without one (an eviction by
+/// the holder's value, which does not know its client's tag) every entry of the owner goes,
+/// whatever its tag: the queue is scanned, which only such a release pays for. A Redlock holder
+/// may still stand in the queues of masters that refused it.
+///
 /// A waiter that gives back a grant short of a quorum (Redlock) keeps its place instead: with
 /// its arrival score in `ARGV[5]` and its entry's lifetime in `ARGV[6]`, a deleted grant puts it
 /// back in the queue at that score, and where it did not hold the lock its entry stays. It is not
@@ -425,6 +430,15 @@ else
   if not stay then
     redis.call('ZREM', KEYS[3], member)
     redis.call('ZREM', KEYS[4], member)
+    if ARGV[4] == '' then
+      local tagged = ARGV[1] .. ':'
+      for _, entry in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+        if string.sub(entry, 1, #tagged) == tagged then
+          redis.call('ZREM', KEYS[3], entry)
+          redis.call('ZREM', KEYS[4], entry)
+        end
+      end
+    end
   end
 end
 if not holder and ARGV[2] ~= '' then
@@ -699,7 +713,8 @@ impl AcquireCall<'_> {
     ///
     /// # Cancel safety
     /// If dropped, the lock may or may not have been taken, and the caller may or may not stand
-    /// in the queue; release by owner token to be sure (that also withdraws a queue entry).
+    /// in the queue; release by owner token, with the same wake tag, to be sure (that also
+    /// withdraws a queue entry).
     pub async fn run<C>(&self, con: &mut C) -> RedisResult<AcquireReply>
     where
         C: ConnectionLike + Send,
@@ -830,8 +845,9 @@ where
     codes.into_iter().map(decode_extend).collect()
 }
 
-/// Runs [`RELEASE`] for `owner` (which also withdraws its queue entry), announcing the queue's
-/// head on `channel` (none if empty) with `PUBLISH`: [`ReleaseCall`] with the defaults.
+/// Runs [`RELEASE`] for `owner` without a wake tag (which also withdraws its queue entries,
+/// whatever their tag), announcing the queue's head on `channel` (none if empty) with `PUBLISH`:
+/// [`ReleaseCall`] with the defaults.
 ///
 /// # Cancel safety
 /// If dropped, the release may or may not have happened; repeating it is harmless.

@@ -33,7 +33,35 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
         case!(inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry),
         case!(a_waiter_that_gives_a_grant_back_keeps_its_place),
         case!(a_release_is_announced_to_the_heads_client_only),
+        case!(a_release_without_a_tag_withdraws_the_owners_entries_under_any_tag),
     ]
+}
+
+/// A release by owner token without a wake tag — how a Redlock eviction, which knows the
+/// holder's value but not its client's tag, releases on a master where the holder only stood in
+/// the queue — withdraws that owner's tagged entry, and only that owner's.
+pub async fn a_release_without_a_tag_withdraws_the_owners_entries_under_any_tag(
+    url: String,
+) -> anyhow::Result<()> {
+    let mut con = raw(&url).await?;
+    let lock = format!("dlock:{}", unique("untagged"));
+    ensure!(attempt(&mut con, &lock, "holder", None).await?, "free lock");
+    let tag = "00112233445566ff";
+    ensure!(!tagged_attempt(&mut con, &lock, "evicted", Some(100), tag).await?);
+    ensure!(!tagged_attempt(&mut con, &lock, "other", Some(200), tag).await?);
+    ensure!(queue(&mut con, &lock).await? == [format!("evicted:{tag}"), format!("other:{tag}")]);
+    scripts::release(&mut con, &lock, "evicted", "").await?;
+    ensure!(
+        queue(&mut con, &lock).await? == [format!("other:{tag}")],
+        "the untagged release left the owner's entry, or took another's"
+    );
+    scripts::release(&mut con, &lock, "other", "").await?;
+    scripts::release(&mut con, &lock, "holder", "").await?;
+    ensure!(
+        queue(&mut con, &lock).await?.is_empty(),
+        "entries left behind"
+    );
+    Ok(())
 }
 
 /// The next message `heard` within [`PROMPT`]: its channel and payload.
@@ -105,13 +133,25 @@ pub async fn a_release_is_announced_to_the_heads_client_only(url: String) -> any
     Ok(())
 }
 
-/// One attempt of the acquire script on `lock` for `owner`: a waiter at `arrival` (with a 30 s
-/// entry) or, without one, a `try_lock`. Returns whether it was granted.
+/// One attempt of the acquire script on `lock` for `owner` (of a client without a wake tag): a
+/// waiter at `arrival` (with a 30 s entry) or, without one, a `try_lock`. Returns whether it was
+/// granted.
 async fn attempt(
     con: &mut MultiplexedConnection,
     lock: &str,
     owner: &str,
     arrival: Option<u64>,
+) -> anyhow::Result<bool> {
+    tagged_attempt(con, lock, owner, arrival, "").await
+}
+
+/// [`attempt`] by a client with the wake tag `wake_tag`.
+async fn tagged_attempt(
+    con: &mut MultiplexedConnection,
+    lock: &str,
+    owner: &str,
+    arrival: Option<u64>,
+    wake_tag: &str,
 ) -> anyhow::Result<bool> {
     let fence = keys::fence_key(lock);
     let reply = AcquireCall {
@@ -130,7 +170,7 @@ async fn attempt(
             arrival,
             channel: "",
             publish: Publish::Plain,
-            wake_tag: "",
+            wake_tag,
         },
     }
     .run(con)
