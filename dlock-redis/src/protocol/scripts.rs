@@ -1138,14 +1138,7 @@ mod tests {
 
     #[test]
     fn hashes_are_sha1_of_the_source() {
-        for script in [
-            &*ACQUIRE,
-            &*EXTEND,
-            &*EXTEND_MANY,
-            &*RELEASE,
-            &*RAISE_FENCE,
-            &*EVICT,
-        ] {
+        for script in all() {
             assert_eq!(script.hash().len(), 40, "{}", script.name());
             assert_eq!(
                 script.hash(),
