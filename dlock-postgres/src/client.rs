@@ -1,5 +1,6 @@
 //! The PostgreSQL lock client, [`PgLock`], and its implementation of the lock contract.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -42,6 +43,9 @@ pub(crate) struct Inner {
     held: Mutex<Held>,
     keeper: Notify,
     pub(crate) listener: Arc<Listener>,
+    /// The owners that may stand in a lock's queue on the server (by the key's release
+    /// payload): a release by owner token, as a dropped acquire sends, withdraws them.
+    queued: Mutex<HashMap<u128, String>>,
     /// Serializes this client's semaphore grants: each picks a free slot skipping the slots
     /// this client uses, which a grant under way would not show yet.
     pub(crate) permit_turn: tokio::sync::Mutex<()>,
@@ -87,7 +91,8 @@ impl PgLock {
             schema_ready: AtomicBool::new(false),
             held: Mutex::new(Held::default()),
             keeper: Notify::new(),
-            listener: Arc::new(Listener::default()),
+            listener: Arc::new(Listener::new()),
+            queued: Mutex::default(),
             permit_turn: tokio::sync::Mutex::new(()),
             this: this.clone(),
         });
@@ -127,6 +132,24 @@ impl Layer for PgLock {
 }
 
 /// The primitives this backend serves besides the lock.
+/// How an attempt on a lock treats its queue.
+#[derive(Debug, Clone, Copy)]
+struct Queueing {
+    /// How long the attempt's queue entry lives unless refreshed (zero: never queue).
+    lifetime: Duration,
+    /// Whether the client lets the owner take the key (no other owner of it holds the key).
+    may_take: bool,
+}
+
+/// Where a busy attempt stands in the lock's queue.
+#[derive(Debug, Clone, Copy, Default)]
+struct Place {
+    /// The attempt heads the queue, or nobody does.
+    head: bool,
+    /// When another waiter heads the queue: in how long that waiter's entry lapses.
+    head_lapses_in: Option<Duration>,
+}
+
 pub(crate) fn primitives() -> Primitives {
     let mut primitives = Primitives::NONE;
     primitives.semaphore = true;
@@ -244,8 +267,10 @@ impl Inner {
         }
     }
 
-    /// Takes `key` for `owner` on `session` (run in a task of its own, so that a dropped caller
-    /// cannot leave a grant unrecorded).
+    /// Takes `key` for `owner` on `session` if nobody else heads its queue (run in a task of its
+    /// own, so that a dropped caller cannot leave a grant unrecorded). A waiting attempt
+    /// (`queue.lifetime` not zero) that is not granted stands in the queue; one the client does
+    /// not let take the key (`queue.may_take` false) only queues.
     async fn grant(
         self: Arc<Self>,
         session: Arc<Session>,
@@ -253,16 +278,25 @@ impl Inner {
         key: AdvisoryKey,
         name: String,
         ttl: Duration,
-    ) -> Result<Attempt> {
+        queue: Queueing,
+    ) -> Result<(Attempt, Place)> {
         let params = KeyParams::new(key);
         let statement = sql::grant(&params, "pg_try_advisory_lock");
         let record = self.settings.owner.record().to_json();
-        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
+        let waiter = holder_of(owner);
+        let tag = self.listener.tag().to_string();
+        let lifetime = i64::try_from(queue.lifetime.as_millis()).unwrap_or(i64::MAX);
+        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 10] = [
             (&name, Type::TEXT),
             (&record, Type::TEXT),
             (&params.key1, Type::INT8),
             (&params.key2, Type::INT8),
             (&params.space, Type::INT2),
+            (&params.payload, Type::TEXT),
+            (&waiter, Type::TEXT),
+            (&tag, Type::TEXT),
+            (&lifetime, Type::INT8),
+            (&queue.may_take, Type::BOOL),
         ];
         let sent = Instant::now();
         let rows = session
@@ -273,19 +307,115 @@ impl Inner {
             Err(e) => {
                 // A statement that failed may have taken the lock before failing (session locks
                 // outlive a failed statement): give it back before freeing the reservation.
-                tokio::spawn(async move {
-                    if !session.is_ended() {
-                        let unlock = sql::unlock(&params, "pg_advisory_unlock");
-                        let _ = session
-                            .query(&unlock, &params.with(&[]), "undo a failed grant")
-                            .await;
-                    }
-                    self.held().remove(owner);
-                });
+                if queue.may_take {
+                    tokio::spawn(async move {
+                        if !session.is_ended() {
+                            let unlock = sql::unlock(&params, "pg_advisory_unlock");
+                            let _ = session
+                                .query(&unlock, &params.with(&[]), "undo a failed grant")
+                                .await;
+                        }
+                        self.held().remove(owner);
+                    });
+                }
                 return Err(e);
             }
         };
-        self.token_or_busy(&session, owner, &rows, sent, ttl).await
+        let reply = |e: tokio_postgres::Error| {
+            Error::backend(BACKEND, false, format!("the grant's answer: {e}"))
+        };
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::backend(BACKEND, false, "the grant gave no answer"))?;
+        let token: Option<i64> = row.try_get(0).map_err(reply)?;
+        let place = Place {
+            head: row.try_get(1).map_err(reply)?,
+            head_lapses_in: row
+                .try_get::<_, Option<i64>>(2)
+                .map_err(reply)?
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        };
+        let Some(token) = token else {
+            if queue.may_take {
+                self.held().remove(owner);
+            }
+            if !queue.lifetime.is_zero() && !self.is_queued(owner) {
+                // Withdrawn while this attempt was under way: it queued again.
+                self.withdraw(&params.payload, owner).await;
+            }
+            return Ok((Attempt::Busy { retry_after: None }, place));
+        };
+        self.queued().remove(&owner);
+        let attempt = self
+            .finish_grant(&session, owner, token as u64, sent, ttl)
+            .await?;
+        Ok((attempt, place))
+    }
+
+    fn queued(&self) -> MutexGuard<'_, HashMap<u128, String>> {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_queued(&self, owner: u128) -> bool {
+        self.queued().contains_key(&owner)
+    }
+
+    /// Takes `owner` out of the queue of the lock with release payload `payload` (on the
+    /// client's second connection), waking the new head; failures are logged, as the entry
+    /// lapses with its TTL anyway.
+    async fn withdraw(&self, payload: &str, owner: u128) {
+        let timeout = self.settings.request_timeout;
+        let waiter = holder_of(owner);
+        let done = async {
+            let client = self
+                .listener
+                .client(timeout)
+                .await
+                .ok_or_else(|| session_gone("withdraw from the queue"))?;
+            let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+                [(&payload, Type::TEXT), (&waiter, Type::TEXT)];
+            tokio::time::timeout(timeout, client.query_typed(sql::WITHDRAW, &params))
+                .await
+                .map_err(|_| Error::no_answer("withdraw from the queue", timeout))?
+                .map_err(|e| crate::errors::from_driver(e, "withdraw from the queue"))?;
+            Ok::<(), Error>(())
+        };
+        if let Err(error) = done.await {
+            tracing::debug!(backend = BACKEND, %error, "a queue entry could not be withdrawn; it lapses with its TTL");
+        }
+    }
+
+    /// One attempt on the lock `req` asks for; a waiting one (`lifetime` not zero) stands in
+    /// the queue if not granted.
+    async fn attempt(&self, req: &LockRequest<'_>, lifetime: Duration) -> Result<(Attempt, Place)> {
+        let key = advisory_key(req.key.as_str());
+        let owner = req.owner.as_u128();
+        let now = Instant::now();
+        let may_take = self
+            .held()
+            .reserve(owner, key, req.key.as_str(), now + req.ttl);
+        if !may_take && lifetime.is_zero() {
+            return Ok((Attempt::Busy { retry_after: None }, Place::default()));
+        }
+        let session = match self.session().await {
+            Ok(session) => session,
+            Err(e) => {
+                if may_take {
+                    self.held().remove(owner);
+                }
+                return Err(e);
+            }
+        };
+        if !lifetime.is_zero() {
+            let payload = KeyParams::new(key).payload;
+            self.queued().insert(owner, payload);
+        }
+        let inner = self.arc()?;
+        let name = req.key.as_str().to_string();
+        let queue = Queueing { lifetime, may_take };
+        let task = tokio::spawn(inner.grant(session, owner, key, name, req.ttl, queue));
+        task.await
+            .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
     }
 
     /// Concludes a granting statement that returns the token in its one row, or no row when the
@@ -485,41 +615,23 @@ impl DistributedLock for Inner {
 
     /// Tokens come from a sequence, which only grows while the server keeps its data (a
     /// failover to a replica that missed the last writes can repeat them); a release announces
-    /// itself to waiters; locks live in the client's session.
+    /// itself to the next waiter in line; locks live in the client's session.
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
             .with_notifications()
             .with_sessions()
+            .with_fair_queue()
             .with_primitives(primitives())
     }
 
-    /// One statement: the advisory lock if free, and then a token and the holder's row.
+    /// One statement: the advisory lock if free and nobody waits for it, and then a token and
+    /// the holder's row. It never queues.
     ///
     /// # Cancel safety
     /// The statement runs in a task of its own; if the caller goes away its grant is still
     /// recorded, so a release by owner token (or the TTL) gives it back.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        let key = advisory_key(req.key.as_str());
-        let owner = req.owner.as_u128();
-        let now = Instant::now();
-        if !self
-            .held()
-            .reserve(owner, key, req.key.as_str(), now + req.ttl)
-        {
-            return Ok(Attempt::Busy { retry_after: None });
-        }
-        let session = match self.session().await {
-            Ok(session) => session,
-            Err(e) => {
-                self.held().remove(owner);
-                return Err(e);
-            }
-        };
-        let inner = self.arc()?;
-        let name = req.key.as_str().to_string();
-        let task = tokio::spawn(inner.grant(session, owner, key, name, req.ttl));
-        task.await
-            .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
+        Ok(self.attempt(req, Duration::ZERO).await?.0)
     }
 
     /// Confirms the session on the server (one round trip) and moves the TTL.
@@ -582,6 +694,10 @@ impl DistributedLock for Inner {
     /// release announced.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
         let owner = lease.owner.as_u128();
+        let queued = self.queued().remove(&owner);
+        if let Some(payload) = queued {
+            self.withdraw(&payload, owner).await;
+        }
         let entry = self.held().get(owner).cloned();
         let Some(entry) = entry else {
             return Ok(Released::Expired);
@@ -611,9 +727,17 @@ impl DistributedLock for Inner {
         Ok(())
     }
 
-    /// Waits for announced releases between attempts, listening before each attempt so that a
-    /// release between the busy answer and the wait is not missed; releases nobody announces (a
-    /// peer's `pg_advisory_unlock`, a session the server ended) are found at the backoff.
+    /// Waits in the lock's queue on the server (see the crate docs, "Waiting"): each attempt
+    /// stands in the queue or refreshes its entry, and the waiter sleeps until a release names
+    /// it on its client's wake channel, a release is announced to nobody in particular (nobody
+    /// was queued when it was sent), or it must come back by itself — to refresh its entry
+    /// every third of its TTL, when the head's entry lapses (a crashed head is never woken), and
+    /// as the head at the caller's backoff, since releases nobody announces (a peer's
+    /// `pg_advisory_unlock`, a session the server ended) are found only by trying.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: core releases by owner token when an acquire is dropped,
+    /// which withdraws the queue entry.
     async fn lock(
         &self,
         req: &LockRequest<'_>,
@@ -621,20 +745,51 @@ impl DistributedLock for Inner {
         retry: &Backoff,
     ) -> Result<Grant> {
         let payload = KeyParams::new(advisory_key(req.key.as_str())).payload;
-        let notify = self.listener.subscribe(&payload);
+        let owner = req.owner.as_u128();
+        let named = self
+            .listener
+            .subscribe(&sql::wake_payload(&payload, &holder_of(owner)));
+        let released = self.listener.subscribe(&payload);
         let mut waiting = Waiting::new(req.key, deadline, retry);
-        loop {
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let sent = Instant::now();
-            if let Attempt::Acquired(grant) = self.try_lock(req).await? {
-                return Ok(grant.sent_no_later_than(sent));
+        let refresh = (req.ttl / 3).max(Duration::from_millis(1));
+        let waited = async {
+            loop {
+                let (to_me, to_all) = (named.notified(), released.notified());
+                tokio::pin!(to_me, to_all);
+                to_me.as_mut().enable();
+                to_all.as_mut().enable();
+                let sent = Instant::now();
+                let place = match self.attempt(req, req.ttl).await? {
+                    (Attempt::Acquired(grant), _) => return Ok(grant.sent_no_later_than(sent)),
+                    (Attempt::Busy { .. }, place) => place,
+                };
+                let now = waiting.check()?;
+                let mut until = sent + refresh;
+                if place.head || !self.listener.listening() {
+                    until = until.min(waiting.next_attempt(now, None));
+                }
+                if let Some(left) = place.head_lapses_in {
+                    until = until.min(now + left + Duration::from_millis(1));
+                }
+                tokio::select! {
+                    _ = to_me => {}
+                    _ = to_all => {}
+                    _ = tokio::time::sleep_until(waiting.bound(until)) => {
+                        waiting.check()?;
+                    }
+                }
             }
-            let now = waiting.check()?;
-            let until = waiting.next_attempt(now, None);
-            let _ = tokio::time::timeout_at(until, notified).await;
         }
+        .await;
+        if let Err(Error::Timeout { .. }) = &waited {
+            // Within dlock-core's bound; past it, the task finishes in the background.
+            let queued = self.queued().remove(&owner);
+            if let (Some(payload), Ok(inner)) = (queued, self.arc()) {
+                let withdrawal = async move { inner.withdraw(&payload, owner).await };
+                dlock_core::withdraw(req.key, tokio::spawn(withdrawal)).await;
+            }
+        }
+        waited
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {

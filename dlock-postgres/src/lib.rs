@@ -31,7 +31,17 @@
 //! * A grant is one statement, one round trip: the lock if free, then `nextval('dlock_fencing')`
 //!   for the **fencing token** and the holder's row in the unlogged table `dlock_holders` (see
 //!   [`sql`] for the layout). A release is one statement: the row deleted if still
-//!   ours, the lock given back, and `pg_notify('dlock_release', key)` for the waiters.
+//!   ours, the lock given back, and a `pg_notify` for the next waiter.
+//! * **Waiting** is a fair queue: a waiting acquire that finds the lock busy stands in the
+//!   unlogged table `dlock_waiters` in the same statement, and the lock is granted only to the
+//!   head of the queue (or to anyone while nobody waits; `try_lock` never queues and never
+//!   jumps the queue). A release is announced to the head alone, on its client's wake channel
+//!   `dlock_release_<tag>` (the tag is random per client), or on `dlock_release` when nobody is
+//!   queued. Without a message a waiter comes back by itself: every third of its TTL to refresh
+//!   its entry, when the head's entry lapses (one TTL after its last attempt, so a crashed head
+//!   holds the queue up no longer), and, as the head, at the caller's backoff (a peer's
+//!   `pg_advisory_unlock` and a session the server ended are not announced). A wait that runs
+//!   out or is dropped withdraws its entry and wakes the new head.
 //! * **Tokens** come from a sequence: they grow across all keys and across restarts and crashes
 //!   (a sequence logs ahead and never goes back), for as long as the server keeps its data. A
 //!   failover to an asynchronous replica that missed the last writes can hand out a token again,
@@ -67,9 +77,10 @@
 //!
 //! # What the database user needs
 //!
-//! The first client creates `dlock_fencing` and `dlock_holders` in the first schema of its search
-//! path (so it needs `CREATE` there once); later ones need `USAGE` on the sequence and
-//! `SELECT, INSERT, UPDATE, DELETE` on the table. Evicting a holder ends its session with
+//! The first client creates `dlock_fencing`, `dlock_holders` and `dlock_waiters` in the first
+//! schema of its search path (so it needs `CREATE` there once, and once more on the upgrade that
+//! brought `dlock_waiters`); later ones need `USAGE` on the sequence and
+//! `SELECT, INSERT, UPDATE, DELETE` on the tables. Evicting a holder ends its session with
 //! `pg_terminate_backend`, which needs the same user, a superuser, or `pg_signal_backend`.
 
 mod builder;

@@ -1,8 +1,11 @@
 //! The second connection of a client: it listens for release announcements, and serves the
 //! operator's reads (`inspect`, `list`, `evict`), so that neither waits behind the lock session.
 //!
-//! Every dlock release ends with `pg_notify('dlock_release', key)`; this connection `LISTEN`s on
-//! that channel and wakes the client's waiters on that key. A release by another library's client
+//! Every dlock release ends with a `pg_notify`: on `dlock_release` with the key as payload, heard
+//! by every client, or, when the lock's queue has a head, on the head's client's wake channel
+//! `dlock_release_<tag>` with the payload `<key> <waiter>`. This connection `LISTEN`s on both
+//! (the tag is the client's own, random) and wakes the waiters registered for the payload: the
+//! key's waiters, or the one queued waiter named. A release by another library's client
 //! (`pg_advisory_unlock` in psql) is not announced, and neither is a session the server ended:
 //! waiters still try again at their backoff, so those releases are found by polling. If the
 //! connection breaks it is opened again, and every waiter is woken, since releases may have been
@@ -20,14 +23,15 @@ use tokio_postgres::AsyncMessage;
 use crate::builder::Settings;
 use crate::errors::BACKEND;
 use crate::session::connect;
-use crate::sql::CHANNEL;
+use crate::sql::{wake_channel, CHANNEL};
 
 /// How long to wait before opening a broken listener connection again.
 const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 
 /// The waiters of each key (by notification payload) and the connection that wakes them.
-#[derive(Default)]
 pub(crate) struct Listener {
+    /// This client's wake tag: 16 random lowercase hex digits, which its queue entries carry.
+    tag: String,
     keys: Mutex<HashMap<String, Weak<Notify>>>,
     /// The connection for reads, once it is up.
     client: Mutex<Option<Arc<tokio_postgres::Client>>>,
@@ -43,6 +47,30 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
+    pub(crate) fn new() -> Self {
+        Listener {
+            tag: format!("{:016x}", dlock_core::OwnerToken::random().as_u128() as u64),
+            keys: Mutex::default(),
+            client: Mutex::default(),
+            started: std::sync::atomic::AtomicBool::default(),
+            up: watch::Sender::default(),
+        }
+    }
+
+    /// This client's wake tag.
+    pub(crate) fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// Whether the connection is up and listening (releases are heard).
+    pub(crate) fn listening(&self) -> bool {
+        self.client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|c| !c.is_closed())
+    }
+
     /// The wake-up of `payload`'s waiters; keep it while waiting.
     pub(crate) fn subscribe(&self, payload: &str) -> Arc<Notify> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
@@ -138,12 +166,19 @@ async fn listen(
     settings: &Settings,
     connections: &mut u64,
 ) -> Result<()> {
+    let Some(tag) = listener.upgrade().map(|l| l.tag.clone()) else {
+        return Ok(());
+    };
     let (client, mut connection) = connect(settings, false).await?;
     let client = Arc::new(client);
     let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
     let listen = {
-        let client = client.clone();
-        async move { client.batch_execute(&format!("LISTEN {CHANNEL}")).await }
+        let (client, wake) = (client.clone(), wake_channel(&tag));
+        async move {
+            client
+                .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {wake}"))
+                .await
+        }
     };
     // The connection is driven by polling its messages; the LISTEN completes meanwhile.
     tokio::pin!(listen);

@@ -678,9 +678,12 @@ impl DistributedLock for View {
         BACKEND
     }
 
-    /// What the client declares.
+    /// What the client declares, but the fair queue: the primitives wait by polling and by the
+    /// announcements on `dlock_release`, not in the lock's queue.
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut capabilities = self.inner.capabilities();
+        capabilities.fair_queue = false;
+        capabilities
     }
 
     /// One attempt: a writer is the lock of the name; a reader's and a permit's statements

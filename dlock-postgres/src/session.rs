@@ -9,6 +9,7 @@
 //! rates): the server cannot have ended the session before then, because its idle timer starts
 //! only after it answered.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use dlock_core::{Error, Result, SessionState, SessionWatch};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{Row, Statement};
 
 use crate::builder::Settings;
 use crate::errors::{from_driver, BACKEND};
@@ -37,7 +38,14 @@ pub(crate) struct Session {
     /// rather than used, so that no request meets the server ending it.
     used: Mutex<Instant>,
     ended: AtomicBool,
+    /// This connection's prepared statements, by text: dlock sends a few fixed statements over
+    /// and over, and a prepared one is parsed once and soon runs on a cached plan, where an
+    /// unnamed one is parsed and planned on every call (most of a grant's server time).
+    prepared: Mutex<HashMap<String, Statement>>,
 }
+
+/// How many statements one session keeps prepared (dlock has fewer; a bound all the same).
+const PREPARED_AT_MOST: usize = 64;
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,6 +141,7 @@ impl Session {
             confirmed: Mutex::new(sent),
             used: Mutex::new(sent),
             ended: AtomicBool::new(false),
+            prepared: Mutex::default(),
         }
     }
 
@@ -206,6 +215,34 @@ impl Session {
         first
     }
 
+    /// Runs `sql` as a statement prepared on this connection (prepared on first use).
+    async fn run(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        let cached = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sql)
+            .cloned();
+        let statement = match cached {
+            Some(statement) => statement,
+            None => {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                let statement = self.client.prepare_typed(sql, &types).await?;
+                let mut prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+                if prepared.len() < PREPARED_AT_MOST {
+                    prepared.insert(sql.to_string(), statement.clone());
+                }
+                statement
+            }
+        };
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(value, _)| *value).collect();
+        self.client.query(&statement, &values).await
+    }
+
     /// Runs one statement with typed parameters within the request timeout, confirming the
     /// session on an answer. A timeout suspends the session (the connection is stuck).
     pub(crate) async fn query(
@@ -216,8 +253,7 @@ impl Session {
     ) -> Result<Vec<Row>> {
         let sent = Instant::now();
         *self.used.lock().unwrap_or_else(|e| e.into_inner()) = sent;
-        match tokio::time::timeout(self.request_timeout, self.client.query_typed(sql, params)).await
-        {
+        match tokio::time::timeout(self.request_timeout, self.run(sql, params)).await {
             Ok(Ok(rows)) => {
                 self.confirm(sent);
                 Ok(rows)

@@ -24,9 +24,20 @@
 //! Rows of sessions that ended without releasing are swept each time a client opens its lock
 //! session.
 //!
-//! A grant is one statement and one round trip: try the advisory lock, and only if it was taken,
-//! take a token and write the row. A release is one statement too: delete the row (only if it is
-//! still the releaser's), unlock, and announce the release on the channel `dlock_release`.
+//! * `dlock_waiters`, an **unlogged** table: the fair queue of each lock, one row per waiting
+//!   acquire — the lock's key (as the release payload writes it), the waiter (its owner token in
+//!   hex), its client's wake tag, its arrival and when the entry lapses (server time, the
+//!   lease's TTL after the waiter's last attempt). The head is the live entry that arrived
+//!   first. A row counts only until it lapses, so a crashed waiter holds nobody up for longer
+//!   than its TTL.
+//!
+//! A grant of a lock is one statement and one round trip: if nobody else heads the lock's queue,
+//! try the advisory lock, and only if it was taken, take a token, write the row and leave the
+//! queue; if it was not taken, a waiting acquire stands in (or refreshes) its queue entry in the
+//! same statement. A release is one statement too: delete the row (only if it is still the
+//! releaser's), unlock, and announce the release: to the head of the queue alone, on its
+//! client's wake channel `dlock_release_<tag>` with the payload `<key> <waiter>`, or, with
+//! nobody queued, on the channel `dlock_release` with the key as payload.
 
 use tokio_postgres::types::{ToSql, Type};
 
@@ -34,17 +45,32 @@ use crate::key::AdvisoryKey;
 
 /// The channel releases are announced on, with the text of the key its waiters listen for as
 /// payload: the lock's (or read-write lock's) key, a semaphore's guard key (its waiters wait for
-/// any permit, not one slot).
+/// any permit, not one slot). A release of a lock whose queue has a head is announced on the
+/// head's wake channel instead ([`wake_channel`]).
 pub(crate) const CHANNEL: &str = "dlock_release";
+
+/// The wake channel of the client with wake tag `tag` (16 lowercase hex digits): releases that
+/// hand a lock to one of its queued waiters are announced there, with the payload
+/// [`wake_payload`], so that no other client hears them.
+pub(crate) fn wake_channel(tag: &str) -> String {
+    format!("{CHANNEL}_{tag}")
+}
+
+/// The payload that wakes `waiter` (its owner token in hex) queued for the lock with release
+/// payload `key`.
+pub(crate) fn wake_payload(key: &str, waiter: &str) -> String {
+    format!("{key} {waiter}")
+}
 
 /// Whether the sequence and the table exist, the table with its `holder` column (the layout
 /// before the primitives had none).
 pub(crate) const SCHEMA_EXISTS: &str =
     "SELECT to_regclass('dlock_fencing') IS NOT NULL AND to_regclass('dlock_holders') IS NOT NULL
+         AND to_regclass('dlock_waiters') IS NOT NULL
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_holders')
              AND attname = 'holder' AND NOT attisdropped)";
 
-/// Creates them, one client at a time (`CREATE … IF NOT EXISTS` alone races with itself).
+/// Creates them and the queue table, one client at a time (`CREATE … IF NOT EXISTS` alone races with itself).
 pub(crate) fn create_schema() -> String {
     let guard =
         crate::key::advisory_key("dlock-postgres: creating dlock_fencing and dlock_holders");
@@ -64,6 +90,15 @@ pub(crate) fn create_schema() -> String {
              space smallint NOT NULL,
              PRIMARY KEY (name, kind, holder)
          );
+         CREATE UNLOGGED TABLE IF NOT EXISTS dlock_waiters (
+             key text NOT NULL,
+             waiter text NOT NULL,
+             tag text NOT NULL,
+             arrival timestamptz NOT NULL,
+             until timestamptz NOT NULL,
+             PRIMARY KEY (key, waiter)
+         );
+         CREATE INDEX IF NOT EXISTS dlock_waiters_order ON dlock_waiters (key, arrival, waiter);
          ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'lock';
          ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS holder text NOT NULL DEFAULT '';
          DO $$BEGIN
@@ -82,8 +117,10 @@ pub(crate) fn create_schema() -> String {
 
 /// Deletes the rows whose process no longer holds their key: those of sessions that ended without
 /// releasing (a crash, a termination, a restart). A row becomes visible only once its grant's
-/// lock is held, so a grant under way is never swept.
-pub(crate) const SWEEP: &str = "DELETE FROM dlock_holders h WHERE NOT EXISTS (
+/// lock is held, so a grant under way is never swept. Lapsed queue entries go too.
+pub(crate) const SWEEP: &str =
+    "WITH lapsed AS (DELETE FROM dlock_waiters WHERE until <= clock_timestamp())
+     DELETE FROM dlock_holders h WHERE NOT EXISTS (
          SELECT 1 FROM pg_locks l WHERE l.pid = h.pid AND l.locktype = 'advisory' AND l.granted
              AND l.classid::bigint = h.key1 AND l.objid::bigint = h.key2 AND l.objsubid = h.space
              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))";
@@ -147,21 +184,60 @@ const UPSERT: &str = "ON CONFLICT (name, kind, holder) DO UPDATE SET token = exc
              owner = excluded.owner, pid = excluded.pid, key1 = excluded.key1,
              key2 = excluded.key2, space = excluded.space";
 
-/// Takes the lock (or a writer's hold) if free: `$4` name, `$5` owner record; returns the
-/// token, or no row if busy. The rows of readers of the name go: none can hold beside us.
+/// Takes the lock (or a writer's hold) if free and nobody else heads its queue: `$4` name, `$5`
+/// owner record, `$6`–`$8` the key in `pg_locks`, `$9` the key's release payload, `$10` the
+/// waiter (owner token in hex), `$11` its client's wake tag, `$12` its queue entry's lifetime in
+/// milliseconds (0: a `try_lock`, which never queues), `$13` whether the client lets this owner
+/// take the key (false while another owner of the client holds it: the attempt only queues).
+///
+/// Returns one row: the token (null if not granted); whether the caller heads the queue (or
+/// nobody does); and, if another waiter heads it, in how many milliseconds that waiter's entry
+/// lapses. The rows of readers of the name go when granted (none can hold beside us), and so do
+/// the caller's entry and the lapsed entries of the queue. If not granted, a waiting caller
+/// stands in the queue: at the end if it was not in it (or its entry lapsed), otherwise in its
+/// place, with the entry's lapse moved.
 pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
     format!(
-        "WITH granted AS (SELECT {function}({}) AS ok),
+        "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),
+         head AS MATERIALIZED (SELECT w.waiter, w.until FROM dlock_waiters w, now
+             WHERE w.key = $9 AND w.until > now.t ORDER BY w.arrival, w.waiter LIMIT 1),
+         granted AS MATERIALIZED (SELECT CASE
+             WHEN $13 AND NOT EXISTS (SELECT 1 FROM head WHERE head.waiter <> $10)
+             THEN {function}({}) ELSE false END AS ok),
          stale AS (DELETE FROM dlock_holders WHERE name = $4 AND kind = 'read'
-             AND (SELECT ok FROM granted))
-         INSERT INTO dlock_holders AS h (name, kind, holder, token, owner, pid, key1, key2, space)
-         SELECT $4, 'lock', '', nextval('dlock_fencing'), $5, pg_backend_pid(), $6, $7, $8
-         FROM granted WHERE ok
-         {UPSERT}
-         RETURNING token",
+             AND (SELECT ok FROM granted)),
+         served AS (DELETE FROM dlock_waiters w USING now WHERE (SELECT ok FROM granted)
+             AND w.key = $9 AND (w.waiter = $10 OR w.until <= now.t)),
+         queued AS (INSERT INTO dlock_waiters AS w (key, waiter, tag, arrival, until)
+             SELECT $9, $10, $11, now.t, now.t + $12::float8 * interval '1 millisecond'
+             FROM now, granted WHERE NOT granted.ok AND $12 > 0
+             ON CONFLICT (key, waiter) DO UPDATE SET tag = excluded.tag, until = excluded.until,
+                 arrival = CASE WHEN w.until > excluded.arrival THEN w.arrival
+                     ELSE excluded.arrival END),
+         ins AS (INSERT INTO dlock_holders AS h
+                 (name, kind, holder, token, owner, pid, key1, key2, space)
+             SELECT $4, 'lock', '', nextval('dlock_fencing'), $5, pg_backend_pid(), $6, $7, $8
+             FROM granted WHERE ok
+             {UPSERT}
+             RETURNING token)
+         SELECT (SELECT token FROM ins),
+             NOT EXISTS (SELECT 1 FROM head WHERE head.waiter <> $10),
+             (SELECT ceil(extract(epoch FROM head.until - now.t) * 1000)::bigint
+                 FROM head, now WHERE head.waiter <> $10)",
         key.args()
     )
 }
+
+/// Takes `$2` (a waiter, its owner token in hex) out of the queue of the lock with release
+/// payload `$1`, and wakes the new head if an entry was taken out (the withdrawn waiter may
+/// have been woken for a release it will not take).
+pub(crate) const WITHDRAW: &str = "WITH gone AS (DELETE FROM dlock_waiters
+         WHERE key = $1 AND waiter = $2 RETURNING 1),
+     head AS (SELECT tag, waiter FROM dlock_waiters
+         WHERE key = $1 AND waiter <> $2 AND until > clock_timestamp()
+         ORDER BY arrival, waiter LIMIT 1)
+     SELECT pg_notify('dlock_release_' || head.tag, $1 || ' ' || head.waiter)
+     FROM head WHERE EXISTS (SELECT 1 FROM gone)";
 
 /// Takes a read hold if no writer holds the key and none waits (`$9, $10`: the companion
 /// key, which a waiting writer holds; its shared lock is taken and given back at once):
@@ -232,12 +308,21 @@ pub(crate) const UNDO_PERMIT: &str = "SELECT count(*) FROM generate_series(0, $3
      WHERE CASE WHEN i = ANY($4) THEN false ELSE pg_advisory_unlock($1, $2 + i * 4) END";
 
 /// Gives a hold back: `$4` name, `$5` token, `$6` payload, `$7` kind, `$8` holder; returns
-/// whether it was held.
+/// whether it was held. The release is announced to the head of the payload's queue on its
+/// wake channel, or on [`CHANNEL`] when nobody is queued; a release of a read hold or a permit
+/// is also announced on [`CHANNEL`], where the primitives' waiters listen.
 pub(crate) fn release(key: &KeyParams, function: &str) -> String {
     format!(
         "WITH gone AS (DELETE FROM dlock_holders WHERE name = $4 AND kind = $7 AND holder = $8
-             AND token = $5 AND pid = pg_backend_pid())
-         SELECT {function}({}), pg_notify('{CHANNEL}', $6)",
+             AND token = $5 AND pid = pg_backend_pid()),
+         head AS (SELECT w.tag, w.waiter FROM dlock_waiters w
+             WHERE w.key = $6 AND w.until > clock_timestamp()
+             ORDER BY w.arrival, w.waiter LIMIT 1)
+         SELECT {function}({}),
+             CASE WHEN h.tag IS NOT NULL
+                 THEN pg_notify('{CHANNEL}_' || h.tag, $6 || ' ' || h.waiter) END,
+             CASE WHEN h.tag IS NULL OR $7 <> 'lock' THEN pg_notify('{CHANNEL}', $6) END
+         FROM (SELECT 1) AS one LEFT JOIN head h ON true",
         key.args()
     )
 }

@@ -47,3 +47,30 @@ pub async fn raw(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     tokio::spawn(connection);
     Ok(client)
 }
+
+/// A plain driver connection that hears notifications: each one as (channel, payload).
+pub async fn raw_listener(
+    url: &str,
+) -> anyhow::Result<(
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+)> {
+    use futures::StreamExt;
+    let config: tokio_postgres::Config = url.parse().context("the fixture's URL")?;
+    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                if tx
+                    .send((n.channel().to_string(), n.payload().to_string()))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    Ok((client, rx))
+}

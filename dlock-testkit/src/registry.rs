@@ -540,8 +540,9 @@ fn session_backend() -> Capabilities {
 }
 
 /// PostgreSQL's declaration: tokens from a sequence, ordered while the server keeps its data;
-/// releases wake waiters; locks live in the client's session; the semaphore (slot keys) and the
-/// read-write lock (shared advisory locks for readers), no election.
+/// releases wake waiters, the lock's in arrival order from a queue table (the primitives' views
+/// do not declare the queue); locks live in the client's session; the semaphore (slot keys) and
+/// the read-write lock (shared advisory locks for readers), no election.
 fn postgres() -> Capabilities {
     let mut primitives = Primitives::NONE;
     primitives.semaphore = true;
@@ -549,6 +550,7 @@ fn postgres() -> Capabilities {
     Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
         .with_notifications()
         .with_sessions()
+        .with_fair_queue()
         .with_primitives(primitives)
 }
 

@@ -1,7 +1,8 @@
 //! PostgreSQL-specific cases, beyond the shared suite: exclusion with a plain `psql` session in
 //! both directions on the documented advisory key, in both key spaces; a session the server
 //! ends (`pg_terminate_backend`) and a server restart or crash, with fenced writes; tasks of one
-//! client; eviction, which ends the holder's whole session; configuration errors.
+//! client; the queue's announcements, heard by the next waiter's client only; eviction, which
+//! ends the holder's whole session; configuration errors.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use dlock_testkit::trials::{self, Case};
 use libtest_mimic::Trial;
 use tokio::time::Instant;
 
-use crate::support::{builder, client, NAMESPACE, SESSION_TIMEOUT};
+use crate::support::{builder, client, raw, raw_listener, NAMESPACE, SESSION_TIMEOUT};
 
 /// Upper bound for one whole case.
 const TRIAL_BUDGET: Duration = Duration::from_secs(120);
@@ -39,6 +40,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_terminated_session_loses_its_leases_at_once),
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
         case!(tasks_of_one_client_exclude_each_other),
+        case!(a_release_is_announced_to_the_heads_client_only),
         case!(eviction_ends_the_holders_session),
         case!(bad_configuration_fails_fast_and_shows_no_password),
         case!(of_several_hosts_the_one_that_takes_writes_is_used),
@@ -341,6 +343,104 @@ async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> 
     );
     ensure!(second.fencing_token() > first_token, "tokens did not grow");
     second.release().await?;
+    Ok(())
+}
+
+/// The notifications `rx` receives within `within`.
+async fn heard(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    within: Duration,
+) -> Vec<(String, String)> {
+    let until = Instant::now() + within;
+    let mut heard = Vec::new();
+    while let Ok(Some(message)) = tokio::time::timeout_at(until, rx.recv()).await {
+        heard.push(message);
+    }
+    heard
+}
+
+/// The notifications about the key with release payload `payload` that `rx` receives within
+/// 300 ms (other cases' releases are heard too).
+async fn heard_about(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    payload: &str,
+) -> Vec<(String, String)> {
+    let named = format!("{payload} ");
+    heard(rx, Duration::from_millis(300))
+        .await
+        .into_iter()
+        .filter(|(_, p)| p == payload || p.starts_with(&named))
+        .collect()
+}
+
+/// H holds and W (another client) waits: W's entry in `dlock_waiters` carries its client's tag,
+/// and H's release is heard once, on that client's wake channel, naming W, and not on
+/// `dlock_release`; W's release, with nobody queued, is heard on `dlock_release`. The queue is
+/// empty once W holds.
+async fn a_release_is_announced_to_the_heads_client_only(env: Env) -> anyhow::Result<()> {
+    let name = name("announced");
+    let payload = advisory_key(&name).to_string();
+    let (listening, mut rx) = raw_listener(&env.server.url()).await?;
+    listening.batch_execute("LISTEN dlock_release").await?;
+    let look = raw(&env.server.url()).await?;
+    let holder = client(&env.server.url()).await?;
+    let waiter = client(&env.server.url()).await?;
+    let held = holder
+        .acquire(&name, &opts(Duration::from_secs(10)))
+        .await?;
+    let waiting = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move {
+            let opts = opts(Duration::from_secs(10)).with_wait(Duration::from_secs(10));
+            waiter.acquire(&name, &opts).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rows = look
+        .query(
+            "SELECT tag, waiter FROM dlock_waiters WHERE key = $1",
+            &[&payload],
+        )
+        .await?;
+    ensure!(
+        rows.len() == 1,
+        "{} queue entries for one waiter",
+        rows.len()
+    );
+    let (tag, queued): (String, String) = (rows[0].get(0), rows[0].get(1));
+    ensure!(
+        tag.len() == 16 && tag.chars().all(|c| c.is_ascii_hexdigit()),
+        "the entry's tag {tag:?} is not 16 hex digits"
+    );
+    listening
+        .batch_execute(&format!("LISTEN dlock_release_{tag}"))
+        .await?;
+    let before = heard(&mut rx, Duration::from_millis(100)).await;
+    held.release().await?;
+    let lease = waiting.await??;
+    let about_key = heard_about(&mut rx, &payload).await;
+    let expected = (
+        format!("dlock_release_{tag}"),
+        format!("{payload} {queued}"),
+    );
+    ensure!(
+        about_key == vec![expected.clone()],
+        "the release was heard as {about_key:?}, expected only {expected:?} (before it: {before:?})"
+    );
+    let left: i64 = look
+        .query_one(
+            "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+            &[&payload],
+        )
+        .await?
+        .get(0);
+    ensure!(left == 0, "{left} queue entries left once the waiter holds");
+    lease.release().await?;
+    let about_key = heard_about(&mut rx, &payload).await;
+    ensure!(
+        about_key == vec![("dlock_release".to_string(), payload.clone())],
+        "with nobody queued, the release was heard as {about_key:?}"
+    );
     Ok(())
 }
 
