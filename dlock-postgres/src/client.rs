@@ -142,12 +142,34 @@ struct Queueing {
 }
 
 /// Where a busy attempt stands in the lock's queue.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Place {
     /// The attempt heads the queue, or nobody does.
     head: bool,
-    /// When another waiter heads the queue: in how long that waiter's entry lapses.
+    /// When another waiter heads the queue: which (its owner token in hex), and in how long its
+    /// entry lapses.
+    head_waiter: Option<String>,
     head_lapses_in: Option<Duration>,
+}
+
+/// The granting statement's one row: the token if granted, and the caller's place in the queue.
+fn grant_answer(rows: &[tokio_postgres::Row]) -> Result<(Option<i64>, Place)> {
+    let reply = |e: tokio_postgres::Error| {
+        Error::backend(BACKEND, false, format!("the grant's answer: {e}"))
+    };
+    let row = rows
+        .first()
+        .ok_or_else(|| Error::backend(BACKEND, false, "the grant gave no answer"))?;
+    let token: Option<i64> = row.try_get(0).map_err(reply)?;
+    let place = Place {
+        head: row.try_get(1).map_err(reply)?,
+        head_waiter: row.try_get(3).map_err(reply)?,
+        head_lapses_in: row
+            .try_get::<_, Option<i64>>(2)
+            .map_err(reply)?
+            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+    };
+    Ok((token, place))
 }
 
 pub(crate) fn primitives() -> Primitives {
@@ -299,14 +321,17 @@ impl Inner {
             (&queue.may_take, Type::BOOL),
         ];
         let sent = Instant::now();
-        let rows = session
+        let answer = session
             .query(&statement, &params.with(&rest), "take the lock")
-            .await;
-        let rows = match rows {
-            Ok(rows) => rows,
+            .await
+            .and_then(|rows| grant_answer(&rows));
+        let (token, place) = match answer {
+            Ok(answer) => answer,
             Err(e) => {
                 // A statement that failed may have taken the lock before failing (session locks
-                // outlive a failed statement): give it back before freeing the reservation.
+                // outlive a failed statement): give it back before freeing the reservation. A
+                // queue entry it may have made stays known (`queued`), so the release by owner
+                // token that follows a failed acquire withdraws it.
                 if queue.may_take {
                     tokio::spawn(async move {
                         if !session.is_ended() {
@@ -321,23 +346,20 @@ impl Inner {
                 return Err(e);
             }
         };
-        let reply = |e: tokio_postgres::Error| {
-            Error::backend(BACKEND, false, format!("the grant's answer: {e}"))
-        };
-        let row = rows
-            .first()
-            .ok_or_else(|| Error::backend(BACKEND, false, "the grant gave no answer"))?;
-        let token: Option<i64> = row.try_get(0).map_err(reply)?;
-        let place = Place {
-            head: row.try_get(1).map_err(reply)?,
-            head_lapses_in: row
-                .try_get::<_, Option<i64>>(2)
-                .map_err(reply)?
-                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
-        };
         let Some(token) = token else {
             if queue.may_take {
                 self.held().remove(owner);
+                // A waiter of this client heading the queue may have been refused the key
+                // locally because of this attempt's reservation: it tries again now.
+                let local_head = place
+                    .head_waiter
+                    .as_deref()
+                    .and_then(|h| u128::from_str_radix(h, 16).ok())
+                    .filter(|h| *h != owner && self.is_queued(*h));
+                if let Some(head) = local_head {
+                    self.listener
+                        .wake(&sql::wake_payload(&params.payload, &holder_of(head)));
+                }
             }
             if !queue.lifetime.is_zero() && !self.is_queued(owner) {
                 // Withdrawn while this attempt was under way: it queued again.
@@ -360,27 +382,40 @@ impl Inner {
         self.queued().contains_key(&owner)
     }
 
-    /// Takes `owner` out of the queue of the lock with release payload `payload` (on the
-    /// client's second connection), waking the new head; failures are logged, as the entry
-    /// lapses with its TTL anyway.
+    /// Takes `owner` out of the queue of the lock with release payload `payload`, waking the
+    /// new head if it headed it; failures are logged, as the entry lapses with its TTL anyway.
+    ///
+    /// It is sent on the lock session when there is one, behind any attempt of the same owner
+    /// still under way there (which could otherwise queue it again after the withdrawal), and
+    /// on the client's second connection otherwise.
     async fn withdraw(&self, payload: &str, owner: u128) {
         let timeout = self.settings.request_timeout;
         let waiter = holder_of(owner);
-        let done = async {
-            let client = self
-                .listener
-                .client(timeout)
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&payload, Type::TEXT), (&waiter, Type::TEXT)];
+        let current = self.session.lock().await.clone();
+        let done = match current.filter(|s| !s.is_ended()) {
+            Some(session) => session
+                .query(sql::WITHDRAW, &params, "withdraw from the queue")
                 .await
-                .ok_or_else(|| session_gone("withdraw from the queue"))?;
-            let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-                [(&payload, Type::TEXT), (&waiter, Type::TEXT)];
-            tokio::time::timeout(timeout, client.query_typed(sql::WITHDRAW, &params))
+                .map(|_| ()),
+            None => {
+                async {
+                    let client = self
+                        .listener
+                        .client(timeout)
+                        .await
+                        .ok_or_else(|| session_gone("withdraw from the queue"))?;
+                    tokio::time::timeout(timeout, client.query_typed(sql::WITHDRAW, &params))
+                        .await
+                        .map_err(|_| Error::no_answer("withdraw from the queue", timeout))?
+                        .map_err(|e| crate::errors::from_driver(e, "withdraw from the queue"))?;
+                    Ok::<(), Error>(())
+                }
                 .await
-                .map_err(|_| Error::no_answer("withdraw from the queue", timeout))?
-                .map_err(|e| crate::errors::from_driver(e, "withdraw from the queue"))?;
-            Ok::<(), Error>(())
+            }
         };
-        if let Err(error) = done.await {
+        if let Err(error) = done {
             tracing::debug!(backend = BACKEND, %error, "a queue entry could not be withdrawn; it lapses with its TTL");
         }
     }

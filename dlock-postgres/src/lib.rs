@@ -41,7 +41,7 @@
 //!   its entry, when the head's entry lapses (one TTL after its last attempt, so a crashed head
 //!   holds the queue up no longer), and, as the head, at the caller's backoff (a peer's
 //!   `pg_advisory_unlock` and a session the server ended are not announced). A wait that runs
-//!   out or is dropped withdraws its entry and wakes the new head.
+//!   out or is dropped withdraws its entry (and wakes the new head if it headed the queue).
 //! * **Tokens** come from a sequence: they grow across all keys and across restarts and crashes
 //!   (a sequence logs ahead and never goes back), for as long as the server keeps its data. A
 //!   failover to an asynchronous replica that missed the last writes can hand out a token again,

@@ -192,7 +192,7 @@ const UPSERT: &str = "ON CONFLICT (name, kind, holder) DO UPDATE SET token = exc
 ///
 /// Returns one row: the token (null if not granted); whether the caller heads the queue (or
 /// nobody does); and, if another waiter heads it, in how many milliseconds that waiter's entry
-/// lapses. The rows of readers of the name go when granted (none can hold beside us), and so do
+/// lapses, and who it is. The rows of readers of the name go when granted (none can hold beside us), and so do
 /// the caller's entry and the lapsed entries of the queue. If not granted, a waiting caller
 /// stands in the queue: at the end if it was not in it (or its entry lapsed), otherwise in its
 /// place, with the entry's lapse moved.
@@ -223,21 +223,25 @@ pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
          SELECT (SELECT token FROM ins),
              NOT EXISTS (SELECT 1 FROM head WHERE head.waiter <> $10),
              (SELECT ceil(extract(epoch FROM head.until - now.t) * 1000)::bigint
-                 FROM head, now WHERE head.waiter <> $10)",
+                 FROM head, now WHERE head.waiter <> $10),
+             (SELECT head.waiter FROM head WHERE head.waiter <> $10)",
         key.args()
     )
 }
 
 /// Takes `$2` (a waiter, its owner token in hex) out of the queue of the lock with release
-/// payload `$1`, and wakes the new head if an entry was taken out (the withdrawn waiter may
-/// have been woken for a release it will not take).
+/// payload `$1`, and, if it headed the queue, wakes the new head (the withdrawn waiter may have
+/// been woken for a release it will not take).
 pub(crate) const WITHDRAW: &str = "WITH gone AS (DELETE FROM dlock_waiters
-         WHERE key = $1 AND waiter = $2 RETURNING 1),
+         WHERE key = $1 AND waiter = $2 RETURNING arrival, waiter),
+     headed AS (SELECT 1 FROM gone g WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters w
+         WHERE w.key = $1 AND w.until > clock_timestamp()
+             AND (w.arrival, w.waiter) < (g.arrival, g.waiter))),
      head AS (SELECT tag, waiter FROM dlock_waiters
          WHERE key = $1 AND waiter <> $2 AND until > clock_timestamp()
          ORDER BY arrival, waiter LIMIT 1)
      SELECT pg_notify('dlock_release_' || head.tag, $1 || ' ' || head.waiter)
-     FROM head WHERE EXISTS (SELECT 1 FROM gone)";
+     FROM head WHERE EXISTS (SELECT 1 FROM headed)";
 
 /// Takes a read hold if no writer holds the key and none waits (`$9, $10`: the companion
 /// key, which a waiting writer holds; its shared lock is taken and given back at once):
