@@ -131,7 +131,6 @@ impl Layer for PgLock {
     }
 }
 
-/// The primitives this backend serves besides the lock.
 /// How an attempt on a lock treats its queue.
 #[derive(Debug, Clone, Copy)]
 struct Queueing {
@@ -141,13 +140,11 @@ struct Queueing {
     may_take: bool,
 }
 
-/// Where a busy attempt stands in the lock's queue.
+/// Where a busy attempt stands in the lock's queue: when another waiter heads it, which (its
+/// owner token in hex), and in how long its entry lapses; neither when the attempt heads the
+/// queue or nobody does.
 #[derive(Debug, Clone, Default)]
 struct Place {
-    /// The attempt heads the queue, or nobody does.
-    head: bool,
-    /// When another waiter heads the queue: which (its owner token in hex), and in how long its
-    /// entry lapses.
     head_waiter: Option<String>,
     head_lapses_in: Option<Duration>,
 }
@@ -162,16 +159,16 @@ fn grant_answer(rows: &[tokio_postgres::Row]) -> Result<(Option<i64>, Place)> {
         .ok_or_else(|| Error::backend(BACKEND, false, "the grant gave no answer"))?;
     let token: Option<i64> = row.try_get(0).map_err(reply)?;
     let place = Place {
-        head: row.try_get(1).map_err(reply)?,
-        head_waiter: row.try_get(3).map_err(reply)?,
+        head_waiter: row.try_get(2).map_err(reply)?,
         head_lapses_in: row
-            .try_get::<_, Option<i64>>(2)
+            .try_get::<_, Option<i64>>(1)
             .map_err(reply)?
             .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
     };
     Ok((token, place))
 }
 
+/// The primitives this backend serves besides the lock.
 pub(crate) fn primitives() -> Primitives {
     let mut primitives = Primitives::NONE;
     primitives.semaphore = true;
@@ -306,7 +303,7 @@ impl Inner {
         let statement = sql::grant(&params, "pg_try_advisory_lock");
         let record = self.settings.owner.record().to_json();
         let waiter = holder_of(owner);
-        let tag = self.listener.tag().to_string();
+        let tag = self.listener.tag();
         let lifetime = i64::try_from(queue.lifetime.as_millis()).unwrap_or(i64::MAX);
         let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 10] = [
             (&name, Type::TEXT),
@@ -351,14 +348,12 @@ impl Inner {
                 self.held().remove(owner);
                 // A waiter of this client heading the queue may have been refused the key
                 // locally because of this attempt's reservation: it tries again now.
-                let local_head = place
-                    .head_waiter
-                    .as_deref()
-                    .and_then(|h| u128::from_str_radix(h, 16).ok())
-                    .filter(|h| *h != owner && self.is_queued(*h));
+                let local_head = place.head_waiter.as_deref().filter(|h| {
+                    u128::from_str_radix(h, 16).is_ok_and(|h| h != owner && self.is_queued(h))
+                });
                 if let Some(head) = local_head {
                     self.listener
-                        .wake(&sql::wake_payload(&params.payload, &holder_of(head)));
+                        .wake(&sql::wake_payload(&params.payload, head));
                 }
             }
             if !queue.lifetime.is_zero() && !self.is_queued(owner) {
@@ -800,7 +795,7 @@ impl DistributedLock for Inner {
                 };
                 let now = waiting.check()?;
                 let mut until = sent + refresh;
-                if place.head || !self.listener.listening() {
+                if place.head_waiter.is_none() || !self.listener.listening() {
                     until = until.min(waiting.next_attempt(now, None));
                 }
                 if let Some(left) = place.head_lapses_in {

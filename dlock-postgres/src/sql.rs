@@ -70,7 +70,8 @@ pub(crate) const SCHEMA_EXISTS: &str =
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_holders')
              AND attname = 'holder' AND NOT attisdropped)";
 
-/// Creates them and the queue table, one client at a time (`CREATE … IF NOT EXISTS` alone races with itself).
+/// Creates them and the queue table, one client at a time (`CREATE … IF NOT EXISTS` alone
+/// races with itself).
 pub(crate) fn create_schema() -> String {
     let guard =
         crate::key::advisory_key("dlock-postgres: creating dlock_fencing and dlock_holders");
@@ -190,10 +191,10 @@ const UPSERT: &str = "ON CONFLICT (name, kind, holder) DO UPDATE SET token = exc
 /// milliseconds (0: a `try_lock`, which never queues), `$13` whether the client lets this owner
 /// take the key (false while another owner of the client holds it: the attempt only queues).
 ///
-/// Returns one row: the token (null if not granted); whether the caller heads the queue (or
-/// nobody does); and, if another waiter heads it, in how many milliseconds that waiter's entry
-/// lapses, and who it is. The rows of readers of the name go when granted (none can hold beside us), and so do
-/// the caller's entry and the lapsed entries of the queue. If not granted, a waiting caller
+/// Returns one row: the token (null if not granted) and, if another waiter heads the queue, in
+/// how many milliseconds its entry lapses and who it is (both null when the caller heads it or
+/// nobody does). When granted, the rows of readers of the name go (none can hold beside us), and
+/// so do the caller's entry and the lapsed entries of the queue. If not granted, a waiting caller
 /// stands in the queue: at the end if it was not in it (or its entry lapsed), otherwise in its
 /// place, with the entry's lapse moved.
 pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
@@ -221,7 +222,6 @@ pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
              {UPSERT}
              RETURNING token)
          SELECT (SELECT token FROM ins),
-             NOT EXISTS (SELECT 1 FROM head WHERE head.waiter <> $10),
              (SELECT ceil(extract(epoch FROM head.until - now.t) * 1000)::bigint
                  FROM head, now WHERE head.waiter <> $10),
              (SELECT head.waiter FROM head WHERE head.waiter <> $10)",
