@@ -302,5 +302,5 @@ fn machine() -> String {
                 .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".to_owned());
-    format!("{cores} cores ({model}); servers in Docker containers on loopback; the machine is shared, so figures are noisy")
+    format!("{cores} cores ({model}); servers in Docker containers, reached at their addresses on Docker's bridge networks (not through the port proxy); the machine is shared, so figures are noisy")
 }

@@ -199,13 +199,18 @@ pub async fn hot_key(
                         failed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+                locker
             })
         })
         .collect();
+    // The clients stay open until the window is closed: what a client sends as it goes away (an
+    // etcd lease revoked, a ZooKeeper session closed) is not part of a hand-off.
+    let mut finished = Vec::with_capacity(handles.len());
     for handle in handles {
-        handle.await?;
+        finished.push(handle.await?);
     }
     let counted = window.close().await;
+    drop(finished);
     let took = counted.took.as_secs_f64();
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
     let acquisitions = acquisitions.load(Ordering::Relaxed);

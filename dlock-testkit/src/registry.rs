@@ -122,6 +122,25 @@ impl Fixture {
     }
 }
 
+/// `text` with each occurrence of the address `from` (`host:port`) replaced by `to`, where the
+/// port is not the start of a longer one.
+fn replace_address(text: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(from) {
+        let after = &rest[at + from.len()..];
+        out.push_str(&rest[..at]);
+        if after.starts_with(|c: char| c.is_ascii_digit()) {
+            out.push_str(from);
+        } else {
+            out.push_str(to);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The ZooKeeper tick of [`Fixture::ZkEnsemble`]: sessions may be as short as two ticks.
 pub const ZK_TICK: Duration = Duration::from_millis(500);
 
@@ -155,6 +174,24 @@ impl Deployment {
             Deployment::EtcdCluster(cluster) => cluster.endpoints(),
             Deployment::PostgresServer(server) => vec![server.url()],
         }
+    }
+
+    /// [`Deployment::endpoints`] with each member's loopback address replaced by its address on
+    /// the fixture's own network ([`Member::network_endpoint`]), for clients that must not go
+    /// through Docker's port proxy: the benchmark, where the proxy would be what is measured.
+    /// External servers keep their addresses.
+    pub async fn network_endpoints(&self) -> Result<Vec<String>> {
+        let mut endpoints = self.endpoints();
+        let Ok(members) = self.members() else {
+            return Ok(endpoints);
+        };
+        for member in members {
+            let (loopback, network) = (member.endpoint(), member.network_endpoint().await?);
+            for endpoint in &mut endpoints {
+                *endpoint = replace_address(endpoint, &loopback, &network);
+            }
+        }
+        Ok(endpoints)
     }
 
     /// The members' containers; an error for external servers, and none in-process.
@@ -616,6 +653,19 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    #[test]
+    fn an_address_is_replaced_only_where_its_port_ends() {
+        assert_eq!(
+            replace_address(
+                "http://127.0.0.1:3000,127.0.0.1:30001/x",
+                "127.0.0.1:3000",
+                "172.18.0.2:2379"
+            ),
+            "http://172.18.0.2:2379,127.0.0.1:30001/x"
+        );
+        assert_eq!(replace_address("a:1", "b:1", "c:2"), "a:1");
+    }
 
     #[test]
     fn every_entry_declares_one_line_per_scenario_with_a_reason() {

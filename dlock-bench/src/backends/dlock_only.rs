@@ -18,16 +18,13 @@ async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
 
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     let deployment = backend.fixture.start(MEMBERS).await?;
-    let url = backend.url(&deployment.endpoints(), "");
+    let endpoints = deployment.network_endpoints().await?;
+    let url = backend.url(&endpoints, "");
     let locks = connect(&url).await?;
     let client = locker::client(url, |url| async move { connect(&url).await });
     let freeze = freeze_target(deployment.leader().await, deployment.members());
     Ok(Setup {
-        servers: format!(
-            "{}: {} server(s)",
-            backend.title,
-            deployment.endpoints().len()
-        ),
+        servers: format!("{}: {} server(s)", backend.title, endpoints.len()),
         sides: vec![Side::dlock(
             &format!("dlock {}", backend.title),
             &locks,

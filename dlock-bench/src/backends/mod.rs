@@ -78,9 +78,10 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
 async fn cluster(backend: &Backend) -> anyhow::Result<(Deployment, String)> {
     let deployment = backend.fixture.start(3).await?;
     let endpoint = deployment
-        .endpoints()
-        .first()
-        .cloned()
+        .network_endpoints()
+        .await?
+        .into_iter()
+        .next()
         .ok_or_else(|| anyhow::anyhow!("{}: a deployment without members", backend.title))?;
     Ok((deployment, endpoint))
 }

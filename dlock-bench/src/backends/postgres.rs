@@ -35,8 +35,13 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
             .with_setting("max_locks_per_transaction", MAX_LOCKS_PER_TRANSACTION),
     )
     .await?;
-    let server_url = server.url();
     let deployment = Deployment::PostgresServer(server);
+    let server_url = deployment
+        .network_endpoints()
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("PostgreSQL: a deployment without a URL"))?;
     let url = backend.url(std::slice::from_ref(&server_url), "");
     let locks = connect(&url).await?;
     let client = locker::client(url, |url| async move { connect(&url).await });

@@ -14,7 +14,7 @@ use crate::server::{RedisCommands, ServerCount};
 
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     let deployment = backend.fixture.start(1).await?;
-    let url = backend.url(&deployment.endpoints(), "");
+    let url = backend.url(&deployment.network_endpoints().await?, "");
     let redis = RedisLock::connect(&url).await?;
     let locks: Arc<dyn DistributedLock> = Arc::new(redis.clone());
     let floor = Arc::new(Floor {

@@ -33,7 +33,7 @@ async fn connect(urls: Vec<String>) -> anyhow::Result<Arc<dyn DistributedLock>> 
 
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     let deployment = backend.fixture.start(MASTERS).await?;
-    let urls = deployment.endpoints();
+    let urls = deployment.network_endpoints().await?;
     let locks = connect(urls.clone()).await?;
     let mut connections = Vec::with_capacity(urls.len());
     for url in &urls {
