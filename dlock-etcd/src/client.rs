@@ -548,7 +548,12 @@ impl ClientState {
                 match self.ahead(&c, revision).await {
                     Ok(Ahead::Predecessor { key: again, .. }) if again == predecessor => {}
                     Ok(Ahead::Gone) => return Err(ContendError::Fatal(session_ended(req.key))),
-                    Ok(_) => continue,
+                    Ok(Ahead::Nobody) => {
+                        // The predecessor went in between: this read is the one to go by.
+                        first = true;
+                        continue;
+                    }
+                    Ok(Ahead::Predecessor { .. }) => continue,
                     Err(error) => return Err(Self::classify(error, &session)),
                 }
             }
