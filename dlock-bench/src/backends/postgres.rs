@@ -5,6 +5,7 @@
 //! The server runs with a larger lock table than the default: session-level advisory locks
 //! live in PostgreSQL's shared lock table (`max_locks_per_transaction` × `max_connections`
 //! slots, 6,400 by default), and the renewal workload holds up to 100,000 leases in one session.
+//! It also accepts more connections than the default 100, for the hot key's clients.
 
 use std::sync::Arc;
 
@@ -18,11 +19,14 @@ use tokio_postgres::{NoTls, Statement};
 use super::Setup;
 use crate::locker::{self, Held, Locker, Release, Side};
 
-/// Lock-table slots per connection: 2,048 × the default 100 connections, room for the full
-/// run's 100,000 leases in one session beside everything else.
-const MAX_LOCKS_PER_TRANSACTION: &str = "2048";
+/// Connections the server accepts: twice the default, so that one hot-key measurement's clients
+/// can connect while the previous one's are still closing.
+const MAX_CONNECTIONS: &str = "200";
+/// Lock-table slots per connection: 1,024 × the 200 connections, room for the full run's
+/// 100,000 leases in one session beside everything else.
+const MAX_LOCKS_PER_TRANSACTION: &str = "1024";
 /// Hot-key tasks with clients of their own: each dlock client has two sessions (its lock
-/// session and the one that hears releases), and the server accepts 100 connections.
+/// session and the one that hears releases), and a measurement's clients close only after it.
 const MAX_TASKS: usize = 40;
 
 async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
@@ -32,6 +36,7 @@ async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
 pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
     let server = PostgresServer::start_with(
         PostgresOptions::default()
+            .with_setting("max_connections", MAX_CONNECTIONS)
             .with_setting("max_locks_per_transaction", MAX_LOCKS_PER_TRANSACTION),
     )
     .await?;
@@ -63,7 +68,7 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         server_count: Err("not counted: PostgreSQL's statistics views (pg_stat_database) are written by each backend up to seconds after its statements, too late for the short windows of the run".into()),
         max_clients: Some((
             MAX_TASKS,
-            "the server accepts 100 connections and each dlock client opens two (its lock session and its listener)",
+            "the server accepts 200 connections, each dlock client opens two (its lock session and its listener), and one measurement's clients may still be closing while the next one's connect",
         )),
         fresh_floor: None,
         freeze: Err("one server, which every client needs: nothing to freeze beside it".into()),
