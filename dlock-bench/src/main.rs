@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
-//! cargo run --release -p dlock-bench            # the full run, under ten minutes
+//! cargo run --release -p dlock-bench            # the full run, about twenty minutes
 //! cargo run --release -p dlock-bench -- --quick # about a minute
 //! ```
 //!
@@ -302,5 +302,5 @@ fn machine() -> String {
                 .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".to_owned());
-    format!("{cores} cores ({model}); servers in Docker containers, reached at their addresses on Docker's bridge networks (not through the port proxy); the machine is shared, so figures are noisy")
+    format!("{cores} cores ({model}); servers in Docker containers, reached at their addresses on Docker's bridge networks where the host can (not through the port proxy); the machine is shared, so figures are noisy")
 }

@@ -122,9 +122,21 @@ impl Fixture {
     }
 }
 
+/// Whether a TCP connection to `address` (`host:port`) opens within a second.
+async fn reachable(address: &str) -> bool {
+    let connect = tokio::net::TcpStream::connect(address);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), connect).await,
+        Ok(Ok(_))
+    )
+}
+
 /// `text` with each occurrence of the address `from` (`host:port`) replaced by `to`, where the
 /// port is not the start of a longer one.
 fn replace_address(text: &str, from: &str, to: &str) -> String {
+    if from.is_empty() {
+        return text.to_owned();
+    }
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find(from) {
@@ -179,7 +191,10 @@ impl Deployment {
     /// [`Deployment::endpoints`] with each member's loopback address replaced by its address on
     /// the fixture's own network ([`Member::network_endpoint`]), for clients that must not go
     /// through Docker's port proxy: the benchmark, where the proxy would be what is measured.
-    /// External servers keep their addresses.
+    ///
+    /// A member whose network address the host cannot reach (no TCP connection within a second:
+    /// Docker Desktop, rootless Docker, a remote engine) keeps its loopback address, and so do
+    /// external servers.
     pub async fn network_endpoints(&self) -> Result<Vec<String>> {
         let mut endpoints = self.endpoints();
         let Ok(members) = self.members() else {
@@ -187,6 +202,9 @@ impl Deployment {
         };
         for member in members {
             let (loopback, network) = (member.endpoint(), member.network_endpoint().await?);
+            if !reachable(&network).await {
+                continue;
+            }
             for endpoint in &mut endpoints {
                 *endpoint = replace_address(endpoint, &loopback, &network);
             }
@@ -665,6 +683,16 @@ mod tests {
             "http://172.18.0.2:2379,127.0.0.1:30001/x"
         );
         assert_eq!(replace_address("a:1", "b:1", "c:2"), "a:1");
+        assert_eq!(replace_address("a:1", "", "c:2"), "a:1");
+    }
+
+    #[tokio::test]
+    async fn an_address_is_reachable_only_while_something_listens_there() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        assert!(reachable(&address).await);
+        drop(listener);
+        assert!(!reachable(&address).await);
     }
 
     #[test]
