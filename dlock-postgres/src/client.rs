@@ -789,9 +789,15 @@ impl DistributedLock for Inner {
                 to_me.as_mut().enable();
                 to_all.as_mut().enable();
                 let sent = Instant::now();
-                let place = match self.attempt(req, req.ttl).await? {
-                    (Attempt::Acquired(grant), _) => return Ok(grant.sent_no_later_than(sent)),
-                    (Attempt::Busy { .. }, place) => place,
+                let place = match self.attempt(req, req.ttl).await {
+                    Ok((Attempt::Acquired(grant), _)) => return Ok(grant.sent_no_later_than(sent)),
+                    Ok((Attempt::Busy { .. }, place)) => place,
+                    // A statement the server rolled back (two waiters' statements deadlocked on
+                    // the queue's rows): the wait goes on, and tries again at the backoff.
+                    Err(Error::Backend {
+                        temporary: true, ..
+                    }) => Place::default(),
+                    Err(e) => return Err(e),
                 };
                 let now = waiting.check()?;
                 let mut until = sent + refresh;
