@@ -14,7 +14,7 @@
 //! renewal makes the lease uncertain and is retried a few times per interval; renewal stops at
 //! `max_hold`; and a lost lease is never renewed again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -49,7 +49,6 @@ pub(crate) fn schedule(lease: &Lease, config: AutoRenew) -> Scheduled {
         interval,
         validity: lease.drift().validity(lease.ttl()),
         stop_at: config.max_hold.map(|m| acquired_at + m),
-        in_flight: false,
         key: lease.lock_key().clone(),
         owner: lease.owner(),
         fencing: lease.fencing_token(),
@@ -60,6 +59,7 @@ pub(crate) fn schedule(lease: &Lease, config: AutoRenew) -> Scheduled {
         let mut book = scheduler.book();
         let id = book.next_id;
         book.next_id += 1;
+        book.idle.insert((entry.next, id));
         book.entries.insert(id, entry);
         id
     };
@@ -75,7 +75,10 @@ pub(crate) struct Scheduled {
 
 impl Drop for Scheduled {
     fn drop(&mut self) {
-        self.scheduler.book().entries.remove(&self.id);
+        let mut book = self.scheduler.book();
+        if let Some(entry) = book.entries.remove(&self.id) {
+            book.idle.remove(&(entry.next, self.id));
+        }
     }
 }
 
@@ -90,13 +93,15 @@ struct Entry {
     interval: Duration,
     validity: Duration,
     stop_at: Option<Instant>,
-    /// A renewal of this lease is on the wire; it is not sent again until that one answers.
-    in_flight: bool,
 }
 
 #[derive(Default)]
 struct Book {
     entries: HashMap<u64, Entry>,
+    /// The entries without a renewal in flight, by when they are due: a wake looks at the
+    /// leases due by then only, not at every lease on the schedule. An entry whose renewal is
+    /// on the wire is not in it, so it is not sent again until that renewal answers.
+    idle: BTreeSet<(Instant, u64)>,
     next_id: u64,
 }
 
@@ -151,35 +156,36 @@ impl Scheduler {
     ///
     /// Nothing is taken unless some lease is due now: only then are the leases due within the
     /// early window taken along. (Taking them whenever the scheduler wakes would let each
-    /// batch's answer pull in the next sliver of leases, a chain of tiny batches.)
+    /// batch's answer pull in the next sliver of leases, a chain of tiny batches.) The idle set
+    /// is walked in due order and only as far as the first lease outside its early window.
     fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
         let mut book = self.book();
-        let idle = || book.entries.values().filter(|e| !e.in_flight);
-        if !idle().any(|e| e.next <= now) {
-            return (Vec::new(), idle().map(|e| e.next).min());
+        let Book { entries, idle, .. } = &mut *book;
+        match idle.first() {
+            None => return (Vec::new(), None),
+            Some(&(first, _)) if first > now => return (Vec::new(), Some(first)),
+            Some(_) => {}
         }
         let mut due = Vec::new();
-        let mut finished = Vec::new();
-        let mut wake = None::<Instant>;
-        for (&id, entry) in book.entries.iter_mut() {
-            if entry.in_flight {
+        while let Some(&(next, id)) = idle.first() {
+            let Some(entry) = entries.get_mut(&id) else {
+                idle.pop_first();
                 continue;
+            };
+            if next > now + entry.interval / EARLY_FRACTION {
+                return (due, Some(next));
             }
-            if entry.next > now + entry.interval / EARLY_FRACTION {
-                wake = Some(wake.map_or(entry.next, |w| w.min(entry.next)));
-                continue;
-            }
+            idle.pop_first();
             if entry.stop_at.is_some_and(|stop| now >= stop) {
                 tracing::debug!(key = %entry.key, "maximum hold time reached: renewal stops, the lease runs out");
-                finished.push(id);
+                entries.remove(&id);
                 continue;
             }
             if entry.status.borrow().at(now).is_lost() {
                 state::record_expiry(&entry.status, now);
-                finished.push(id);
+                entries.remove(&id);
                 continue;
             }
-            entry.in_flight = true;
             due.push(Due {
                 id,
                 key: entry.key.clone(),
@@ -189,10 +195,7 @@ impl Scheduler {
                 deadline: entry.status.borrow().until(),
             });
         }
-        for id in finished {
-            book.entries.remove(&id);
-        }
-        (due, wake)
+        (due, None)
     }
 
     /// Renews `due` in one batch and applies each answer to its lease.
@@ -227,15 +230,17 @@ impl Scheduler {
             return;
         };
         let mut answers = answers.into_iter();
+        let Book { entries, idle, .. } = &mut *book;
         for d in &due {
             let answer = answers.next().unwrap_or_else(|| Err(missing_answer()));
             // A lease released meanwhile has left the book; its answer no longer matters.
-            let Some(entry) = book.entries.get_mut(&d.id) else {
+            let Some(entry) = entries.get_mut(&d.id) else {
                 continue;
             };
-            entry.in_flight = false;
-            if !entry.apply(sent, answer) {
-                book.entries.remove(&d.id);
+            if entry.apply(sent, answer) {
+                idle.insert((entry.next, d.id));
+            } else {
+                entries.remove(&d.id);
             }
         }
         drop(book);
