@@ -62,47 +62,60 @@ pub(crate) fn wake_payload(key: &str, waiter: &str) -> String {
     format!("{key} {waiter}")
 }
 
-/// Whether the sequence and the table exist, the table with its `holder` column (the layout
-/// before the primitives had none).
-pub(crate) const SCHEMA_EXISTS: &str =
-    "SELECT to_regclass('dlock_fencing') IS NOT NULL AND to_regclass('dlock_holders') IS NOT NULL
+/// The condition that the sequence and the tables exist, `dlock_holders` with its `holder`
+/// column (the layout before the primitives had none).
+macro_rules! schema_complete {
+    () => {
+        "to_regclass('dlock_fencing') IS NOT NULL AND to_regclass('dlock_holders') IS NOT NULL
          AND to_regclass('dlock_waiters') IS NOT NULL
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_holders')
-             AND attname = 'holder' AND NOT attisdropped)";
+             AND attname = 'holder' AND NOT attisdropped)"
+    };
+}
 
-/// Creates them and the queue table, one client at a time (`CREATE … IF NOT EXISTS` alone
-/// races with itself).
+/// Whether the layout is complete.
+pub(crate) const SCHEMA_EXISTS: &str = concat!("SELECT ", schema_complete!());
+
+/// Creates the sequence and the tables, or brings an older layout up to date, one client at a
+/// time (`CREATE … IF NOT EXISTS` alone races with itself).
+///
+/// A client that waited for another's creation finds the layout complete once it has the guard,
+/// and then touches nothing: `ALTER TABLE` would take `dlock_holders` exclusively, behind the
+/// grants that the first client's peers already run, while holding `dlock_waiters`, which those
+/// grants go on to write — a deadlock the server breaks by failing one of them.
 pub(crate) fn create_schema() -> String {
     let guard =
         crate::key::advisory_key("dlock-postgres: creating dlock_fencing and dlock_holders");
     format!(
         "BEGIN;
          SELECT pg_advisory_xact_lock({});
-         CREATE SEQUENCE IF NOT EXISTS dlock_fencing;
-         CREATE UNLOGGED TABLE IF NOT EXISTS dlock_holders (
-             name text NOT NULL,
-             kind text NOT NULL,
-             holder text NOT NULL,
-             token bigint NOT NULL,
-             owner text NOT NULL,
-             pid integer NOT NULL,
-             key1 bigint NOT NULL,
-             key2 bigint NOT NULL,
-             space smallint NOT NULL,
-             PRIMARY KEY (name, kind, holder)
-         );
-         CREATE UNLOGGED TABLE IF NOT EXISTS dlock_waiters (
-             key text NOT NULL,
-             waiter text NOT NULL,
-             tag text NOT NULL,
-             arrival timestamptz NOT NULL,
-             until timestamptz NOT NULL,
-             PRIMARY KEY (key, waiter)
-         );
-         CREATE INDEX IF NOT EXISTS dlock_waiters_order ON dlock_waiters (key, arrival, waiter);
-         ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'lock';
-         ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS holder text NOT NULL DEFAULT '';
-         DO $$BEGIN
+         DO $create$ BEGIN
+         IF NOT ({}) THEN
+             CREATE SEQUENCE IF NOT EXISTS dlock_fencing;
+             CREATE UNLOGGED TABLE IF NOT EXISTS dlock_holders (
+                 name text NOT NULL,
+                 kind text NOT NULL,
+                 holder text NOT NULL,
+                 token bigint NOT NULL,
+                 owner text NOT NULL,
+                 pid integer NOT NULL,
+                 key1 bigint NOT NULL,
+                 key2 bigint NOT NULL,
+                 space smallint NOT NULL,
+                 PRIMARY KEY (name, kind, holder)
+             );
+             CREATE UNLOGGED TABLE IF NOT EXISTS dlock_waiters (
+                 key text NOT NULL,
+                 waiter text NOT NULL,
+                 tag text NOT NULL,
+                 arrival timestamptz NOT NULL,
+                 until timestamptz NOT NULL,
+                 PRIMARY KEY (key, waiter)
+             );
+             CREATE INDEX IF NOT EXISTS dlock_waiters_order
+                 ON dlock_waiters (key, arrival, waiter);
+             ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'lock';
+             ALTER TABLE dlock_holders ADD COLUMN IF NOT EXISTS holder text NOT NULL DEFAULT '';
              IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a
                      ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
                      WHERE i.indrelid = 'dlock_holders'::regclass AND i.indisprimary
@@ -110,9 +123,11 @@ pub(crate) fn create_schema() -> String {
                  ALTER TABLE dlock_holders DROP CONSTRAINT IF EXISTS dlock_holders_pkey;
                  ALTER TABLE dlock_holders ADD PRIMARY KEY (name, kind, holder);
              END IF;
-         END$$;
+         END IF;
+         END $create$;
          COMMIT;",
-        guard.sql_args()
+        guard.sql_args(),
+        schema_complete!()
     )
 }
 

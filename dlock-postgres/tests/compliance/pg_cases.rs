@@ -1,8 +1,9 @@
 //! PostgreSQL-specific cases, beyond the shared suite: exclusion with a plain `psql` session in
 //! both directions on the documented advisory key, in both key spaces; a session the server
 //! ends (`pg_terminate_backend`) and a server restart or crash, with fenced writes; tasks of one
-//! client; the queue's announcements, heard by the next waiter's client only; eviction, which
-//! ends the holder's whole session; configuration errors.
+//! client; clients that meet while the tables are created; the queue's announcements, heard by
+//! the next waiter's client only; eviction, which ends the holder's whole session; configuration
+//! errors.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_terminated_session_loses_its_leases_at_once),
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
         case!(tasks_of_one_client_exclude_each_other),
+        case!(a_client_that_waited_for_the_layout_leaves_the_tables_alone),
         case!(a_release_is_announced_to_the_heads_client_only),
         case!(eviction_ends_the_holders_session),
         case!(bad_configuration_fails_fast_and_shows_no_password),
@@ -344,6 +346,106 @@ async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> 
     ensure!(second.fencing_token() > first_token, "tokens did not grow");
     second.release().await?;
     Ok(())
+}
+
+/// The guard that clients creating dlock's tables take, one at a time.
+const LAYOUT_GUARD: &str = "dlock-postgres: creating dlock_fencing and dlock_holders";
+
+/// A client that finds the tables missing waits for the one creating them, then finds them
+/// complete and touches nothing: a grant under way, which holds `dlock_holders`, does not hold
+/// it up. (It used to alter `dlock_holders` all the same, and that deadlocked with the grants of
+/// the clients that came first.) On a database of its own, where the tables do not exist yet.
+async fn a_client_that_waited_for_the_layout_leaves_the_tables_alone(
+    env: Env,
+) -> anyhow::Result<()> {
+    let admin = raw(&env.server.url()).await?;
+    let database = format!("dlock_layout_{}", rand_suffix());
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await?;
+    let outcome = waited_for_the_layout(&with_database(&env.server.url(), &database)).await;
+    admin
+        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .await?;
+    outcome
+}
+
+async fn waited_for_the_layout(url: &str) -> anyhow::Result<()> {
+    let guard = sql_args(advisory_key(LAYOUT_GUARD));
+    let guard_holder = raw(url).await?;
+    guard_holder
+        .batch_execute(&format!("SELECT pg_advisory_lock({guard})"))
+        .await?;
+    // Another client's creation, not committed yet: a new client does not see the tables.
+    let creator = raw(url).await?;
+    creator
+        .batch_execute(
+            "BEGIN;
+             CREATE SEQUENCE dlock_fencing;
+             CREATE UNLOGGED TABLE dlock_holders (name text NOT NULL, kind text NOT NULL,
+                 holder text NOT NULL, token bigint NOT NULL, owner text NOT NULL,
+                 pid integer NOT NULL, key1 bigint NOT NULL, key2 bigint NOT NULL,
+                 space smallint NOT NULL, PRIMARY KEY (name, kind, holder));
+             CREATE UNLOGGED TABLE dlock_waiters (key text NOT NULL, waiter text NOT NULL,
+                 tag text NOT NULL, arrival timestamptz NOT NULL, until timestamptz NOT NULL,
+                 PRIMARY KEY (key, waiter));
+             CREATE INDEX dlock_waiters_order ON dlock_waiters (key, arrival, waiter);",
+        )
+        .await?;
+    let connecting = {
+        let url = url.to_owned();
+        tokio::spawn(async move { client(&url).await })
+    };
+    let waiting_for_guard = Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = guard_holder
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
+            .await?;
+        if row.get::<_, i64>(0) > 0 {
+            break;
+        }
+        ensure!(
+            !connecting.is_finished() && Instant::now() < waiting_for_guard,
+            "the new client did not wait for the guard of the tables' creation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    creator.batch_execute("COMMIT").await?;
+    // A grant under way holds dlock_holders as this transaction does.
+    let granting = raw(url).await?;
+    granting
+        .batch_execute("BEGIN; LOCK TABLE dlock_holders IN ROW EXCLUSIVE MODE")
+        .await?;
+    guard_holder
+        .batch_execute(&format!("SELECT pg_advisory_unlock({guard})"))
+        .await?;
+    let locks = tokio::time::timeout(Duration::from_secs(10), connecting)
+        .await
+        .context("the client that waited for the tables did not connect within 10 s")??
+        .context("the client that waited for the tables")?;
+    granting.batch_execute("COMMIT").await?;
+    let lease = locks
+        .acquire(&name("after-layout"), &opts(Duration::from_secs(5)))
+        .await?;
+    lease.release().await?;
+    Ok(())
+}
+
+/// `url` with its database replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let authority = url.find("://").map_or(0, |i| i + 3);
+    let path = url[authority..].find('/').map(|i| authority + i);
+    let query = url[authority..].find('?').map(|i| authority + i);
+    match (path, query) {
+        (Some(p), Some(q)) if p < q => format!("{}/{database}{}", &url[..p], &url[q..]),
+        (Some(p), None) => format!("{}/{database}", &url[..p]),
+        (_, Some(q)) => format!("{}/{database}{}", &url[..q], &url[q..]),
+        (None, None) => format!("{url}/{database}"),
+    }
 }
 
 /// The notifications `rx` receives within `within`.
