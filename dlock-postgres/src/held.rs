@@ -77,6 +77,8 @@ pub(crate) struct Held {
     deadlines: BTreeSet<(Instant, u128)>,
     /// How many writers of this client wait for each key.
     waiting_writers: HashMap<AdvisoryKey, usize>,
+    /// How many granted entries each session generation holds.
+    granted_in: HashMap<u64, usize>,
 }
 
 impl Held {
@@ -125,6 +127,9 @@ impl Held {
             self.add_user(key, owner, entry.kind.shared());
         }
         self.deadlines.insert((entry.delete_at, owner));
+        if let Some((_, generation)) = entry.grant {
+            *self.granted_in.entry(generation).or_default() += 1;
+        }
         self.by_owner.insert(owner, entry);
         true
     }
@@ -225,13 +230,26 @@ impl Held {
         delete_at: Instant,
     ) -> Option<Entry> {
         let entry = self.by_owner.get_mut(&owner)?;
-        entry.grant = Some((token, generation));
+        let before = entry.grant.replace((token, generation));
         let old = entry.delete_at;
         entry.delete_at = delete_at;
         let entry = entry.clone();
         self.deadlines.remove(&(old, owner));
         self.deadlines.insert((delete_at, owner));
+        if let Some((_, generation)) = before {
+            self.ungrant(generation);
+        }
+        *self.granted_in.entry(generation).or_default() += 1;
         Some(entry)
+    }
+
+    fn ungrant(&mut self, generation: u64) {
+        if let Some(n) = self.granted_in.get_mut(&generation) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.granted_in.remove(&generation);
+            }
+        }
     }
 
     /// The entry of `owner`.
@@ -266,6 +284,9 @@ impl Held {
         self.deadlines.remove(&(entry.delete_at, owner));
         if let Some(key) = entry.key {
             self.remove_user(key, owner);
+        }
+        if let Some((_, generation)) = entry.grant {
+            self.ungrant(generation);
         }
         Some(entry)
     }
@@ -303,9 +324,12 @@ impl Held {
 
     /// Whether any lock granted in `generation` is held.
     pub(crate) fn holds_in(&self, generation: u64) -> bool {
-        self.by_owner
-            .values()
-            .any(|e| e.grant.is_some_and(|(_, g)| g == generation))
+        self.held_in(generation) > 0
+    }
+
+    /// How many locks granted in `generation` are held.
+    pub(crate) fn held_in(&self, generation: u64) -> usize {
+        self.granted_in.get(&generation).copied().unwrap_or(0)
     }
 
     /// How many entries there are.
@@ -335,6 +359,29 @@ mod tests {
         assert!(held.take_due(now).is_empty());
         assert_eq!(held.take_due(now + Duration::from_secs(1)).len(), 1);
         assert!(held.reserve(2, key, "a", now));
+    }
+
+    #[test]
+    fn locks_are_counted_by_the_session_they_were_granted_in() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut held = Held::default();
+        for owner in 1..=3 {
+            assert!(held.reserve(owner, AdvisoryKey::Single(owner as i64), "n", until));
+        }
+        assert_eq!(held.held_in(0), 0, "a reservation is not a lock held");
+        held.grant(1, 10, 0, until).unwrap();
+        held.grant(2, 11, 0, until).unwrap();
+        held.grant(3, 12, 1, until).unwrap();
+        assert_eq!((held.held_in(0), held.held_in(1)), (2, 1));
+        let entry = held.remove(1).unwrap();
+        assert_eq!(held.held_in(0), 1);
+        assert!(held.insert(1, entry), "the expiry's re-reservation");
+        assert_eq!(held.held_in(0), 2, "a re-inserted grant counts again");
+        assert_eq!(held.take_generation(0).len(), 2);
+        assert_eq!((held.held_in(0), held.held_in(1)), (0, 1));
+        assert_eq!(held.take_due(until).len(), 1);
+        assert!(!held.holds_in(1));
     }
 
     #[test]

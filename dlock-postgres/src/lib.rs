@@ -24,10 +24,13 @@
 //!   DistributedLock's `PostgresDistributedLock` with the same name excludes dlock and the
 //!   reverse), in the database the client connects to: the same name in two databases is two
 //!   locks.
-//! * Each client holds all its locks in **one lock session** (a dedicated connection), and
-//!   serves the rest (hearing releases, operator reads) on a second connection. A session-level
-//!   advisory lock is re-entrant within its session, so the client itself refuses a second owner
-//!   of a key it holds.
+//! * Each client holds its locks in **a lock session** (a dedicated connection), and serves the
+//!   rest (hearing releases, operator reads) on a second connection. A session-level advisory
+//!   lock is re-entrant within its session, so the client itself refuses a second owner of a key
+//!   it holds. A session that holds [`LOCKS_PER_SESSION`] locks takes no new ones: the client
+//!   opens another for them, and closes a full one once its locks are given back. (Every
+//!   statement of a PostgreSQL session costs time in proportion to the locks it holds; see
+//!   [`LOCKS_PER_SESSION`].)
 //! * A grant is one statement, one round trip: the lock if free, then `nextval('dlock_fencing')`
 //!   for the **fencing token** and the holder's row in the unlogged table `dlock_holders` (see
 //!   [`sql`] for the layout). A release is one statement: the row deleted if still
@@ -99,7 +102,7 @@ pub use builder::{
     PgLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT, MAX_TIMEOUT, MIN_SESSION_TIMEOUT, SCHEMES,
 };
-pub use client::PgLock;
+pub use client::{PgLock, LOCKS_PER_SESSION};
 pub use key::{advisory_key, AdvisoryKey};
 pub use primitives::{rw_companion_key, semaphore_guard_key, semaphore_slot_key};
 pub use tls::SslMode;

@@ -1,6 +1,7 @@
 //! PostgreSQL-specific cases, beyond the shared suite: exclusion with a plain `psql` session in
 //! both directions on the documented advisory key, in both key spaces; a session the server
-//! ends (`pg_terminate_backend`) and a server restart or crash, with fenced writes; tasks of one
+//! ends (`pg_terminate_backend`) and a server restart or crash, with fenced writes; a client
+//! whose locks fill more than one session; tasks of one
 //! client; clients that meet while the tables are created; the queue's announcements, heard by
 //! the next waiter's client only; eviction, which ends the holder's whole session; configuration
 //! errors.
@@ -12,7 +13,7 @@ use anyhow::{bail, ensure, Context};
 use dlock_core::{
     Admin, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, LockOptions, LostReason,
 };
-use dlock_postgres::{advisory_key, AdvisoryKey};
+use dlock_postgres::{advisory_key, AdvisoryKey, LOCKS_PER_SESSION};
 use dlock_testkit::case;
 use dlock_testkit::fixtures::PostgresServer;
 use dlock_testkit::trials::{self, Case};
@@ -39,6 +40,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(dlock_holds_and_psql_is_refused),
         case!(names_map_to_distributedlocks_keys_in_both_spaces),
         case!(a_terminated_session_loses_its_leases_at_once),
+        case!(a_client_past_a_sessions_share_of_locks_opens_another),
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
         case!(tasks_of_one_client_exclude_each_other),
         case!(a_client_that_waited_for_the_layout_leaves_the_tables_alone),
@@ -254,6 +256,93 @@ async fn a_terminated_session_loses_its_leases_at_once(env: Env) -> anyhow::Resu
         .acquire(&name, &opts(Duration::from_secs(10)))
         .await?;
     again.release().await?;
+    Ok(())
+}
+
+/// A client that holds more than [`LOCKS_PER_SESSION`] locks holds the rest in a second
+/// session. Ending that session loses its leases only; the full one closes once its locks are
+/// given back.
+async fn a_client_past_a_sessions_share_of_locks_opens_another(env: Env) -> anyhow::Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    let prefix = name("many");
+    let holder = client(&env.server.url()).await?;
+    let first = holder.session_pid().await.context("the first session")?;
+    let count = LOCKS_PER_SESSION + 100;
+    let leases: Vec<_> = futures::stream::iter(0..count)
+        .map(|i| {
+            let (holder, name) = (holder.clone(), format!("{prefix}/{i}"));
+            async move { holder.acquire(&name, &opts(Duration::from_secs(60))).await }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    let second = holder.session_pid().await.context("the second session")?;
+    ensure!(second != first, "{count} locks were taken in one session");
+    let raw = raw(&env.server.url()).await?;
+    let held_by = |pid: i32| {
+        let raw = &raw;
+        async move {
+            let row = raw
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                         AND pid = $1",
+                    &[&pid],
+                )
+                .await?;
+            anyhow::Ok(row.get::<_, i64>(0) as usize)
+        }
+    };
+    let (in_first, in_second) = (held_by(first).await?, held_by(second).await?);
+    ensure!(
+        in_first >= LOCKS_PER_SESSION && in_first + in_second == count,
+        "the sessions hold {in_first} and {in_second} of {count} locks"
+    );
+    let ended = env
+        .server
+        .psql(&format!("SELECT pg_terminate_backend({second}, 5000)"))
+        .await?;
+    ensure!(ended == "t", "pg_terminate_backend answered {ended:?}");
+    let settling = Instant::now() + Duration::from_secs(3);
+    let lost = loop {
+        let lost = leases.iter().filter(|l| !l.state().is_held()).count();
+        if lost >= in_second || Instant::now() > settling {
+            break lost;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(
+        lost == in_second,
+        "{lost} leases were lost with the session that held {in_second}"
+    );
+    let kept = leases.into_iter().filter(|l| l.state().is_held());
+    futures::stream::iter(kept)
+        .map(|lease| lease.release())
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    // The next lock goes to a new session; the first one, emptied, closes.
+    let next = holder
+        .acquire(&format!("{prefix}/next"), &opts(Duration::from_secs(10)))
+        .await?;
+    let closing = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open = raw
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&first],
+            )
+            .await?
+            .get::<_, i64>(0);
+        if open == 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < closing,
+            "the emptied full session is still open after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    next.release().await?;
     Ok(())
 }
 
