@@ -38,6 +38,9 @@ pub struct PgLock {
 pub(crate) struct Inner {
     pub(crate) settings: Settings,
     sessions: tokio::sync::Mutex<Sessions>,
+    /// Taken while a lock session is chosen or opened, so that one opens at a time, without
+    /// holding `sessions` (which releases and renewals need) while it connects.
+    opening: tokio::sync::Mutex<()>,
     generations: AtomicU64,
     schema_ready: AtomicBool,
     held: Mutex<Held>,
@@ -53,13 +56,15 @@ pub(crate) struct Inner {
     this: Weak<Inner>,
 }
 
-/// How many locks one lock session holds before the client opens another for new ones.
+/// How many locks one lock session holds before the client opens another for new ones (a few
+/// more when grants were under way as it filled).
 ///
 /// Every statement a PostgreSQL 15 session runs costs time in proportion to the locks it holds:
 /// ending a transaction walks the session's whole table of local locks, advisory ones included.
 /// Measured on one server with `SELECT 1`: 34 µs with no advisory lock held, 65 µs with 1,000,
 /// 505 µs with 10,000, 6.6 ms with 50,000. Capping a session's locks keeps its grants and
-/// releases near the first figure; 100,000 held locks take 50 sessions, that is 50 connections.
+/// releases near the first figure; 100,000 held locks take 50 sessions (and the client's
+/// listening connection beside them).
 pub const LOCKS_PER_SESSION: usize = 2_000;
 
 /// The lock sessions of one client.
@@ -68,7 +73,7 @@ struct Sessions {
     /// Where new locks go.
     current: Option<Arc<Session>>,
     /// Sessions that hold [`LOCKS_PER_SESSION`] or more (or did), by generation: open while
-    /// they hold any.
+    /// they hold any; one emptied is closed at the next grant.
     full: HashMap<u64, Arc<Session>>,
 }
 
@@ -116,6 +121,7 @@ impl PgLock {
         let inner = Arc::new_cyclic(|this| Inner {
             settings,
             sessions: tokio::sync::Mutex::new(Sessions::default()),
+            opening: tokio::sync::Mutex::new(()),
             generations: AtomicU64::new(0),
             schema_ready: AtomicBool::new(false),
             held: Mutex::new(Held::default()),
@@ -223,20 +229,23 @@ impl Inner {
     /// The lock session new locks go to: the current one if it can serve and holds fewer than
     /// [`LOCKS_PER_SESSION`], otherwise a new one (a full one stays open for its locks).
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
-        let mut sessions = self.sessions.lock().await;
-        sessions.close_idle_full(&self.held());
-        let now = Instant::now();
-        if let Some(session) = sessions.current.clone() {
-            let holds = self.held().held_in(session.generation);
-            if !session.is_ended() && (holds > 0 || session.is_fresh(now)) {
-                if holds < LOCKS_PER_SESSION {
-                    return Ok(session);
+        let _opening = self.opening.lock().await;
+        {
+            let mut sessions = self.sessions.lock().await;
+            sessions.close_idle_full(&self.held());
+            let now = Instant::now();
+            if let Some(session) = sessions.current.clone() {
+                let holds = self.held().held_in(session.generation);
+                if !session.is_ended() && (holds > 0 || session.is_fresh(now)) {
+                    if holds < LOCKS_PER_SESSION {
+                        return Ok(session);
+                    }
+                    sessions.full.insert(session.generation, session);
                 }
-                sessions.full.insert(session.generation, session);
             }
         }
         let session = self.open().await?;
-        sessions.current = Some(session.clone());
+        self.sessions.lock().await.current = Some(session.clone());
         Ok(session)
     }
 
@@ -718,8 +727,9 @@ impl DistributedLock for Inner {
         answers.pop().unwrap_or(Ok(Extension::Expired))
     }
 
-    /// One ping of the session for the whole batch, then each TTL moved locally: a lock in a
-    /// live session cannot have been taken from it (only ending the session frees it).
+    /// One ping of each session the batch's locks live in, sent together, then each TTL moved
+    /// locally: a lock in a live session cannot have been taken from it (only ending the session
+    /// frees it).
     async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
         let generations: Vec<Option<(u64, Instant)>> = {
             let held = self.held();
@@ -731,15 +741,21 @@ impl DistributedLock for Inner {
                 })
                 .collect()
         };
-        let Some(generation) = generations.iter().flatten().map(|(g, _)| *g).max() else {
-            return requests.iter().map(|_| Ok(Extension::Expired)).collect();
-        };
-        let session = self.session_of(generation).await;
-        let sent = Instant::now();
-        let pinged = match &session {
-            Some(session) => session.query("SELECT 1", &[], "extend").await.map(|_| ()),
-            None => Ok(()),
-        };
+        let mut sessions: Vec<u64> = generations.iter().flatten().map(|(g, _)| *g).collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        let pings = sessions.into_iter().map(|generation| async move {
+            let session = self.session_of(generation).await?;
+            let sent = Instant::now();
+            let pinged = session.query("SELECT 1", &[], "extend").await.map(|_| ());
+            Some((generation, (session, sent, pinged)))
+        });
+        let pinged: HashMap<u64, (Arc<Session>, Instant, Result<()>)> =
+            futures::future::join_all(pings)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
         requests
             .iter()
             .zip(&generations)
@@ -747,13 +763,14 @@ impl DistributedLock for Inner {
                 let Some((g, delete_at)) = *held else {
                     return Ok(Extension::Expired);
                 };
-                let Some(session) = session.as_ref().filter(|s| s.generation == g) else {
+                let Some((session, sent, pinged)) = pinged.get(&g) else {
                     return Ok(Extension::Expired);
                 };
+                let sent = *sent;
                 if sent >= delete_at || session.is_ended() {
                     return Ok(Extension::Expired);
                 }
-                if let Err(e) = &pinged {
+                if let Err(e) = pinged {
                     return Err(Error::unreachable(e.to_string()));
                 }
                 let owner = request.lease.owner.as_u128();

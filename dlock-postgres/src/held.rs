@@ -322,12 +322,23 @@ impl Held {
         owners.into_iter().filter_map(|o| self.remove(o)).collect()
     }
 
+    /// Counts a key held in `generation` outside the table (a waiting writer's companion key),
+    /// so that its session stays open, and pinged, while it holds it.
+    pub(crate) fn hold_outside(&mut self, generation: u64) {
+        *self.granted_in.entry(generation).or_default() += 1;
+    }
+
+    /// Stops counting a key [`hold_outside`](Self::hold_outside) counted.
+    pub(crate) fn release_outside(&mut self, generation: u64) {
+        self.ungrant(generation);
+    }
+
     /// Whether any lock granted in `generation` is held.
     pub(crate) fn holds_in(&self, generation: u64) -> bool {
         self.held_in(generation) > 0
     }
 
-    /// How many locks granted in `generation` are held.
+    /// How many locks granted in `generation` are held (with the keys held outside the table).
     pub(crate) fn held_in(&self, generation: u64) -> usize {
         self.granted_in.get(&generation).copied().unwrap_or(0)
     }

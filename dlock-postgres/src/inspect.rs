@@ -2,8 +2,10 @@
 //! `dlock_holders` if a dlock client took it), the held locks under a prefix, and eviction.
 //!
 //! Eviction ends the holder's **session** (`pg_terminate_backend`): PostgreSQL has no way to
-//! give back another session's advisory lock. Every lock the evicted client held ends with it,
-//! and its leases turn lost; its next call opens a new session.
+//! give back another session's advisory lock. Every lock the evicted client held in that
+//! session ends with it (all of its locks, unless it holds more than
+//! [`LOCKS_PER_SESSION`](crate::LOCKS_PER_SESSION)), and those leases turn lost; its next call
+//! opens a new session.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -53,7 +53,7 @@
 //! # Primitives
 //!
 //! The semaphore and the read-write lock are views of the client (`locks.semaphore(name, n)`,
-//! `locks.rw(name)`) on advisory keys of their own, in the same lock session: readers share the
+//! `locks.rw(name)`) on advisory keys of their own, in the same lock sessions: readers share the
 //! name's key (the lock's, as DistributedLock's reader-writer lock takes it), a waiting writer
 //! holds back new readers with a companion key, and a semaphore's permits are slot keys that
 //! carry its number of permits. See [`primitives`] for the layout and the reasons.

@@ -1,6 +1,6 @@
 //! The semaphore and the read-write lock, served as views of the lock trait
-//! ([`DistributedLock::primitive`]): each view shares its client's lock session, table of held
-//! locks, keeper and listener, and its grants are advisory locks of that session like the lock's,
+//! ([`DistributedLock::primitive`]): each view shares its client's lock sessions, table of held
+//! locks, keeper and listener, and its grants are advisory locks of those sessions like the lock's,
 //! each with a token from `dlock_fencing` and a row in `dlock_holders` (see [`sql`]).
 //!
 //! # Read-write lock
@@ -52,8 +52,9 @@
 //!
 //! # Within one client
 //!
-//! Every lock of one client lives in its one session, where advisory locks never conflict with
-//! each other, so the client applies the rules among its own owners itself (see `held.rs`): a
+//! The locks of one client live in its lock session, where advisory locks never conflict with
+//! each other (or, past [`LOCKS_PER_SESSION`](crate::LOCKS_PER_SESSION), in a few sessions that
+//! do conflict), so the client applies the rules among its own owners itself (see `held.rs`): a
 //! writer excludes its readers and other writers, readers share, a waiting writer holds back its
 //! readers, and a grant of a permit skips the slots the client uses.
 
@@ -568,6 +569,9 @@ impl WaitingWriter {
                         false
                     }
                 };
+                if !give_back {
+                    inner.held().hold_outside(session.generation);
+                }
                 if give_back {
                     let unlock = sql::unlock(&params, "pg_advisory_unlock");
                     session
@@ -655,6 +659,7 @@ async fn release_companion(
     companion: AdvisoryKey,
     key: AdvisoryKey,
 ) -> Result<()> {
+    inner.held().release_outside(generation);
     let Some(session) = inner.session_of(generation).await else {
         return Ok(());
     };

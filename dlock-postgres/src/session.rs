@@ -1,5 +1,6 @@
-//! The lock session: one connection per client that holds every lock the client takes, since a
-//! session-level advisory lock belongs to the session that took it.
+//! A lock session: a connection of the client that holds the locks taken on it (every lock, up
+//! to [`LOCKS_PER_SESSION`](crate::LOCKS_PER_SESSION)), since a session-level advisory lock
+//! belongs to the session that took it.
 //!
 //! The server ends the session when it has been idle for the session timeout `T`
 //! (`idle_session_timeout`, set for this session only), which frees the locks of a client that

@@ -79,15 +79,15 @@ pub(crate) const SCHEMA_EXISTS: &str = concat!("SELECT ", schema_complete!());
 /// Creates the sequence and the tables, or brings an older layout up to date, one client at a
 /// time (`CREATE … IF NOT EXISTS` alone races with itself).
 ///
-/// A client that waited for another's creation finds the layout complete once it has the guard,
-/// and then touches nothing: `ALTER TABLE` would take `dlock_holders` exclusively, behind the
+/// A client that waited for another's creation finds the layout complete once it has the guard
+/// (read committed: the check sees what committed while it waited), and then touches nothing: `ALTER TABLE` would take `dlock_holders` exclusively, behind the
 /// grants that the first client's peers already run, while holding `dlock_waiters`, which those
 /// grants go on to write — a deadlock the server breaks by failing one of them.
 pub(crate) fn create_schema() -> String {
     let guard =
         crate::key::advisory_key("dlock-postgres: creating dlock_fencing and dlock_holders");
     format!(
-        "BEGIN;
+        "BEGIN ISOLATION LEVEL READ COMMITTED;
          SELECT pg_advisory_xact_lock({});
          DO $create$ BEGIN
          IF NOT ({}) THEN

@@ -64,7 +64,7 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         locks,
         client,
         wire_batch: None,
-        renewal_note: "one lock session per client, pinged by the client while it holds locks: no request per lease",
+        renewal_note: "a lock session per 2,000 locks of a client, pinged by the client while it holds locks: no request per lease",
         server_count: Err("not counted: PostgreSQL's statistics views (pg_stat_database) are written by each backend up to seconds after its statements, too late for the short windows of the run".into()),
         max_clients: Some((
             MAX_TASKS,

@@ -260,8 +260,8 @@ async fn a_terminated_session_loses_its_leases_at_once(env: Env) -> anyhow::Resu
 }
 
 /// A client that holds more than [`LOCKS_PER_SESSION`] locks holds the rest in a second
-/// session. Ending that session loses its leases only; the full one closes once its locks are
-/// given back.
+/// session. Auto-renew keeps the leases of both sessions past their TTL; ending the second
+/// session loses its leases only; the full one closes once its locks are given back.
 async fn a_client_past_a_sessions_share_of_locks_opens_another(env: Env) -> anyhow::Result<()> {
     use futures::{StreamExt, TryStreamExt};
     let prefix = name("many");
@@ -271,7 +271,8 @@ async fn a_client_past_a_sessions_share_of_locks_opens_another(env: Env) -> anyh
     let leases: Vec<_> = futures::stream::iter(0..count)
         .map(|i| {
             let (holder, name) = (holder.clone(), format!("{prefix}/{i}"));
-            async move { holder.acquire(&name, &opts(Duration::from_secs(60))).await }
+            let opts = opts(Duration::from_secs(3)).with_auto_renew();
+            async move { holder.acquire(&name, &opts).await }
         })
         .buffer_unordered(16)
         .try_collect()
@@ -296,6 +297,12 @@ async fn a_client_past_a_sessions_share_of_locks_opens_another(env: Env) -> anyh
     ensure!(
         in_first >= LOCKS_PER_SESSION && in_first + in_second == count,
         "the sessions hold {in_first} and {in_second} of {count} locks"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let renewed = leases.iter().filter(|l| l.state().is_held()).count();
+    ensure!(
+        renewed == count,
+        "{renewed} of {count} auto-renewed leases are held past their 3 s TTL"
     );
     let ended = env
         .server
