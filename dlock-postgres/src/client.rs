@@ -232,11 +232,11 @@ impl Inner {
         let _opening = self.opening.lock().await;
         {
             let mut sessions = self.sessions.lock().await;
-            sessions.close_idle_full(&self.held());
-            let now = Instant::now();
+            let held = self.held();
+            sessions.close_idle_full(&held);
             if let Some(session) = sessions.current.clone() {
-                let holds = self.held().held_in(session.generation);
-                if !session.is_ended() && (holds > 0 || session.is_fresh(now)) {
+                let holds = held.held_in(session.generation);
+                if !session.is_ended() && (holds > 0 || session.is_fresh(Instant::now())) {
                     if holds < LOCKS_PER_SESSION {
                         return Ok(session);
                     }
@@ -855,8 +855,9 @@ impl DistributedLock for Inner {
                 let place = match self.attempt(req, req.ttl).await {
                     Ok((Attempt::Acquired(grant), _)) => return Ok(grant.sent_no_later_than(sent)),
                     Ok((Attempt::Busy { .. }, place)) => place,
-                    // A statement the server rolled back (two waiters' statements deadlocked on
-                    // the queue's rows): the wait goes on, and tries again at the backoff.
+                    // A statement the server rolled back (a deadlock, as an upgrade of the
+                    // tables racing running grants can cause): the wait goes on, and tries
+                    // again at the backoff.
                     Err(Error::Backend {
                         temporary: true, ..
                     }) => Place::default(),

@@ -17,8 +17,9 @@ pub(crate) fn from_driver(error: tokio_postgres::Error, what: &str) -> Error {
         let message = format!("{what}: {} (SQLSTATE {code})", db.message());
         // Class 57: the server ended the session (shutdown, administrator, idle timeout); 08:
         // connection exceptions; 53: out of resources (too many connections). Class 40: the
-        // server rolled the statement back (a deadlock between statements on the queue's rows, a
-        // serialization failure): nothing changed, and the same statement may be sent again.
+        // server rolled the statement back (a deadlock, as an upgrade of the tables racing
+        // running grants can cause; a serialization failure): nothing changed, and the same
+        // statement may be sent again.
         return if ["57", "08", "53"]
             .iter()
             .any(|class| code.starts_with(class))

@@ -128,7 +128,7 @@ impl Held {
         }
         self.deadlines.insert((entry.delete_at, owner));
         if let Some((_, generation)) = entry.grant {
-            *self.granted_in.entry(generation).or_default() += 1;
+            self.count(generation);
         }
         self.by_owner.insert(owner, entry);
         true
@@ -237,13 +237,17 @@ impl Held {
         self.deadlines.remove(&(old, owner));
         self.deadlines.insert((delete_at, owner));
         if let Some((_, generation)) = before {
-            self.ungrant(generation);
+            self.uncount(generation);
         }
-        *self.granted_in.entry(generation).or_default() += 1;
+        self.count(generation);
         Some(entry)
     }
 
-    fn ungrant(&mut self, generation: u64) {
+    fn count(&mut self, generation: u64) {
+        *self.granted_in.entry(generation).or_default() += 1;
+    }
+
+    fn uncount(&mut self, generation: u64) {
         if let Some(n) = self.granted_in.get_mut(&generation) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -286,7 +290,7 @@ impl Held {
             self.remove_user(key, owner);
         }
         if let Some((_, generation)) = entry.grant {
-            self.ungrant(generation);
+            self.uncount(generation);
         }
         Some(entry)
     }
@@ -325,12 +329,12 @@ impl Held {
     /// Counts a key held in `generation` outside the table (a waiting writer's companion key),
     /// so that its session stays open, and pinged, while it holds it.
     pub(crate) fn hold_outside(&mut self, generation: u64) {
-        *self.granted_in.entry(generation).or_default() += 1;
+        self.count(generation);
     }
 
     /// Stops counting a key [`hold_outside`](Self::hold_outside) counted.
     pub(crate) fn release_outside(&mut self, generation: u64) {
-        self.ungrant(generation);
+        self.uncount(generation);
     }
 
     /// Whether any lock granted in `generation` is held.

@@ -569,14 +569,13 @@ impl WaitingWriter {
                         false
                     }
                 };
-                if !give_back {
-                    inner.held().hold_outside(session.generation);
-                }
                 if give_back {
                     let unlock = sql::unlock(&params, "pg_advisory_unlock");
                     session
                         .query(&unlock, &params.with(&[]), "stop holding readers back")
                         .await?;
+                } else {
+                    inner.held().hold_outside(session.generation);
                 }
             }
             Ok::<(), Error>(())
