@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Eviction, Extension, FencingGuarantee,
-    FencingToken, Grant, HeldLock, Holder as HolderView, Holding, Layer, LeaseRef, LockKey,
-    LockRequest, Owner, OwnerRecord, OwnerToken, Released, Result,
+    Attempt, Backoff, Capabilities, DistributedLock, Eviction, ExtendRequest, Extension,
+    FencingGuarantee, FencingToken, Grant, HeldLock, Holder as HolderView, Holding, Layer,
+    LeaseRef, LockKey, LockRequest, Owner, OwnerRecord, OwnerToken, Released, Result,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -66,10 +66,13 @@ pub enum Defect {
     /// A try that failed on the link leaves its key busy in the client for a while, though the
     /// server holds nothing (see `link.rs`; the service itself is correct).
     FailedAttemptKeepsKeyBusy,
+    /// A batch of extensions (what auto-renew sends) extends only its last lease and answers the
+    /// others expired, as a client that confirms only one of the sessions its leases live in.
+    BatchExtendsOnlyItsLast,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 20] = [
+    pub const ALL: [Defect; 21] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -90,6 +93,7 @@ impl Defect {
         Defect::ReentrantPerClient,
         Defect::ReleaseWakesNobody,
         Defect::FailedAttemptKeepsKeyBusy,
+        Defect::BatchExtendsOnlyItsLast,
     ];
 
     pub fn name(self) -> &'static str {
@@ -116,6 +120,7 @@ impl Defect {
             Defect::FailedAttemptKeepsKeyBusy => {
                 "a failed attempt keeps its key busy in the client"
             }
+            Defect::BatchExtendsOnlyItsLast => "a batch of extensions extends only its last lease",
         }
     }
 }
@@ -282,6 +287,20 @@ impl DistributedLock for Broken {
             Some(h) if now < h.expires => Ok(Extension::TakenOver),
             _ => Ok(Extension::Expired),
         }
+    }
+
+    async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
+        let mut answers = Vec::with_capacity(requests.len());
+        for (i, request) in requests.iter().enumerate() {
+            answers.push(
+                if self.has(Defect::BatchExtendsOnlyItsLast) && i + 1 < requests.len() {
+                    Ok(Extension::Expired)
+                } else {
+                    self.extend(&request.lease, request.ttl).await
+                },
+            );
+        }
+        answers
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
