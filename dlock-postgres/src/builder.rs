@@ -5,7 +5,8 @@
 //! `postgresql://`). Parameters: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` (as libpq reads
 //! them, see [`SslMode`]), `session_timeout` (how long the server keeps the locks of a silent
 //! client; default 10 s), `request_timeout` and `connect_timeout` (durations such as `10s` or
-//! `1500ms`), `application_name`, and `owner` (the application label of the owner records).
+//! `1500ms`), `application_name`, `owner` (the application label of the owner records), and
+//! `waiting_connections` (default 4; see [`PgLockBuilder::with_waiting_connections`]).
 //! Several hosts are tried in order, as libpq does, for the first that takes writes (libpq's
 //! `target_session_attrs=read-write`: a primary, not a standby). The port defaults to 5432, the user to
 //! `postgres`, the database to the user's name.
@@ -34,6 +35,11 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
 /// PostgreSQL's port.
 pub const DEFAULT_PORT: u16 = 5432;
+/// How many connections a client opens at most for its waiting acquires when none is set (see
+/// [`PgLockBuilder::with_waiting_connections`]).
+pub const DEFAULT_WAITING_CONNECTIONS: usize = 4;
+/// The most waiting connections accepted per client.
+pub const MAX_WAITING_CONNECTIONS: usize = 64;
 
 /// The schemes of a PostgreSQL connection string.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
@@ -55,7 +61,8 @@ impl fmt::Debug for Secret {
 /// `postgresql://`). Parameters: `sslmode`, `sslrootcert`, `sslcert`, `sslkey` (as libpq reads
 /// them, see [`SslMode`]), `session_timeout` (how long the server keeps the locks of a silent
 /// client; default 10 s), `request_timeout` and `connect_timeout` (durations such as `10s` or
-/// `1500ms`), `application_name`, and `owner` (the application label of the owner records).
+/// `1500ms`), `application_name`, `owner` (the application label of the owner records), and
+/// `waiting_connections` (default 4; see [`PgLockBuilder::with_waiting_connections`]).
 /// Several hosts are tried in order, as libpq does, for the first that takes writes (libpq's
 /// `target_session_attrs=read-write`: a primary, not a standby). The port defaults to 5432, the user to
 /// `postgres`, the database to the user's name.
@@ -71,6 +78,7 @@ pub struct PgLockBuilder {
     connect_timeout: Duration,
     application_name: Option<String>,
     owner: Option<String>,
+    waiting_connections: usize,
 }
 
 /// What a client runs with.
@@ -86,6 +94,7 @@ pub(crate) struct Settings {
     pub(crate) connect_timeout: Duration,
     pub(crate) application_name: String,
     pub(crate) owner: Owner,
+    pub(crate) waiting_connections: usize,
 }
 
 impl Default for PgLockBuilder {
@@ -108,6 +117,7 @@ impl PgLockBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             application_name: None,
             owner: None,
+            waiting_connections: DEFAULT_WAITING_CONNECTIONS,
         }
     }
 
@@ -188,6 +198,17 @@ impl PgLockBuilder {
         self
     }
 
+    /// At most `count` connections the client opens for its waiting acquires (default 4, up
+    /// to 64; closed after 10 s unused): on one, a waiter blocks in PostgreSQL's lock manager
+    /// and is woken by the release that concerns it alone. Waiters beyond them, and all with
+    /// `0`, wait for a release's announcement (`pg_notify`), which PostgreSQL delivers by
+    /// signalling every listening server process of the database: with many clients, each
+    /// hand-off then costs time in proportion to them.
+    pub fn with_waiting_connections(mut self, count: usize) -> Self {
+        self.waiting_connections = count;
+        self
+    }
+
     /// Checks the settings; nothing is sent.
     pub(crate) fn validate(&self) -> Result<Settings> {
         check_within(
@@ -214,6 +235,11 @@ impl PgLockBuilder {
             }
         }
         self.tls.validate()?;
+        check_within(
+            "waiting_connections",
+            self.waiting_connections,
+            0..=MAX_WAITING_CONNECTIONS,
+        )?;
         let owner = Owner::labelled(self.owner.clone())?;
         let application_name = self
             .application_name
@@ -240,6 +266,7 @@ impl PgLockBuilder {
             connect_timeout: self.connect_timeout,
             application_name,
             owner,
+            waiting_connections: self.waiting_connections,
         })
     }
 
@@ -262,6 +289,7 @@ impl FromUrl for PgLockBuilder {
         "connect_timeout",
         "application_name",
         "owner",
+        "waiting_connections",
     ];
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
@@ -299,6 +327,7 @@ impl FromUrl for PgLockBuilder {
             "connect_timeout" => take_duration => Self::with_connect_timeout,
             "application_name" => take_text => Self::with_application_name,
             "owner" => take_text => Self::with_owner,
+            "waiting_connections" => take_count => Self::with_waiting_connections,
         });
         Ok(builder)
     }
@@ -359,7 +388,7 @@ mod tests {
     #[test]
     fn a_full_url_is_understood_and_hides_its_password() {
         let b = PgLockBuilder::from_url(
-            "postgresql://app:s%40cret@db1:6543,db2/billing?sslmode=require&session_timeout=3s&owner=billing",
+            "postgresql://app:s%40cret@db1:6543,db2/billing?sslmode=require&session_timeout=3s&owner=billing&waiting_connections=0",
         )
         .unwrap();
         let shown = format!("{b:?}");
@@ -377,6 +406,7 @@ mod tests {
         assert_eq!(s.tls.mode, SslMode::Require);
         assert_eq!(s.session_timeout, Duration::from_secs(3));
         assert_eq!(s.owner.label(), Some("billing"));
+        assert_eq!(s.waiting_connections, 0);
     }
 
     #[test]
@@ -391,6 +421,11 @@ mod tests {
             field("postgres://h?session_timeout=100ms"),
             "session_timeout"
         );
+        assert_eq!(
+            field("postgres://h?waiting_connections=65"),
+            "waiting_connections"
+        );
+        assert_eq!(field("postgres://h?waiting_connections=-1"), "url");
         assert_eq!(field("postgres://h?sslmode=allow"), "url");
         assert_eq!(field("postgres://h:0"), "url");
         assert_eq!(field("postgres://h?statement_timeout=1s"), "url");
@@ -411,5 +446,6 @@ mod tests {
             ("postgres", "postgres")
         );
         assert_eq!(s.tls.mode, SslMode::Prefer);
+        assert_eq!(s.waiting_connections, DEFAULT_WAITING_CONNECTIONS);
     }
 }

@@ -21,6 +21,7 @@ use crate::errors::{session_gone, BACKEND};
 use crate::held::{Entry, Held, Kind};
 use crate::key::{advisory_key, AdvisoryKey};
 use crate::listener::Listener;
+use crate::lock_wait::{ticket_of, Seat, Seats, Target, Waited};
 use crate::session::{connect, follow_connection, Session};
 use crate::sql::{self, KeyParams};
 
@@ -46,6 +47,8 @@ pub(crate) struct Inner {
     held: Mutex<Held>,
     keeper: Notify,
     pub(crate) listener: Arc<Listener>,
+    /// The connections waiting acquires wait in the lock manager on (see [`crate::lock_wait`]).
+    seats: Arc<Seats>,
     /// The owners that may stand in a lock's queue on the server, with the key's release
     /// payload and the generation of the session their last attempt went to: a release by
     /// owner token, as a dropped acquire sends, withdraws them there.
@@ -127,6 +130,7 @@ impl PgLock {
             held: Mutex::new(Held::default()),
             keeper: Notify::new(),
             listener: Arc::new(Listener::new()),
+            seats: Arc::default(),
             queued: Mutex::default(),
             permit_turn: tokio::sync::Mutex::new(()),
             this: this.clone(),
@@ -177,15 +181,19 @@ struct Queueing {
     lifetime: Duration,
     /// Whether the client lets the owner take the key (no other owner of it holds the key).
     may_take: bool,
+    /// Whether the entry goes without a wake tag: the waiter is seated, and waits in the lock
+    /// manager rather than for an announcement.
+    quiet: bool,
 }
 
 /// Where a busy attempt stands in the lock's queue: when another waiter heads it, which (its
 /// owner token in hex), and in how long its entry lapses; neither when the attempt heads the
-/// queue or nobody does.
+/// queue or nobody does. `ahead` is the waiter just ahead of the attempt, if any.
 #[derive(Debug, Clone, Default)]
 struct Place {
     head_waiter: Option<String>,
     head_lapses_in: Option<Duration>,
+    ahead: Option<String>,
 }
 
 /// The granting statement's one row: the token if granted, and the caller's place in the queue.
@@ -203,6 +211,7 @@ fn grant_answer(rows: &[tokio_postgres::Row]) -> Result<(Option<i64>, Place)> {
             .try_get::<_, Option<i64>>(1)
             .map_err(reply)?
             .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        ahead: row.try_get(3).map_err(reply)?,
     };
     Ok((token, place))
 }
@@ -358,7 +367,7 @@ impl Inner {
         let statement = sql::grant(&params, "pg_try_advisory_lock");
         let record = self.settings.owner.record().to_json();
         let waiter = holder_of(owner);
-        let tag = self.listener.tag();
+        let tag = if queue.quiet { "" } else { self.listener.tag() };
         let lifetime = i64::try_from(queue.lifetime.as_millis()).unwrap_or(i64::MAX);
         let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 10] = [
             (&name, Type::TEXT),
@@ -472,7 +481,12 @@ impl Inner {
 
     /// One attempt on the lock `req` asks for; a waiting one (`lifetime` not zero) stands in
     /// the queue if not granted.
-    async fn attempt(&self, req: &LockRequest<'_>, lifetime: Duration) -> Result<(Attempt, Place)> {
+    async fn attempt(
+        &self,
+        req: &LockRequest<'_>,
+        lifetime: Duration,
+        quiet: bool,
+    ) -> Result<(Attempt, Place)> {
         let key = advisory_key(req.key.as_str());
         let owner = req.owner.as_u128();
         let now = Instant::now();
@@ -497,7 +511,11 @@ impl Inner {
         }
         let inner = self.arc()?;
         let name = req.key.as_str().to_string();
-        let queue = Queueing { lifetime, may_take };
+        let queue = Queueing {
+            lifetime,
+            may_take,
+            quiet,
+        };
         let task = tokio::spawn(inner.grant(session, owner, key, name, req.ttl, queue));
         task.await
             .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
@@ -716,7 +734,7 @@ impl DistributedLock for Inner {
     /// The statement runs in a task of its own; if the caller goes away its grant is still
     /// recorded, so a release by owner token (or the TTL) gives it back.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
-        Ok(self.attempt(req, Duration::ZERO).await?.0)
+        Ok(self.attempt(req, Duration::ZERO, false).await?.0)
     }
 
     /// Confirms the session on the server (one round trip) and moves the TTL.
@@ -821,51 +839,95 @@ impl DistributedLock for Inner {
     }
 
     /// Waits in the lock's queue on the server (see the crate docs, "Waiting"): each attempt
-    /// stands in the queue or refreshes its entry, and the waiter sleeps until a release names
-    /// it on its client's wake channel, a release is announced to nobody in particular (nobody
-    /// was queued when it was sent), or it must come back by itself — to refresh its entry
-    /// every third of its TTL, when the head's entry lapses (a crashed head is never woken), and
-    /// as the head at the caller's backoff, since releases nobody announces (a peer's
-    /// `pg_advisory_unlock`, a session the server ended) are found only by trying.
+    /// stands in the queue or refreshes its entry. Between attempts a waiter with a seat (see
+    /// [`crate::lock_wait`]) waits in the lock manager: as the head on the lock's key, behind
+    /// another waiter on its ticket. Without one it sleeps until a release names it on its
+    /// client's wake channel, a release is announced to nobody in particular (nobody was queued
+    /// when it was sent), or it must come back by itself — to refresh its entry every third of
+    /// its TTL, when the head's entry lapses (a crashed head is never woken), and as the head at
+    /// the caller's backoff, since releases nobody announces (a peer's `pg_advisory_unlock`, a
+    /// session the server ended) are found only by trying.
     ///
     /// # Cancel safety
     /// Not cancel safe on its own: core releases by owner token when an acquire is dropped,
-    /// which withdraws the queue entry.
+    /// which withdraws the queue entry; a seat dropped mid-wait is closed (see `lock_wait`).
     async fn lock(
         &self,
         req: &LockRequest<'_>,
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        let payload = KeyParams::new(advisory_key(req.key.as_str())).payload;
+        let key = KeyParams::new(advisory_key(req.key.as_str()));
         let owner = req.owner.as_u128();
+        let waiter = holder_of(owner);
         let named = self
             .listener
-            .subscribe(&sql::wake_payload(&payload, &holder_of(owner)));
-        let released = self.listener.subscribe(&payload);
+            .subscribe(&sql::wake_payload(&key.payload, &waiter));
+        let released = self.listener.subscribe(&key.payload);
         let mut waiting = Waiting::new(req.key, deadline, retry);
         let refresh = (req.ttl / 3).max(Duration::from_millis(1));
+        // A free seat is taken before the first attempt, so that the waiter queues without a
+        // wake tag; without one, a seat is opened once the first attempt finds the lock busy.
+        let mut seat: Option<Seat> = self.seats.reuse(owner);
+        let mut seat_asked = seat.is_some();
+        // What the last wait in the lock manager found free. If the next attempt waits for the
+        // same target, nothing holds it for the queue (the waiter ahead has no seat; a key held
+        // by a reservation of this client or by readers): the waiter then waits once for the
+        // announcement, with its wake tag written back (`announced`), so that it does not spin.
+        let mut found_free: Option<Target> = None;
+        let mut announced = false;
         let waited = async {
             loop {
                 let (to_me, to_all) = (named.notified(), released.notified());
                 tokio::pin!(to_me, to_all);
                 to_me.as_mut().enable();
                 to_all.as_mut().enable();
+                let quiet = seat.is_some() && !announced;
                 let sent = Instant::now();
-                let place = match self.attempt(req, req.ttl).await {
+                let (place, answered) = match self.attempt(req, req.ttl, quiet).await {
                     Ok((Attempt::Acquired(grant), _)) => return Ok(grant.sent_no_later_than(sent)),
-                    Ok((Attempt::Busy { .. }, place)) => place,
+                    Ok((Attempt::Busy { .. }, place)) => (place, true),
                     // A statement the server rolled back (a deadlock, as an upgrade of the
                     // tables racing running grants can cause): the wait goes on, and tries
                     // again at the backoff.
                     Err(Error::Backend {
                         temporary: true, ..
-                    }) => Place::default(),
+                    }) => (Place::default(), false),
                     Err(e) => return Err(e),
                 };
                 let now = waiting.check()?;
+                if answered && !std::mem::take(&mut announced) {
+                    if !seat_asked {
+                        seat_asked = true;
+                        seat = self.seats.open(&self.settings, owner).await;
+                    }
+                    if let Some(seated) = seat.as_mut() {
+                        let target = match place.ahead.as_deref() {
+                            None => Some(Target::Lock),
+                            Some(ahead) => ticket_of(ahead).map(Target::Ticket),
+                        };
+                        match target {
+                            Some(target) if found_free.take() != Some(target) => {
+                                // At the latest when its entry needs refreshing.
+                                let slice =
+                                    waiting.bound(sent + refresh).saturating_duration_since(now);
+                                match seated.wait(target, &key, &waiter, quiet, slice).await {
+                                    Some(Waited::Freed) => found_free = Some(target),
+                                    Some(Waited::TimedOut) => {}
+                                    // Of no more use: closed; the next attempt writes the tag back.
+                                    None => seat = None,
+                                }
+                                waiting.check()?;
+                            }
+                            _ => announced = true,
+                        }
+                        continue;
+                    }
+                }
                 let mut until = sent + refresh;
-                if place.head_waiter.is_none() || !self.listener.listening() {
+                // A seated waiter comes back at the backoff too: its entry may be quiet, and a
+                // release that overlapped the attempt writing its tag back was not announced.
+                if place.head_waiter.is_none() || !self.listener.listening() || seat.is_some() {
                     until = until.min(waiting.next_attempt(now, None));
                 }
                 if let Some(left) = place.head_lapses_in {
@@ -888,6 +950,10 @@ impl DistributedLock for Inner {
                 let withdrawal = async move { inner.withdraw(&payload, generation, owner).await };
                 dlock_core::withdraw(req.key, tokio::spawn(withdrawal)).await;
             }
+        }
+        // Out of the queue (granted, withdrawn or failed): the waiter behind may move up.
+        if let Some(seat) = seat {
+            seat.leave();
         }
         waited
     }

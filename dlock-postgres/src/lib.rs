@@ -38,13 +38,20 @@
 //! * **Waiting** is a fair queue: a waiting acquire that finds the lock busy stands in the
 //!   unlogged table `dlock_waiters` in the same statement, and the lock is granted only to the
 //!   head of the queue (or to anyone while nobody waits; `try_lock` never queues and never
-//!   jumps the queue). A release is announced to the head alone, on its client's wake channel
-//!   `dlock_release_<tag>` (the tag is random per client), or on `dlock_release` when nobody is
-//!   queued. Without a message a waiter comes back by itself: every third of its TTL to refresh
-//!   its entry, when the head's entry lapses (one TTL after its last attempt, so a crashed head
-//!   holds the queue up no longer), and, as the head, at the caller's backoff (a peer's
-//!   `pg_advisory_unlock` and a session the server ended are not announced). A wait that runs
-//!   out or is dropped withdraws its entry (and wakes the new head if it headed the queue).
+//!   jumps the queue). Between attempts a waiter waits in PostgreSQL's lock manager, on one of
+//!   its client's **waiting connections**
+//!   ([`with_waiting_connections`](PgLockBuilder::with_waiting_connections), 4 by default), where
+//!   it holds a ticket (an advisory lock of its own) while it waits: the head blocks on the
+//!   lock's key, every other waiter on the ticket of the waiter just ahead. So a release — by
+//!   dlock, a peer's `pg_advisory_unlock`, or a session the server ended — wakes the head alone,
+//!   and a grant or a withdrawal the next waiter alone. A waiter without a waiting connection is
+//!   announced the release instead: on its client's wake channel `dlock_release_<tag>` (the tag
+//!   is random per client) if it heads the queue, or on `dlock_release` when nobody is queued.
+//!   Without a wake a waiter comes back by itself: every third of its TTL to refresh its entry,
+//!   when the head's entry lapses (one TTL after its last attempt, so a crashed head holds the
+//!   queue up no longer), and, as the head without a waiting connection, at the caller's
+//!   backoff. A wait that runs out or is dropped withdraws its entry (and wakes the new head if
+//!   it headed the queue) and gives its ticket back.
 //! * **Tokens** come from a sequence: they grow across all keys and across restarts and crashes
 //!   (a sequence logs ahead and never goes back), for as long as the server keeps its data. A
 //!   failover to an asynchronous replica that missed the last writes can hand out a token again,
@@ -93,6 +100,7 @@ mod held;
 mod inspect;
 mod key;
 mod listener;
+mod lock_wait;
 pub mod primitives;
 mod session;
 pub mod sql;
@@ -100,7 +108,8 @@ mod tls;
 
 pub use builder::{
     PgLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT, MAX_TIMEOUT, MIN_SESSION_TIMEOUT, SCHEMES,
+    DEFAULT_SESSION_TIMEOUT, DEFAULT_WAITING_CONNECTIONS, MAX_SESSION_TIMEOUT, MAX_TIMEOUT,
+    MAX_WAITING_CONNECTIONS, MIN_SESSION_TIMEOUT, SCHEMES,
 };
 pub use client::{PgLock, LOCKS_PER_SESSION};
 pub use key::{advisory_key, AdvisoryKey};

@@ -26,7 +26,8 @@
 //!
 //! * `dlock_waiters`, an **unlogged** table: the fair queue of each lock, one row per waiting
 //!   acquire — the lock's key (as the release payload writes it), the waiter (its owner token in
-//!   hex), its client's wake tag, its arrival and when the entry lapses (server time, the
+//!   hex), its client's wake tag (empty while the waiter, as the head, waits on the lock itself
+//!   and needs no announcement), its arrival and when the entry lapses (server time, the
 //!   lease's TTL after the waiter's last attempt). The head is the live entry that arrived
 //!   first. A row counts only until it lapses, so a crashed waiter holds nobody up for longer
 //!   than its TTL.
@@ -36,8 +37,9 @@
 //! queue; if it was not taken, a waiting acquire stands in (or refreshes) its queue entry in the
 //! same statement. A release is one statement too: delete the row (only if it is still the
 //! releaser's), unlock, and announce the release: to the head of the queue alone, on its
-//! client's wake channel `dlock_release_<tag>` with the payload `<key> <waiter>`, or, with
-//! nobody queued, on the channel `dlock_release` with the key as payload.
+//! client's wake channel `dlock_release_<tag>` with the payload `<key> <waiter>` (not at all if
+//! the head waits on the lock itself), or, with nobody queued, on the channel `dlock_release`
+//! with the key as payload.
 
 use tokio_postgres::types::{ToSql, Type};
 
@@ -202,13 +204,15 @@ const UPSERT: &str = "ON CONFLICT (name, kind, holder) DO UPDATE SET token = exc
 
 /// Takes the lock (or a writer's hold) if free and nobody else heads its queue: `$4` name, `$5`
 /// owner record, `$6`–`$8` the key in `pg_locks`, `$9` the key's release payload, `$10` the
-/// waiter (owner token in hex), `$11` its client's wake tag, `$12` its queue entry's lifetime in
+/// waiter (owner token in hex), `$11` its client's wake tag (empty for a seated waiter, which
+/// needs no announcement), `$12` its queue entry's lifetime in
 /// milliseconds (0: a `try_lock`, which never queues), `$13` whether the client lets this owner
 /// take the key (false while another owner of the client holds it: the attempt only queues).
 ///
-/// Returns one row: the token (null if not granted) and, if another waiter heads the queue, in
+/// Returns one row: the token (null if not granted); if another waiter heads the queue, in
 /// how many milliseconds its entry lapses and who it is (both null when the caller heads it or
-/// nobody does). When granted, the rows of readers of the name go (none can hold beside us), and
+/// nobody does); and, if not granted, the waiter just ahead of the caller (null when it heads
+/// the queue). When granted, the rows of readers of the name go (none can hold beside us), and
 /// so do the caller's entry and the lapsed entries of the queue. If not granted, a waiting caller
 /// stands in the queue: at the end if it was not in it (or its entry lapsed), otherwise in its
 /// place, with the entry's lapse moved.
@@ -239,8 +243,56 @@ pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
          SELECT (SELECT token FROM ins),
              (SELECT ceil(extract(epoch FROM head.until - now.t) * 1000)::bigint
                  FROM head, now WHERE head.waiter <> $10),
-             (SELECT head.waiter FROM head WHERE head.waiter <> $10)",
+             (SELECT head.waiter FROM head WHERE head.waiter <> $10),
+             (SELECT w.waiter FROM dlock_waiters w, now
+                 WHERE NOT (SELECT ok FROM granted) AND w.key = $9 AND w.until > now.t
+                     AND (w.arrival, w.waiter) < (COALESCE((SELECT m.arrival
+                         FROM dlock_waiters m WHERE m.key = $9 AND m.waiter = $10
+                             AND m.until > now.t), now.t), $10)
+                 ORDER BY w.arrival DESC, w.waiter DESC LIMIT 1)",
         key.args()
+    )
+}
+
+/// Clears the wake tag of waiter `$2` (owner token in hex) in the queue of the lock with
+/// release payload `$1`: it waits in the lock manager, and a release to it is not announced
+/// (see [`crate::lock_wait`]).
+pub(crate) const QUIET: &str = "UPDATE dlock_waiters SET tag = '' WHERE key = $1 AND waiter = $2";
+
+/// Gives a seat's ticket `$1` back (`true` if it was held), which wakes the waiter behind.
+pub(crate) const LEAVE_SEAT: &str = "SELECT pg_advisory_unlock($1)";
+
+/// The start of a wait in the lock manager: bounds it by `lock_timeout` (`$timeout`
+/// milliseconds; it ends with `lock_not_available`), then, if `$take`, takes the seat's ticket
+/// `$ticket` (the answer is `false` if it could not). `CASE` fixes the order.
+fn wait_start(timeout: &str, ticket: &str, take: &str) -> String {
+    format!(
+        "WHEN set_config('lock_timeout', {timeout}, false) IS NULL THEN NULL
+         WHEN (CASE WHEN {take} THEN NOT pg_try_advisory_lock({ticket}) ELSE false END)
+             THEN false"
+    )
+}
+
+/// Waits until the ticket `$1` of the waiter ahead is free, then gives it back; `$2` the
+/// bound, `$3` the seat's ticket, `$4` whether to take it first (see `wait_start`). `true`
+/// once free.
+pub(crate) fn wait_ticket() -> String {
+    format!(
+        "SELECT CASE {}
+             WHEN pg_advisory_lock($1)::text IS NOT NULL THEN pg_advisory_unlock($1) END",
+        wait_start("$2", "$3", "$4")
+    )
+}
+
+/// Waits until the key is free, then gives it back (nothing but the ticket is held once it
+/// returns); `$4` the bound, `$5` the seat's ticket, `$6` whether to take it first (see
+/// `wait_start`). `true` once free.
+pub(crate) fn wait_free(key: &KeyParams) -> String {
+    let args = key.args();
+    format!(
+        "SELECT CASE {}
+             WHEN pg_advisory_lock({args})::text IS NOT NULL THEN pg_advisory_unlock({args}) END",
+        wait_start("$4", "$5", "$6")
     )
 }
 
@@ -256,7 +308,7 @@ pub(crate) const WITHDRAW: &str = "WITH gone AS (DELETE FROM dlock_waiters
          WHERE key = $1 AND waiter <> $2 AND until > clock_timestamp()
          ORDER BY arrival, waiter LIMIT 1)
      SELECT pg_notify('dlock_release_' || head.tag, $1 || ' ' || head.waiter)
-     FROM head WHERE EXISTS (SELECT 1 FROM headed)";
+     FROM head WHERE head.tag <> '' AND EXISTS (SELECT 1 FROM headed)";
 
 /// Takes a read hold if no writer holds the key and none waits (`$9, $10`: the companion
 /// key, which a waiting writer holds; its shared lock is taken and given back at once):
@@ -328,7 +380,8 @@ pub(crate) const UNDO_PERMIT: &str = "SELECT count(*) FROM generate_series(0, $3
 
 /// Gives a hold back: `$4` name, `$5` token, `$6` payload, `$7` kind, `$8` holder; returns
 /// whether it was held. The release is announced to the head of the payload's queue on its
-/// wake channel, or on [`CHANNEL`] when nobody is queued; a release of a read hold or a permit
+/// wake channel (unless the head waits on the lock itself), or on [`CHANNEL`] when nobody is
+/// queued; a release of a read hold or a permit
 /// is also announced on [`CHANNEL`], where the primitives' waiters listen.
 pub(crate) fn release(key: &KeyParams, function: &str) -> String {
     format!(
@@ -338,7 +391,7 @@ pub(crate) fn release(key: &KeyParams, function: &str) -> String {
              WHERE w.key = $6 AND w.until > clock_timestamp()
              ORDER BY w.arrival, w.waiter LIMIT 1)
          SELECT {function}({}),
-             CASE WHEN h.tag IS NOT NULL
+             CASE WHEN h.tag <> ''
                  THEN pg_notify('{CHANNEL}_' || h.tag, $6 || ' ' || h.waiter) END,
              CASE WHEN h.tag IS NULL OR $7 <> 'lock' THEN pg_notify('{CHANNEL}', $6) END
          FROM (SELECT 1) AS one LEFT JOIN head h ON true",

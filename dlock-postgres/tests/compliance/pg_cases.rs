@@ -3,15 +3,17 @@
 //! ends (`pg_terminate_backend`) and a server restart or crash, with fenced writes; a client
 //! whose locks fill more than one session; tasks of one
 //! client; clients that meet while the tables are created; the queue's announcements, heard by
-//! the next waiter's client only; eviction, which ends the holder's whole session; configuration
-//! errors.
+//! the next waiter's client only, and none for waiters that wait in the lock manager, which a
+//! release nobody announces wakes too; eviction, which ends the holder's whole session;
+//! configuration errors.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, LockOptions, LostReason,
+    Admin, Backoff, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, LockOptions,
+    LostReason,
 };
 use dlock_postgres::{advisory_key, AdvisoryKey, LOCKS_PER_SESSION};
 use dlock_testkit::case;
@@ -45,6 +47,8 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(tasks_of_one_client_exclude_each_other),
         case!(a_client_that_waited_for_the_layout_leaves_the_tables_alone),
         case!(a_release_is_announced_to_the_heads_client_only),
+        case!(seated_waiters_are_woken_in_turn_and_nothing_is_announced),
+        case!(a_dropped_seated_waiter_lets_the_one_behind_move_up),
         case!(eviction_ends_the_holders_session),
         case!(bad_configuration_fails_fast_and_shows_no_password),
         case!(of_several_hosts_the_one_that_takes_writes_is_used),
@@ -100,45 +104,68 @@ fn opts(ttl: Duration) -> LockOptions {
 }
 
 /// A psql session holds the name's key with `pg_advisory_lock`: dlock is refused, waits, and
-/// takes the lock once psql lets it go (a release nobody announces, found by polling).
+/// takes the lock once psql lets it go, a release nobody announces. A waiter on a waiting
+/// connection, whose backoff is ten seconds, takes it within half a second, three times in a row:
+/// the lock manager woke it. One without (`waiting_connections=0`) finds it by polling at its
+/// backoff, within three seconds.
 async fn psql_holds_and_dlock_waits(env: Env) -> anyhow::Result<()> {
     let name = name("psql-holds");
     let AdvisoryKey::Single(key) = advisory_key(&name) else {
         bail!("{name} should hash into the bigint space");
     };
-    let holder = env.server.hold_advisory_lock(key).await?;
-    holder.wait_granted(Duration::from_secs(10)).await?;
-    let locks = client(&env.server.url()).await?;
-    ensure!(
-        locks
-            .try_acquire(&name, &opts(Duration::from_secs(5)))
+    let seated = client(&env.server.url()).await?;
+    let polling = Arc::new(
+        builder(&env.server.url())?
+            .with_waiting_connections(0)
+            .connect()
+            .await?,
+    );
+    let rounds = [
+        (
+            &seated,
+            without_polling(Duration::from_secs(20)),
+            Duration::from_millis(500),
+        ),
+        (
+            &seated,
+            without_polling(Duration::from_secs(20)),
+            Duration::from_millis(500),
+        ),
+        (
+            &seated,
+            without_polling(Duration::from_secs(20)),
+            Duration::from_millis(500),
+        ),
+        (
+            &polling,
+            opts(Duration::from_secs(5)).with_wait(Duration::from_secs(20)),
+            Duration::from_secs(3),
+        ),
+    ];
+    for (round, (locks, options, within)) in rounds.into_iter().enumerate() {
+        let holder = env.server.hold_advisory_lock(key).await?;
+        holder.wait_granted(Duration::from_secs(10)).await?;
+        ensure!(
+            locks
+                .try_acquire(&name, &opts(Duration::from_secs(5)))
+                .await?
+                .is_none(),
+            "round {round}: dlock took a key psql holds"
+        );
+        let waiting = waiting_for(locks, &name, options);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ensure!(
+            !waiting.is_finished(),
+            "round {round}: dlock's waiter did not wait for psql"
+        );
+        let released = Instant::now();
+        holder.release().await?;
+        let who = format!("round {round}: the waiter");
+        taken_within(waiting, released, within, &who)
             .await?
-            .is_none(),
-        "dlock took a key psql holds"
-    );
-    let waiting = {
-        let (locks, name) = (locks.clone(), name.clone());
-        tokio::spawn(async move {
-            let opts = opts(Duration::from_secs(5)).with_wait(Duration::from_secs(20));
-            let lease = locks.acquire(&name, &opts).await;
-            (lease, Instant::now())
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    ensure!(
-        !waiting.is_finished(),
-        "dlock's waiter did not wait for psql"
-    );
-    let released = Instant::now();
-    holder.release().await?;
-    let (lease, granted) = waiting.await?;
-    let lease = lease.context("dlock's waiter after psql let go")?;
-    ensure!(
-        granted - released < Duration::from_secs(3),
-        "the waiter took {:?} after psql let go",
-        granted - released
-    );
-    lease.release().await?;
+            .release()
+            .await?;
+    }
     Ok(())
 }
 
@@ -571,10 +598,10 @@ async fn heard_about(
         .collect()
 }
 
-/// H holds and W (another client) waits: W's entry in `dlock_waiters` carries its client's tag,
-/// and H's release is heard once, on that client's wake channel, naming W, and not on
-/// `dlock_release`; W's release, with nobody queued, is heard on `dlock_release`. The queue is
-/// empty once W holds.
+/// H holds and W (another client, with no waiting connection) waits: W's entry in
+/// `dlock_waiters` carries its client's tag, and H's release is heard once, on that client's
+/// wake channel, naming W, and not on `dlock_release`; W's release, with nobody queued, is heard
+/// on `dlock_release`. The queue is empty once W holds.
 async fn a_release_is_announced_to_the_heads_client_only(env: Env) -> anyhow::Result<()> {
     let name = name("announced");
     let payload = advisory_key(&name).to_string();
@@ -582,7 +609,12 @@ async fn a_release_is_announced_to_the_heads_client_only(env: Env) -> anyhow::Re
     listening.batch_execute("LISTEN dlock_release").await?;
     let look = raw(&env.server.url()).await?;
     let holder = client(&env.server.url()).await?;
-    let waiter = client(&env.server.url()).await?;
+    let waiter = Arc::new(
+        builder(&env.server.url())?
+            .with_waiting_connections(0)
+            .connect()
+            .await?,
+    );
     let held = holder
         .acquire(&name, &opts(Duration::from_secs(10)))
         .await?;
@@ -640,6 +672,195 @@ async fn a_release_is_announced_to_the_heads_client_only(env: Env) -> anyhow::Re
         "with nobody queued, the release was heard as {about_key:?}"
     );
     Ok(())
+}
+
+/// Options whose backoff is longer than any wait below: a waiter that polled at its backoff
+/// would miss every bound, so each hand-off within it was a wake.
+fn without_polling(wait: Duration) -> LockOptions {
+    opts(Duration::from_secs(30))
+        .with_wait(wait)
+        .with_retry(Backoff {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(10),
+            multiplier: 1.0,
+            jitter: 0.0,
+        })
+}
+
+/// An acquire under way, answering with the lease and when it answered.
+type WaitingFor = tokio::task::JoinHandle<(Result<dlock_core::Lease, Error>, Instant)>;
+
+/// A spawned acquire of `name` on `locks` with `options`.
+fn waiting_for(
+    locks: &Arc<dlock_postgres::PgLock>,
+    name: &str,
+    options: LockOptions,
+) -> WaitingFor {
+    let (locks, name) = (locks.clone(), name.to_owned());
+    tokio::spawn(async move {
+        let lease = locks.acquire(&name, &options).await;
+        (lease, Instant::now())
+    })
+}
+
+/// The lease `waiter` took, if it took it less than `within` after a release at `released`.
+async fn taken_within(
+    waiter: WaitingFor,
+    released: Instant,
+    within: Duration,
+    who: &str,
+) -> anyhow::Result<dlock_core::Lease> {
+    let (lease, granted) = waiter.await?;
+    let lease = lease.with_context(|| format!("{who} after the release"))?;
+    ensure!(
+        granted - released < within,
+        "{who} took {:?} after the release",
+        granted - released
+    );
+    Ok(lease)
+}
+
+/// How many live entries the queue of the key with release payload `payload` has.
+async fn queued(look: &tokio_postgres::Client, payload: &str) -> anyhow::Result<i64> {
+    Ok(look
+        .query_one(
+            "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND until > clock_timestamp()",
+            &[&payload],
+        )
+        .await?
+        .get(0))
+}
+
+/// Checks that the queue of `payload` is empty, then releases `lease`.
+async fn queue_empty_then_release(
+    look: &tokio_postgres::Client,
+    payload: &str,
+    lease: dlock_core::Lease,
+) -> anyhow::Result<()> {
+    ensure!(
+        queued(look, payload).await? == 0,
+        "entries left in the queue"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// Polls until the queue of `payload` has `n` entries.
+async fn until_queued(look: &tokio_postgres::Client, payload: &str, n: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queued(look, payload).await? != n {
+        ensure!(
+            Instant::now() < deadline,
+            "the queue never held {n} waiters"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// What [`two_waiting`] sets up.
+struct Queued {
+    look: tokio_postgres::Client,
+    held: dlock_core::Lease,
+    w1: WaitingFor,
+    w2: WaitingFor,
+    _clients: [Arc<dlock_postgres::PgLock>; 3],
+}
+
+/// H (a client of its own) holds `name`; W1 and then W2 (one client each, with waiting
+/// connections) wait for it without polling, in that order in the queue of `payload`, and
+/// have started waiting in the lock manager.
+async fn two_waiting(env: &Env, name: &str, payload: &str) -> anyhow::Result<Queued> {
+    let look = raw(&env.server.url()).await?;
+    let holder = client(&env.server.url()).await?;
+    let (first, second) = (
+        client(&env.server.url()).await?,
+        client(&env.server.url()).await?,
+    );
+    let held = holder.acquire(name, &opts(Duration::from_secs(30))).await?;
+    let w1 = waiting_for(&first, name, without_polling(Duration::from_secs(30)));
+    until_queued(&look, payload, 1).await?;
+    let w2 = waiting_for(&second, name, without_polling(Duration::from_secs(30)));
+    until_queued(&look, payload, 2).await?;
+    // Both are seated once their first waits are under way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(Queued {
+        look,
+        held,
+        w1,
+        w2,
+        _clients: [holder, first, second],
+    })
+}
+
+/// H holds; W1 and then W2 (clients of their own, with waiting connections) wait, with a backoff
+/// longer than the case. Their entries carry no wake tag, so no release can be announced to
+/// them. H's release reaches W1 and W1's reaches W2, each within a second (a waiter that waited
+/// for its backoff would take ten), and nothing about the key is heard on `dlock_release`.
+async fn seated_waiters_are_woken_in_turn_and_nothing_is_announced(env: Env) -> anyhow::Result<()> {
+    let name = name("seated");
+    let payload = advisory_key(&name).to_string();
+    let (listening, mut rx) = raw_listener(&env.server.url()).await?;
+    listening.batch_execute("LISTEN dlock_release").await?;
+    let Queued {
+        look,
+        held,
+        w1,
+        w2,
+        _clients,
+    } = two_waiting(&env, &name, &payload).await?;
+    let tags: Vec<String> = look
+        .query(
+            "SELECT tag FROM dlock_waiters WHERE key = $1 ORDER BY arrival",
+            &[&payload],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure!(
+        tags == ["", ""],
+        "seated waiters' entries carry tags {tags:?}, expected none"
+    );
+    let released = Instant::now();
+    held.release().await?;
+    let lease = taken_within(w1, released, Duration::from_secs(1), "the first waiter").await?;
+    ensure!(!w2.is_finished(), "the second waiter took a held lock");
+    let released = Instant::now();
+    lease.release().await?;
+    let lease = taken_within(w2, released, Duration::from_secs(1), "the second waiter").await?;
+    let about_key = heard_about(&mut rx, &payload).await;
+    ensure!(
+        about_key.is_empty(),
+        "hand-offs to seated waiters were announced: {about_key:?}"
+    );
+    queue_empty_then_release(&look, &payload, lease).await
+}
+
+/// H holds; W1 heads the queue and W2 waits behind it, both seated. W1's acquire is dropped:
+/// H's release then reaches W2 within two seconds (the dropped seat's wait ends within a
+/// second), and once W2 holds, the queue is empty.
+async fn a_dropped_seated_waiter_lets_the_one_behind_move_up(env: Env) -> anyhow::Result<()> {
+    let name = name("seat-dropped");
+    let payload = advisory_key(&name).to_string();
+    let Queued {
+        look,
+        held,
+        w1,
+        w2,
+        _clients,
+    } = two_waiting(&env, &name, &payload).await?;
+    w1.abort();
+    ensure!(
+        w1.await.is_err_and(|e| e.is_cancelled()),
+        "W1 was not dropped"
+    );
+    // Dropping withdraws W1's entry in the background.
+    until_queued(&look, &payload, 1).await?;
+    let released = Instant::now();
+    held.release().await?;
+    let lease = taken_within(w2, released, Duration::from_secs(2), "W2").await?;
+    queue_empty_then_release(&look, &payload, lease).await
 }
 
 /// Evicting a holder ends its session: every lock of that client ends with it (as documented),
