@@ -19,14 +19,15 @@ use tokio_postgres::{NoTls, Statement};
 use super::Setup;
 use crate::locker::{self, Held, Locker, Release, Side};
 
-/// Connections the server accepts: twice the default, so that one hot-key measurement's clients
-/// can connect while the previous one's are still closing.
-const MAX_CONNECTIONS: &str = "200";
-/// Lock-table slots per connection: 1,024 × the 200 connections, room for the full run's
-/// 100,000 leases in one session beside everything else.
+/// Connections the server accepts: three times the default, so that one hot-key measurement's
+/// clients can connect while the previous one's are still closing.
+const MAX_CONNECTIONS: &str = "300";
+/// Lock-table slots per connection: 1,024 × the 300 connections, room for the full run's
+/// 100,000 leases beside everything else.
 const MAX_LOCKS_PER_TRANSACTION: &str = "1024";
-/// Hot-key tasks with clients of their own: each dlock client has two sessions (its lock
-/// session and the one that hears releases), and a measurement's clients close only after it.
+/// Hot-key tasks with clients of their own: each waiting dlock client has three connections
+/// (its lock session, the one that hears releases, and the seat its waiter waits on), and a
+/// measurement's clients close only after it.
 const MAX_TASKS: usize = 40;
 
 async fn connect(url: &str) -> anyhow::Result<Arc<dyn DistributedLock>> {
@@ -68,7 +69,7 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         server_count: Err("not counted: PostgreSQL's statistics views (pg_stat_database) are written by each backend up to seconds after its statements, too late for the short windows of the run".into()),
         max_clients: Some((
             MAX_TASKS,
-            "the server accepts 200 connections, each dlock client opens two (its lock session and its listener), and one measurement's clients may still be closing while the next one's connect",
+            "the server accepts 300 connections, each waiting dlock client opens three (its lock session, its listener and its waiter's seat), and one measurement's clients may still be closing while the next one's connect",
         )),
         fresh_floor: None,
         freeze: Err("one server, which every client needs: nothing to freeze beside it".into()),
