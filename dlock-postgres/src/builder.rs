@@ -199,11 +199,15 @@ impl PgLockBuilder {
     }
 
     /// At most `count` connections the client opens for its waiting acquires (default 4, up
-    /// to 64; closed after 10 s unused): on one, a waiter blocks in PostgreSQL's lock manager
-    /// and is woken by the release that concerns it alone. Waiters beyond them, and all with
-    /// `0`, wait for a release's announcement (`pg_notify`), which PostgreSQL delivers by
-    /// signalling every listening server process of the database: with many clients, each
-    /// hand-off then costs time in proportion to them.
+    /// to 64; each closed once unused for 10 to 15 s): on one, a waiter blocks in PostgreSQL's
+    /// lock manager and is woken by the release that concerns it alone. Waiters beyond them,
+    /// and all with `0`, wait for a release's announcement (`pg_notify`), which PostgreSQL
+    /// delivers by signalling every listening server process of the database: with many
+    /// clients, each hand-off then costs time in proportion to them.
+    ///
+    /// A client holds its lock sessions (one per 2,000 held locks) and a listening connection
+    /// besides, so the server's `max_connections` should allow each client
+    /// 2 + `count` connections (more with many held locks).
     pub fn with_waiting_connections(mut self, count: usize) -> Self {
         self.waiting_connections = count;
         self

@@ -21,7 +21,7 @@ use crate::errors::{session_gone, BACKEND};
 use crate::held::{Entry, Held, Kind};
 use crate::key::{advisory_key, AdvisoryKey};
 use crate::listener::Listener;
-use crate::lock_wait::{ticket_of, Seat, Seats, Target, Waited};
+use crate::lock_wait::{ticket_of, Seat, Seats, Target, Waited, MAX_SLICE};
 use crate::session::{connect, follow_connection, Session};
 use crate::sql::{self, KeyParams};
 
@@ -868,7 +868,7 @@ impl DistributedLock for Inner {
         let refresh = (req.ttl / 3).max(Duration::from_millis(1));
         // A free seat is taken before the first attempt, so that the waiter queues without a
         // wake tag; without one, a seat is opened once the first attempt finds the lock busy.
-        let mut seat: Option<Seat> = self.seats.reuse(owner);
+        let mut seat: Option<Seat> = self.seats.reuse(&self.settings, owner);
         let mut seat_asked = seat.is_some();
         // What the last wait in the lock manager found free. If the next attempt waits for the
         // same target, nothing holds it for the queue (the waiter ahead has no seat; a key held
@@ -925,10 +925,13 @@ impl DistributedLock for Inner {
                     }
                 }
                 let mut until = sent + refresh;
-                // A seated waiter comes back at the backoff too: its entry may be quiet, and a
-                // release that overlapped the attempt writing its tag back was not announced.
-                if place.head_waiter.is_none() || !self.listener.listening() || seat.is_some() {
+                if place.head_waiter.is_none() || !self.listener.listening() {
                     until = until.min(waiting.next_attempt(now, None));
+                }
+                // A seated waiter comes back within a slice too: its entry may be quiet, and a
+                // release that overlapped the attempt writing its tag back was not announced.
+                if seat.is_some() {
+                    until = until.min(now + MAX_SLICE);
                 }
                 if let Some(left) = place.head_lapses_in {
                     until = until.min(now + left + Duration::from_millis(1));

@@ -49,8 +49,8 @@
 //!   is random per client) if it heads the queue, or on `dlock_release` when nobody is queued.
 //!   Without a wake a waiter comes back by itself: every third of its TTL to refresh its entry,
 //!   when the head's entry lapses (one TTL after its last attempt, so a crashed head holds the
-//!   queue up no longer), and, as the head without a waiting connection, at the caller's
-//!   backoff. A wait that runs out or is dropped withdraws its entry (and wakes the new head if
+//!   queue up no longer), as the head without a waiting connection at the caller's backoff,
+//!   and with one within a second whenever it waits for an announcement. A wait that runs out or is dropped withdraws its entry (and wakes the new head if
 //!   it headed the queue) and gives its ticket back.
 //! * **Tokens** come from a sequence: they grow across all keys and across restarts and crashes
 //!   (a sequence logs ahead and never goes back), for as long as the server keeps its data. A

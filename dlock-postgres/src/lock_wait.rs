@@ -29,15 +29,16 @@
 //! whose next attempt stands where it stood (the waiter ahead has not taken its ticket yet, or
 //! has no seat: no seat was free, or another client version) waits once for the announcement
 //! instead, with its tag written back, so that nothing spins. A seated waiter never waits for an
-//! announcement longer than its backoff: a release that overlaps the attempt writing its tag back
+//! announcement longer than [`MAX_SLICE`]: a release that overlaps the attempt writing its tag back
 //! reads the entry without it, and announces nothing.
 //!
 //! Each wait is bounded by `lock_timeout`, at most [`MAX_SLICE`], after which the waiter attempts
-//! again (its queue entry needs refreshing anyway). A seat whose acquire was dropped is closed,
-//! never reused: its server process ends once its statement does, within that bound, which gives
-//! the ticket back. A client keeps at most `waiting_connections` seats (4 by default; see
-//! `PgLockBuilder::with_waiting_connections`); waiters beyond them wait for the announcement. An
-//! idle seat closes after [`IDLE`].
+//! again (its queue entry needs refreshing anyway), and each statement on a seat by its wait plus
+//! the request timeout: a seat without an answer is closed. A seat whose acquire was dropped is
+//! closed, never reused: its server process ends once its statement does, within that bound,
+//! which gives the ticket back. A client keeps at most `waiting_connections` seats (4 by
+//! default; see `PgLockBuilder::with_waiting_connections`); waiters beyond them wait for the
+//! announcement. An idle seat closes [`IDLE`] to 1.5 × [`IDLE`] after its last use.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -53,8 +54,10 @@ use crate::session::connect;
 use crate::sql::{self, KeyParams};
 
 /// The longest one wait in the lock manager blocks before the waiter attempts again: a dropped
-/// wait keeps its server process blocked no longer than this.
-pub(crate) const MAX_SLICE: Duration = Duration::from_secs(1);
+/// wait keeps its server process blocked no longer than this. Below PostgreSQL's default
+/// `deadlock_timeout` (1 s), so that a wait ends before the server runs a deadlock check for it
+/// (which takes every partition of the lock table).
+pub(crate) const MAX_SLICE: Duration = Duration::from_millis(900);
 
 /// How long a seat stays open without a waiter.
 pub(crate) const IDLE: Duration = Duration::from_secs(10);
@@ -105,11 +108,16 @@ struct Free {
 impl Seats {
     /// A free seat for the waiter with owner token `owner`, if one is open: taken before the
     /// first attempt, so that it can go into the queue without a wake tag.
-    pub(crate) fn reuse(self: &Arc<Self>, owner: u128) -> Option<Seat> {
+    pub(crate) fn reuse(self: &Arc<Self>, settings: &Settings, owner: u128) -> Option<Seat> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(seat) = free.pop() {
             if !seat.client.is_closed() {
-                return Some(Seat::new(seat.client, self, owner));
+                return Some(Seat::new(
+                    seat.client,
+                    self,
+                    owner,
+                    settings.request_timeout,
+                ));
             }
             self.open.fetch_sub(1, Ordering::AcqRel);
         }
@@ -124,10 +132,11 @@ impl Seats {
                 (n < settings.waiting_connections).then_some(n + 1)
             })
             .ok()?;
+        // Counted from here: given back if opening fails or is dropped.
+        let counted = Counted(Arc::downgrade(self));
         let (client, connection) = match connect(settings, false).await {
             Ok(open) => open,
             Err(error) => {
-                self.open.fetch_sub(1, Ordering::AcqRel);
                 tracing::debug!(backend = BACKEND, %error, "no seat could be opened; waiting for the announcement");
                 return None;
             }
@@ -135,10 +144,23 @@ impl Seats {
         tokio::spawn(async move {
             let _ = connection.await;
         });
+        // A server-wide `statement_timeout` shorter than a wait would end every wait in an error.
+        let unbounded = client.batch_execute("SET statement_timeout = 0");
+        if tokio::time::timeout(settings.request_timeout, unbounded)
+            .await
+            .map_or(true, |done| done.is_err())
+        {
+            tracing::debug!(
+                backend = BACKEND,
+                "a seat could not be set up; waiting for the announcement"
+            );
+            return None;
+        }
+        std::mem::forget(counted);
         if !self.closing.swap(true, Ordering::AcqRel) {
             tokio::spawn(close_idle(Arc::downgrade(self)));
         }
-        Some(Seat::new(client, self, owner))
+        Some(Seat::new(client, self, owner, settings.request_timeout))
     }
 
     fn give_back(&self, client: tokio_postgres::Client) {
@@ -147,6 +169,17 @@ impl Seats {
             client,
             since: Instant::now(),
         });
+    }
+}
+
+/// A seat counted as open while it is being opened: uncounted if the opening fails or is dropped.
+struct Counted(Weak<Seats>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(seats) = self.0.upgrade() {
+            seats.open.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -179,6 +212,8 @@ pub(crate) struct Seat {
     client: Option<tokio_postgres::Client>,
     seats: Weak<Seats>,
     ticket: i64,
+    /// How long a request may wait for its answer beyond its own wait.
+    request_timeout: Duration,
     /// Whether the ticket is held.
     ticketed: bool,
     /// No statement is under way: the seat can be given back.
@@ -186,11 +221,17 @@ pub(crate) struct Seat {
 }
 
 impl Seat {
-    fn new(client: tokio_postgres::Client, seats: &Arc<Seats>, owner: u128) -> Self {
+    fn new(
+        client: tokio_postgres::Client,
+        seats: &Arc<Seats>,
+        owner: u128,
+        request_timeout: Duration,
+    ) -> Self {
         Seat {
             client: Some(client),
             seats: Arc::downgrade(seats),
             ticket: ticket(owner),
+            request_timeout,
             ticketed: false,
             clean: true,
         }
@@ -236,16 +277,33 @@ impl Seat {
             Target::Ticket(_) => &on_ticket,
         };
         let wait = client.query_typed(&statement, params);
-        let freed = if quiet {
-            wait.await
-        } else {
+        let waiting = async {
+            if quiet {
+                return Ok(wait.await);
+            }
             // One round trip: the wait is sent behind the tag's clearing without waiting.
             let (cleared, freed) = tokio::join!(client.query_typed(sql::QUIET, &entry), wait);
-            if let Err(error) = cleared {
+            cleared.map(|_| freed)
+        };
+        // An answer the server does not give within the slice and a request's time is lost: the
+        // seat is given up (and closed).
+        let answered = tokio::time::timeout(
+            Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX)) + self.request_timeout,
+            waiting,
+        );
+        let freed = match answered.await {
+            Ok(Ok(freed)) => freed,
+            Ok(Err(error)) => {
                 tracing::debug!(backend = BACKEND, %error, "a wake tag could not be cleared; waiting for the announcement");
                 return None;
             }
-            freed
+            Err(_) => {
+                tracing::debug!(
+                    backend = BACKEND,
+                    "a wait in the lock manager got no answer; waiting for the announcement"
+                );
+                return None;
+            }
         };
         let waited = match freed {
             Ok(rows) => match rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) {
@@ -286,11 +344,12 @@ impl Seat {
             let Some(client) = self.client.as_ref() else {
                 return;
             };
-            let unlocked = client
-                .query_typed(sql::LEAVE_SEAT, &[(&self.ticket, Type::INT8)])
-                .await;
-            let given_back = unlocked
+            let ticket: [(&(dyn ToSql + Sync), Type); 1] = [(&self.ticket, Type::INT8)];
+            let unlocked = client.query_typed(sql::LEAVE_SEAT, &ticket);
+            let given_back = tokio::time::timeout(self.request_timeout, unlocked)
+                .await
                 .ok()
+                .and_then(Result::ok)
                 .and_then(|rows| rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()));
             if given_back == Some(true) {
                 if let (Some(client), Some(seats)) = (self.client.take(), self.seats.upgrade()) {

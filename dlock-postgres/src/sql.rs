@@ -26,8 +26,8 @@
 //!
 //! * `dlock_waiters`, an **unlogged** table: the fair queue of each lock, one row per waiting
 //!   acquire — the lock's key (as the release payload writes it), the waiter (its owner token in
-//!   hex), its client's wake tag (empty while the waiter, as the head, waits on the lock itself
-//!   and needs no announcement), its arrival and when the entry lapses (server time, the
+//!   hex), its client's wake tag (empty while the waiter waits in the lock manager, on a waiting
+//!   connection, and needs no announcement), its arrival and when the entry lapses (server time, the
 //!   lease's TTL after the waiter's last attempt). The head is the live entry that arrived
 //!   first. A row counts only until it lapses, so a crashed waiter holds nobody up for longer
 //!   than its TTL.

@@ -769,7 +769,7 @@ struct Queued {
 
 /// H (a client of its own) holds `name`; W1 and then W2 (one client each, with waiting
 /// connections) wait for it without polling, in that order in the queue of `payload`, and
-/// have started waiting in the lock manager.
+/// wait in the lock manager: within ten seconds, their entries carry no wake tag.
 async fn two_waiting(env: &Env, name: &str, payload: &str) -> anyhow::Result<Queued> {
     let look = raw(&env.server.url()).await?;
     let holder = client(&env.server.url()).await?;
@@ -782,8 +782,25 @@ async fn two_waiting(env: &Env, name: &str, payload: &str) -> anyhow::Result<Que
     until_queued(&look, payload, 1).await?;
     let w2 = waiting_for(&second, name, without_polling(Duration::from_secs(30)));
     until_queued(&look, payload, 2).await?;
-    // Both are seated once their first waits are under way.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both wait in the lock manager once their entries carry no wake tag.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let quiet: i64 = look
+            .query_one(
+                "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND tag = ''",
+                &[&payload],
+            )
+            .await?
+            .get(0);
+        if quiet == 2 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the waiters' entries still carry wake tags ({quiet} of 2 without)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok(Queued {
         look,
         held,
@@ -809,19 +826,6 @@ async fn seated_waiters_are_woken_in_turn_and_nothing_is_announced(env: Env) -> 
         w2,
         _clients,
     } = two_waiting(&env, &name, &payload).await?;
-    let tags: Vec<String> = look
-        .query(
-            "SELECT tag FROM dlock_waiters WHERE key = $1 ORDER BY arrival",
-            &[&payload],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    ensure!(
-        tags == ["", ""],
-        "seated waiters' entries carry tags {tags:?}, expected none"
-    );
     let released = Instant::now();
     held.release().await?;
     let lease = taken_within(w1, released, Duration::from_secs(1), "the first waiter").await?;
