@@ -358,24 +358,9 @@ async fn a_client_past_a_sessions_share_of_locks_opens_another(env: Env) -> anyh
     let next = holder
         .acquire(&format!("{prefix}/next"), &opts(Duration::from_secs(10)))
         .await?;
-    let closing = Instant::now() + Duration::from_secs(5);
-    loop {
-        let open = raw
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                &[&first],
-            )
-            .await?
-            .get::<_, i64>(0);
-        if open == 0 {
-            break;
-        }
-        ensure!(
-            Instant::now() < closing,
-            "the emptied full session is still open after 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let open = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1";
+    let what = "the emptied full session closing";
+    until_count(&raw, open, &first, 0, Duration::from_secs(5), what).await?;
     next.release().await?;
     Ok(())
 }
@@ -745,17 +730,35 @@ async fn queue_empty_then_release(
     Ok(())
 }
 
-/// Polls until the queue of `payload` has `n` entries.
-async fn until_queued(look: &tokio_postgres::Client, payload: &str, n: i64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while queued(look, payload).await? != n {
+/// Polls the count `sql` answers for `arg` (its `$1`) until it is `n`, for up to `within`;
+/// the error says `what` was awaited and the last count.
+async fn until_count(
+    look: &tokio_postgres::Client,
+    sql: &str,
+    arg: &(dyn tokio_postgres::types::ToSql + Sync),
+    n: i64,
+    within: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let count: i64 = look.query_one(sql, &[arg]).await?.get(0);
+        if count == n {
+            return Ok(());
+        }
         ensure!(
             Instant::now() < deadline,
-            "the queue never held {n} waiters"
+            "{what} not within {within:?} (count {count}, awaited {n})"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(())
+}
+
+/// Polls until the queue of `payload` has `n` live entries.
+async fn until_queued(look: &tokio_postgres::Client, payload: &str, n: i64) -> anyhow::Result<()> {
+    let sql = "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND until > clock_timestamp()";
+    let what = format!("the queue holding {n} waiters");
+    until_count(look, sql, &payload, n, Duration::from_secs(10), &what).await
 }
 
 /// What [`two_waiting`] sets up.
@@ -783,24 +786,9 @@ async fn two_waiting(env: &Env, name: &str, payload: &str) -> anyhow::Result<Que
     let w2 = waiting_for(&second, name, without_polling(Duration::from_secs(30)));
     until_queued(&look, payload, 2).await?;
     // Both wait in the lock manager once their entries carry no wake tag.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let quiet: i64 = look
-            .query_one(
-                "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND tag = ''",
-                &[&payload],
-            )
-            .await?
-            .get(0);
-        if quiet == 2 {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the waiters' entries still carry wake tags ({quiet} of 2 without)"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let quiet = "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND tag = ''";
+    let what = "both waiters' entries without a wake tag";
+    until_count(&look, quiet, &payload, 2, Duration::from_secs(10), what).await?;
     Ok(Queued {
         look,
         held,
