@@ -49,6 +49,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_release_is_announced_to_the_heads_client_only),
         case!(seated_waiters_are_woken_in_turn_and_nothing_is_announced),
         case!(a_dropped_seated_waiter_lets_the_one_behind_move_up),
+        case!(waiters_past_the_seats_are_announced_and_served_in_turn),
         case!(eviction_ends_the_holders_session),
         case!(bad_configuration_fails_fast_and_shows_no_password),
         case!(of_several_hosts_the_one_that_takes_writes_is_used),
@@ -852,6 +853,52 @@ async fn a_dropped_seated_waiter_lets_the_one_behind_move_up(env: Env) -> anyhow
     let released = Instant::now();
     held.release().await?;
     let lease = taken_within(w2, released, Duration::from_secs(2), "W2").await?;
+    queue_empty_then_release(&look, &payload, lease).await
+}
+
+/// A client with a single waiting connection has two tasks waiting for a key another client
+/// holds, with a client of a third between them in the queue; backoffs are longer than the case.
+/// The first task takes the seat and waits in the lock manager, the third-party waiter has a
+/// seat of its own, and the second task, past its client's seats, waits for an announced release
+/// (its entry carries the client's wake tag). Each release reaches the next in line within a
+/// second, in arrival order, while the others still wait; then the queue is empty.
+async fn waiters_past_the_seats_are_announced_and_served_in_turn(env: Env) -> anyhow::Result<()> {
+    let name = name("past-seats");
+    let payload = advisory_key(&name).to_string();
+    let look = raw(&env.server.url()).await?;
+    let holder = client(&env.server.url()).await?;
+    let between = client(&env.server.url()).await?;
+    let one_seat = Arc::new(
+        builder(&env.server.url())?
+            .with_waiting_connections(1)
+            .connect()
+            .await?,
+    );
+    let mut lease = holder
+        .acquire(&name, &opts(Duration::from_secs(30)))
+        .await?;
+    let mut waiters = Vec::new();
+    for (n, locks) in [&one_seat, &between, &one_seat].into_iter().enumerate() {
+        waiters.push(waiting_for(
+            locks,
+            &name,
+            without_polling(Duration::from_secs(30)),
+        ));
+        until_queued(&look, &payload, n as i64 + 1).await?;
+    }
+    let loud = "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND tag <> ''";
+    let what = "one entry with a wake tag, past its client's seat";
+    until_count(&look, loud, &payload, 1, Duration::from_secs(10), what).await?;
+    let mut waiters = waiters.into_iter();
+    while let Some(next) = waiters.next() {
+        let released = Instant::now();
+        lease.release().await?;
+        lease = taken_within(next, released, Duration::from_secs(1), "the next in line").await?;
+        ensure!(
+            waiters.as_slice().iter().all(|w| !w.is_finished()),
+            "a waiter took a held lock"
+        );
+    }
     queue_empty_then_release(&look, &payload, lease).await
 }
 
