@@ -257,26 +257,24 @@ impl Seat {
         let take = !self.ticketed;
         let entry: [(&(dyn ToSql + Sync), Type); 2] =
             [(&key.payload, Type::TEXT), (&waiter, Type::TEXT)];
-        let (statement, ahead) = match target {
-            Target::Lock => (sql::wait_free(key), 0),
-            Target::Ticket(ticket) => (sql::wait_ticket(), ticket),
+        let ahead = match target {
+            Target::Lock => None,
+            Target::Ticket(ticket) => Some(ticket),
         };
-        let on_ticket: [(&(dyn ToSql + Sync), Type); 4] = [
-            (&ahead, Type::INT8),
+        let own: [(&(dyn ToSql + Sync), Type); 3] = [
             (&timeout, Type::TEXT),
             (&self.ticket, Type::INT8),
             (&take, Type::BOOL),
         ];
-        let on_lock = key.with(&[
-            (&timeout, Type::TEXT),
-            (&self.ticket, Type::INT8),
-            (&take, Type::BOOL),
-        ]);
-        let params: &[(&(dyn ToSql + Sync), Type)] = match target {
-            Target::Lock => &on_lock,
-            Target::Ticket(_) => &on_ticket,
+        let (statement, params) = match &ahead {
+            None => (sql::wait_free(key), key.with(&own)),
+            Some(ahead) => {
+                let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![(ahead, Type::INT8)];
+                params.extend_from_slice(&own);
+                (sql::wait_ticket(), params)
+            }
         };
-        let wait = client.query_typed(&statement, params);
+        let wait = client.query_typed(&statement, &params);
         let waiting = async {
             if quiet {
                 return Ok(wait.await);
@@ -335,9 +333,7 @@ impl Seat {
             return;
         }
         if !self.ticketed {
-            if let (Some(client), Some(seats)) = (self.client.take(), self.seats.upgrade()) {
-                seats.give_back(client);
-            }
+            self.return_to_pool();
             return;
         }
         tokio::spawn(async move {
@@ -352,11 +348,16 @@ impl Seat {
                 .and_then(Result::ok)
                 .and_then(|rows| rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()));
             if given_back == Some(true) {
-                if let (Some(client), Some(seats)) = (self.client.take(), self.seats.upgrade()) {
-                    seats.give_back(client);
-                }
+                self.return_to_pool();
             }
         });
+    }
+
+    /// Puts the connection, holding nothing, among the client's free seats.
+    fn return_to_pool(&mut self) {
+        if let (Some(client), Some(seats)) = (self.client.take(), self.seats.upgrade()) {
+            seats.give_back(client);
+        }
     }
 }
 
