@@ -69,6 +69,8 @@
 //!   for up to 500 leases instead of one round each — and decides each lease by exactly the
 //!   rules of a single extend (the same code). A batch's per-node timeout is that of its longest
 //!   TTL plus 20 µs per lease (10 ms for a full chunk), at most half the shortest validity in it.
+//!   The chunks of a larger batch go one after another, so the client's other requests wait
+//!   behind one chunk at most.
 //!
 //! # Fencing tokens
 //!

@@ -792,16 +792,21 @@ impl DistributedLock for RedlockLock {
 
     /// One [`EXTEND_MANY`](scripts::EXTEND_MANY) script per [`EXTEND_BATCH`] leases to every
     /// master in parallel, instead of one round per lease; each lease is then decided by the
-    /// rules of [`extend`](Self::extend). The chunks go out together.
+    /// rules of [`extend`](Self::extend).
+    ///
+    /// The chunks go one after another, as on a single Redis. Sent together, they would queue on
+    /// each master's connection: the client's other requests (an acquire, a release) would wait
+    /// behind all of them, and the last chunks' time limits would run out while the masters were
+    /// still working through the first ones, retiring the connections. One at a time, another
+    /// request waits behind one chunk at most, and each chunk's limit covers that chunk alone.
+    /// A master that does not answer still costs one limit, not one per chunk: its connection is
+    /// retired by the first timeout, and the following chunks fail on it at once.
     async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
-        let chunks = requests
-            .chunks(EXTEND_BATCH)
-            .map(|chunk| self.extend_chunk(chunk));
-        futures::future::join_all(chunks)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        let mut answers = Vec::with_capacity(requests.len());
+        for chunk in requests.chunks(EXTEND_BATCH) {
+            answers.extend(self.extend_chunk(chunk).await);
+        }
+        answers
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {

@@ -9,6 +9,7 @@ use dlock_core::{
     Attempt, DistributedLock, Error, ExtendRequest, Extension, LeaseRef, LockKey, LockRequest,
     OwnerToken, Result,
 };
+use dlock_redis::EXTEND_BATCH;
 use dlock_redlock::RedlockLock;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;
@@ -22,6 +23,8 @@ pub fn cases() -> Vec<(&'static str, Case<Arc<RedisMasters>>)> {
     vec![
         case!(a_mixed_batch_with_one_master_down_answers_like_extend),
         case!(three_of_five_masters_down_answer_unavailable_per_lease),
+        case!(a_large_batch_lets_the_clients_other_requests_through),
+        case!(a_batch_without_a_quorum_costs_one_chunks_timeout),
     ]
 }
 
@@ -248,5 +251,126 @@ pub async fn three_of_five_masters_down_answer_unavailable_per_lease(
         "one extend each {each:?}, expected {expected:?}"
     );
 
+    Ok(())
+}
+
+/// `count` leases nobody holds, for batches whose every answer is `Expired`.
+fn unheld(count: usize) -> anyhow::Result<Vec<Lease>> {
+    (0..count)
+        .map(|i| Lease::new(&format!("unheld-{i}")))
+        .collect()
+}
+
+fn renewals(leases: &[Lease]) -> Vec<ExtendRequest<'_>> {
+    leases
+        .iter()
+        .map(|lease| ExtendRequest {
+            lease: lease.as_ref(),
+            ttl: RENEWED_TTL,
+        })
+        .collect()
+}
+
+/// The share of a CPU each master gets while a large batch is measured: the masters, not this
+/// client, are then the slow side, as they are for a client built for release beside busy
+/// masters.
+const BUSY_MASTER_PERCENT: u32 = 5;
+
+/// A batch of many chunks (what auto-renew sends for tens of thousands of leases) to busy masters
+/// does not hold back the client's other requests, and none of its chunks runs out of time: an
+/// acquire made while the batch is under way is answered before the batch is, and every lease of
+/// the batch gets its answer. Sent all at once, the chunks would queue on every master's
+/// connection ahead of the acquire, and the last of them would outlive their time limits while
+/// the masters worked through the first.
+pub async fn a_large_batch_lets_the_clients_other_requests_through(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    let client = support::serving_client(&masters).await?;
+    let leases = Arc::new(unheld(EXTEND_BATCH * 100)?);
+    let members = masters.members()?;
+    for member in members {
+        member.throttle(BUSY_MASTER_PERCENT).await?;
+    }
+    let outcome = async {
+        let batch = tokio::spawn({
+            let (client, leases) = (client.clone(), leases.clone());
+            async move {
+                let started = Instant::now();
+                let answers = client.extend_many(&renewals(&leases)).await;
+                (answers, started.elapsed())
+            }
+        });
+        // Let the batch get going.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let other = Lease::new("other")?;
+        let start = Instant::now();
+        other.take(&client, HELD_TTL).await?;
+        let acquired_in = start.elapsed();
+        let batch_done = batch.is_finished();
+        let (answers, batch_took) = batch.await?;
+        eprintln!(
+            "[timing] busy masters: an acquire during a batch of {} leases took {acquired_in:?}; \
+             the batch took {batch_took:?}",
+            leases.len()
+        );
+        let answers: Vec<String> = answers.iter().map(describe).collect();
+        let odd: Vec<&String> = answers.iter().filter(|a| *a != "Expired").collect();
+        ensure!(
+            odd.is_empty(),
+            "{} of {} leases nobody holds were not answered Expired, the first {:?}",
+            odd.len(),
+            answers.len(),
+            odd.first()
+        );
+        ensure!(
+            !batch_done,
+            "the acquire ({acquired_in:?}) was answered only after the whole batch ({batch_took:?})"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    for member in members {
+        member.unthrottle().await?;
+    }
+    outcome
+}
+
+/// With three of five masters frozen, a batch of many chunks answers every lease `Unavailable`
+/// within about one chunk's time limit, though the chunks go one after another: the first
+/// timeout retires the frozen masters' connections, and the following chunks fail on them at
+/// once rather than each waiting out its own limit.
+pub async fn a_batch_without_a_quorum_costs_one_chunks_timeout(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    let client = support::serving_client(&masters).await?;
+    let chunks = 20;
+    let leases = unheld(EXTEND_BATCH * chunks)?;
+    let requests = renewals(&leases);
+    let frozen = [masters.member(0)?, masters.member(1)?, masters.member(2)?];
+    for member in &frozen {
+        member.pause().await?;
+    }
+    let start = Instant::now();
+    let answers = client.extend_many(&requests).await;
+    let took = start.elapsed();
+    for member in &frozen {
+        member.unpause().await?;
+    }
+    let unavailable = "Unavailable(reached 2, needed 3)";
+    let odd = answers
+        .iter()
+        .map(describe)
+        .filter(|a| a != unavailable)
+        .count();
+    ensure!(
+        odd == 0,
+        "{odd} of {} answers were not {unavailable}",
+        answers.len()
+    );
+    // A chunk's limit is the node timeout plus 10 ms; one per chunk would be over four seconds.
+    ensure!(
+        took <= NODE_TIMEOUT + SLACK,
+        "the batch of {chunks} chunks took {took:?} to fail"
+    );
     Ok(())
 }
