@@ -257,18 +257,14 @@ impl Seat {
         let take = !self.ticketed;
         let entry: [(&(dyn ToSql + Sync), Type); 2] =
             [(&key.payload, Type::TEXT), (&waiter, Type::TEXT)];
-        let ahead = match target {
-            Target::Lock => None,
-            Target::Ticket(ticket) => Some(ticket),
-        };
         let own: [(&(dyn ToSql + Sync), Type); 3] = [
             (&timeout, Type::TEXT),
             (&self.ticket, Type::INT8),
             (&take, Type::BOOL),
         ];
-        let (statement, params) = match &ahead {
-            None => (sql::wait_free(key), key.with(&own)),
-            Some(ahead) => {
+        let (statement, params) = match &target {
+            Target::Lock => (sql::wait_free(key), key.with(&own)),
+            Target::Ticket(ahead) => {
                 let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![(ahead, Type::INT8)];
                 params.extend_from_slice(&own);
                 (sql::wait_ticket(), params)
