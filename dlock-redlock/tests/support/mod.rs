@@ -39,11 +39,13 @@ pub async fn client_with(
     Ok(Arc::new(settings(builder(urls)).connect().await?))
 }
 
-/// Starts every master that is down (a case before may have left some stopped) and waits until
-/// each answers: every fault case begins from five serving masters.
+/// Starts every master that is down (a case before may have left some stopped), lifts any CPU
+/// limit one left, and waits until each answers: every fault case begins from five serving
+/// masters at full speed.
 pub async fn all_serving(masters: &RedisMasters) -> anyhow::Result<()> {
     for member in masters.members()? {
         member.start().await?;
+        member.unthrottle().await?;
     }
     Ok(())
 }
