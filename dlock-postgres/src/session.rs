@@ -63,8 +63,18 @@ fn allowance(timeout: Duration) -> Duration {
     timeout / 10 + timeout / 100 + Duration::from_millis(2)
 }
 
-/// The driver's settings of a connection: the lock session gets the server-side idle timeout,
-/// the listener none (it idles by design).
+/// How the lock session plans its statements: once per session, as a generic plan, and never
+/// with a sequential or bitmap scan. A grant is one statement of a dozen parts, whose planning
+/// took four times its execution (166 µs against 42 µs on PostgreSQL 15); with the default
+/// `plan_cache_mode` the server planned it again at every call, since a plan for the given
+/// parameters is estimated cheaper than a generic one. A generic plan is made without knowing
+/// the table sizes it will meet, so the scans that read a whole table are ruled out: every
+/// statement of dlock finds its rows by an index.
+const PLANNING: &str =
+    "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c enable_bitmapscan=off";
+
+/// The driver's settings of a connection: the lock session gets the server-side idle timeout
+/// and its [`PLANNING`], the listener neither (it idles by design).
 pub(crate) fn driver_config(settings: &Settings, lock_session: bool) -> tokio_postgres::Config {
     let mut config = tokio_postgres::Config::new();
     for (host, port) in &settings.hosts {
@@ -87,7 +97,7 @@ pub(crate) fn driver_config(settings: &Settings, lock_session: bool) -> tokio_po
     if lock_session {
         config
             .options(format!(
-                "-c idle_session_timeout={}",
+                "-c idle_session_timeout={} {PLANNING}",
                 settings.session_timeout.as_millis()
             ))
             .tcp_user_timeout(settings.session_timeout);

@@ -124,7 +124,12 @@ fn main() {
     let (shared, dedicated, restarted, read_only) =
         trials::start(&runtime, "four PostgreSQL servers", async {
             tokio::try_join!(
-                PostgresServer::start(),
+                // Counts statements, for the case that a lock session plans them once.
+                PostgresServer::start_with(
+                    PostgresOptions::default()
+                        .with_setting("shared_preload_libraries", "pg_stat_statements")
+                        .with_setting("pg_stat_statements.track_planning", "on")
+                ),
                 PostgresServer::start(),
                 PostgresServer::start(),
                 // Takes no writes, as a standby: a client must pass it by.

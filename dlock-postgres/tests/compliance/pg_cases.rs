@@ -46,6 +46,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
         case!(tasks_of_one_client_exclude_each_other),
         case!(a_client_that_waited_for_the_layout_leaves_the_tables_alone),
+        case!(a_lock_session_plans_its_grant_and_release_once),
         case!(a_release_is_announced_to_the_heads_client_only),
         case!(seated_waiters_are_woken_in_turn_and_nothing_is_announced),
         case!(a_dropped_seated_waiter_lets_the_one_behind_move_up),
@@ -467,12 +468,26 @@ const LAYOUT_GUARD: &str = "dlock-postgres: creating dlock_fencing and dlock_hol
 async fn a_client_that_waited_for_the_layout_leaves_the_tables_alone(
     env: Env,
 ) -> anyhow::Result<()> {
-    let admin = raw(&env.server.url()).await?;
-    let database = format!("dlock_layout_{}", rand_suffix());
+    let url = env.server.url();
+    on_own_database(&url, "dlock_layout", |url| async move {
+        waited_for_the_layout(&url).await
+    })
+    .await
+}
+
+/// Runs `case` with the URL of a database of its own on the server at `url` (named `prefix`
+/// and a random suffix), and drops the database after it.
+async fn on_own_database<F, Fut>(url: &str, prefix: &str, case: F) -> anyhow::Result<()>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let admin = raw(url).await?;
+    let database = format!("{prefix}_{}", rand_suffix());
     admin
         .batch_execute(&format!("CREATE DATABASE {database}"))
         .await?;
-    let outcome = waited_for_the_layout(&with_database(&env.server.url(), &database)).await;
+    let outcome = case(with_database(url, &database)).await;
     admin
         .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
         .await?;
@@ -541,6 +556,56 @@ async fn waited_for_the_layout(url: &str) -> anyhow::Result<()> {
         .acquire(&name("after-layout"), &opts(Duration::from_secs(5)))
         .await?;
     lease.release().await?;
+    Ok(())
+}
+
+/// A lock session plans its grant and its release once, not at every call (see the crate's
+/// `session` module: planning took four times the grant's execution). Counted by
+/// `pg_stat_statements` (which the shared server loads) on a database of its own, where no other
+/// case runs.
+async fn a_lock_session_plans_its_grant_and_release_once(env: Env) -> anyhow::Result<()> {
+    let url = env.server.url();
+    on_own_database(&url, "dlock_plans", |url| async move {
+        planned_once(&url).await
+    })
+    .await
+}
+
+async fn planned_once(url: &str) -> anyhow::Result<()> {
+    const CYCLES: i64 = 30;
+    let stats = raw(url).await?;
+    stats
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await?;
+    let locks = client(url).await?;
+    let key = name("planned-once");
+    for _ in 0..CYCLES {
+        let lease = locks.acquire(&key, &opts(Duration::from_secs(5))).await?;
+        lease.release().await?;
+    }
+    let rows = stats
+        .query(
+            "SELECT CASE WHEN query LIKE 'WITH now AS%' THEN 'the grant' ELSE 'the release' END,
+                 calls, plans FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND (query LIKE 'WITH now AS%' OR query LIKE 'WITH gone AS%')",
+            &[],
+        )
+        .await?;
+    let counted: Vec<(String, i64, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    ensure!(
+        counted.len() == 2,
+        "expected the grant and the release among the statements, found {counted:?}"
+    );
+    for (statement, calls, plans) in counted {
+        ensure!(
+            calls >= CYCLES && (1..=3).contains(&plans),
+            "{statement}: planned {plans} times for {calls} calls"
+        );
+    }
     Ok(())
 }
 
