@@ -66,7 +66,7 @@ fn allowance(timeout: Duration) -> Duration {
 /// How the lock session plans its statements: once per session, as a generic plan, and never
 /// with a sequential or bitmap scan. A grant is one statement of a dozen parts, whose planning
 /// took four times its execution (166 µs against 42 µs on PostgreSQL 15); with the default
-/// `plan_cache_mode` the server planned it again at every call, since a plan for the given
+/// `plan_cache_mode` the server mostly planned it again at every call, since a plan for the given
 /// parameters is estimated cheaper than a generic one. A generic plan is made without knowing
 /// the table sizes it will meet, so the scans that read a whole table are ruled out: every
 /// statement of dlock finds its rows by an index.
