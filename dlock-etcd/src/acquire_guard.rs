@@ -31,8 +31,8 @@ const GRACE_TIMEOUTS: u32 = 2;
 
 /// How an unfinished acquire's key is told from any other.
 enum Withdrawal {
-    /// The lock's key is named after the session, so only its value (the owner record with this
-    /// acquire's owner token) tells this acquire's key from another's.
+    /// A lock's key, deleted only while it carries this acquire's value (the owner record with
+    /// its owner token), whether or not its creation was confirmed.
     ByValue(String),
     /// A key only this acquire writes, whose creation the server has not confirmed: a write of
     /// it may still be on its way, so the deletion is repeated after a grace period.

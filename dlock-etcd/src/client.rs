@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::acquire_guard::AcquireGuard;
 use crate::builder::{EtcdLockBuilder, Settings};
 use crate::contention::{
-    ahead, anyone, confirm_own, delete_abandoned, delete_on_lease, delete_own, join, occupied,
+    ahead, anyone, confirm_own, delete_abandoned, delete_mine, delete_on_lease, join, occupied,
     queue, remove_leftover, take_if_free, Ahead, Contender, Join, Owner, Read, Take,
 };
 use crate::endpoints::Endpoints;
@@ -480,7 +480,7 @@ impl ClientState {
     ) -> Result<Granted, ContendError> {
         // A session that cannot be granted ends the acquire: no session bounds the wait.
         let session = self.session().await.map_err(ContendError::Fatal)?;
-        let key = contender_key(prefix, session.id());
+        let key = contender_key(prefix, session.id(), req.owner);
         let c = Contender {
             prefix,
             key: &key,
@@ -492,8 +492,11 @@ impl ClientState {
         let (revision, mut first) = match join(&self.requests, &c).await {
             Ok(Join::Head { revision }) => (revision, true),
             Ok(Join::Queued { revision }) => (revision, false),
-            Ok(Join::Leftover { mod_revision }) => {
-                remove_leftover(&self.requests, &key, mod_revision)
+            Ok(Join::Leftover {
+                key: leftover,
+                mod_revision,
+            }) => {
+                remove_leftover(&self.requests, &leftover, mod_revision)
                     .await
                     .map_err(|e| Self::classify(e, &session))?;
                 return Err(ContendError::Restart);
@@ -631,7 +634,7 @@ impl DistributedLock for ClientState {
         let mut leftovers = 0;
         loop {
             let session = self.session().await?;
-            let key = contender_key(&prefix, session.id());
+            let key = contender_key(&prefix, session.id(), req.owner);
             let c = Contender {
                 prefix: &prefix,
                 key: &key,
@@ -666,10 +669,13 @@ impl DistributedLock for ClientState {
                     acquiring.nothing_written();
                     return Ok(Attempt::Busy { retry_after: None });
                 }
-                Ok(Take::Leftover { mod_revision }) if leftovers < LEFTOVER_ATTEMPTS => {
+                Ok(Take::Leftover {
+                    key: leftover,
+                    mod_revision,
+                }) if leftovers < LEFTOVER_ATTEMPTS => {
                     acquiring.nothing_written();
                     leftovers += 1;
-                    remove_leftover(&self.requests, &key, mod_revision).await?;
+                    remove_leftover(&self.requests, &leftover, mod_revision).await?;
                 }
                 Ok(Take::Leftover { .. }) => {
                     acquiring.nothing_written();
@@ -747,7 +753,7 @@ impl DistributedLock for ClientState {
             // The watchdog is deleting it already: the TTL ran out first.
             Some(held) if held.over => Ok(Released::Expired),
             Some(held) => {
-                let owner = delete_own(
+                let owner = delete_mine(
                     &self.requests,
                     &prefix,
                     &held.contender,
@@ -767,8 +773,7 @@ impl DistributedLock for ClientState {
                 let turn = self.local_queue.try_turn(lease.key);
                 let owner = match (self.sessions.current_id(), turn) {
                     (Some(id), Some(_turn)) => {
-                        let key = contender_key(&prefix, id);
-                        delete_abandoned(&self.requests, &prefix, &key).await?
+                        delete_abandoned(&self.requests, &prefix, id).await?
                     }
                     _ => anyone(&self.requests, &prefix).await?,
                 };

@@ -6,10 +6,11 @@
 //! concurrent change.
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
+use crate::layout::lease_keys;
 use crate::requests::{RequestError, Requests};
 
 /// Our contender key for one lock.
@@ -17,7 +18,8 @@ use crate::requests::{RequestError, Requests};
 pub(crate) struct Contender<'a> {
     /// `<name>/`, the range of all contenders.
     pub(crate) prefix: &'a [u8],
-    /// `<name>/<lease id in hex>`.
+    /// `<name>/<lease id in hex>_<owner token in hex>`, this acquire's alone (see
+    /// `layout::contender_key`).
     pub(crate) key: &'a [u8],
     /// The key's value: the owner record of this acquire with its owner token, which no other
     /// acquire shares, so it also tells this acquire's key from an abandoned one (see
@@ -36,18 +38,18 @@ pub(crate) enum Take {
     /// `lease` (0 if unknown).
     Busy { first: Vec<u8>, lease: i64 },
     /// A key of ours from an abandoned acquire is in the way (see [`remove_leftover`]).
-    Leftover { mod_revision: i64 },
+    Leftover { key: Vec<u8>, mod_revision: i64 },
 }
 
 /// The answer of [`join`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Join {
     /// Our key (at `revision`) is the oldest: the lock is ours.
     Head { revision: i64 },
     /// Our key (at `revision`) waits behind older ones.
     Queued { revision: i64 },
     /// A key of ours from an abandoned acquire is in the way (see [`remove_leftover`]).
-    Leftover { mod_revision: i64 },
+    Leftover { key: Vec<u8>, mod_revision: i64 },
 }
 
 /// The answer of [`ahead`].
@@ -101,6 +103,14 @@ fn kvs(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
     match response.op_responses().into_iter().nth(index) {
         Some(TxnOpResponse::Get(mut get)) => get.take_kvs(),
         _ => Vec::new(),
+    }
+}
+
+/// The count of the `index`th response, which must be a get.
+fn count(response: &TxnResponse, index: usize) -> i64 {
+    match response.op_responses().into_iter().nth(index) {
+        Some(TxnOpResponse::Get(get)) => get.count(),
+        _ => 0,
     }
 }
 
@@ -171,9 +181,14 @@ pub(crate) async fn take_if_free(
         Some(kv) if kv.key() == c.key && kv.value() == c.value.as_bytes() => Take::Taken {
             revision: kv.create_revision(),
         },
-        Some(kv) if kv.key() == c.key => Take::Leftover {
-            mod_revision: kv.mod_revision(),
-        },
+        // Another acquire's key on our lease: no acquire of ours claims it while this one has
+        // the key's turn.
+        Some(kv) if kv.key() == c.key || kv.key().starts_with(&lease_keys(c.prefix, c.lease)) => {
+            Take::Leftover {
+                key: kv.key().to_vec(),
+                mod_revision: kv.mod_revision(),
+            }
+        }
         Some(kv) => Take::Busy {
             first: kv.key().to_vec(),
             lease: kv.lease(),
@@ -186,13 +201,37 @@ pub(crate) async fn take_if_free(
 }
 
 /// Joins the queue: creates our key if absent, else reads it (a repeated attempt of the same
-/// acquire finds its own key), and reads the oldest contender, all at one revision.
+/// acquire finds its own key), and reads the oldest contender and the keys of our lease, all at
+/// one revision.
+///
+/// A key of our lease other than ours was left by an abandoned acquire of this client (no
+/// other acquire of ours claims the key while this one has its turn); it is reported wherever it
+/// stands in the queue, since nobody behind it would be served before our session ends.
 pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join, RequestError> {
+    let ours = lease_keys(c.prefix, c.lease);
+    // Counted only (the members read no values); the rare leftover is read after.
+    let count_ours = TxnOp::get(
+        ours.clone(),
+        Some(GetOptions::new().with_prefix().with_count_only()),
+    );
     let txn = Txn::new()
         .when([Compare::create_revision(c.key, CompareOp::Equal, 0)])
-        .and_then([put(c), first_created(c.prefix)])
-        .or_else([TxnOp::get(c.key, None), first_created(c.prefix)]);
+        .and_then([put(c), first_created(c.prefix), count_ours.clone()])
+        .or_else([TxnOp::get(c.key, None), first_created(c.prefix), count_ours]);
     let response = requests.txn(txn).await?;
+    if count(&response, 2) > 1 {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_limit(2);
+        let mut found = requests.get(ours, options).await?;
+        if let Some(kv) = found.take_kvs().into_iter().find(|kv| kv.key() != c.key) {
+            return Ok(Join::Leftover {
+                mod_revision: kv.mod_revision(),
+                key: kv.into_key_value().0,
+            });
+        }
+    }
     let mine = if response.succeeded() {
         store_revision(&response)
     } else {
@@ -200,11 +239,17 @@ pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join,
             Some(kv) if kv.value() == c.value.as_bytes() => kv.create_revision(),
             Some(kv) => {
                 return Ok(Join::Leftover {
+                    key: c.key.to_vec(),
                     mod_revision: kv.mod_revision(),
                 })
             }
             // Cannot happen inside one transaction; a retry sorts it out.
-            None => return Ok(Join::Leftover { mod_revision: 0 }),
+            None => {
+                return Ok(Join::Leftover {
+                    key: c.key.to_vec(),
+                    mod_revision: 0,
+                })
+            }
         }
     };
     let head = kvs(&response, 1).first().map(KeyValue::create_revision);
@@ -290,7 +335,10 @@ fn owner_from(response: &TxnResponse) -> Owner {
     }
 }
 
-/// Deletes our key if it is still the one created at `revision` on lease `lease`.
+/// Deletes our key if it is still the one created at `revision` on lease `lease`, in one
+/// transaction. A key that a later acquire of this client writes again (an election
+/// candidate's, named after the session) must be deleted so, lest a late delete take the later
+/// one; the lock's release, whose key only one acquire writes, uses [`delete_mine`].
 pub(crate) async fn delete_own(
     requests: &Requests,
     prefix: &[u8],
@@ -306,6 +354,58 @@ pub(crate) async fn delete_own(
         .and_then([TxnOp::delete(key, None)])
         .or_else([any_key(prefix)]);
     Ok(owner_from(&requests.txn(txn).await?))
+}
+
+/// Deletes our key, created at `revision` on lease `lease`, with a plain delete.
+///
+/// No condition is needed: the key is this acquire's alone (see `layout::contender_key`), so a
+/// delete that arrives late finds nothing of a later holding's. The deleted key tells the
+/// outcome; only when this holding's key was gone does a read tell whether someone else
+/// contends. A plain delete costs etcd's members less than a transaction does.
+pub(crate) async fn delete_mine(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    revision: i64,
+    lease: i64,
+) -> Result<Owner, RequestError> {
+    let response = requests
+        .delete(key.to_vec(), DeleteOptions::new().with_prev_key())
+        .await?;
+    let ours = response
+        .prev_kvs()
+        .iter()
+        .any(|kv| kv.create_revision() == revision && kv.lease() == lease);
+    owner_after(requests, prefix, ours).await
+}
+
+/// Deletes every key of lease `lease` under `prefix`: the keys of acquires of ours that no
+/// acquire claims any more, while this client's turn on the lock is free.
+pub(crate) async fn delete_abandoned(
+    requests: &Requests,
+    prefix: &[u8],
+    lease: i64,
+) -> Result<Owner, RequestError> {
+    let response = requests
+        .delete(
+            lease_keys(prefix, lease),
+            DeleteOptions::new().with_prefix(),
+        )
+        .await?;
+    owner_after(requests, prefix, response.deleted() > 0).await
+}
+
+/// [`Owner::Us`] after a delete that removed a key of ours; otherwise whoever contends now.
+async fn owner_after(
+    requests: &Requests,
+    prefix: &[u8],
+    deleted_ours: bool,
+) -> Result<Owner, RequestError> {
+    if deleted_ours {
+        Ok(Owner::Us)
+    } else {
+        anyone(requests, prefix).await
+    }
 }
 
 /// Checks, without changing anything, that our key is still the one created at `revision` on
@@ -360,19 +460,6 @@ pub(crate) async fn delete_on_lease(
 ) -> Result<Owner, RequestError> {
     let txn = Txn::new()
         .when([Compare::lease(key, CompareOp::Equal, lease)])
-        .and_then([TxnOp::delete(key, None)])
-        .or_else([any_key(prefix)]);
-    Ok(owner_from(&requests.txn(txn).await?))
-}
-
-/// Deletes `key` if it exists (an abandoned key of ours that no acquire claims).
-pub(crate) async fn delete_abandoned(
-    requests: &Requests,
-    prefix: &[u8],
-    key: &[u8],
-) -> Result<Owner, RequestError> {
-    let txn = Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Greater, 0)])
         .and_then([TxnOp::delete(key, None)])
         .or_else([any_key(prefix)]);
     Ok(owner_from(&requests.txn(txn).await?))

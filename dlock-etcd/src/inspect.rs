@@ -1,6 +1,6 @@
 //! Looking at locks and evicting a holder: what the contender keys tell an operator.
 //!
-//! A lock's contenders are its keys `<name>/<lease hex>`, served in the order of their create
+//! A lock's contenders are its keys under `<name>/`, served in the order of their create
 //! revisions: the oldest holds the lock (its create revision is the fencing token), the others
 //! wait in that order. Each dlock contender's value is its owner record; a Go
 //! `concurrency.Mutex` or `etcdctl lock` leaves the value empty, which reads as no record.

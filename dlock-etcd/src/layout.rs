@@ -2,15 +2,18 @@
 //!
 //! etcd's Go recipe (`concurrency.NewMutex(session, name)`, also behind `etcdctl lock name`) keeps
 //! one key per contender at `<name>/<lease id in hex>`, attached to the contender's session lease,
-//! and orders contenders by the keys' create revisions. We use exactly that layout, so Go services
-//! and `etcdctl lock` exclude each other with dlock clients on the same lock name.
+//! and orders contenders by the keys' create revisions. We use that layout, so Go services and
+//! `etcdctl lock` exclude each other with dlock clients on the same lock name. A dlock
+//! contender's key also names its acquire: `<name>/<lease id in hex>_<owner token in hex>` (see
+//! [`contender_key`]). Go's recipe only reads the keys under `<name>/` in create order, so the
+//! longer name changes nothing for it.
 //!
 //! A dlock key becomes the lock name `<namespace><escaped key>`, where escaping turns `%` into `%25`
 //! and `/` into `%2F`. Without it, the contenders of key `a` (prefix `a/`) would include those of
 //! key `a/b` (prefix `a/b/`); with it, no lock name's prefix contains another's. Use
 //! [`KeyLayout::lock_name`] to find the name a Go service or `etcdctl lock` must use.
 
-use dlock_core::{check_len, LockKey, Result};
+use dlock_core::{check_len, LockKey, OwnerToken, Result};
 
 /// The namespace used when none is configured.
 pub const DEFAULT_NAMESPACE: &str = "dlock/";
@@ -79,14 +82,16 @@ impl KeyLayout {
         prefix
     }
 
-    /// The lock key whose contender key is `contender` (`<lock name>/<lease hex>`), or `None` for
+    /// The lock key whose contender key is `contender` (`<lock name>/<lease hex>`, with
+    /// `_<owner token hex>` for a dlock client's), or `None` for
     /// a key that no lock key maps to (other data under the namespace, a name escaped otherwise
     /// than [`lock_name`](Self::lock_name) escapes).
     pub(crate) fn key_of(&self, contender: &[u8]) -> Option<LockKey> {
         let contender = std::str::from_utf8(contender).ok()?;
         let (name, lease) = contender.rsplit_once('/')?;
         let escaped = name.strip_prefix(self.namespace.as_str())?;
-        if lease.is_empty() || !lease.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        let hex_or = |b: u8| b.is_ascii_hexdigit() || b == b'-' || b == b'_';
+        if lease.is_empty() || !lease.bytes().all(hex_or) {
             return None;
         }
         let key = LockKey::new(&unescape(escaped)?).ok()?;
@@ -112,11 +117,33 @@ pub(crate) fn range_of(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (prefix.to_vec(), vec![0])
 }
 
-/// The contender key of session lease `lease` under `prefix`, formatted as Go's `%x` formats a
-/// lease id.
-pub(crate) fn contender_key(prefix: &[u8], lease: i64) -> Vec<u8> {
+/// The key of session lease `lease` under `prefix` as Go's recipe names it: the lease id as
+/// Go's `%x` formats it. An election's candidates use it, one per client and election.
+pub(crate) fn session_key(prefix: &[u8], lease: i64) -> Vec<u8> {
     let mut key = prefix.to_vec();
     key.extend_from_slice(lease_hex(lease).as_bytes());
+    key
+}
+
+/// The contender key of one acquire: `<prefix><lease hex>_<owner token hex>`, as the
+/// semaphore's and the read-write lock's keys are named.
+///
+/// Go's recipe names a lock's key after the session lease alone, so every acquire of one client
+/// would write the same key. Naming it after the acquire's owner token as well means that no key
+/// is ever written by two acquires: a late delete of an earlier holding's key (a release whose
+/// answer was lost, or that waited at a member cut off from its leader) finds nothing to delete,
+/// rather than the key of a later holding. That is what lets a release be a plain delete.
+pub(crate) fn contender_key(prefix: &[u8], lease: i64, owner: OwnerToken) -> Vec<u8> {
+    let mut key = lease_keys(prefix, lease);
+    key.extend_from_slice(owner.to_hex().as_bytes());
+    key
+}
+
+/// The start of every contender key session lease `lease` writes under `prefix` (see
+/// [`contender_key`]); no other lease's key, nor a Go contender's, starts with it.
+pub(crate) fn lease_keys(prefix: &[u8], lease: i64) -> Vec<u8> {
+    let mut key = session_key(prefix, lease);
+    key.push(b'_');
     key
 }
 
@@ -174,11 +201,40 @@ mod tests {
         assert_eq!(layout.lock_name(&key("jobs")), "dlock/jobs");
         assert_eq!(layout.prefix(&key("jobs")), b"dlock/jobs/");
         assert_eq!(
-            contender_key(&layout.prefix(&key("jobs")), 0x694d_8a6b_13c2_1f04),
+            session_key(&layout.prefix(&key("jobs")), 0x694d_8a6b_13c2_1f04),
             b"dlock/jobs/694d8a6b13c21f04"
+        );
+        assert_eq!(
+            contender_key(
+                &layout.prefix(&key("jobs")),
+                0x694d_8a6b_13c2_1f04,
+                OwnerToken::from_u128(0x2a)
+            ),
+            b"dlock/jobs/694d8a6b13c21f04_0000000000000000000000000000002a"
         );
         assert_eq!(lease_hex(255), "ff");
         assert_eq!(lease_hex(-255), "-ff");
+    }
+
+    #[test]
+    fn a_leases_keys_are_its_own() {
+        let prefix = b"dlock/jobs/";
+        let mine = lease_keys(prefix, 0x69);
+        let (one, another) = (OwnerToken::random(), OwnerToken::random());
+        assert!(contender_key(prefix, 0x69, one).starts_with(&mine));
+        assert!(contender_key(prefix, 0x69, another).starts_with(&mine));
+        assert_ne!(
+            contender_key(prefix, 0x69, one),
+            contender_key(prefix, 0x69, another)
+        );
+        for other in [
+            contender_key(prefix, 0x694d, one),
+            contender_key(prefix, -0x69, one),
+            session_key(prefix, 0x69),
+            session_key(prefix, 0x694d),
+        ] {
+            assert!(!other.starts_with(&mine), "{other:?}");
+        }
     }
 
     #[test]
@@ -213,8 +269,11 @@ mod tests {
     fn contender_keys_map_back_to_their_lock_keys() {
         let layout = KeyLayout::new("ns/").unwrap();
         for k in ["a", "a/b", "a%2Fb", "%", "/", "a b", "100%/"] {
-            let contender = contender_key(&layout.prefix(&key(k)), 0x694d);
+            let contender = contender_key(&layout.prefix(&key(k)), 0x694d, OwnerToken::random());
             assert_eq!(layout.key_of(&contender), Some(key(k)), "{k}");
+            // A Go contender's key maps back too.
+            let go = session_key(&layout.prefix(&key(k)), 0x694d);
+            assert_eq!(layout.key_of(&go), Some(key(k)), "{k}");
         }
         for other in [
             &b"ns/a"[..],
@@ -244,7 +303,7 @@ mod tests {
             for k in keys {
                 let name = layout.family_name(family, &key(k));
                 assert!(name.starts_with(&format!("ns/%{family}/")), "{name}");
-                let contender = contender_key(format!("{name}/").as_bytes(), 0x694d);
+                let contender = session_key(format!("{name}/").as_bytes(), 0x694d);
                 // Not a lock's contender (so never listed as one), and no lock's range holds it.
                 assert_eq!(layout.key_of(&contender), None, "{name}");
                 for other in keys {

@@ -24,9 +24,12 @@
 //!   when the last handle is dropped), so a client's locks go at once when it shuts down, and
 //!   within the session TTL when it dies or is cut off. If the lease is lost, the next acquire
 //!   grants a new one.
-//! * **The key layout of etcd's `concurrency.Mutex`.** A lock's contenders are keys
-//!   `<name>/<lease id in hex>` (see [`KeyLayout`]), and the one with the smallest create revision
-//!   holds the lock. Go services using `concurrency.NewMutex(session, name)` and `etcdctl lock name`
+//! * **The key layout of etcd's `concurrency.Mutex`.** A lock's contenders are keys under
+//!   `<name>/`, attached to their session leases (see [`KeyLayout`]), and the one with the
+//!   smallest create revision holds the lock. Go names its key `<name>/<lease id in hex>`; dlock
+//!   adds the acquire, `<name>/<lease id in hex>_<owner token in hex>`, so that no two acquires
+//!   ever write the same key and a release is a plain delete (a late one finds nothing of a
+//!   later holding's). Go services using `concurrency.NewMutex(session, name)` and `etcdctl lock name`
 //!   exclude each other with dlock clients; [`EtcdLock::lock_name`] tells the name for a key.
 //! * **Acquire** is one transaction — create our key if absent, else read it, and read the oldest
 //!   contender. If ours is not the oldest, the acquire watches the contender created just before
@@ -60,7 +63,7 @@
 //! * **The owner record is the contender key's value**: the one-line JSON of
 //!   [`OwnerRecord`](dlock_core::OwnerRecord) (host, pid, the label of
 //!   [`EtcdLockBuilder::with_owner`] or `owner=`, and when the acquire began), written with the
-//!   key and gone with it; `etcdctl get <name>/<lease hex>` prints it. Go's `concurrency.Mutex`
+//!   key and gone with it; `etcdctl get --prefix <name>/` prints it. Go's `concurrency.Mutex`
 //!   and `etcdctl lock` write an empty value, which reads as no record (`owner: None`). The
 //!   value also carries the acquire's random owner token as `token`, so it tells an acquire's
 //!   own key from one an abandoned acquire left.
@@ -147,9 +150,9 @@
 //!
 //! # Tasks of one client
 //!
-//! One session means one contender key per lock name per client, so tasks of the same client
-//! that want the same lock queue inside the client first (first come, first served), and only
-//! one of them contends on the server at a time.
+//! Tasks of the same client that want the same lock queue inside the client first (first come,
+//! first served), and only one of them contends on the server at a time: the client's own tasks
+//! do not herd the server.
 //!
 //! # Compatibility
 //!

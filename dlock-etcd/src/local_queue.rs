@@ -1,13 +1,13 @@
 //! What this client holds and waits for, key by key.
 //!
-//! All locks of a client share its session lease, and the Go layout names a contender key after
-//! the lease (`<name>/<lease id>`), so one client can have only one contender key per lock name.
-//! Tasks of the same client that want the same key therefore queue here first, in FIFO order (a
-//! fair `tokio::sync::Mutex` per key, the key's *turn*), and only the task whose turn it is
-//! contends on the server. This is also what keeps a client's own tasks from herding the server.
+//! All locks of a client share its session lease. Tasks of the same client that want the same key
+//! queue here first, in FIFO order (a fair `tokio::sync::Mutex` per key, the key's *turn*), and
+//! only the task whose turn it is contends on the server: a client's own tasks do not herd the
+//! server, and while a task has the turn, any other key of the session under the lock's name
+//! was left by an abandoned acquire (see `contention::join`).
 //!
 //! A held lock is recorded as a [`Held`] entry that keeps the turn until the lock is released or
-//! lost, so a second local task cannot write the same contender key meanwhile.
+//! lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -56,7 +56,7 @@ use crate::acquire_guard::Written;
 use crate::client::{contender_value, ClientState};
 use crate::contention::{delete_own, remove_leftover};
 use crate::error::BACKEND;
-use crate::layout::{contender_key, KeyLayout};
+use crate::layout::{contender_key, session_key, KeyLayout};
 use crate::local_queue::{TryTurn, Turn};
 use crate::requests::{RequestError, Requests};
 use crate::session::Session;
@@ -366,12 +366,10 @@ impl View {
     /// `<lease hex>_<owner token hex>` in its folder, one key per acquire, so that one client
     /// may hold several permits or read holds of one name.
     fn key_for(&self, place: &Place, lease: i64, owner: OwnerToken) -> Vec<u8> {
-        let mut key = contender_key(&place.mine, lease);
-        if !matches!(self.kind, Kind::Candidate { .. }) {
-            key.push(b'_');
-            key.extend_from_slice(owner.to_hex().as_bytes());
+        match self.kind {
+            Kind::Candidate { .. } => session_key(&place.mine, lease),
+            _ => contender_key(&place.mine, lease, owner),
         }
-        key
     }
 
     /// A candidate's turn on its election, among the tasks of this client (`None` for the other

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use dlock_core::Error;
 use etcd_client::{
-    GetOptions, GetResponse, LeaseGrantResponse, LeaseKeepAliveStream, LeaseKeeper, Txn,
-    TxnResponse, WatchOptions, WatchStream,
+    DeleteOptions, DeleteResponse, GetOptions, GetResponse, LeaseGrantResponse,
+    LeaseKeepAliveStream, LeaseKeeper, Txn, TxnResponse, WatchOptions, WatchStream,
 };
 use tokio::sync::watch;
 
@@ -88,6 +88,22 @@ impl Requests {
             .call("txn", |client| {
                 let (mut kv, txn) = (client.kv_client(), txn.clone());
                 async move { kv.txn(txn).await }
+            })
+            .await
+    }
+
+    /// One delete, outside a transaction: where no condition is needed, it costs the members
+    /// less than a transaction does (measured on etcd 3.4 with 64 tasks; see the README).
+    pub(crate) async fn delete(
+        &self,
+        key: Vec<u8>,
+        options: DeleteOptions,
+    ) -> Result<DeleteResponse, RequestError> {
+        self.endpoints
+            .call("delete", |client| {
+                let mut kv = client.kv_client();
+                let (key, options) = (key.clone(), options.clone());
+                async move { kv.delete(key, Some(options)).await }
             })
             .await
     }

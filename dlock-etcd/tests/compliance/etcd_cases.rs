@@ -41,6 +41,8 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
     vec![
         case!(holding_reads_the_holder_without_taking_it),
         case!(contender_keys_follow_the_go_layout),
+        case!(a_late_delete_of_an_earlier_holding_spares_the_next),
+        case!(a_key_an_abandoned_acquire_left_is_cleared_by_the_next),
         case!(etcdctl_holds_and_dlock_waits),
         case!(dlock_holds_and_etcdctl_waits),
         case!(waiter_whose_session_ends_fails_its_acquire),
@@ -122,8 +124,9 @@ async fn holding_reads_the_holder_without_taking_it(
     Ok(())
 }
 
-/// Our contender key is `<name>/<session lease in hex>`, attached to the session lease, holding
-/// this process's owner record, and its create revision is the fencing token.
+/// Our contender key is `<name>/<session lease in hex>_<owner token in hex>` (Go's key, named
+/// after the acquire too), attached to the session lease, holding this process's owner record
+/// with the same owner token, and its create revision is the fencing token.
 async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyhow::Result<()> {
     let locks = client(&endpoints, SESSION_TTL).await?;
     let raw = raw(&endpoints).await?;
@@ -140,9 +143,16 @@ async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyh
     let stored = contenders(&raw, &locks, &key).await?;
     ensure!(stored.len() == 1, "contenders: {stored:?}");
     let (k, value, create_revision, key_lease) = &stored[0];
+    let token = k
+        .strip_prefix(&format!("{name}/{session:x}_"))
+        .with_context(|| format!("key {k:?}, session {session:x}"))?;
     ensure!(
-        *k == format!("{name}/{session:x}"),
-        "key {k:?}, session {session:x}"
+        token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "key {k:?} does not end in an owner token"
+    );
+    ensure!(
+        value.contains(&format!("\"token\":\"{token}\"")),
+        "key {k:?} names another acquire than its value {value}"
     );
     ensure!(*key_lease == session, "attached to lease {key_lease:x}");
     let record = OwnerRecord::parse(value.as_bytes()).context("value is not an owner record")?;
@@ -154,6 +164,85 @@ async fn contender_keys_follow_the_go_layout(Env { endpoints, .. }: Env) -> anyh
     );
     ensure!(lease.release().await? == Released::Released);
     ensure!(contenders(&raw, &locks, &key).await?.is_empty());
+    Ok(())
+}
+
+/// A release is a plain delete of the holding's key, and a delete can reach the server late (its
+/// answer lost, or held up at a member cut off from its leader). The late delete of an earlier
+/// holding's key must not end a later holding of the same client on the same lock: no two
+/// acquires write the same key.
+async fn a_late_delete_of_an_earlier_holding_spares_the_next(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let raw = raw(&endpoints).await?;
+    let key = key("late-delete");
+    let opts = LockOptions::new(Duration::from_secs(30));
+    let earlier = locks.acquire(&key, &opts).await?;
+    let stored = contenders(&raw, &locks, &key).await?;
+    ensure!(stored.len() == 1, "contenders: {stored:?}");
+    let earlier_key = stored[0].0.clone();
+    ensure!(earlier.release().await? == Released::Released);
+    let later = locks.acquire(&key, &opts).await?;
+    // What the earlier release would do if it reached the server now.
+    raw.clone().delete(earlier_key.as_str(), None).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        later.state().is_held(),
+        "the later holding is {} after a late delete of the earlier key",
+        later.state()
+    );
+    let stored = contenders(&raw, &locks, &key).await?;
+    ensure!(
+        stored.len() == 1 && stored[0].0 != earlier_key,
+        "contenders: {stored:?}"
+    );
+    ensure!(later.release().await? == Released::Released);
+    ensure!(contenders(&raw, &locks, &key).await?.is_empty());
+    Ok(())
+}
+
+/// A key of this client's session that no acquire claims (an abandoned acquire's, whose
+/// withdrawal never reached the server) stands in the lock's queue; the client's next acquire —
+/// waiting or not — deletes it rather than wait behind it until the session ends.
+async fn a_key_an_abandoned_acquire_left_is_cleared_by_the_next(
+    Env { endpoints, .. }: Env,
+) -> anyhow::Result<()> {
+    let locks = Arc::new(client(&endpoints, SESSION_TTL).await?);
+    let mut raw = raw(&endpoints).await?;
+    let session = locks.session_lease().context("no session")?;
+    let leave = |raw: &mut etcd_client::Client, key: &str, token: u128| {
+        let name = locks.lock_name(key);
+        let mut raw = raw.clone();
+        async move {
+            let left = format!("{}/{session:x}_{token:032x}", name?);
+            let put = etcd_client::PutOptions::new().with_lease(session);
+            raw.put(left.as_str(), "{}", Some(put)).await?;
+            anyhow::Ok(left)
+        }
+    };
+    for (key, wait) in [("left-behind-wait", true), ("left-behind-try", false)] {
+        let key = self::key(key);
+        let left = leave(&mut raw, &key, 0x1eff_0000 + u128::from(wait)).await?;
+        let opts = LockOptions::new(Duration::from_secs(30));
+        let lease = if wait {
+            locks
+                .acquire(&key, &opts.with_wait(Duration::from_secs(5)))
+                .await
+                .with_context(|| format!("acquire behind {left}"))?
+        } else {
+            locks
+                .try_acquire(&key, &opts)
+                .await?
+                .with_context(|| format!("try_acquire found the lock busy with {left}"))?
+        };
+        let stored = contenders(&raw, &locks, &key).await?;
+        ensure!(
+            stored.len() == 1 && stored[0].0 != left,
+            "contenders: {stored:?}"
+        );
+        ensure!(lease.release().await? == Released::Released);
+    }
     Ok(())
 }
 
