@@ -6,8 +6,8 @@
 //! concurrent change.
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, DeleteOptions, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
 use crate::layout::lease_keys;
@@ -106,11 +106,11 @@ fn kvs(response: &TxnResponse, index: usize) -> Vec<KeyValue> {
     }
 }
 
-/// The count of the `index`th response, which must be a get.
-fn count(response: &TxnResponse, index: usize) -> i64 {
-    match response.op_responses().into_iter().nth(index) {
-        Some(TxnOpResponse::Get(get)) => get.count(),
-        _ => 0,
+/// The `index`th of a transaction's answers, if it is a get's.
+fn get_at(answers: &[TxnOpResponse], index: usize) -> Option<&GetResponse> {
+    match answers.get(index) {
+        Some(TxnOpResponse::Get(get)) => Some(get),
+        _ => None,
     }
 }
 
@@ -181,14 +181,12 @@ pub(crate) async fn take_if_free(
         Some(kv) if kv.key() == c.key && kv.value() == c.value.as_bytes() => Take::Taken {
             revision: kv.create_revision(),
         },
-        // Another acquire's key on our lease: no acquire of ours claims it while this one has
-        // the key's turn.
-        Some(kv) if kv.key() == c.key || kv.key().starts_with(&lease_keys(c.prefix, c.lease)) => {
-            Take::Leftover {
-                key: kv.key().to_vec(),
-                mod_revision: kv.mod_revision(),
-            }
-        }
+        // Another acquire's key on our lease (ours would carry our value): no acquire of ours
+        // claims it while this one has the key's turn.
+        Some(kv) if kv.key().starts_with(&lease_keys(c.prefix, c.lease)) => Take::Leftover {
+            key: kv.key().to_vec(),
+            mod_revision: kv.mod_revision(),
+        },
         Some(kv) => Take::Busy {
             first: kv.key().to_vec(),
             lease: kv.lease(),
@@ -219,7 +217,9 @@ pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join,
         .and_then([put(c), first_created(c.prefix), count_ours.clone()])
         .or_else([TxnOp::get(c.key, None), first_created(c.prefix), count_ours]);
     let response = requests.txn(txn).await?;
-    if count(&response, 2) > 1 {
+    // One copy of the answers (each `op_responses` call copies them all).
+    let answers = response.op_responses();
+    if get_at(&answers, 2).map_or(0, GetResponse::count) > 1 {
         let options = GetOptions::new()
             .with_prefix()
             .with_keys_only()
@@ -235,7 +235,7 @@ pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join,
     let mine = if response.succeeded() {
         store_revision(&response)
     } else {
-        match kvs(&response, 0).first() {
+        match get_at(&answers, 0).and_then(|get| get.kvs().first()) {
             Some(kv) if kv.value() == c.value.as_bytes() => kv.create_revision(),
             Some(kv) => {
                 return Ok(Join::Leftover {
@@ -252,7 +252,9 @@ pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join,
             }
         }
     };
-    let head = kvs(&response, 1).first().map(KeyValue::create_revision);
+    let head = get_at(&answers, 1)
+        .and_then(|get| get.kvs().first())
+        .map(KeyValue::create_revision);
     Ok(if head == Some(mine) {
         Join::Head { revision: mine }
     } else {
