@@ -75,15 +75,16 @@ pub const LOCKS_PER_SESSION: usize = 2_000;
 struct Sessions {
     /// Where new locks go.
     current: Option<Arc<Session>>,
-    /// Sessions that hold [`LOCKS_PER_SESSION`] or more (or did), by generation: open while
-    /// they hold any; one emptied is closed at the next grant.
-    full: HashMap<u64, Arc<Session>>,
+    /// Sessions new locks no longer go to, by generation: those that hold [`LOCKS_PER_SESSION`]
+    /// or more (or did), and those left idle for half the session timeout. Each stays open
+    /// while it holds a lock or serves a statement; then it is closed at the next grant.
+    retired: HashMap<u64, Arc<Session>>,
 }
 
 impl Sessions {
-    /// Closes the full sessions that no longer hold a lock, nor serve a statement.
-    fn close_idle_full(&mut self, held: &Held) {
-        self.full.retain(|generation, session| {
+    /// Closes the retired sessions that no longer hold a lock, nor serve a statement.
+    fn close_idle_retired(&mut self, held: &Held) {
+        self.retired.retain(|generation, session| {
             !session.is_ended() && (held.holds_in(*generation) || Arc::strong_count(session) > 1)
         });
     }
@@ -174,6 +175,15 @@ impl Layer for PgLock {
     }
 }
 
+/// The TTL an attempt asks for, and the instant it counts from: when the attempt began, before
+/// it sought a session (opening one can take long), so that the server never keeps a lock past
+/// the validity its lease reports.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Term {
+    pub(crate) sent: Instant,
+    pub(crate) ttl: Duration,
+}
+
 /// How an attempt on a lock treats its queue.
 #[derive(Debug, Clone, Copy)]
 struct Queueing {
@@ -236,20 +246,25 @@ impl Inner {
     }
 
     /// The lock session new locks go to: the current one if it can serve and holds fewer than
-    /// [`LOCKS_PER_SESSION`], otherwise a new one (a full one stays open for its locks).
+    /// [`LOCKS_PER_SESSION`], otherwise a new one (the one it replaces stays open while it holds
+    /// locks or serves a statement).
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
         let _opening = self.opening.lock().await;
         {
             let mut sessions = self.sessions.lock().await;
             let held = self.held();
-            sessions.close_idle_full(&held);
-            if let Some(session) = sessions.current.clone() {
+            sessions.close_idle_retired(&held);
+            if let Some(session) = sessions.current.take() {
                 let holds = held.held_in(session.generation);
-                if !session.is_ended() && (holds > 0 || session.is_fresh(Instant::now())) {
-                    if holds < LOCKS_PER_SESSION {
+                if !session.is_ended() {
+                    let usable = holds > 0 || session.is_fresh(Instant::now());
+                    if usable && holds < LOCKS_PER_SESSION {
+                        sessions.current = Some(session.clone());
                         return Ok(session);
                     }
-                    sessions.full.insert(session.generation, session);
+                    // Kept while it holds a lock or serves a statement: a grant under way on
+                    // it records its lock there, and the lease must find the session again.
+                    sessions.retired.insert(session.generation, session);
                 }
             }
         }
@@ -264,7 +279,7 @@ impl Inner {
         sessions
             .current
             .iter()
-            .chain(sessions.full.get(&generation))
+            .chain(sessions.retired.get(&generation))
             .find(|s| s.generation == generation && !s.is_ended())
             .cloned()
     }
@@ -347,7 +362,7 @@ impl Inner {
         {
             sessions.current = None;
         }
-        sessions.full.remove(&generation);
+        sessions.retired.remove(&generation);
     }
 
     /// Takes `key` for `owner` on `session` if nobody else heads its queue (run in a task of its
@@ -360,9 +375,10 @@ impl Inner {
         owner: u128,
         key: AdvisoryKey,
         name: String,
-        ttl: Duration,
+        term: Term,
         queue: Queueing,
     ) -> Result<(Attempt, Place)> {
+        let Term { sent, ttl } = term;
         let params = KeyParams::new(key);
         let statement = sql::grant(&params, "pg_try_advisory_lock");
         let record = self.settings.owner.record().to_json();
@@ -381,7 +397,6 @@ impl Inner {
             (&lifetime, Type::INT8),
             (&queue.may_take, Type::BOOL),
         ];
-        let sent = Instant::now();
         let answer = session
             .query(&statement, &params.with(&rest), "take the lock")
             .await
@@ -489,10 +504,12 @@ impl Inner {
     ) -> Result<(Attempt, Place)> {
         let key = advisory_key(req.key.as_str());
         let owner = req.owner.as_u128();
-        let now = Instant::now();
+        // The TTL counts from here, before a session is sought (opening one can take long):
+        // the server never keeps the lock longer than the lease says it is valid.
+        let sent = Instant::now();
         let may_take = self
             .held()
-            .reserve(owner, key, req.key.as_str(), now + req.ttl);
+            .reserve(owner, key, req.key.as_str(), sent + req.ttl);
         if !may_take && lifetime.is_zero() {
             return Ok((Attempt::Busy { retry_after: None }, Place::default()));
         }
@@ -516,7 +533,8 @@ impl Inner {
             may_take,
             quiet,
         };
-        let task = tokio::spawn(inner.grant(session, owner, key, name, req.ttl, queue));
+        let term = Term { sent, ttl: req.ttl };
+        let task = tokio::spawn(inner.grant(session, owner, key, name, term, queue));
         task.await
             .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
     }

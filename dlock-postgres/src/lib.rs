@@ -27,10 +27,12 @@
 //! * Each client holds its locks in **a lock session** (a dedicated connection), and serves the
 //!   rest (hearing releases, operator reads) on a second connection. A session-level advisory
 //!   lock is re-entrant within its session, so the client itself refuses a second owner of a key
-//!   it holds. A session that holds [`LOCKS_PER_SESSION`] locks takes no new ones: the client
-//!   opens another for them, and closes a full one once its locks are given back. (Every
-//!   statement of a PostgreSQL session costs time in proportion to the locks it holds; see
-//!   [`LOCKS_PER_SESSION`].)
+//!   it holds. A session that holds [`LOCKS_PER_SESSION`] locks takes no new ones, nor does one
+//!   left idle for half the session timeout (the server may be ending it): the client opens
+//!   another for them, and closes the one it replaced once its locks are given back and no grant
+//!   is under way on it. (Every statement of a PostgreSQL session costs time in proportion to the
+//!   locks it holds; see [`LOCKS_PER_SESSION`].) A lock's TTL counts from when its attempt
+//!   began, before a session was sought, as its lease's validity does.
 //! * A grant is one statement, one round trip: the lock if free, then `nextval('dlock_fencing')`
 //!   for the **fencing token** and the holder's row in the unlogged table `dlock_holders` (see
 //!   [`sql`] for the layout). A release is one statement: the row deleted if still

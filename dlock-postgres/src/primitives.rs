@@ -70,7 +70,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::client::{holder_of, Inner};
+use crate::client::{holder_of, Inner, Term};
 use crate::errors::BACKEND;
 use crate::held::Kind;
 use crate::key::{advisory_key, AdvisoryKey};
@@ -191,7 +191,11 @@ impl View {
     async fn try_read(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let key = advisory_key(req.key.as_str());
         let owner = req.owner.as_u128();
-        let until = Instant::now() + req.ttl;
+        let term = Term {
+            sent: Instant::now(),
+            ttl: req.ttl,
+        };
+        let until = term.sent + term.ttl;
         if !self
             .inner
             .held()
@@ -212,7 +216,7 @@ impl View {
             owner,
             key,
             req.key.as_str().to_string(),
-            req.ttl,
+            term,
         ));
         task.await
             .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
@@ -222,7 +226,11 @@ impl View {
     /// task of its own.
     async fn try_permit(&self, req: &LockRequest<'_>, permits: u32) -> Result<Attempt> {
         let owner = req.owner.as_u128();
-        let until = Instant::now() + req.ttl;
+        let term = Term {
+            sent: Instant::now(),
+            ttl: req.ttl,
+        };
+        let until = term.sent + term.ttl;
         let announce = semaphore_guard_key(req.key.as_str());
         let kind = Kind::Permit { slot: 0, announce };
         if !self
@@ -245,7 +253,7 @@ impl View {
             owner,
             req.key.as_str().to_string(),
             permits,
-            req.ttl,
+            term,
         ));
         task.await
             .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
@@ -357,8 +365,9 @@ async fn grant_read(
     owner: u128,
     key: AdvisoryKey,
     name: String,
-    ttl: Duration,
+    term: Term,
 ) -> Result<Attempt> {
+    let Term { sent, ttl } = term;
     let params = KeyParams::new(key);
     let statement = sql::grant_read(&params);
     let record = inner.settings.owner.record().to_json();
@@ -377,7 +386,6 @@ async fn grant_read(
         (&companion_low, Type::INT4),
         (&holder, Type::TEXT),
     ];
-    let sent = Instant::now();
     let rows = session
         .query(&statement, &params.with(&rest), "take a read hold")
         .await;
@@ -415,8 +423,9 @@ async fn grant_permit(
     owner: u128,
     name: String,
     permits: u32,
-    ttl: Duration,
+    term: Term,
 ) -> Result<Attempt> {
+    let Term { sent, ttl } = term;
     let _turn = inner.permit_turn.lock().await;
     let hash = name_hash(&name);
     let guard = (GUARD | TAG) as i32;
@@ -442,7 +451,6 @@ async fn grant_permit(
         (&name, Type::TEXT),
         (&record, Type::TEXT),
     ];
-    let sent = Instant::now();
     let rows = match session
         .query(sql::GRANT_PERMIT, &params, "take a permit")
         .await

@@ -43,6 +43,8 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(names_map_to_distributedlocks_keys_in_both_spaces),
         case!(a_terminated_session_loses_its_leases_at_once),
         case!(a_client_past_a_sessions_share_of_locks_opens_another),
+        case!(a_grant_under_way_on_a_replaced_session_keeps_its_lock),
+        case!(a_grant_counts_its_ttl_from_before_its_session_opened),
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
         case!(tasks_of_one_client_exclude_each_other),
         case!(a_client_that_waited_for_the_layout_leaves_the_tables_alone),
@@ -309,20 +311,10 @@ async fn a_client_past_a_sessions_share_of_locks_opens_another(env: Env) -> anyh
     let second = holder.session_pid().await.context("the second session")?;
     ensure!(second != first, "{count} locks were taken in one session");
     let raw = raw(&env.server.url()).await?;
-    let held_by = |pid: i32| {
-        let raw = &raw;
-        async move {
-            let row = raw
-                .query_one(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-                         AND pid = $1",
-                    &[&pid],
-                )
-                .await?;
-            anyhow::Ok(row.get::<_, i64>(0) as usize)
-        }
-    };
-    let (in_first, in_second) = (held_by(first).await?, held_by(second).await?);
+    let (in_first, in_second) = (
+        advisory_locks_of(&raw, first).await?,
+        advisory_locks_of(&raw, second).await?,
+    );
     ensure!(
         in_first >= LOCKS_PER_SESSION && in_first + in_second == count,
         "the sessions hold {in_first} and {in_second} of {count} locks"
@@ -455,6 +447,179 @@ async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> 
     );
     ensure!(second.fencing_token() > first_token, "tokens did not grow");
     second.release().await?;
+    Ok(())
+}
+
+/// How many advisory locks the server process `pid` holds.
+async fn advisory_locks_of(look: &tokio_postgres::Client, pid: i32) -> anyhow::Result<usize> {
+    let row = look
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1",
+            &[&pid],
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0) as usize)
+}
+
+/// A lock session idle for half the session timeout takes no new locks, yet a grant that was
+/// under way on it all that time keeps its session: the lock stays held and renewed, its release
+/// gives it back on the server, and the emptied session closes at the next grant. (The client
+/// used to forget the replaced session: the lease turned lost and its connection closed.) The
+/// grant is held up by a transaction that locks `dlock_holders`, on a database of its own.
+async fn a_grant_under_way_on_a_replaced_session_keeps_its_lock(env: Env) -> anyhow::Result<()> {
+    let url = env.server.url();
+    on_own_database(&url, "dlock_replaced", |url| async move {
+        replaced_session_keeps_its_lock(&url).await
+    })
+    .await
+}
+
+async fn replaced_session_keeps_its_lock(url: &str) -> anyhow::Result<()> {
+    let holder = Arc::new(
+        builder(url)?
+            .with_request_timeout(Duration::from_secs(10))
+            .connect()
+            .await?,
+    );
+    let renewed = |ttl| opts(ttl).with_auto_renew();
+    holder
+        .acquire(&name("warm"), &opts(Duration::from_secs(5)))
+        .await?
+        .release()
+        .await?;
+    let first = holder.session_pid().await.context("the first session")?;
+    let blocker = raw(url).await?;
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE dlock_holders IN ACCESS EXCLUSIVE MODE")
+        .await?;
+    let spawn_acquire = |name: String| {
+        let holder = holder.clone();
+        tokio::spawn(async move { holder.acquire(&name, &renewed(SESSION_TIMEOUT)).await })
+    };
+    let slow = spawn_acquire(name("slow"));
+    tokio::time::sleep(SESSION_TIMEOUT / 2 + Duration::from_millis(300)).await;
+    let next = spawn_acquire(name("next"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.batch_execute("COMMIT").await?;
+    let (slow, next) = (slow.await??, next.await??);
+    let second = holder.session_pid().await.context("the second session")?;
+    ensure!(
+        second != first,
+        "the session idle for half its timeout took the next lock"
+    );
+    tokio::time::sleep(SESSION_TIMEOUT * 2).await;
+    ensure!(
+        slow.state().is_held() && next.state().is_held(),
+        "the lease granted on the replaced session is {:?}, the next one {:?}",
+        slow.state(),
+        next.state()
+    );
+    let look = raw(url).await?;
+    let in_first = advisory_locks_of(&look, first).await?;
+    ensure!(
+        in_first == 1,
+        "the replaced session holds {in_first} locks, not the one granted on it"
+    );
+    ensure!(
+        slow.release().await? == dlock_core::Released::Released,
+        "the lock granted on the replaced session was not released"
+    );
+    ensure!(
+        advisory_locks_of(&look, first).await? == 0,
+        "the replaced session still holds a lock after its release"
+    );
+    // The next grant closes the emptied session.
+    holder
+        .acquire(&name("after"), &opts(Duration::from_secs(5)))
+        .await?
+        .release()
+        .await?;
+    let closed_by = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open: i64 = look
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&first],
+            )
+            .await?
+            .get(0);
+        if open == 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < closed_by,
+            "the emptied replaced session is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    next.release().await?;
+    Ok(())
+}
+
+/// A waiting acquire whose session takes long to open counts its TTL from before it sought the
+/// session, as its lease does: once the lease's validity ends, the server has given the lock back
+/// (or does within the slack) and refuses to extend it. (The TTL used to count from the granting
+/// statement, so the server kept the lock, and extended it, for as long past the lease's
+/// validity as the session took to open.) The new session is held up by a transaction that
+/// locks `dlock_holders`, on a database of its own.
+async fn a_grant_counts_its_ttl_from_before_its_session_opened(env: Env) -> anyhow::Result<()> {
+    let url = env.server.url();
+    on_own_database(&url, "dlock_slow_session", |url| async move {
+        ttl_from_before_the_session(&url).await
+    })
+    .await
+}
+
+async fn ttl_from_before_the_session(url: &str) -> anyhow::Result<()> {
+    let ttl = Duration::from_secs(2);
+    let holder = Arc::new(
+        builder(url)?
+            .with_request_timeout(Duration::from_secs(10))
+            .connect()
+            .await?,
+    );
+    let other = client(url).await?;
+    // Idle for more than half the session timeout, the session takes no new lock.
+    tokio::time::sleep(SESSION_TIMEOUT / 2 + Duration::from_millis(300)).await;
+    let blocker = raw(url).await?;
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE dlock_holders IN ACCESS EXCLUSIVE MODE")
+        .await?;
+    let key = name("slow-session");
+    let acquiring = {
+        let (holder, key) = (holder.clone(), key.clone());
+        tokio::spawn(async move {
+            holder
+                .acquire(&key, &opts(ttl).with_wait(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(ttl / 2).await;
+    blocker.batch_execute("COMMIT").await?;
+    let lease = acquiring.await??;
+    tokio::time::sleep_until(lease.valid_until() + Duration::from_millis(200)).await;
+    let late = dlock_core::LeaseRef {
+        key: lease.lock_key(),
+        owner: lease.owner(),
+        fencing: Some(lease.fencing_token()),
+    };
+    let answer = holder.extend(&late, ttl).await?;
+    ensure!(
+        answer != dlock_core::Extension::Extended,
+        "the server extended a lock past its lease's validity"
+    );
+    let free_by = Instant::now() + Duration::from_secs(1);
+    loop {
+        if let Some(next) = other.try_acquire(&key, &opts(ttl)).await? {
+            next.release().await?;
+            break;
+        }
+        ensure!(
+            Instant::now() < free_by,
+            "the server still holds the lock a second past its lease's validity"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 
@@ -676,13 +841,19 @@ async fn a_release_is_announced_to_the_heads_client_only(env: Env) -> anyhow::Re
             waiter.acquire(&name, &opts).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let rows = look
-        .query(
-            "SELECT tag, waiter FROM dlock_waiters WHERE key = $1",
-            &[&payload],
-        )
-        .await?;
+    let queued_by = Instant::now() + Duration::from_secs(5);
+    let rows = loop {
+        let rows = look
+            .query(
+                "SELECT tag, waiter FROM dlock_waiters WHERE key = $1",
+                &[&payload],
+            )
+            .await?;
+        if !rows.is_empty() || Instant::now() > queued_by {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     ensure!(
         rows.len() == 1,
         "{} queue entries for one waiter",
