@@ -427,8 +427,17 @@ pub(crate) async fn a_waiting_writer_is_not_starved_by_readers(cx: Ctx) -> anyho
         );
         tokio::spawn(async move { writer.write(&opts).await })
     };
-    // Readers keep arriving while the writer waits: each must wait behind it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Readers keep arriving while the writer waits: once the writer stands in line (within the
+    // slack of its first attempt), each must wait behind it.
+    let queued_by = Instant::now() + cx.slack();
+    while let Some(read) = late.try_read(&opts).await? {
+        read.release().await?;
+        ensure!(
+            Instant::now() <= queued_by,
+            "a reader that came after a waiting writer went ahead of it"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for _ in 0..3 {
         ensure!(
             late.try_read(&opts).await?.is_none(),
