@@ -489,9 +489,9 @@ impl ClientState {
         };
         acquiring.may_write(&self.requests, prefix, &key, value);
         let mut sent = Instant::now();
-        let (revision, mut first) = match join(&self.requests, &c).await {
-            Ok(Join::Head { revision }) => (revision, true),
-            Ok(Join::Queued { revision }) => (revision, false),
+        let (revision, mut first, mut joined_behind) = match join(&self.requests, &c).await {
+            Ok(Join::Head { revision }) => (revision, true, None),
+            Ok(Join::Queued { revision, ahead }) => (revision, false, ahead),
             Ok(Join::Leftover {
                 key: leftover,
                 mod_revision,
@@ -521,8 +521,15 @@ impl ClientState {
                     sent,
                 });
             }
-            sent = Instant::now();
-            let (predecessor, seen_at) = match self.ahead(&c, revision).await {
+            let read = match joined_behind.take() {
+                // The join read the contender ahead at its own revision.
+                Some(ahead) => Ok(ahead),
+                None => {
+                    sent = Instant::now();
+                    self.ahead(&c, revision).await
+                }
+            };
+            let (predecessor, seen_at) = match read {
                 Ok(Ahead::Nobody) => {
                     first = true;
                     continue;

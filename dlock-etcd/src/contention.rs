@@ -46,8 +46,10 @@ pub(crate) enum Take {
 pub(crate) enum Join {
     /// Our key (at `revision`) is the oldest: the lock is ours.
     Head { revision: i64 },
-    /// Our key (at `revision`) waits behind older ones.
-    Queued { revision: i64 },
+    /// Our key (at `revision`) waits behind older ones; `ahead` is the one just before it, as
+    /// [`ahead`] would answer, when the join created our key (a join that found it reads no
+    /// queue beyond the oldest).
+    Queued { revision: i64, ahead: Option<Ahead> },
     /// A key of ours from an abandoned acquire is in the way (see [`remove_leftover`]).
     Leftover { key: Vec<u8>, mod_revision: i64 },
 }
@@ -74,16 +76,22 @@ pub(crate) enum Owner {
     Nobody,
 }
 
+/// The oldest contender under `prefix`: the holder.
 fn first_created(prefix: &[u8]) -> TxnOp {
-    TxnOp::get(
-        prefix,
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1),
-        ),
-    )
+    TxnOp::get(prefix, Some(oldest()))
+}
+
+fn oldest() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// The oldest contender's key and revisions, without its value (its owner record), which a
+/// join does not read.
+fn first_created_key(prefix: &[u8]) -> TxnOp {
+    TxnOp::get(prefix, Some(oldest().with_keys_only()))
 }
 
 fn any_key(prefix: &[u8]) -> TxnOp {
@@ -120,6 +128,21 @@ fn store_revision(response: &TxnResponse) -> i64 {
 
 fn put(c: &Contender<'_>) -> TxnOp {
     TxnOp::put(c.key, c.value, Some(PutOptions::new().with_lease(c.lease)))
+}
+
+/// The two newest contenders under `prefix`, keys only: in the transaction that creates our
+/// key, ours and the one created just before it.
+fn newest_two(prefix: &[u8]) -> TxnOp {
+    TxnOp::get(
+        prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(2)
+                .with_keys_only(),
+        ),
+    )
 }
 
 /// Every contender under `prefix`, oldest first.
@@ -200,7 +223,8 @@ pub(crate) async fn take_if_free(
 
 /// Joins the queue: creates our key if absent, else reads it (a repeated attempt of the same
 /// acquire finds its own key), and reads the oldest contender and the keys of our lease, all at
-/// one revision.
+/// one revision. A join that creates our key also reads the contender just before it, so that
+/// a waiter arms its watch without another read first.
 ///
 /// A key of our lease other than ours was left by an abandoned acquire of this client (no
 /// other acquire of ours claims the key while this one has its turn); it is reported wherever it
@@ -214,8 +238,17 @@ pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join,
     );
     let txn = Txn::new()
         .when([Compare::create_revision(c.key, CompareOp::Equal, 0)])
-        .and_then([put(c), first_created(c.prefix), count_ours.clone()])
-        .or_else([TxnOp::get(c.key, None), first_created(c.prefix), count_ours]);
+        .and_then([
+            put(c),
+            first_created_key(c.prefix),
+            count_ours.clone(),
+            newest_two(c.prefix),
+        ])
+        .or_else([
+            TxnOp::get(c.key, None),
+            first_created_key(c.prefix),
+            count_ours,
+        ]);
     let response = requests.txn(txn).await?;
     // One copy of the answers (each `op_responses` call copies them all).
     let answers = response.op_responses();
@@ -255,10 +288,20 @@ pub(crate) async fn join(requests: &Requests, c: &Contender<'_>) -> Result<Join,
     let head = get_at(&answers, 1)
         .and_then(|get| get.kvs().first())
         .map(KeyValue::create_revision);
-    Ok(if head == Some(mine) {
-        Join::Head { revision: mine }
-    } else {
-        Join::Queued { revision: mine }
+    if head == Some(mine) {
+        return Ok(Join::Head { revision: mine });
+    }
+    // Ours is the newest key of the transaction that created it; the next is the one ahead.
+    let ahead = get_at(&answers, 3).and_then(|get| match get.kvs() {
+        [newest, before] if newest.key() == c.key => Some(Ahead::Predecessor {
+            key: before.key().to_vec(),
+            seen_at: store_revision(&response),
+        }),
+        _ => None,
+    });
+    Ok(Join::Queued {
+        revision: mine,
+        ahead,
     })
 }
 

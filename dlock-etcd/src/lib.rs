@@ -32,8 +32,8 @@
 //!   later holding's). Go services using `concurrency.NewMutex(session, name)` and `etcdctl lock name`
 //!   exclude each other with dlock clients; [`EtcdLock::lock_name`] tells the name for a key.
 //! * **Acquire** is one transaction — create our key if absent, else read it, and read the oldest
-//!   contender. If ours is not the oldest, the acquire watches the contender created just before
-//!   ours for its deletion: no polling, and a release wakes exactly one waiter. (The watch starts
+//!   contender and the one created just before ours. If ours is not the oldest, the acquire
+//!   watches that one for its deletion: no polling, and a release wakes exactly one waiter. (The watch starts
 //!   from "now", which etcd serves at once, and the acquire reads again if the store moved on
 //!   since its last read; a watch from a past revision would be served by etcd's catch-up loop,
 //!   up to 100 ms late.) When nobody is left ahead, the acquire has seen its own key in the same
@@ -48,11 +48,15 @@
 //! * **Fencing token**: the create revision of the holder's key. Revisions of an etcd cluster
 //!   only grow, and a later holder's key is always created later
 //!   ([`FencingGuarantee::Monotonic`](dlock_core::FencingGuarantee::Monotonic)).
-//! * **Release and extend are ownership-checked transactions** comparing the key's create
-//!   revision and lease. (etcd's server-side lock service deletes whatever key it is given on
-//!   unlock, so a holder whose lease expired could delete its successor's key.) A release by an
-//!   owner token alone — what the core sends after a cancelled acquire — deletes our key only if
-//!   it carries that token as its value.
+//! * **Release is one plain delete of the holding's own key**, which returns the deleted key: the
+//!   key names the acquire, so a late delete finds nothing of a later holding's, and the deleted
+//!   key's create revision and lease tell whether it was this holding (only when it was not, a
+//!   read tells a takeover from an expiry). **Extend is an ownership-checked read** of the key's
+//!   create revision and lease. (etcd's server-side lock service deletes whatever key it is
+//!   given on unlock, so a holder whose lease expired could delete its successor's key.) A
+//!   release by an owner token alone — what the core sends after a cancelled acquire — deletes
+//!   the keys of this client's session under the name while no acquire or holding of this
+//!   client claims one there.
 //! * **A holder learns at once when its key is deleted**, whoever deleted it: keys held longer
 //!   than 50 ms are watched on one shared stream per client (shorter critical sections are spared
 //!   the watch), and the lease is lost the moment the deletion is reported. Keep-alives alone
