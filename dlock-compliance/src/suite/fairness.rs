@@ -8,13 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLock, DistributedLockExt, FencingToken};
+use dlock_core::{DistributedLock, DistributedLockExt, FencingToken, Holding};
 use tokio::time::Instant;
 
 use super::Ctx;
 
-/// The pause between two waiters' requests, so that their arrival order is beyond doubt on
-/// every backend (each request has reached the server and queued long before the next).
+/// The pause between two waiters' requests where the backend does not count its waiters, so
+/// that their arrival order is beyond doubt (each request has reached the server and queued
+/// long before the next). Where it counts them, the next waiter asks once the count shows the
+/// last one in line (see [`in_line`]).
 const ARRIVAL_GAP: Duration = Duration::from_millis(200);
 
 /// How long each waiter holds the lock once it has it.
@@ -47,6 +49,35 @@ fn taken(grants: &Grants) -> Vec<(usize, FencingToken)> {
         .clone()
 }
 
+/// Returns once `waiting` contenders wait for `key` (as `client` inspects it), failing if that
+/// takes longer than the slack; where the backend does not count its waiters, after
+/// [`ARRIVAL_GAP`]. A fixed pause alone was outrun on a loaded machine: a waiter spawned first
+/// could reach the server after the next one.
+async fn in_line(
+    cx: &Ctx,
+    client: &Arc<dyn DistributedLock>,
+    key: &str,
+    waiting: usize,
+) -> anyhow::Result<()> {
+    let by = Instant::now() + cx.slack();
+    loop {
+        if let Holding::Held(holder) = client.holding(key).await? {
+            match holder.waiting {
+                None => break tokio::time::sleep(ARRIVAL_GAP).await,
+                Some(n) if n >= waiting => break,
+                Some(_) => {}
+            }
+        }
+        ensure!(
+            Instant::now() < by,
+            "{waiting} waiters were not in line within {:?}",
+            cx.slack()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// Fails unless `tokens` grow strictly (where the subject orders them); `what` names the grants.
 fn ensure_growing(cx: &Ctx, tokens: &[FencingToken], what: &str) -> anyhow::Result<()> {
     if !cx.fenced() {
@@ -73,18 +104,18 @@ pub(crate) async fn waiters_are_served_in_arrival_order(cx: Ctx) -> anyhow::Resu
     let mut waiters = Vec::with_capacity(IN_LINE);
     for who in 0..IN_LINE {
         let client = cx.client().await?;
-        let (key, grants) = (key.clone(), grants.clone());
+        let (name, grants) = (key.clone(), grants.clone());
         let opts = cx
             .opts(cx.long_ttl())
             .with_wait(ARRIVAL_GAP * 2 * IN_LINE as u32 + cx.slack() * 2);
         waiters.push(tokio::spawn(async move {
-            let lease = client.acquire(&key, &opts).await?;
+            let lease = client.acquire(&name, &opts).await?;
             record(&grants, who, lease.fencing_token());
             tokio::time::sleep(HOLD).await;
             lease.release().await?;
             anyhow::Ok(())
         }));
-        tokio::time::sleep(ARRIVAL_GAP).await;
+        in_line(&cx, &holder, &key, who + 1).await?;
     }
     ensure!(taken(&grants).is_empty(), "a waiter held while A held");
     held.release().await?;
@@ -126,7 +157,7 @@ pub(crate) async fn a_releaser_that_asks_again_queues_behind_the_waiters(
                 anyhow::Ok(held_at)
             })
         };
-        tokio::time::sleep(ARRIVAL_GAP).await;
+        in_line(&cx, &a, &key, 1).await?;
         ensure!(!waiter.is_finished(), "round {round}: B held while A held");
         held.release().await?;
         let again = a
@@ -139,8 +170,8 @@ pub(crate) async fn a_releaser_that_asks_again_queues_behind_the_waiters(
             .with_context(|| format!("round {round}: the queued waiter B"))?;
         ensure!(
             b_at < again_at,
-            "round {round}: A released and asked again, and held before B, which had been \
-             waiting {ARRIVAL_GAP:?}: the releaser jumped the queue"
+            "round {round}: A released and asked again, and held before B, which was in line: \
+             the releaser jumped the queue"
         );
         again.release().await?;
     }

@@ -295,9 +295,18 @@ pub async fn a_waiting_writer_is_not_starved_by_new_readers(
             (lease, Instant::now())
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    ensure!(!writer.is_finished(), "the writer beside a reader");
+    // Once the writer stands in line (within the slack of its first attempt), new readers wait.
     let late = clients[2].rw(&name)?;
+    let queued_by = Instant::now() + Duration::from_secs(3);
+    while let Some(read) = late.try_read(&opts).await? {
+        read.release().await?;
+        ensure!(
+            Instant::now() <= queued_by,
+            "a new reader passed the waiting writer"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(!writer.is_finished(), "the writer beside a reader");
     for _ in 0..5 {
         ensure!(
             late.try_read(&opts).await?.is_none(),

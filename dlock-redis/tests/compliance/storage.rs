@@ -44,13 +44,21 @@ async fn a_waiting_writers_intent_expires_within_the_requests_ttl(
         let opts = LockOptions::new(ttl).with_wait(Duration::from_secs(20));
         tokio::spawn(async move { rw.write(&opts).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut con = support::raw(&url).await?;
     let intents = format!("dlock:rw:intents:{{{name}}}");
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(&intents)
-        .query_async(&mut con)
-        .await?;
+    // The writer's first attempt stores the intent (a loaded machine may take a while).
+    let stored_by = tokio::time::Instant::now() + Duration::from_secs(5);
+    let pttl = loop {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&intents)
+            .query_async(&mut con)
+            .await?;
+        if pttl != -2 || tokio::time::Instant::now() > stored_by {
+            break pttl;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(!writer.is_finished(), "the writer beside a reader");
     ensure!(
         pttl > 0 && pttl <= ttl.as_millis() as i64,
         "the intent's expiry is {pttl} ms for a {ttl:?} request"

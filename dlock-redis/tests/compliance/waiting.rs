@@ -65,6 +65,24 @@ pub async fn a_release_without_a_tag_withdraws_the_owners_entries_under_any_tag(
 }
 
 /// The next message `heard` within [`PROMPT`]: its channel and payload.
+/// Returns once `waiting` contenders are in `key`'s queue, as `client` inspects it (within
+/// 5 s): a fixed pause was outrun on a loaded machine.
+async fn until_queued(client: &Arc<RedisLock>, key: &str, waiting: usize) -> anyhow::Result<()> {
+    let by = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Holding::Held(holder) = client.holding(key).await? {
+            if holder.waiting.is_some_and(|n| n >= waiting) {
+                return Ok(());
+            }
+        }
+        ensure!(
+            Instant::now() < by,
+            "{waiting} waiters were not queued within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn announced(
     heard: &mut (impl futures::Stream<Item = redis::Msg> + Unpin),
 ) -> Option<(String, String)> {
@@ -94,9 +112,9 @@ pub async fn a_release_is_announced_to_the_heads_client_only(url: String) -> any
         tokio::spawn(async move { client.acquire(&key, &opts).await })
     };
     let b_waits = wait(b);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_queued(&a, &key, 1).await?;
     let c_waits = wait(c);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_queued(&a, &key, 2).await?;
     let mut wake_channels = Vec::new();
     let mut holder = held;
     for waiter in [b_waits, c_waits] {
@@ -268,7 +286,7 @@ pub async fn inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry(
         .await?;
     let timing_out = {
         let (waiter, key) = (waiter.clone(), key.clone());
-        let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_millis(600));
+        let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(4));
         tokio::spawn(async move { waiter.acquire(&key, &opts).await })
     };
     let dropped = {
@@ -276,13 +294,16 @@ pub async fn inspect_counts_the_queued_waiters_and_gone_ones_leave_no_entry(
         let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(60));
         tokio::spawn(async move { waiter.acquire(&key, &opts).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_queued(&holder, &key, 2).await?;
     let waiting = |holding: Holding| match holding {
         Holding::Held(holder) => holder.waiting,
         _ => None,
     };
     let queued = waiting(holder.holding(&key).await?);
-    ensure!(queued == Some(2), "two queued waiters shown as {queued:?}");
+    ensure!(
+        queued == Some(2) && !timing_out.is_finished(),
+        "two queued waiters shown as {queued:?}"
+    );
     ensure!(
         timing_out.await?.is_err(),
         "a waiter took a held lock instead of timing out"

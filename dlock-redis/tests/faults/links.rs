@@ -115,7 +115,9 @@ pub async fn a_lost_subscriber_connection_costs_only_latency(
         let (waiter, key, polling) = (waiter.clone(), key.clone(), polling.clone());
         tokio::spawn(async move { waiter.acquire(&key, &polling).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    pubsub_ids_when(&mut raw, Duration::from_secs(5), |_| true)
+        .await?
+        .context("the waiter never subscribed")?;
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")

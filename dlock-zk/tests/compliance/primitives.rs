@@ -541,7 +541,15 @@ pub async fn dlock_leader_is_seen_by_kazoo(env: Env) -> anyhow::Result<()> {
         "kazoo's contenders: {contenders:?}"
     );
     let mut candidate = kazoo(&env, &["election", &path, "hold", "kazoo-candidate", "0"]).await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The kazoo process starts, connects and stands as a candidate (slowly on a loaded machine).
+    let standing_by = Instant::now() + Duration::from_secs(30);
+    while children(&env, &path).await?.len() < 2 {
+        ensure!(
+            Instant::now() < standing_by,
+            "the kazoo candidate never stood"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let contenders =
         kazoo_contenders(&env, &["election", &path, "contenders", "kazoo-observer"]).await?;
     ensure!(
@@ -604,12 +612,15 @@ pub async fn cancelled_acquires_leave_no_node(env: Env) -> anyhow::Result<()> {
                     .await
             })
         };
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        ensure!(
-            queued().await?.len() == alone.len() + 1,
-            "{}: the waiter is not queued",
-            waits.name()
-        );
+        let queued_by = Instant::now() + Duration::from_secs(10);
+        while queued().await?.len() != alone.len() + 1 {
+            ensure!(
+                Instant::now() < queued_by,
+                "{}: the waiter is not queued",
+                waits.name()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         if matches!(held, Primitive::Semaphore { .. }) {
             // A waiting permit waits holding the semaphore's lock, as kazoo's does.
             let queue = children(&env, &format!("{path}-__lock__")).await?;
@@ -649,8 +660,13 @@ pub async fn tokens_grow_in_grant_order(env: Env) -> anyhow::Result<()> {
         let rw = rw.clone();
         tokio::spawn(async move { rw.write(&opts().with_wait(Duration::from_secs(30))).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Writer preference: a reader arriving after the waiting writer is held back.
+    // Writer preference: once the writer is in line, a reader arriving after it is held back.
+    let path = lock.primitive_path(&key, &Primitive::Write)?;
+    let queued_by = Instant::now() + Duration::from_secs(10);
+    while children(&env, &path).await?.len() < 3 {
+        ensure!(Instant::now() < queued_by, "the writer is not in line");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     ensure!(
         rw.try_read(&opts()).await?.is_none(),
         "a reader passed a waiting writer"
@@ -781,6 +797,10 @@ pub async fn semaphore_waiters_are_served_in_order(env: Env) -> anyhow::Result<(
     let lock = dlock(&env, "order").await?;
     let key = key("order");
     let sem = lock.semaphore(&key, 1)?;
+    let lock_queue = format!(
+        "{}-__lock__",
+        lock.primitive_path(&key, &Primitive::semaphore(1))?
+    );
     let held = sem.acquire(&opts()).await?;
     let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
     let mut waiters = Vec::new();
@@ -796,8 +816,16 @@ pub async fn semaphore_waiters_are_served_in_order(env: Env) -> anyhow::Result<(
             lease.release().await?;
             anyhow::Ok(())
         }));
-        // Queued one after the other.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Queued one after the other: each waiter's node in the semaphore's lock queue (the
+        // waiting permit holds it, as kazoo's does) before the next asks.
+        let queued_by = Instant::now() + Duration::from_secs(10);
+        while children(&env, &lock_queue).await?.len() < waiters.len() {
+            ensure!(
+                Instant::now() < queued_by,
+                "the {name} waiter is not in line"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     held.release().await?;
     let mut order = Vec::new();
