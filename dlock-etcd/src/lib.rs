@@ -29,14 +29,16 @@
 //!   smallest create revision holds the lock. Go names its key `<name>/<lease id in hex>`; dlock
 //!   adds the acquire, `<name>/<lease id in hex>_<owner token in hex>`, so that no two acquires
 //!   ever write the same key and a release is a plain delete (a late one finds nothing of a
-//!   later holding's). Go services using `concurrency.NewMutex(session, name)` and `etcdctl lock name`
-//!   exclude each other with dlock clients; [`EtcdLock::lock_name`] tells the name for a key.
+//!   later holding's). Go services using `concurrency.NewMutex(session, name)` and
+//!   `etcdctl lock name` exclude each other with dlock clients; [`EtcdLock::lock_name`] tells the
+//!   name for a key.
 //! * **Acquire** is one transaction — create our key if absent, else read it, and read the oldest
-//!   contender and the one created just before ours. If ours is not the oldest, the acquire
-//!   watches that one for its deletion: no polling, and a release wakes exactly one waiter. (The watch starts
-//!   from "now", which etcd serves at once, and the acquire reads again if the store moved on
-//!   since its last read; a watch from a past revision would be served by etcd's catch-up loop,
-//!   up to 100 ms late.) When nobody is left ahead, the acquire has seen its own key in the same
+//!   contender (and, when it creates our key, the one created just before ours; otherwise a
+//!   second read finds that one). If ours is not the oldest, the acquire watches the contender
+//!   just before ours for its deletion: no polling, and a release wakes exactly one waiter. (The
+//!   watch starts from "now", which etcd serves at once, and the acquire reads again if the store
+//!   moved on since its last read; a watch from a past revision would be served by etcd's
+//!   catch-up loop, up to 100 ms late.) When nobody is left ahead, the acquire has seen its own key in the same
 //!   read, and it checks that the session still has time left, before it reports the lock held
 //!   (etcd issue #11456: a waiter was once granted a lock after its lease had expired). Its own
 //!   key is watched on the same stream, so a waiter whose session ends fails its acquire at once

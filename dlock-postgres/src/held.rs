@@ -295,9 +295,13 @@ impl Held {
         Some(entry)
     }
 
-    /// The earliest TTL deadline.
+    /// The earliest TTL deadline of a granted entry (a reservation whose grant is still under
+    /// way is left to its grant, which wakes the keeper once it lands).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.first().map(|(at, _)| *at)
+        self.deadlines
+            .iter()
+            .find(|(_, owner)| self.by_owner.get(owner).is_some_and(|e| e.grant.is_some()))
+            .map(|(at, _)| *at)
     }
 
     /// Removes and returns the granted entries whose TTL passed by `now` (entries still being

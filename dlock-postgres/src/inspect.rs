@@ -49,10 +49,13 @@ pub(crate) async fn read(
         .map_err(|e| from_driver(e, what))
 }
 
-/// The holder of `key`: its process, and its token and owner record where a dlock client took it.
+/// The holder of `key`: its process, and its token and owner record where a dlock client took it,
+/// and how many dlock waiters stand in its queue (entries that have not lapsed).
 fn holder_query(params: &KeyParams) -> String {
     format!(
-        "SELECT l.pid, h.token, h.owner FROM pg_locks l
+        "SELECT l.pid, h.token, h.owner,
+             (SELECT count(*) FROM dlock_waiters w WHERE w.key = $8 AND w.until > now())
+         FROM pg_locks l
          LEFT JOIN dlock_holders h ON h.name = $4 AND h.kind = 'lock' AND h.holder = ''
              AND h.pid = l.pid AND h.key1 = $5 AND h.key2 = $6 AND h.space = $7
          WHERE {} AND l.mode = 'ExclusiveLock'",
@@ -74,11 +77,12 @@ pub(crate) fn holder_of(row: &Row) -> Holder {
 async fn current(inner: &Inner, key: &LockKey) -> Result<Option<(i32, Holder)>> {
     let params = KeyParams::new(advisory_key(key.as_str()));
     let name = key.as_str();
-    let rest: [(&(dyn ToSql + Sync), Type); 4] = [
+    let rest: [(&(dyn ToSql + Sync), Type); 5] = [
         (&name, Type::TEXT),
         (&params.key1, Type::INT8),
         (&params.key2, Type::INT8),
         (&params.space, Type::INT2),
+        (&params.payload, Type::TEXT),
     ];
     let rows = read(
         inner,
@@ -89,7 +93,9 @@ async fn current(inner: &Inner, key: &LockKey) -> Result<Option<(i32, Holder)>> 
     .await?;
     Ok(rows.first().map(|row| {
         let pid: i32 = row.try_get(0).unwrap_or_default();
-        (pid, holder_of(row))
+        let waiting: i64 = row.try_get(3).unwrap_or_default();
+        let waiting = usize::try_from(waiting).unwrap_or_default();
+        (pid, holder_of(row).with_waiting(waiting))
     }))
 }
 

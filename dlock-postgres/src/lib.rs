@@ -28,9 +28,9 @@
 //!   rest (hearing releases, operator reads) on a second connection. A session-level advisory
 //!   lock is re-entrant within its session, so the client itself refuses a second owner of a key
 //!   it holds. A session that holds [`LOCKS_PER_SESSION`] locks takes no new ones, nor does one
-//!   left idle for half the session timeout (the server may be ending it): the client opens
-//!   another for them, and closes the one it replaced once its locks are given back and no grant
-//!   is under way on it. (Every statement of a PostgreSQL session costs time in proportion to the
+//!   left idle for half the session timeout (no statement under way, none answered since; the
+//!   server may be ending it): the client opens another for them, and closes the one it replaced
+//!   once its locks are given back and no statement is under way on it. (Every statement of a PostgreSQL session costs time in proportion to the
 //!   locks it holds; see [`LOCKS_PER_SESSION`].) A lock's TTL counts from when its attempt
 //!   began, before a session was sought, as its lease's validity does.
 //! * A grant is one statement, one round trip: the lock if free, then `nextval('dlock_fencing')`

@@ -666,22 +666,29 @@ async fn release_companion(
     companion: AdvisoryKey,
     key: AdvisoryKey,
 ) -> Result<()> {
-    inner.held().release_outside(generation);
-    let Some(session) = inner.session_of(generation).await else {
-        return Ok(());
+    // The session is found before the client stops counting the key as held there: an idle
+    // session that holds nothing is closed at the next grant, and closing it would give the key
+    // back without the announcement.
+    let session = inner.session_of(generation).await;
+    let given_back = match session {
+        Some(session) => {
+            let params = KeyParams::new(companion);
+            let payload = KeyParams::new(key).payload;
+            let statement = format!(
+                "SELECT pg_advisory_unlock({}), pg_notify('{}', $4)",
+                params.args(),
+                sql::CHANNEL
+            );
+            let rest: [Param<'_>; 1] = [(&payload, Type::TEXT)];
+            session
+                .query(&statement, &params.with(&rest), "stop holding readers back")
+                .await
+                .map(|_| ())
+        }
+        None => Ok(()),
     };
-    let params = KeyParams::new(companion);
-    let payload = KeyParams::new(key).payload;
-    let statement = format!(
-        "SELECT pg_advisory_unlock({}), pg_notify('{}', $4)",
-        params.args(),
-        sql::CHANNEL
-    );
-    let rest: [Param<'_>; 1] = [(&payload, Type::TEXT)];
-    session
-        .query(&statement, &params.with(&rest), "stop holding readers back")
-        .await?;
-    Ok(())
+    inner.held().release_outside(generation);
+    given_back
 }
 
 #[async_trait]

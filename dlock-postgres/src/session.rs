@@ -11,7 +11,7 @@
 //! only after it answered.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
@@ -35,9 +35,13 @@ pub(crate) struct Session {
     request_timeout: Duration,
     state: watch::Sender<SessionState>,
     confirmed: Mutex<Instant>,
-    /// When the session last sent a request: a session idle for half its timeout is replaced
-    /// rather than used, so that no request meets the server ending it.
+    /// When the session last sent a request or had an answer: a session idle for half its
+    /// timeout is replaced rather than used, so that no request meets the server ending it.
     used: Mutex<Instant>,
+    /// Requests sent and not answered yet: the server does not count a session idle while it
+    /// runs a statement, however long that takes (a grant held up by a table lock, or many
+    /// grants queued on the connection).
+    under_way: AtomicUsize,
     ended: AtomicBool,
     /// This connection's prepared statements, by text: dlock sends a few fixed statements over
     /// and over, and a prepared one is parsed once and soon runs on a cached plan, where an
@@ -151,6 +155,7 @@ impl Session {
             state: watch::Sender::new(SessionState::Alive { until: Some(until) }),
             confirmed: Mutex::new(sent),
             used: Mutex::new(sent),
+            under_way: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
             prepared: Mutex::default(),
         }
@@ -175,7 +180,13 @@ impl Session {
     /// may be ending it.
     pub(crate) fn is_fresh(&self, now: Instant) -> bool {
         let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
-        !self.is_ended() && now.saturating_duration_since(used) < self.timeout / 2
+        !self.is_ended()
+            && (self.under_way.load(Ordering::Acquire) > 0
+                || now.saturating_duration_since(used) < self.timeout / 2)
+    }
+
+    fn touch(&self, at: Instant) {
+        *self.used.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }
 
     /// The latest instant the server is known to keep the session until.
@@ -263,16 +274,18 @@ impl Session {
         what: &'static str,
     ) -> Result<Vec<Row>> {
         let sent = Instant::now();
-        *self.used.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+        let _under_way = UnderWay::start(self, sent);
         match tokio::time::timeout(self.request_timeout, self.run(sql, params)).await {
             Ok(Ok(rows)) => {
                 self.confirm(sent);
+                self.touch(Instant::now());
                 Ok(rows)
             }
             Ok(Err(e)) => {
                 if e.as_db_error().is_some() {
                     // The server answered, with an error.
                     self.confirm(sent);
+                    self.touch(Instant::now());
                 } else {
                     self.suspend();
                 }
@@ -286,6 +299,25 @@ impl Session {
                 ))
             }
         }
+    }
+}
+
+/// A request under way on a session, from its sending to its answer (or its caller giving up);
+/// an answer counts as use (the server's idle time starts when the statement ends), a request
+/// that timed out or was dropped does not.
+struct UnderWay<'a>(&'a Session);
+
+impl<'a> UnderWay<'a> {
+    fn start(session: &'a Session, sent: Instant) -> Self {
+        session.under_way.fetch_add(1, Ordering::AcqRel);
+        session.touch(sent);
+        UnderWay(session)
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.under_way.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -64,7 +64,6 @@ pub async fn a_release_without_a_tag_withdraws_the_owners_entries_under_any_tag(
     Ok(())
 }
 
-/// The next message `heard` within [`PROMPT`]: its channel and payload.
 /// Returns once `waiting` contenders are in `key`'s queue, as `client` inspects it (within
 /// 5 s): a fixed pause was outrun on a loaded machine.
 async fn until_queued(client: &Arc<RedisLock>, key: &str, waiting: usize) -> anyhow::Result<()> {
@@ -83,6 +82,7 @@ async fn until_queued(client: &Arc<RedisLock>, key: &str, waiting: usize) -> any
     }
 }
 
+/// The next message `heard` within [`PROMPT`]: its channel and payload.
 async fn announced(
     heard: &mut (impl futures::Stream<Item = redis::Msg> + Unpin),
 ) -> Option<(String, String)> {
