@@ -184,6 +184,21 @@ pub(crate) struct Term {
     pub(crate) ttl: Duration,
 }
 
+impl Term {
+    /// A TTL of `ttl` from now.
+    pub(crate) fn starting_now(ttl: Duration) -> Term {
+        Term {
+            sent: Instant::now(),
+            ttl,
+        }
+    }
+
+    /// When it runs out.
+    pub(crate) fn until(&self) -> Instant {
+        self.sent + self.ttl
+    }
+}
+
 /// How an attempt on a lock treats its queue.
 #[derive(Debug, Clone, Copy)]
 struct Queueing {
@@ -506,10 +521,10 @@ impl Inner {
         let owner = req.owner.as_u128();
         // The TTL counts from here, before a session is sought (opening one can take long):
         // the server never keeps the lock longer than the lease says it is valid.
-        let sent = Instant::now();
+        let term = Term::starting_now(req.ttl);
         let may_take = self
             .held()
-            .reserve(owner, key, req.key.as_str(), sent + req.ttl);
+            .reserve(owner, key, req.key.as_str(), term.until());
         if !may_take && lifetime.is_zero() {
             return Ok((Attempt::Busy { retry_after: None }, Place::default()));
         }
@@ -533,7 +548,6 @@ impl Inner {
             may_take,
             quiet,
         };
-        let term = Term { sent, ttl: req.ttl };
         let task = tokio::spawn(inner.grant(session, owner, key, name, term, queue));
         task.await
             .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?

@@ -191,16 +191,14 @@ impl View {
     async fn try_read(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let key = advisory_key(req.key.as_str());
         let owner = req.owner.as_u128();
-        let term = Term {
-            sent: Instant::now(),
-            ttl: req.ttl,
-        };
-        let until = term.sent + term.ttl;
-        if !self
-            .inner
-            .held()
-            .reserve_as(owner, Some(key), Kind::Read, req.key.as_str(), until)
-        {
+        let term = Term::starting_now(req.ttl);
+        if !self.inner.held().reserve_as(
+            owner,
+            Some(key),
+            Kind::Read,
+            req.key.as_str(),
+            term.until(),
+        ) {
             return Ok(Attempt::Busy { retry_after: None });
         }
         let session = match self.inner.session().await {
@@ -226,17 +224,13 @@ impl View {
     /// task of its own.
     async fn try_permit(&self, req: &LockRequest<'_>, permits: u32) -> Result<Attempt> {
         let owner = req.owner.as_u128();
-        let term = Term {
-            sent: Instant::now(),
-            ttl: req.ttl,
-        };
-        let until = term.sent + term.ttl;
+        let term = Term::starting_now(req.ttl);
         let announce = semaphore_guard_key(req.key.as_str());
         let kind = Kind::Permit { slot: 0, announce };
         if !self
             .inner
             .held()
-            .reserve_as(owner, None, kind, req.key.as_str(), until)
+            .reserve_as(owner, None, kind, req.key.as_str(), term.until())
         {
             return Ok(Attempt::Busy { retry_after: None });
         }

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_core::{DistributedLockExt, FencingToken, Holding, Lease, LockOptions, Released};
+use dlock_core::{
+    DistributedLock, DistributedLockExt, FencingToken, Holding, Lease, LockOptions, Released,
+};
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Runtime;
 
@@ -263,6 +265,33 @@ where
         lease.fencing_token()
     );
     Ok(lease)
+}
+
+/// Returns `true` once `observer`'s `holding` shows at least `waiting` contenders waiting for
+/// `key`, failing after `within`; `false` at once where the backend does not count its waiters.
+/// For cases that rely on a spawned waiter being in line: a fixed pause is outrun on a loaded
+/// machine.
+pub async fn until_waiting(
+    observer: Arc<dyn DistributedLock>,
+    key: &str,
+    waiting: usize,
+    within: Duration,
+) -> anyhow::Result<bool> {
+    let by = Instant::now() + within;
+    loop {
+        if let Holding::Held(holder) = observer.holding(key).await? {
+            match holder.waiting {
+                None => return Ok(false),
+                Some(n) if n >= waiting => return Ok(true),
+                Some(_) => {}
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < by,
+            "{waiting} waiters were not in line within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A lost `lease` stays lost once whatever cut it off is over: `wait` later it still says lost,

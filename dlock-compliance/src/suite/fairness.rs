@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLock, DistributedLockExt, FencingToken, Holding};
+use dlock_core::{DistributedLock, DistributedLockExt, FencingToken};
+use dlock_testkit::trials::until_waiting;
 use tokio::time::Instant;
 
 use super::Ctx;
@@ -59,21 +60,8 @@ async fn in_line(
     key: &str,
     waiting: usize,
 ) -> anyhow::Result<()> {
-    let by = Instant::now() + cx.slack();
-    loop {
-        if let Holding::Held(holder) = client.holding(key).await? {
-            match holder.waiting {
-                None => break tokio::time::sleep(ARRIVAL_GAP).await,
-                Some(n) if n >= waiting => break,
-                Some(_) => {}
-            }
-        }
-        ensure!(
-            Instant::now() < by,
-            "{waiting} waiters were not in line within {:?}",
-            cx.slack()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if !until_waiting(client.clone(), key, waiting, cx.slack()).await? {
+        tokio::time::sleep(ARRIVAL_GAP).await;
     }
     Ok(())
 }

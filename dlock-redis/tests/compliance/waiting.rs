@@ -17,7 +17,7 @@ use dlock_redis::protocol::scripts::{
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;
-use dlock_testkit::trials::Case;
+use dlock_testkit::trials::{until_waiting, Case};
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 
@@ -64,22 +64,11 @@ pub async fn a_release_without_a_tag_withdraws_the_owners_entries_under_any_tag(
     Ok(())
 }
 
-/// Returns once `waiting` contenders are in `key`'s queue, as `client` inspects it (within
-/// 5 s): a fixed pause was outrun on a loaded machine.
+/// Returns once `waiting` contenders are in `key`'s queue, as `client` inspects it (within 5 s).
 async fn until_queued(client: &Arc<RedisLock>, key: &str, waiting: usize) -> anyhow::Result<()> {
-    let by = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Holding::Held(holder) = client.holding(key).await? {
-            if holder.waiting.is_some_and(|n| n >= waiting) {
-                return Ok(());
-            }
-        }
-        ensure!(
-            Instant::now() < by,
-            "{waiting} waiters were not queued within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let counted = until_waiting(client.clone(), key, waiting, Duration::from_secs(5)).await?;
+    ensure!(counted, "inspect does not count Redis's waiters");
+    Ok(())
 }
 
 /// The next message `heard` within [`PROMPT`]: its channel and payload.
