@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/test-images)"
-//! cargo run --release -p dlock-bench            # the full run, about twenty minutes
+//! cargo run --release -p dlock-bench            # the full run, about fifteen minutes
 //! cargo run --release -p dlock-bench -- --quick # about a minute
 //! ```
 //!

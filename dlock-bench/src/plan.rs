@@ -1,4 +1,4 @@
-//! How much work each workload does: the full run (about twenty minutes for every backend on two cores) and the
+//! How much work each workload does: the full run (about fifteen minutes for every backend on two cores) and the
 //! quick one (about a minute, run by `scripts/test` so the tool cannot rot).
 
 use std::time::Duration;
