@@ -150,8 +150,16 @@ impl Scene {
             !self.waiting.is_finished(),
             "B got the lock while A held it"
         );
-        // A third client cannot take it either.
-        let third = Arc::new(client(&cluster.endpoints(), SESSION_TTL).await?);
+        // A third client cannot take it either. It connects as a user's would, retrying while the
+        // service is unavailable: the member cut off may have led the cluster, and a new client's
+        // session lease waits for the others to elect a leader.
+        let endpoints = cluster.endpoints();
+        let third = Arc::new(
+            retry("connect a third client", || {
+                support::builder(&endpoints, SESSION_TTL).connect()
+            })
+            .await?,
+        );
         let short = LockOptions::new(Duration::from_secs(5));
         let busy = retry("try_acquire by a third client", || {
             third.try_acquire(&self.key, &short)

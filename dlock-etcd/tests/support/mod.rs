@@ -57,7 +57,8 @@ pub async fn labelled_client(
     ))
 }
 
-fn builder(endpoints: &[String], session_ttl: Duration) -> dlock_etcd::EtcdLockBuilder {
+/// The builder behind [`client`], for a test that connects in its own way (retrying, say).
+pub fn builder(endpoints: &[String], session_ttl: Duration) -> dlock_etcd::EtcdLockBuilder {
     EtcdLock::builder()
         .with_endpoints(endpoints.iter().cloned())
         .with_prefix(NAMESPACE)
