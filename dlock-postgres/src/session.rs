@@ -35,8 +35,8 @@ pub(crate) struct Session {
     request_timeout: Duration,
     state: watch::Sender<SessionState>,
     confirmed: Mutex<Instant>,
-    /// When the session last sent a request or had an answer: a session idle for half its
-    /// timeout is replaced rather than used, so that no request meets the server ending it.
+    /// When the session last had an answer (or opened): a session idle for half its timeout is
+    /// replaced rather than used, so that no request meets the server ending it.
     used: Mutex<Instant>,
     /// Requests sent and not answered yet: the server does not count a session idle while it
     /// runs a statement, however long that takes (a grant held up by a table lock, or many
@@ -274,7 +274,7 @@ impl Session {
         what: &'static str,
     ) -> Result<Vec<Row>> {
         let sent = Instant::now();
-        let _under_way = UnderWay::start(self, sent);
+        let _under_way = UnderWay::start(self);
         match tokio::time::timeout(self.request_timeout, self.run(sql, params)).await {
             Ok(Ok(rows)) => {
                 self.confirm(sent);
@@ -308,9 +308,8 @@ impl Session {
 struct UnderWay<'a>(&'a Session);
 
 impl<'a> UnderWay<'a> {
-    fn start(session: &'a Session, sent: Instant) -> Self {
+    fn start(session: &'a Session) -> Self {
         session.under_way.fetch_add(1, Ordering::AcqRel);
-        session.touch(sent);
         UnderWay(session)
     }
 }
