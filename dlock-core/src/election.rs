@@ -16,7 +16,7 @@ use crate::lease::Lease;
 use crate::options::LockOptions;
 use crate::owner::OwnerRecord;
 use crate::primitive::{check_value, Primitive};
-use crate::state::{LeaseState, LeaseWatch, LostReason};
+use crate::state::{Expiring, LeaseState, LeaseWatch, LostReason};
 use crate::token::FencingToken;
 
 /// How often an observer looks again when no release wakes it: the longest a new leader of a
@@ -210,6 +210,16 @@ impl Leadership {
     /// Completes when the leadership is lost, with the reason.
     pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         self.lease.lost()
+    }
+
+    /// Completes when the leadership is lost, or when its validity deadline is `margin` away or
+    /// less and no renewal has moved it: the moment to begin stepping down before another
+    /// candidate can take over. See [`LeaseWatch::expiring`].
+    pub fn expiring(
+        &self,
+        margin: std::time::Duration,
+    ) -> impl std::future::Future<Output = Expiring> + Send + 'static {
+        self.lease.expiring(margin)
     }
 
     /// A cloneable view of the leadership's state for the tasks doing leader work.

@@ -13,7 +13,7 @@ use crate::key::LockKey;
 use crate::options::{validate_ttl, AutoRenew, Drift};
 use crate::renew::{self, Scheduled};
 use crate::state::{
-    self, Condition, LeaseState, LeaseWatch, LostReason, Status, StatusCell, StatusSender,
+    self, Condition, Expiring, LeaseState, LeaseWatch, LostReason, Status, StatusCell, StatusSender,
 };
 use crate::token::{FencingToken, OwnerToken};
 
@@ -167,6 +167,21 @@ impl Lease {
     pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let watch = self.watch();
         async move { watch.lost().await }
+    }
+
+    /// Completes when the lease is lost, or when its validity deadline is `margin` away or less
+    /// and no renewal has moved it: the moment to begin stopping work that must be done before
+    /// another client can be granted the lock. See [`LeaseWatch::expiring`]. Owns what it needs,
+    /// like [`lost`](Lease::lost).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub fn expiring(
+        &self,
+        margin: Duration,
+    ) -> impl std::future::Future<Output = Expiring> + Send + 'static {
+        let watch = self.watch();
+        async move { watch.expiring(margin).await }
     }
 
     fn lease_ref(&self) -> LeaseRef<'_> {

@@ -100,7 +100,7 @@ pub use retry::{Backoff, MAX_BACKOFF};
 pub use rwlock::RwLock;
 pub use semaphore::Semaphore;
 pub use session::{SessionState, SessionWatch};
-pub use state::{LeaseState, LeaseWatch, LostReason};
+pub use state::{Expiring, LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
 pub use traced::Traced;
 pub use waiting::{check_len, check_within, withdraw, Waiting, WITHDRAW_BOUND};

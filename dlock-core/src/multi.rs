@@ -12,7 +12,7 @@ use crate::ext::DistributedLockExt;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::options::LockOptions;
-use crate::state::{LeaseState, LostReason};
+use crate::state::{Expiring, LeaseState, LostReason};
 use crate::token::FencingToken;
 
 /// The most keys one [`acquire_all`](crate::DistributedLockExt::acquire_all) may name.
@@ -82,6 +82,25 @@ impl MultiLease {
                 return LostReason::Released;
             }
             select_all(losses).await.0
+        }
+    }
+
+    /// Completes when the first of the leases is lost or comes within `margin` of its validity
+    /// deadline with no renewal moving it: see [`LeaseWatch::expiring`](crate::LeaseWatch::expiring).
+    pub fn expiring(
+        &self,
+        margin: std::time::Duration,
+    ) -> impl std::future::Future<Output = Expiring> + Send + 'static {
+        let ends: Vec<_> = self
+            .leases
+            .iter()
+            .map(|l| Box::pin(l.expiring(margin)))
+            .collect();
+        async move {
+            if ends.is_empty() {
+                return Expiring::Lost(LostReason::Released);
+            }
+            select_all(ends).await.0
         }
     }
 

@@ -7,6 +7,7 @@
 //! round trip.
 
 use std::fmt;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -229,6 +230,21 @@ pub(crate) fn mark_lost(tx: &StatusSender, reason: LostReason) -> bool {
     })
 }
 
+/// Why [`LeaseWatch::expiring`] completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Expiring {
+    /// The lease is still valid, but only until `until`, which is no further away than the
+    /// margin asked for: no renewal (or session keep-alive) has moved it since. Work that needs
+    /// the lock must be finished by `until`, when another client may be granted it.
+    Soon {
+        /// The validity deadline, on the client's monotonic clock.
+        until: Instant,
+    },
+    /// The lease is lost.
+    Lost(LostReason),
+}
+
 /// A read-only, cloneable view of one lease's state, to hand to the tasks doing the guarded work.
 #[derive(Clone)]
 pub struct LeaseWatch {
@@ -268,6 +284,13 @@ impl LeaseWatch {
         self.state().is_held()
     }
 
+    /// The validity deadline as last known: the lease must not be relied on at or after it. A
+    /// lost lease keeps the deadline it had when it was lost, which may still lie ahead when it
+    /// was taken over or released.
+    pub fn valid_until(&self) -> Instant {
+        self.rx.borrow().until()
+    }
+
     /// Completes when the lease is lost, with the reason.
     ///
     /// It wakes at the validity deadline by itself (no server round trip), and at once when the
@@ -276,23 +299,50 @@ impl LeaseWatch {
     /// # Cancel safety
     /// Cancel safe: it only observes.
     pub async fn lost(&self) -> LostReason {
+        // With no margin, the deadline itself is the loss: `Soon` cannot come first.
+        loop {
+            if let Expiring::Lost(reason) = self.expiring(Duration::ZERO).await {
+                return reason;
+            }
+        }
+    }
+
+    /// Completes when the lease is lost, or when its validity deadline is `margin` away or less
+    /// and no renewal has moved it, whichever comes first.
+    ///
+    /// A lease that is renewed in time never comes within the margin: each renewal moves the
+    /// deadline out again. So this is the signal to begin stopping work that must be done by the
+    /// time another client can be granted the lock: start the shutdown when it completes, and
+    /// give the shutdown at most `margin` (minus what stopping itself takes). Waiting for
+    /// [`lost`](Self::lost) instead leaves no time at all: by then the lock may have passed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn expiring(&self, margin: Duration) -> Expiring {
         let mut rx = self.rx.clone();
         loop {
             let status = *rx.borrow_and_update();
-            if let LeaseState::Lost(reason) = status.at(Instant::now()) {
-                return reason;
+            let now = Instant::now();
+            let until = match status.at(now) {
+                LeaseState::Lost(reason) => return Expiring::Lost(reason),
+                LeaseState::Held { until } | LeaseState::Uncertain { until } => until,
+            };
+            // The moment the deadline comes within the margin (now, if it already has).
+            let alarm = until.checked_sub(margin).unwrap_or(now);
+            if now >= alarm {
+                return Expiring::Soon { until };
             }
             tokio::select! {
                 changed = rx.changed() => {
                     if changed.is_err() {
                         // The lease and its renewal are gone without saying why: treat as released.
-                        return match rx.borrow().condition {
+                        return Expiring::Lost(match rx.borrow().condition {
                             Condition::Lost(reason) => reason,
                             _ => LostReason::Released,
-                        };
+                        });
                     }
                 }
-                _ = tokio::time::sleep_until(status.until()) => {}
+                _ = tokio::time::sleep_until(alarm) => {}
             }
         }
     }
@@ -390,6 +440,70 @@ mod tests {
         mark_lost(&tx, LostReason::TakenOver);
         assert_eq!(waiter.await.unwrap(), LostReason::TakenOver);
         assert_eq!(start.elapsed(), Duration::from_secs(8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expiring_wakes_the_margin_before_the_deadline() {
+        let start = Instant::now();
+        let until = start + Duration::from_secs(5);
+        let (tx, w) = held_until(until);
+        assert_eq!(
+            w.expiring(Duration::from_secs(2)).await,
+            Expiring::Soon { until }
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        // Already within the margin: at once.
+        assert_eq!(
+            w.expiring(Duration::from_secs(2)).await,
+            Expiring::Soon { until }
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        // A margin longer than the whole validity: at once too.
+        assert_eq!(
+            w.expiring(Duration::from_secs(60)).await,
+            Expiring::Soon { until }
+        );
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expiring_follows_renewals_and_reports_a_loss() {
+        let start = Instant::now();
+        let (tx, w) = held_until(start + Duration::from_secs(5));
+        let waiter = tokio::spawn({
+            let w = w.clone();
+            async move { w.expiring(Duration::from_secs(2)).await }
+        });
+        // Renewed at 2 s, before the alarm at 3 s: the alarm moves to 8 s.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        update(&tx, Instant::now(), |s| {
+            s.deadline = start + Duration::from_secs(10)
+        });
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(
+            !waiter.is_finished(),
+            "woke although a renewal moved the deadline"
+        );
+        // An uncertain lease is still valid until its deadline: it does not wake the watcher.
+        update(&tx, Instant::now(), |s| s.condition = Condition::Uncertain);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !waiter.is_finished(),
+            "woke on an uncertain lease before the margin"
+        );
+        assert_eq!(
+            waiter.await.unwrap(),
+            Expiring::Soon {
+                until: start + Duration::from_secs(10)
+            }
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(8));
+        mark_lost(&tx, LostReason::TakenOver);
+        assert_eq!(
+            w.expiring(Duration::from_secs(2)).await,
+            Expiring::Lost(LostReason::TakenOver)
+        );
+        assert_eq!(w.valid_until(), start + Duration::from_secs(10));
     }
 
     #[tokio::test(start_paused = true)]

@@ -52,7 +52,7 @@ pub use dlock_core as core;
 
 pub use dlock_core::{
     url, Admin, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock,
-    DistributedLockExt, Drift, Election, Error, Eviction, Fence, FenceMode, Fenced,
+    DistributedLockExt, Drift, Election, Error, Eviction, Expiring, Fence, FenceMode, Fenced,
     FencingGuarantee, FencingToken, HeldLock, Holder, Holding, InMemoryLock, Layer, Leader,
     Leadership, Lease, LeaseEnd, LeaseState, LeaseWatch, LockHandle, LockKey, LockOptions,
     LostReason, Metered, MultiLease, OwnerRecord, OwnerToken, Primitive, Primitives, Released,
