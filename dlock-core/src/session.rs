@@ -44,44 +44,54 @@ pub enum SessionState {
 pub type SessionWatch = watch::Receiver<SessionState>;
 
 /// Mirrors `session` onto a lease's status until the session ends or the task is aborted (on
-/// release or drop of the lease).
+/// release or drop of the lease). The session's state when the lease is granted applies at once,
+/// so that the lease's first deadline already carries the session's bound.
 pub(crate) fn follow(status: StatusSender, mut session: SessionWatch) -> JoinHandle<()> {
+    let going_on = mirror(&status, *session.borrow_and_update());
     tokio::spawn(async move {
+        if !going_on {
+            return;
+        }
         loop {
-            let now = Instant::now();
-            let current = *session.borrow_and_update();
-            match current {
-                SessionState::Alive { until } => {
-                    state::update(&status, now, |s| {
-                        s.condition = Condition::Held;
-                        s.session_until = until;
-                    });
-                }
-                SessionState::Suspended { until } => {
-                    state::update(&status, now, |s| {
-                        s.condition = Condition::Uncertain;
-                        s.session_until = Some(until);
-                    });
-                }
-                SessionState::Expired => {
-                    end(&status, LostReason::SessionEnded);
-                    return;
-                }
-                SessionState::TakenOver => {
-                    end(&status, LostReason::TakenOver);
-                    return;
-                }
-            }
-            if status.borrow().at(Instant::now()).is_lost() {
-                return;
-            }
             if session.changed().await.is_err() {
                 // The backend dropped the session without a word: nothing vouches for the lease.
                 end(&status, LostReason::SessionEnded);
                 return;
             }
+            if !mirror(&status, *session.borrow_and_update()) {
+                return;
+            }
         }
     })
+}
+
+/// Applies the session's state `current` to the lease's status; false once the lease is lost
+/// (nothing more to follow).
+fn mirror(status: &StatusSender, current: SessionState) -> bool {
+    let now = Instant::now();
+    match current {
+        SessionState::Alive { until } => {
+            state::update(status, now, |s| {
+                s.condition = Condition::Held;
+                s.session_until = until;
+            });
+        }
+        SessionState::Suspended { until } => {
+            state::update(status, now, |s| {
+                s.condition = Condition::Uncertain;
+                s.session_until = Some(until);
+            });
+        }
+        SessionState::Expired => {
+            end(status, LostReason::SessionEnded);
+            return false;
+        }
+        SessionState::TakenOver => {
+            end(status, LostReason::TakenOver);
+            return false;
+        }
+    }
+    !status.borrow().at(Instant::now()).is_lost()
 }
 
 /// Ends the lease for `reason`, unless its validity already ran out: then it expired, and a
