@@ -39,10 +39,13 @@ pub enum Command {
     /// name (except on postgres://, where the write side is the lock KEY, as DistributedLock
     /// maps them, so a writer and the plain lock exclude each other). The command sees the lease's fencing token in DLOCK_FENCING_TOKEN and the key in
     /// DLOCK_KEY; pass the token to the resource you write to, so it can reject a holder whose
-    /// lease already ended. SIGINT and SIGTERM sent to dlock are passed on to the command. If the
-    /// lease is lost (the service cannot be reached for longer than the lease is valid, or the
-    /// lock was taken away), the command gets SIGTERM, then SIGKILL after --grace, and dlock exits
-    /// with 76. Otherwise dlock exits with the command's status.
+    /// lease already ended. The command runs in a process group of its own; SIGINT and SIGTERM
+    /// sent to dlock are passed on to that group. If no renewal has confirmed the lease --grace
+    /// before its validity ends (the service cannot be reached), the command gets SIGTERM, and
+    /// SIGKILL just before the lease ends, so it is dead before another client can be granted
+    /// the lock; if the lease is lost early (the lock was taken away), the command gets SIGTERM
+    /// and SIGKILL after --grace at most. Either way dlock exits with 76. Otherwise dlock exits
+    /// with the command's status.
     #[command(after_help = exit::TABLE)]
     Run(RunArgs),
     /// Campaign in the election KEY with --value, run COMMAND while leading (renewing the
@@ -52,8 +55,10 @@ pub enum Command {
     /// term (the leadership's fencing token, greater for every later leader) in
     /// DLOCK_FENCING_TOKEN and the election's name in DLOCK_KEY. When the command ends, dlock
     /// resigns at once, so the next candidate takes over, and exits with the command's status.
-    /// SIGINT and SIGTERM sent to dlock are passed on to the command. If the leadership is lost,
-    /// the command gets SIGTERM, then SIGKILL after --grace, and dlock exits with 76.
+    /// SIGINT and SIGTERM sent to dlock are passed on to the command's process group. If the
+    /// leadership cannot be renewed, the command is stopped before another candidate can take
+    /// over (SIGTERM --grace before the leadership ends, SIGKILL just before), or at once (SIGKILL
+    /// after --grace at most) if it is lost early, and dlock exits with 76.
     #[command(after_help = exit::TABLE)]
     Elect(ElectArgs),
     /// Show who leads the election KEY: the leader's value and term.
@@ -109,10 +114,11 @@ pub struct ElectArgs {
     /// parameter, else wait until this candidate leads.
     #[arg(long, value_parser = dlock::parse_duration)]
     pub wait: Option<Duration>,
-    /// How long the command has to exit after SIGTERM, once the leadership is lost, before
-    /// SIGKILL.
-    #[arg(long, value_parser = dlock::parse_duration, default_value = "10s")]
-    pub grace: Duration,
+    /// How long before the leadership's validity ends the command gets SIGTERM, unless a renewal
+    /// has confirmed it by then; SIGKILL follows just before it ends. Default: a third of the
+    /// TTL, at most 10s; at most half the TTL.
+    #[arg(long, value_parser = dlock::parse_duration)]
+    pub grace: Option<Duration>,
     /// The command and its arguments (after --).
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -210,9 +216,11 @@ pub struct RunArgs {
     /// wait until the lock is free.
     #[arg(long, value_parser = dlock::parse_duration)]
     pub wait: Option<Duration>,
-    /// How long the command has to exit after SIGTERM, once the lease is lost, before SIGKILL.
-    #[arg(long, value_parser = dlock::parse_duration, default_value = "10s")]
-    pub grace: Duration,
+    /// How long before the lease's validity ends the command gets SIGTERM, unless a renewal has
+    /// confirmed the lease by then; SIGKILL follows just before it ends, when another client
+    /// could be granted the lock. Default: a third of the TTL, at most 10s; at most half the TTL.
+    #[arg(long, value_parser = dlock::parse_duration)]
+    pub grace: Option<Duration>,
     /// Run under one of the N permits of the semaphore KEY instead of the lock: up to N
     /// commands hold a permit at once. Every client of KEY must pass the same N (1 to 10000);
     /// while the semaphore is in use, another N is refused (exit 64).

@@ -7,6 +7,7 @@ use dlock::{Leadership, Locks};
 
 use crate::args::ElectArgs;
 use crate::exit::Failure;
+use crate::grace;
 use crate::run::{busy_unless_taken, options, report_release, spawn, supervise, Signals};
 
 /// Campaigns, runs `args.command` while leading, resigns; returns the exit code.
@@ -19,11 +20,19 @@ pub async fn elect(args: ElectArgs, trace: bool) -> Result<u8, Failure> {
     dlock::core::check_value(&args.value)?;
     let locks = crate::connect(&args.target.url, trace).await?;
     let options = options(&locks, args.ttl, args.wait);
+    let grace = grace::for_ttl(args.grace, options.ttl)?;
 
     let campaign = campaign(&locks, key, &args.value, &options);
     let leadership = match signals.unless_stopped(campaign).await? {
         Ok(leadership) => leadership,
         Err(code) => return Ok(code),
+    };
+    let grace = match grace::fit(grace, args.grace.is_some(), leadership.lease().remaining()) {
+        Ok(grace) => grace,
+        Err(failure) => {
+            report_release(key, leadership.resign().await);
+            return Err(failure);
+        }
     };
     let term = leadership.term().to_string();
     let env = [("DLOCK_FENCING_TOKEN", term.as_str()), ("DLOCK_KEY", key)];
@@ -35,8 +44,7 @@ pub async fn elect(args: ElectArgs, trace: bool) -> Result<u8, Failure> {
         }
     };
     let what = format!("the leadership of {key:?}");
-    let lost = leadership.lost();
-    let ended = supervise(&mut child, lost, &mut signals, args.grace, &what).await;
+    let ended = supervise(&mut child, &leadership.watch(), &mut signals, grace, &what).await;
     report_release(key, leadership.resign().await);
     ended.code()
 }

@@ -27,9 +27,10 @@ Exit codes:
              did not run; status: the lock is held; leader: someone leads
              (EX_TEMPFAIL, as with flock -E 75); unlock: the lock changed
              hands since it was shown, nothing changed
-  76         run: the lease was lost while the command ran; elect: the
-             leadership was lost while the command ran; it was stopped
-             (SIGTERM, then SIGKILL after --grace)
+  76         run: the lease was lost, or could not be renewed in time, while
+             the command ran; elect: the same for the leadership; the
+             command was stopped before the lock could pass (SIGTERM
+             --grace before the lease ends, SIGKILL just before)
   126        run, elect: the command could not be executed
   127        run, elect: the command was not found
   128+N      run, elect: dlock got signal N while waiting (nothing ran);

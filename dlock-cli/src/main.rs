@@ -19,6 +19,7 @@
 mod args;
 mod elect;
 mod exit;
+mod grace;
 mod leader;
 mod list;
 mod run;

@@ -1,8 +1,8 @@
 //! `dlock run`: hold a lock (or a semaphore permit, or one side of a read-write lock) for as
-//! long as a command runs, and stop the command if the lease is lost.
+//! long as a command runs, and stop the command before the lease can pass to another client.
 //!
-//! The command's supervision — spawning it with its token, passing on signals, stopping it when
-//! the lease is lost — is shared with `dlock elect`.
+//! The command's supervision — spawning it with its token, passing on signals, stopping it in
+//! time (see [`grace`](crate::grace)) — is shared with `dlock elect`.
 
 use std::ffi::OsString;
 use std::future::Future;
@@ -10,14 +10,16 @@ use std::io;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use dlock::{DistributedLockExt, Error, Lease, LockOptions, Locks, LostReason};
+use dlock::{DistributedLockExt, Error, Expiring, Lease, LeaseWatch, LockOptions, Locks};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::Instant;
 
 use crate::args::RunArgs;
 use crate::exit::{self, Failure};
+use crate::grace::{self, KILL_MARGIN};
 
 /// How long an interrupted wait lets the background clean-up of the dropped acquire run.
 const CLEANUP_GRACE: Duration = Duration::from_secs(1);
@@ -66,6 +68,7 @@ pub async fn run(args: RunArgs, trace: bool) -> Result<u8, Failure> {
     let hold = Hold::of(&args);
     let locks = crate::connect(&args.target.url, trace).await?;
     let options = options(&locks, args.ttl, args.wait);
+    let grace = grace::for_ttl(args.grace, options.ttl)?;
 
     let lease = match signals
         .unless_stopped(take(&locks, key, hold, &options))
@@ -73,6 +76,13 @@ pub async fn run(args: RunArgs, trace: bool) -> Result<u8, Failure> {
     {
         Ok(lease) => lease,
         Err(code) => return Ok(code),
+    };
+    let grace = match grace::fit(grace, args.grace.is_some(), lease.remaining()) {
+        Ok(grace) => grace,
+        Err(failure) => {
+            report_release(key, lease.release().await);
+            return Err(failure);
+        }
     };
     let token = lease.fencing_token().to_string();
     let mut child = match spawn(
@@ -86,7 +96,7 @@ pub async fn run(args: RunArgs, trace: bool) -> Result<u8, Failure> {
         }
     };
     let what = format!("the lease on {key:?}");
-    let ended = supervise(&mut child, lease.lost(), &mut signals, args.grace, &what).await;
+    let ended = supervise(&mut child, &lease.watch(), &mut signals, grace, &what).await;
     report_release(key, lease.release().await);
     ended.code()
 }
@@ -198,7 +208,8 @@ fn listen(kind: SignalKind) -> Result<tokio::signal::unix::Signal, Failure> {
         .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot listen for signals: {e}")))
 }
 
-/// Starts `command` with `env` added; a command that cannot start is its failure (126 or 127).
+/// Starts `command` with `env` added, in a process group of its own, so that stopping it stops
+/// whatever it started too; a command that cannot start is its failure (126 or 127).
 pub(crate) fn spawn(command: &[OsString], env: &[(&str, &str)]) -> Result<Child, Failure> {
     let Some((program, args)) = command.split_first() else {
         return Err(Failure::new(exit::USAGE, "no command to run"));
@@ -206,6 +217,7 @@ pub(crate) fn spawn(command: &[OsString], env: &[(&str, &str)]) -> Result<Child,
     Command::new(program)
         .args(args)
         .envs(env.iter().copied())
+        .process_group(0)
         .spawn()
         .map_err(|e| {
             let code = if e.kind() == io::ErrorKind::NotFound {
@@ -222,62 +234,91 @@ pub(crate) fn spawn(command: &[OsString], env: &[(&str, &str)]) -> Result<Child,
 pub(crate) enum Ended {
     /// It exited by itself (or of a signal passed on to it).
     Exited(io::Result<ExitStatus>),
-    /// The lease was lost first; the command was stopped.
-    Lost,
+    /// The lease was lost, or could not be confirmed in time; the command was stopped.
+    Stopped,
 }
 
 impl Ended {
-    /// dlock's exit code: the command's, or 76 when the lease was lost.
+    /// dlock's exit code: the command's, or 76 when it was stopped for its lease.
     pub(crate) fn code(self) -> Result<u8, Failure> {
         match self {
             Ended::Exited(status) => status.map(code_of).map_err(|e| {
                 Failure::new(exit::UNAVAILABLE, format!("lost track of the command: {e}"))
             }),
-            Ended::Lost => Ok(exit::LOST),
+            Ended::Stopped => Ok(exit::LOST),
         }
     }
 }
 
-/// Waits for `child`, passing SIGINT and SIGTERM on to it; if `lost` completes first, says so
-/// (naming `what`, e.g. `the lease on "k"`) and stops the command: SIGTERM, then SIGKILL after
-/// `grace`.
+/// Waits for `child`, passing SIGINT and SIGTERM on to it, while `lease` stays valid for more
+/// than `grace`. When no renewal has confirmed the lease `grace` before its validity deadline,
+/// or the lease is lost, says so (naming `what`, e.g. `the lease on "k"`) and stops the command
+/// before the lease can pass: SIGTERM now, SIGKILL [`KILL_MARGIN`] before the deadline (or
+/// `grace` after SIGTERM, if that comes first: a lease taken over early keeps its deadline).
 pub(crate) async fn supervise(
     child: &mut Child,
-    lost: impl Future<Output = LostReason>,
+    lease: &LeaseWatch,
     signals: &mut Signals,
     grace: Duration,
     what: &str,
 ) -> Ended {
-    tokio::pin!(lost);
     loop {
         tokio::select! {
             status = child.wait() => return Ended::Exited(status),
             signal = signals.next() => forward(child, signal),
-            reason = &mut lost => {
-                eprintln!("dlock: {what} is lost ({reason}); stopping the command");
-                stop(child, grace).await;
-                return Ended::Lost;
+            end = lease.expiring(grace) => {
+                let until = match end {
+                    Expiring::Lost(reason) => {
+                        eprintln!("dlock: {what} is lost ({reason}); stopping the command");
+                        lease.valid_until()
+                    }
+                    Expiring::Soon { until } => {
+                        let left = until.saturating_duration_since(Instant::now());
+                        eprintln!(
+                            "dlock: {what} could not be renewed and is valid for {} more; \
+                             stopping the command before it can pass",
+                            humantime::format_duration(Duration::from_millis(
+                                u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+                            ))
+                        );
+                        until
+                    }
+                    _ => lease.valid_until(),
+                };
+                let kill_at = (Instant::now() + grace)
+                    .min(until.checked_sub(KILL_MARGIN).unwrap_or(until));
+                stop(child, kill_at).await;
+                return Ended::Stopped;
             }
         }
     }
 }
 
-/// Sends `signal` to the child, if it is still running.
+/// Sends `signal` to the child's process group (the command and whatever it started), if the
+/// child is still running.
 fn forward(child: &Child, signal: Signal) {
     if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
         // The child may have exited a moment ago; then there is nobody left to tell.
-        let _ = kill(Pid::from_raw(pid), signal);
+        let _ = kill(Pid::from_raw(-pid), signal);
     }
 }
 
-/// SIGTERM, then SIGKILL if the child has not exited after `grace`.
-async fn stop(child: &mut Child, grace: Duration) {
+/// SIGTERM, then SIGKILL if the child has not exited by `kill_at`.
+async fn stop(child: &mut Child, kill_at: Instant) {
+    let sent = Instant::now();
     forward(child, Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+    if tokio::time::timeout_at(kill_at, child.wait())
+        .await
+        .is_err()
+    {
         eprintln!(
-            "dlock: the command did not exit within {} of SIGTERM; sending SIGKILL",
-            humantime::format_duration(grace)
+            "dlock: the command did not exit within {} of SIGTERM, and the lease could pass; \
+             sending SIGKILL",
+            humantime::format_duration(Duration::from_millis(
+                u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX)
+            ))
         );
+        forward(child, Signal::SIGKILL);
         let _ = child.start_kill();
         let _ = child.wait().await;
     }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use dlock::{DistributedLockExt, LockOptions};
 use dlock_testkit::fixtures::{
-    docker_opt_out, EtcdCluster, PostgresServer, RedisMasters, RedisServer,
+    docker_opt_out, EtcdCluster, PostgresServer, RedisMasters, RedisServer, ZkEnsemble,
 };
 use dlock_testkit::trials;
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -39,6 +39,9 @@ macro_rules! ensure {
         }
     };
 }
+
+#[path = "cli/stop_in_time.rs"]
+mod stop_in_time;
 
 fn main() {
     let args = Arguments::from_args();
@@ -164,28 +167,55 @@ fn main() {
         ),
     ];
 
+    // The command is dead before the lock can pass: each backend with a lease of 4 s and of
+    // 10 s (the session backends with a session timeout of as much).
+    let stop_in_time_names: Vec<(String, usize, &str)> = STOP_IN_TIME_BACKENDS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, name)| {
+            ["4s", "10s"].map(|ttl| {
+                (
+                    format!("{name}_run_command_is_dead_before_the_lock_passes_ttl_{ttl}"),
+                    i,
+                    ttl,
+                )
+            })
+        })
+        .collect();
+    const TEETH: &str = "redis_teeth_a_runner_that_stops_only_on_loss_is_caught";
+
     if (RedisServer::needs_docker()
         || RedisMasters::needs_docker()
         || EtcdCluster::needs_docker()
-        || PostgresServer::needs_docker())
+        || PostgresServer::needs_docker()
+        || ZkEnsemble::needs_docker())
         && docker_opt_out()
     {
         for (name, _) in server_trials {
             trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
         }
+        for name in stop_in_time_names.iter().map(|(n, _, _)| n.clone()).chain(
+            STOP_IN_TIME_BACKENDS
+                .iter()
+                .map(|b| format!("{b}_run_a_short_outage_does_not_stop_the_command")),
+        ) {
+            trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+        }
+        trials.push(Trial::test(TEETH, || Ok(())).with_ignored_flag(true));
         libtest_mimic::run(&args, trials).exit();
     }
 
     let runtime = trials::fixture_runtime();
-    let (server, masters, etcd, postgres) = trials::start(
+    let (server, masters, etcd, postgres, zookeeper) = trials::start(
         &runtime,
-        "Redis, 3 Redlock masters, etcd and PostgreSQL",
+        "Redis, 3 Redlock masters, etcd, PostgreSQL and ZooKeeper",
         async {
             tokio::try_join!(
                 RedisServer::start(),
                 RedisMasters::start(3),
                 EtcdCluster::start(1),
-                PostgresServer::start()
+                PostgresServer::start(),
+                ZkEnsemble::start(1)
             )
         },
     );
@@ -212,17 +242,52 @@ fn main() {
         let redis = redis.clone();
         trials.push(Trial::test(name, move || test(&redis)));
     }
+    let zk_hosts = zookeeper.endpoints();
+    let backends: Arc<[stop_in_time::Backend; 5]> = Arc::new([
+        stop_in_time::Backend::single("redis", &redis.url, 6379, false),
+        stop_in_time::Backend::hosts("redlock", "redlock", &master_hosts, |_| {
+            "request_timeout=200ms".to_owned()
+        }),
+        stop_in_time::Backend::hosts("zk", "zk", &zk_hosts, |ttl| {
+            format!("session_timeout={ttl}")
+        }),
+        stop_in_time::Backend::hosts("etcd", "etcd", &etcd_hosts, |ttl| {
+            format!("session_timeout={ttl}")
+        }),
+        stop_in_time::Backend::single("postgres", &redis.postgres_url, 5432, true),
+    ]);
+    for (name, i, ttl) in stop_in_time_names {
+        let (servers, backends) = (redis.clone(), backends.clone());
+        trials.push(Trial::test(name, move || {
+            stop_in_time::dead_before_the_lock_passes(&servers, &backends[i], ttl)
+        }));
+    }
+    for (i, name) in STOP_IN_TIME_BACKENDS.iter().enumerate() {
+        let (servers, backends) = (redis.clone(), backends.clone());
+        trials.push(Trial::test(
+            format!("{name}_run_a_short_outage_does_not_stop_the_command"),
+            move || stop_in_time::a_short_outage_does_not_stop_the_command(&servers, &backends[i]),
+        ));
+    }
+    let (servers, teeth_backends) = (redis.clone(), backends.clone());
+    trials.push(Trial::test(TEETH, move || {
+        stop_in_time::stopping_on_loss_is_caught(&servers, &teeth_backends[0], "4s")
+    }));
     trials::run_then(&args, trials, &runtime, || async {
         remove_scratch();
-        let (a, b, c, d) = tokio::join!(
+        let (a, b, c, d, e) = tokio::join!(
             server.shutdown(),
             masters.shutdown(),
             etcd.shutdown(),
-            postgres.shutdown()
+            postgres.shutdown(),
+            zookeeper.shutdown()
         );
-        a.and(b).and(c).and(d)
+        a.and(b).and(c).and(d).and(e)
     })
 }
+
+/// The backends of the stop-in-time trials, in the order of their `Backend`s in `main`.
+const STOP_IN_TIME_BACKENDS: [&str; 5] = ["redis", "redlock", "zk", "etcd", "postgres"];
 
 /// A trial against the shared server.
 type ServerTrial = fn(&Servers) -> Result<(), Failed>;
@@ -484,7 +549,30 @@ fn usage_errors_are_one_line_64() -> Result<(), Failed> {
             .copied()
             .collect()
     };
-    let primitive_cases: [(Vec<&str>, &str); 7] = [
+    let primitive_cases: [(Vec<&str>, &str); 9] = [
+        // A grace that cannot fit in the lease: named with the TTL it does not fit in.
+        (
+            with(&["--ttl", "4s", "--grace", "3s"]),
+            "--grace 3s does not fit in --ttl 4s",
+        ),
+        (
+            vec![
+                "elect",
+                "--url",
+                "memory://",
+                "--key",
+                "e",
+                "--value",
+                "v",
+                "--ttl",
+                "2s",
+                "--grace",
+                "1500ms",
+                "--",
+                "true",
+            ],
+            "--grace 1s 500ms does not fit in --ttl 2s",
+        ),
         (with(&["--read", "--write"]), "--write"),
         (with(&["--permits", "2", "--read"]), "--permits"),
         (with(&["--permits", "0"]), "--permits"),
@@ -747,7 +835,7 @@ fn run_and_lose(
 fn lost_lease_stops_the_command(redis: &Servers) -> Result<(), Failed> {
     let script = "trap 'echo terminated >> LOG; exit 0' TERM; echo started >> LOG; \
                   while :; do sleep 0.1; done";
-    let (output, log) = run_and_lose(redis, "lost", script, "30s")?;
+    let (output, log) = run_and_lose(redis, "lost", script, "700ms")?;
     exits(&output, 76)?;
     ensure!(
         read(&log).contains("terminated"),
@@ -760,7 +848,7 @@ fn lost_lease_stops_the_command(redis: &Servers) -> Result<(), Failed> {
 fn lost_lease_kills_a_stubborn_command(redis: &Servers) -> Result<(), Failed> {
     let script = "trap '' TERM; echo $$ > LOG.pid; echo started >> LOG; \
                   while :; do sleep 0.1; done";
-    let (output, log) = run_and_lose(redis, "stubborn", script, "1s")?;
+    let (output, log) = run_and_lose(redis, "stubborn", script, "500ms")?;
     exits(&output, 76)?;
     let pid = read(&log.with_extension("pid")).trim().to_owned();
     ensure!(!pid.is_empty(), "the command did not write its pid");
@@ -1711,8 +1799,8 @@ fn lost_leadership_stops_the_command(servers: &Servers) -> Result<(), Failed> {
     let key = format!("cli-lost-leader-{}", std::process::id());
     let mut running = Running::default();
     let child = running.start(dlock().args([
-        "elect", "--url", &url, "--key", &key, "--value", "v", "--ttl", "1500ms", "--grace", "30s",
-        "--", "sh", "-c", &script,
+        "elect", "--url", &url, "--key", &key, "--value", "v", "--ttl", "1500ms", "--grace",
+        "700ms", "--", "sh", "-c", &script,
     ]))?;
     wait_for(&log, "started")?;
     let flushed = servers.handle.block_on(async {
