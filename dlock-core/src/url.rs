@@ -254,16 +254,25 @@ impl ConnectUrl {
     }
 
     /// Checks that every parameter was taken: one left over is unknown to this scheme, and the
-    /// error lists the `known` ones.
+    /// error lists the `known` ones, or names the new name of a [renamed](RENAMED) one.
     pub fn finish(&self, known: &[&str]) -> Result<()> {
-        match self.params.first() {
-            None => Ok(()),
-            Some((name, _)) => Err(self.invalid(format!(
+        let Some((name, _)) = self.params.first() else {
+            return Ok(());
+        };
+        let renamed = RENAMED
+            .iter()
+            .find(|(old, new)| old == name && known.contains(new));
+        Err(self.invalid(match renamed {
+            Some((old, new)) => format!(
+                "parameter `{old}` was renamed `{new}` for {}:// (see the changelog)",
+                self.scheme
+            ),
+            None => format!(
                 "unknown parameter `{name}` for {}:// (known: {})",
                 self.scheme,
                 known.join(", ")
-            ))),
-        }
+            ),
+        }))
     }
 
     /// Fails unless the scheme is one of `schemes`, naming them.
@@ -339,6 +348,15 @@ macro_rules! apply_parameters {
         builder
     }};
 }
+
+/// Query parameters renamed since the first release, as (old, new): an old name is refused with
+/// an error that names the new one, wherever the scheme knows the new one. CHANGELOG.md lists
+/// them with the release that renamed them.
+pub const RENAMED: &[(&str, &str)] = &[
+    ("session_ttl", "session_timeout"),
+    ("node_timeout", "request_timeout"),
+    ("operation_timeout", "request_timeout"),
+];
 
 /// Parses a duration such as `500ms`, `30s`, `2m` or `1h 30m`: the one grammar of every
 /// duration in a connection string and on the command line. Units are required, except for a
@@ -647,6 +665,25 @@ mod tests {
         let u = ConnectUrl::parse("redis+unix:///run/redis.sock").unwrap();
         assert!(!u.has_hosts());
         assert_eq!(u.path(), "/run/redis.sock");
+    }
+
+    #[test]
+    fn a_renamed_parameter_names_its_new_name_where_the_scheme_knows_it() {
+        let u = ConnectUrl::parse("zk://h?operation_timeout=1s").unwrap();
+        let message = u
+            .finish(&["request_timeout", "session_timeout"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("parameter `operation_timeout` was renamed `request_timeout`"),
+            "{message}"
+        );
+        // A scheme without the new name treats the old one as any unknown parameter.
+        let message = u.finish(&["ttl"]).unwrap_err().to_string();
+        assert!(
+            message.contains("unknown parameter `operation_timeout`"),
+            "{message}"
+        );
     }
 
     #[test]

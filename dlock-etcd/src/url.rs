@@ -210,6 +210,17 @@ mod tests {
     }
 
     #[test]
+    fn a_renamed_parameter_is_refused_with_its_new_name() {
+        let (name, message) = field("etcd://u:hunter2@h:1?session_ttl=10s");
+        assert_eq!(name, "url");
+        assert!(
+            message.contains("parameter `session_ttl` was renamed `session_timeout` for etcd://"),
+            "{message}"
+        );
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+
+    #[test]
     fn owner_labels_the_records() {
         let settings = EtcdLockBuilder::from_url("etcd://h:1?owner=billing%20jobs")
             .unwrap()
