@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{Capabilities, DistributedLock};
-use dlock_testkit::{Freeze, ServerControl};
+use dlock_testkit::{DroppingProxies, Freeze, ServerControl};
 
 /// A boxed future returning a new client.
 pub type ClientFuture =
@@ -191,18 +191,19 @@ impl Subject {
     }
 
     /// A new client whose every link to the service goes through a proxy that, frozen, discards
-    /// the bytes both ways and keeps the connections open ([`FreezeProxy::start_dropping`]).
-    /// The proxies stop when the switch is dropped. `None` if the subject has no
+    /// the bytes both ways and keeps the connections open ([`FreezeProxy::start_dropping`]), and
+    /// that can silence the links open at one moment for good while new ones pass. The proxies
+    /// stop when they are dropped. `None` if the subject has no
     /// [`with_proxied`](Self::with_proxied) hook.
     ///
     /// [`FreezeProxy::start_dropping`]: dlock_testkit::FreezeProxy::start_dropping
     pub async fn proxied_client(
         &self,
-    ) -> anyhow::Result<Option<(Arc<dyn DistributedLock>, Arc<dyn Freeze>)>> {
+    ) -> anyhow::Result<Option<(Arc<dyn DistributedLock>, Arc<DroppingProxies>)>> {
         let Some(proxied) = &self.proxied else {
             return Ok(None);
         };
-        let proxies = dlock_testkit::DroppingProxies::start(&proxied.targets).await?;
+        let proxies = DroppingProxies::start(&proxied.targets).await?;
         let client = (proxied.connect)(proxies.addrs()).await?;
         Ok(Some((client, Arc::new(proxies))))
     }

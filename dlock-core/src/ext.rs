@@ -233,12 +233,8 @@ async fn take(
     started: Instant,
     deadline: Option<Instant>,
 ) -> Result<Option<Lease>> {
-    let owner = OwnerToken::random();
-    let request = LockRequest {
-        key,
-        owner,
-        ttl: opts.ttl,
-    };
+    let mut owner = OwnerToken::random();
+    let mut failures = 0;
     let validity = opts.drift.validity(opts.ttl);
     let timeout = |waited| Error::Timeout {
         key: key.to_string(),
@@ -249,6 +245,11 @@ async fn take(
     // bounded by the lease's validity instead, since a later grant would be useless.
     let first_answer_by = started + validity;
     loop {
+        let request = LockRequest {
+            key,
+            owner,
+            ttl: opts.ttl,
+        };
         let pending = PendingAcquire::arm(backend, key, owner);
         let grant: Grant = match mode {
             Mode::Once => {
@@ -285,6 +286,23 @@ async fn take(
                     Ok(Err(error @ Error::Timeout { .. })) => {
                         pending.disarm();
                         return Err(error);
+                    }
+                    // A waiting acquire rides out a passing failure (a connection being
+                    // replaced, a leader being elected) until its wait ends. The abandoned
+                    // attempt is withdrawn in the background under its own owner token; the next
+                    // one takes a new token, so that withdrawal cannot touch it.
+                    Ok(Err(error)) if error.is_temporary() => {
+                        let now = Instant::now();
+                        let Some(left) = deadline.and_then(|d| d.checked_duration_since(now))
+                        else {
+                            return Err(error);
+                        };
+                        tracing::debug!(key = %key, %error, "acquire: a failed attempt is tried again within the wait");
+                        drop(pending);
+                        tokio::time::sleep(opts.retry.delay(failures).min(left)).await;
+                        failures = failures.saturating_add(1);
+                        owner = OwnerToken::random();
+                        continue;
                     }
                     Ok(Err(error)) => return Err(error),
                     // The backend overran and was cut mid-way: nothing it queued was withdrawn.

@@ -7,7 +7,10 @@
 //! single-endpoint connection per member and sends everything — requests, the keep-alive stream,
 //! watches — to one *pinned* member. When a request to it fails in a way another member might
 //! not (connection refused or reset, no answer, no leader), the next member is pinned and the
-//! request is tried there, within the same overall timeout. A change of pinned member bumps a
+//! request is tried there, within the same overall timeout. A request that gets no answer also
+//! drops the connection it went out on: a connection can go silent for good (half-open, a route
+//! gone for that one flow) while a new one to the same member works, and the HTTP/2 keep-alive
+//! would take seconds more to notice. A change of pinned member or of connection bumps a
 //! generation counter, which the long-lived streams follow, so they move too.
 //!
 //! Retrying after a failure whose outcome is unknown is safe for every request this crate sends:
@@ -16,19 +19,23 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use etcd_client::{Client, ConnectOptions};
-use tokio::sync::{watch, OnceCell};
+use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
 use crate::error::is_temporary;
 use crate::requests::RequestError;
 
-/// One member's connection, made on first use.
+/// One member's connection, made on first use and again after one stopped answering.
 struct Member {
     endpoint: String,
-    client: OnceCell<Client>,
+    client: ArcSwapOption<Client>,
+    /// Held while a connection is made, so that concurrent requests make one.
+    connecting: Mutex<()>,
 }
 
 /// The members of one client's cluster.
@@ -61,7 +68,8 @@ impl Endpoints {
                 .into_iter()
                 .map(|endpoint| Member {
                     endpoint,
-                    client: OnceCell::new(),
+                    client: ArcSwapOption::empty(),
+                    connecting: Mutex::new(()),
                 })
                 .collect(),
             options,
@@ -98,8 +106,18 @@ impl Endpoints {
         self.call_within(what, self.timeout, op).await
     }
 
-    /// Moves away from member `index` if it is still the pinned one.
-    fn failed(&self, index: usize, why: &dyn std::fmt::Display) {
+    /// Moves away from member `index` if it is still the pinned one, and drops the connection
+    /// to it if `why` is that it did not answer.
+    fn failed(&self, index: usize, why: &RequestError) {
+        let mut moved = false;
+        if matches!(why, RequestError::Timeout { .. }) {
+            if let Some(member) = self.members.get(index) {
+                if member.client.swap(None).is_some() {
+                    tracing::debug!(member = %member.endpoint, %why, "etcd: replacing a connection that does not answer");
+                    moved = true;
+                }
+            }
+        }
         let next = (index + 1) % self.members.len().max(1);
         if self
             .pinned
@@ -113,6 +131,9 @@ impl Endpoints {
                 %why,
                 "etcd: failing over to another member"
             );
+            moved = true;
+        }
+        if moved {
             self.generation.send_modify(|g| *g += 1);
         }
     }
@@ -145,13 +166,25 @@ impl Endpoints {
         }
     }
 
-    async fn client(&self, index: usize, budget: Duration) -> Result<&Client, RequestError> {
+    /// The connection to member `index`, made (within `budget`) if there is none.
+    async fn client(&self, index: usize, budget: Duration) -> Result<Arc<Client>, RequestError> {
         let member = &self.members[index];
-        let connect = || async {
+        if let Some(client) = member.client.load_full() {
+            return Ok(client);
+        }
+        let connect = async {
+            let _connecting = member.connecting.lock().await;
+            if let Some(client) = member.client.load_full() {
+                return Ok(client);
+            }
             // Without credentials this sends nothing; with them it authenticates.
-            Client::connect([member.endpoint.as_str()], Some(self.options.clone())).await
+            let client = Arc::new(
+                Client::connect([member.endpoint.as_str()], Some(self.options.clone())).await?,
+            );
+            member.client.store(Some(client.clone()));
+            Ok(client)
         };
-        match tokio::time::timeout(budget, member.client.get_or_try_init(connect)).await {
+        match tokio::time::timeout(budget, connect).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(e)) => Err(RequestError::Client(e)),
             Err(_) => Err(RequestError::Timeout {
@@ -189,7 +222,7 @@ impl Endpoints {
             let share = (deadline - now) / u32::try_from(count - attempt).unwrap_or(1);
             let index = self.pinned.load(Ordering::SeqCst) % count.max(1);
             let outcome = match self.client(index, share).await {
-                Ok(client) => match tokio::time::timeout(share, op(client)).await {
+                Ok(client) => match tokio::time::timeout(share, op(&client)).await {
                     Ok(Ok(value)) => return Ok(value),
                     Ok(Err(e)) => RequestError::Client(e),
                     Err(_) => RequestError::Timeout { what, after: share },

@@ -10,10 +10,14 @@
 //! them, as a route that drops packets or a peer that forgot the connection would: the
 //! connection stays open, nothing sent in the silence ever arrives, and a client that keeps
 //! waiting for those answers on the same connection waits forever.
+//!
+//! [`FreezeProxy::silence_links`] silences the links open now for good, while new connections
+//! pass: a half-open connection, or a route gone for one flow, that a client must replace.
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -36,6 +40,8 @@ enum Frozen {
 pub struct FreezeProxy {
     addr: SocketAddr,
     frozen: Arc<watch::Sender<bool>>,
+    /// Each open link's flag: set, the link discards its bytes for good.
+    links: Arc<Mutex<Vec<Weak<AtomicBool>>>>,
     acceptor: JoinHandle<()>,
 }
 
@@ -74,17 +80,23 @@ impl FreezeProxy {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let frozen = Arc::new(watch::channel(false).0);
+        let links: Arc<Mutex<Vec<Weak<AtomicBool>>>> = Arc::default();
         let gate = frozen.clone();
+        let open = links.clone();
         let acceptor = accept_links(listener, move |client| {
             let gate = gate.clone();
+            let dead = Arc::new(AtomicBool::new(false));
+            open.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Arc::downgrade(&dead));
             async move {
                 if let Ok(server) = TcpStream::connect(target).await {
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    let up = tokio::spawn(pump(cr, sw, gate.subscribe(), mode));
-                    let down = tokio::spawn(pump(sr, cw, gate.subscribe(), mode));
+                    let up = tokio::spawn(pump(cr, sw, gate.subscribe(), dead.clone(), mode));
+                    let down = tokio::spawn(pump(sr, cw, gate.subscribe(), dead, mode));
                     let _ = tokio::join!(up, down);
                 }
             }
@@ -92,6 +104,7 @@ impl FreezeProxy {
         Ok(FreezeProxy {
             addr,
             frozen,
+            links,
             acceptor,
         })
     }
@@ -99,6 +112,19 @@ impl FreezeProxy {
     /// The address clients should connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Silences every link open now for good (bytes discarded both ways, connections left open);
+    /// connections made from now on pass as usual.
+    pub fn silence_links(&self) {
+        let mut links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        links.retain(|link| match link.upgrade() {
+            Some(dead) => {
+                dead.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        });
     }
 
     /// A handle that freezes and thaws this proxy's links.
@@ -165,6 +191,11 @@ impl DroppingProxies {
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.0.iter().map(FreezeProxy::addr).collect()
     }
+
+    /// [`FreezeProxy::silence_links`] on every proxy.
+    pub fn silence_links(&self) {
+        self.0.iter().for_each(FreezeProxy::silence_links);
+    }
 }
 
 impl Freeze for DroppingProxies {
@@ -193,11 +224,13 @@ impl Freeze for Switch {
     }
 }
 
-/// Copies bytes from `from` to `to`, holding or discarding them while frozen.
+/// Copies bytes from `from` to `to`, holding or discarding them while frozen, and discarding
+/// them for good once `dead` is set.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
+    dead: Arc<AtomicBool>,
     mode: Frozen,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
@@ -209,6 +242,9 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if dead.load(Ordering::SeqCst) {
+            continue;
+        }
         match mode {
             // Bytes read just before a freeze are held until the thaw, like packets in a queue.
             Frozen::Hold => {

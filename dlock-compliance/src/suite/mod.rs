@@ -39,7 +39,7 @@ mod primitives;
 mod queue;
 mod silent;
 
-pub use silent::RECOVERY;
+pub use silent::{RECOVERY, REPLACED};
 
 /// What a case needs from the subject beyond the lock API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,7 +165,10 @@ pub fn cases() -> Vec<Case> {
         ],
         Notifications: [acquiring::a_release_wakes_a_waiter_that_does_not_poll],
         Outage: [outage::server_outage_gives_errors_not_hangs_then_recovers],
-        Proxy: [silent::silent_link_fails_in_bounded_time_then_recovers],
+        Proxy: [
+            silent::silent_link_fails_in_bounded_time_then_recovers,
+            silent::a_dead_connection_is_replaced,
+        ],
     ]
 }
 

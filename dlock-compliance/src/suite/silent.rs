@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{DistributedLock, DistributedLockExt};
+use dlock_testkit::Freeze;
 use tokio::time::Instant;
 
 use super::Ctx;
@@ -116,6 +117,69 @@ pub(crate) async fn silent_link_fails_in_bounded_time_then_recovers(cx: Ctx) -> 
     for (name, view, key) in &views {
         granted_after_the_silence(name, view, key, &cx, healed + give_up).await?;
     }
+    Ok(())
+}
+
+/// How long the next acquire may wait once a client's connection went silent for good: the
+/// client must notice and open another within it. Not stretched by the subject's slack.
+pub const REPLACED: Duration = Duration::from_secs(5);
+
+/// A connection that goes silent for good while new connections still work (half-open, a route
+/// gone for that one flow): the client replaces it. An attempt made as the silence begins fails
+/// in bounded time (or succeeds, on a client that noticed at once); the next acquire, waiting
+/// [`REPLACED`], is granted within that wait.
+pub(crate) async fn a_dead_connection_is_replaced(cx: Ctx) -> anyhow::Result<()> {
+    let Some((client, links)) = cx.subject().proxied_client().await? else {
+        bail!("the subject makes no clients through a proxy");
+    };
+    let key = cx.key("dead-connection");
+    let ttl = cx.ttl();
+    cx.take_and_release(&client, &key).await?;
+
+    links.silence_links();
+    let started = Instant::now();
+    let first = client.try_acquire(&key, &cx.opts(ttl)).await;
+    let took = started.elapsed();
+    ensure!(
+        took <= ttl + cx.slack(),
+        "try_acquire took {took:?} to answer on a connection gone silent"
+    );
+    let first = match first {
+        Ok(Some(lease)) => {
+            lease
+                .release()
+                .await
+                .context("release of the first attempt")?;
+            "granted".to_owned()
+        }
+        Ok(None) => "busy".to_owned(),
+        Err(e) => format!("failed after {took:.2?}: {e}"),
+    };
+
+    let started = Instant::now();
+    let next = client
+        .acquire(&key, &cx.opts(ttl).with_wait(REPLACED))
+        .await;
+    let took = started.elapsed();
+    eprintln!(
+        "[timing] {}: the next acquire after a connection went silent for good answered in \
+         {took:.2?} (the attempt as the silence began: {first})",
+        cx.subject().name()
+    );
+    let lease = next.with_context(|| {
+        format!(
+            "the next acquire, waiting {REPLACED:?} after a connection went silent for good \
+             (new connections work), failed after {took:?}"
+        )
+    })?;
+    ensure!(
+        took <= REPLACED + cx.slack(),
+        "the next acquire was granted only after {took:?} (its wait: {REPLACED:?})"
+    );
+    lease
+        .release()
+        .await
+        .context("release after the replacement")?;
     Ok(())
 }
 
