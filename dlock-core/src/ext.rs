@@ -235,6 +235,9 @@ async fn take(
 ) -> Result<Option<Lease>> {
     let mut owner = OwnerToken::random();
     let mut failures = 0;
+    // The failure that made this acquire try again, if any: what an attempt cut at the deadline
+    // reports, since the service failing is then the truer answer than a busy lock.
+    let mut last_failure: Option<Error> = None;
     let validity = opts.drift.validity(opts.ttl);
     let timeout = |waited| Error::Timeout {
         key: key.to_string(),
@@ -293,11 +296,12 @@ async fn take(
                     // one takes a new token, so that withdrawal cannot touch it.
                     Ok(Err(error)) if error.is_temporary() => {
                         let now = Instant::now();
-                        let Some(left) = deadline.and_then(|d| d.checked_duration_since(now))
-                        else {
+                        let left = deadline.and_then(|d| d.checked_duration_since(now));
+                        let Some(left) = left.filter(|left| !left.is_zero()) else {
                             return Err(error);
                         };
                         tracing::debug!(key = %key, %error, "acquire: a failed attempt is tried again within the wait");
+                        last_failure = Some(error);
                         drop(pending);
                         tokio::time::sleep(opts.retry.delay(failures).min(left)).await;
                         failures = failures.saturating_add(1);
@@ -315,7 +319,7 @@ async fn take(
                         if withdraw(key, backend.as_ref().release(&lease)).await {
                             pending.disarm();
                         }
-                        return Err(timeout(started.elapsed()));
+                        return Err(last_failure.unwrap_or_else(|| timeout(started.elapsed())));
                     }
                     Err(_) => return Err(no_answer(validity)),
                 }

@@ -128,6 +128,68 @@ async fn a_waiting_acquire_retries_after_a_late_grant() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_waiting_acquire_rides_out_passing_failures() {
+    let backend = Scripted::new();
+    backend
+        .faults
+        .unavailable_try_locks
+        .store(2, Ordering::SeqCst);
+    let locks = backend.shared();
+    let lease = locks
+        .acquire("k", &opts(10_000).with_wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(Scripted::count(&backend.calls.try_lock), 3);
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_end_an_acquire_without_a_wait_limit_and_a_try_at_once() {
+    let backend = Scripted::new();
+    let locks = backend.shared();
+    backend
+        .faults
+        .unavailable_try_locks
+        .store(1, Ordering::SeqCst);
+    let err = locks.acquire("k", &opts(10_000)).await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    backend
+        .faults
+        .unavailable_try_locks
+        .store(1, Ordering::SeqCst);
+    let err = locks.try_acquire("k", &opts(10_000)).await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert_eq!(Scripted::count(&backend.calls.try_lock), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_that_outlasts_the_wait_is_reported_at_its_end() {
+    let backend = Scripted::new();
+    backend
+        .faults
+        .unavailable_try_locks
+        .store(usize::MAX, Ordering::SeqCst);
+    let locks = backend.shared();
+    let start = Instant::now();
+    let err = locks
+        .acquire("k", &opts(10_000).with_wait(Duration::from_secs(3)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(
+        start.elapsed() >= Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        start.elapsed() <= Duration::from_millis(3500),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(Scripted::count(&backend.calls.try_lock) >= 3, "it retried");
+}
+
+#[tokio::test(start_paused = true)]
 async fn fencing_tokens_strictly_increase_across_release_and_expiry() {
     let locks = memory();
     let mut last = FencingToken(0);

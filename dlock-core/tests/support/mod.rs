@@ -30,6 +30,8 @@ pub struct Faults {
     pub batch_delay_ms: AtomicU64,
     /// After the inner backend granted, the reply never arrives.
     pub hang_after_grant: AtomicBool,
+    /// This many of the next try_locks fail as unavailable, without asking the inner backend.
+    pub unavailable_try_locks: AtomicUsize,
 }
 
 /// Call counts.
@@ -81,6 +83,13 @@ impl DistributedLock for Scripted {
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         self.calls.try_lock.fetch_add(1, Ordering::SeqCst);
+        let failing = &self.faults.unavailable_try_locks;
+        if failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::unreachable("connection being replaced"));
+        }
         let answer = self.inner.try_lock(req).await?;
         if matches!(answer, Attempt::Acquired(_))
             && self.faults.hang_after_grant.load(Ordering::SeqCst)
