@@ -23,7 +23,7 @@ use crate::contention::{
     queue, remove_leftover, take_if_free, Ahead, Contender, Join, Owner, Read, Take,
 };
 use crate::endpoints::Endpoints;
-use crate::error::{closed, BACKEND};
+use crate::error::{closed, says_no_leader, BACKEND};
 use crate::inspect::{self, holder_of};
 use crate::keywatch::KeyWatch;
 use crate::layout::{contender_key, lease_hex, KeyLayout};
@@ -37,6 +37,10 @@ use crate::watchdog::{merge, Started, Watchdog, WATCH_AFTER};
 /// HTTP/2 keep-alive pings on connections with open streams. etcd refuses pings more frequent
 /// than every 5 s (`--grpc-keepalive-min-time`) by closing the connection, so stay above that.
 const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a connect waits before asking again while the cluster has no leader: an election
+/// takes about a second with etcd's default timings.
+const NO_LEADER_PAUSE: Duration = Duration::from_millis(200);
 
 /// How many times an abandoned key of our own may be cleared out of the way in one attempt.
 const LEFTOVER_ATTEMPTS: u32 = 3;
@@ -287,17 +291,26 @@ impl EtcdLock {
             campaigns: Arc::default(),
             settings,
         };
-        // Granting the session proves that a member answers, within the connect timeout.
-        let granted = state
-            .sessions
-            .get_or_grant(
-                &state.requests,
-                state.settings.session_ttl,
-                state.settings.connect_timeout,
-            )
-            .await;
-        if let Err(error) = granted {
-            return Err(explain_closed(error, &state.settings));
+        // Granting the session proves that a member answers, within the connect timeout. While
+        // the members answer that they have no leader, an election is under way: the grant is
+        // tried again until it ends or the connect timeout runs out.
+        let give_up = Instant::now() + state.settings.connect_timeout;
+        loop {
+            let budget = give_up.saturating_duration_since(Instant::now());
+            let granted = state
+                .sessions
+                .get_or_grant(&state.requests, state.settings.session_ttl, budget)
+                .await;
+            match granted {
+                Ok(_) => break,
+                Err(error)
+                    if says_no_leader(&error) && Instant::now() + NO_LEADER_PAUSE < give_up =>
+                {
+                    tracing::debug!(%error, "etcd: connecting while the cluster has no leader");
+                    tokio::time::sleep(NO_LEADER_PAUSE).await;
+                }
+                Err(error) => return Err(explain_closed(error, &state.settings)),
+            }
         }
         Ok(EtcdLock {
             state: Arc::new(state),

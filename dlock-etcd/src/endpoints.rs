@@ -237,7 +237,11 @@ impl Endpoints {
                 return Err(outcome);
             }
             self.failed(index, &outcome);
-            last = outcome;
+            // A member that answered "no leader" says more than one that refused or stayed
+            // silent: the election it reports is what a caller may wait out.
+            if !last.is_no_leader() || outcome.is_no_leader() {
+                last = outcome;
+            }
         }
         Err(match last {
             RequestError::Timeout { .. } => RequestError::Timeout {

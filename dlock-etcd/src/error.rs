@@ -89,6 +89,20 @@ pub(crate) fn is_temporary(error: &etcd_client::Error) -> bool {
     }
 }
 
+/// The message etcd answers with while its members elect a leader (`rpctypes.ErrNoLeader`).
+const NO_LEADER: &str = "etcdserver: no leader";
+
+/// Whether a member answered that the cluster has no leader: an election is under way (or the
+/// cluster lost its quorum), and the same request may succeed in a moment.
+pub(crate) fn is_no_leader(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains(NO_LEADER))
+}
+
+/// Whether `error` (converted) says that the cluster has no leader.
+pub(crate) fn says_no_leader(error: &Error) -> bool {
+    error.to_string().contains(NO_LEADER)
+}
+
 /// Whether the server said that the lease named in the request does not exist (it expired or was
 /// revoked): every key attached to it is gone, and the session must be replaced.
 pub(crate) fn is_lease_not_found(error: &etcd_client::Error) -> bool {

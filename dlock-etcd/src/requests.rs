@@ -32,6 +32,11 @@ impl RequestError {
     pub(crate) fn is_lease_not_found(&self) -> bool {
         matches!(self, RequestError::Client(e) if is_lease_not_found(e))
     }
+
+    /// Whether a member answered that the cluster has no leader.
+    pub(crate) fn is_no_leader(&self) -> bool {
+        matches!(self, RequestError::Client(e) if crate::error::is_no_leader(e))
+    }
 }
 
 impl fmt::Display for RequestError {

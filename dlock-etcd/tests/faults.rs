@@ -1,5 +1,6 @@
 //! Faults on a three-member etcd cluster: a follower stops; the leader stops; the member a
-//! client talks to is cut off; the holder's session lease ends behind its back.
+//! client talks to is cut off; the holder's session lease ends behind its back; a client
+//! connects while the cluster has no leader.
 //!
 //! Every trial runs the same scene — client A holds a lock, client B waits for it — breaks the
 //! cluster, checks that the lock survives the break (A still holds it, B still waits, nobody
@@ -44,6 +45,7 @@ fn cases() -> Vec<(&'static str, Case<Arc<EtcdCluster>>)> {
         case!(the_leader_stops),
         case!(the_member_in_use_is_cut_off),
         case!(the_session_lease_ends_behind_the_holders_back),
+        case!(a_connect_during_an_election_waits_for_the_leader),
     ]
 }
 
@@ -364,4 +366,58 @@ async fn the_session_lease_ends_behind_the_holders_back(
     again.release().await?;
     let _ = scene.observer.finish().await;
     Ok(())
+}
+
+/// Two members stop, so the third has no leader and answers so; a client connecting to it
+/// meanwhile waits (within its connect timeout) instead of failing at once, and is connected once
+/// the members are back and have elected a leader.
+async fn a_connect_during_an_election_waits_for_the_leader(
+    cluster: Arc<EtcdCluster>,
+) -> anyhow::Result<()> {
+    let stopped = [cluster.member(1)?.clone(), cluster.member(2)?.clone()];
+    for member in &stopped {
+        member.stop().await?;
+    }
+    let result = async {
+        let remaining = cluster.endpoints()[..1].to_vec();
+        // The member notices the lost quorum within an election timeout (1 s by default).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let started = Instant::now();
+        let connecting = tokio::spawn(
+            support::builder(&remaining, SESSION_TTL)
+                .with_connect_timeout(Duration::from_secs(30))
+                .connect(),
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        ensure!(
+            !connecting.is_finished(),
+            "the connect ended while the cluster had no leader: {:?}",
+            connecting.await?.map(|_| ())
+        );
+        for member in &stopped {
+            member.start().await?;
+        }
+        let client = Arc::new(
+            connecting
+                .await?
+                .context("the connect made during the election")?,
+        );
+        eprintln!(
+            "connected {:?} after the connect began (the members came back after 2 s)",
+            started.elapsed()
+        );
+        let lease = client
+            .try_acquire(&key("after-election"), &LockOptions::new(SESSION_TTL))
+            .await?
+            .context("the key is busy")?;
+        lease.release().await?;
+        anyhow::Ok(())
+    }
+    .await;
+    for member in &stopped {
+        // Started already unless the case failed before; starting a running member is a no-op.
+        let _ = member.start().await;
+    }
+    cluster.wait_ready(Duration::from_secs(60)).await?;
+    result
 }
