@@ -39,6 +39,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use dlock_testkit::registry::{self, dlock_backends};
 
@@ -108,11 +110,25 @@ fn main() -> anyhow::Result<()> {
         }
     }
     // What a service that turns the layers on runs with: a metrics exporter installed, and a
-    // subscriber at INFO (dlock's per-call spans are DEBUG, so they are created disabled).
+    // subscriber at INFO for dlock (its per-call spans are DEBUG, so they are created disabled)
+    // and at WARN for the libraries under it, whose INFO lines (ZooKeeper's client logs every
+    // connection) would drown the report; `RUST_LOG` (`target=level,…`) says otherwise.
     metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(std::io::stderr)
+    let quiet = || {
+        tracing_subscriber::filter::Targets::new()
+            .with_default(tracing::Level::WARN)
+            .with_target("dlock", tracing::Level::INFO)
+    };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) => directives.parse().unwrap_or_else(|e| {
+            eprintln!("RUST_LOG={directives:?} is not `target=level,…` ({e}); using the default");
+            quiet()
+        }),
+        Err(_) => quiet(),
+    };
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
