@@ -262,5 +262,7 @@ where
         .copied()
         .collect();
     url.finish(&known)?;
-    Ok(Arc::new(connect(builder).await?))
+    // Boxed, so that `connect`'s future holds a pointer rather than the largest backend's whole
+    // connect state: an application's `main` that awaits it beside other work stays small.
+    Ok(Arc::new(Box::pin(connect(builder)).await?))
 }
