@@ -2,7 +2,7 @@
 //! long as a command runs, and stop the command before the lease can pass to another client.
 //!
 //! The command's supervision — spawning it with its token, passing on signals, stopping it in
-//! time (see [`grace`](crate::grace)) — is shared with `dlock elect`.
+//! time (see [`grace`]) — is shared with `dlock elect`.
 
 use std::ffi::OsString;
 use std::future::Future;

@@ -35,6 +35,9 @@ async fn connect_acquire_try_acquire_and_release_futures_are_small() {
         ("try_acquire", try_acquire),
         ("release", release),
     ] {
-        assert!(size <= MOST, "{name}'s future is {size} bytes (at most {MOST})");
+        assert!(
+            size <= MOST,
+            "{name}'s future is {size} bytes (at most {MOST})"
+        );
     }
 }
