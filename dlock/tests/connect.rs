@@ -230,7 +230,8 @@ async fn zk_urls() {
     rejected(&[
         (
             "zk://u:hunter2@h?operation_timeout=1s",
-            "unknown parameter `operation_timeout` for zk://",
+            // Renamed: refused with its new name.
+            "parameter `operation_timeout` was renamed `request_timeout` for zk://",
         ),
         (
             "zk://u:hunter2@h?prefix=locks",
@@ -292,7 +293,8 @@ async fn etcd_urls() {
     rejected(&[
         (
             "etcd://u:hunter2@h:1?session_ttl=1s",
-            "unknown parameter `session_ttl` for etcd://",
+            // Renamed: refused with its new name.
+            "parameter `session_ttl` was renamed `session_timeout` for etcd://",
         ),
         (
             "etcd://u:hunter2@h:1/ns/?prefix=other/",
