@@ -269,7 +269,7 @@ fn register(
     // allowance), which dlock-core applies.
     let delete_at = sent + req.ttl;
     let state = lease_state(session.link(), session.vouched_until());
-    let (held, watch) = Held::new(path.clone(), session.generation, delete_at, state);
+    let (held, watch) = Held::new(path, session.generation, delete_at, state);
     let owner = req.owner.as_u128();
     let wakes_keeper = {
         let mut registry = inner.registry();
@@ -291,45 +291,7 @@ fn register(
             held.end();
         }
     }
-    watch_own_node(inner, session, path, owner);
     watch
-}
-
-/// Watches the holder's own node, so that a lease whose node someone else deletes (an operator's
-/// eviction, `dlock unlock --force`) is lost at once, as taken over, rather than at its next
-/// extend. The watch ends with the node (a release, the keeper at the TTL) or the session.
-fn watch_own_node(inner: &Arc<Inner>, session: &Session, path: String, owner: u128) {
-    let weak = Arc::downgrade(inner);
-    let client = session.client.clone();
-    let generation = session.generation;
-    tokio::spawn(async move {
-        match client.check_and_watch_stat(&path).await {
-            Ok((Some(_), watcher)) => {
-                if watcher.changed().await.event_type != zk::EventType::NodeDeleted {
-                    // The session ended or the client closed: the watchdog tells the lease.
-                    return;
-                }
-            }
-            // Gone already, between the grant and the watch.
-            Ok((None, _)) => {}
-            // The session failed: the watchdog tells the lease.
-            Err(_) => return,
-        }
-        let Some(inner) = weak.upgrade() else {
-            return;
-        };
-        let mut registry = inner.registry();
-        // Still held here: not released, not retired by the keeper, not a later lease.
-        let ours = registry
-            .get(owner)
-            .is_some_and(|held| held.path == path && held.generation == generation);
-        if ours {
-            if let Some(held) = registry.remove(owner) {
-                tracing::debug!(backend = BACKEND, %path, "the lock node was deleted by another client");
-                held.take_over();
-            }
-        }
-    });
 }
 
 /// A time no wait without deadline reaches (the session ends long before).

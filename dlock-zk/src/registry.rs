@@ -81,11 +81,6 @@ impl Held {
     pub(crate) fn end(self) {
         self.tx.send_replace(SessionState::Expired);
     }
-
-    /// Another client deleted the node: the lease is lost, taken over.
-    pub(crate) fn take_over(self) {
-        self.tx.send_replace(SessionState::TakenOver);
-    }
 }
 
 /// The held locks, by owner token.
