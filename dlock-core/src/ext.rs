@@ -290,11 +290,14 @@ async fn take(
                         pending.disarm();
                         return Err(error);
                     }
-                    // A waiting acquire rides out a passing failure (a connection being
-                    // replaced, a leader being elected) until its wait ends. The abandoned
-                    // attempt is withdrawn in the background under its own owner token; the next
-                    // one takes a new token, so that withdrawal cannot touch it.
-                    Ok(Err(error)) if error.is_temporary() => {
+                    // A waiting acquire tries again after a temporary failure, a few times and
+                    // within its wait: a request that found its connection dead has it replaced
+                    // (or a reconnection started), and a later attempt goes out on the new one.
+                    // A service that is down stays down, and the caller hears so after a few
+                    // quick tries rather than at the end of its wait. The abandoned attempt is
+                    // withdrawn in the background under its own owner token; the next one takes
+                    // a new token, so that withdrawal cannot touch it.
+                    Ok(Err(error)) if error.is_temporary() && failures + 1 < FAILED_ATTEMPTS => {
                         let now = Instant::now();
                         let left = deadline.and_then(|d| d.checked_duration_since(now));
                         let Some(left) = left.filter(|left| !left.is_zero()) else {
@@ -366,6 +369,10 @@ async fn take(
         }
     }
 }
+
+/// How many attempts in a row a waiting acquire makes while they fail temporarily, before it
+/// returns the failure.
+const FAILED_ATTEMPTS: u32 = 4;
 
 /// How long past the caller's deadline a backend's waiting loop may take to give its own answer
 /// before the acquire ends it.

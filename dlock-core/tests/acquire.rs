@@ -128,18 +128,18 @@ async fn a_waiting_acquire_retries_after_a_late_grant() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_waiting_acquire_rides_out_passing_failures() {
+async fn a_waiting_acquire_tries_again_after_passing_failures() {
     let backend = Scripted::new();
     backend
         .faults
         .unavailable_try_locks
-        .store(2, Ordering::SeqCst);
+        .store(3, Ordering::SeqCst);
     let locks = backend.shared();
     let lease = locks
         .acquire("k", &opts(10_000).with_wait(Duration::from_secs(5)))
         .await
         .unwrap();
-    assert_eq!(Scripted::count(&backend.calls.try_lock), 3);
+    assert_eq!(Scripted::count(&backend.calls.try_lock), 4);
     lease.release().await.unwrap();
 }
 
@@ -163,7 +163,7 @@ async fn failures_end_an_acquire_without_a_wait_limit_and_a_try_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_failure_that_outlasts_the_wait_is_reported_at_its_end() {
+async fn a_failure_that_persists_is_reported_after_a_few_tries_not_at_the_wait_s_end() {
     let backend = Scripted::new();
     backend
         .faults
@@ -172,21 +172,16 @@ async fn a_failure_that_outlasts_the_wait_is_reported_at_its_end() {
     let locks = backend.shared();
     let start = Instant::now();
     let err = locks
-        .acquire("k", &opts(10_000).with_wait(Duration::from_secs(3)))
+        .acquire("k", &opts(10_000).with_wait(Duration::from_secs(30)))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
     assert!(
-        start.elapsed() >= Duration::from_secs(3),
+        start.elapsed() < Duration::from_secs(1),
         "{:?}",
         start.elapsed()
     );
-    assert!(
-        start.elapsed() <= Duration::from_millis(3500),
-        "{:?}",
-        start.elapsed()
-    );
-    assert!(Scripted::count(&backend.calls.try_lock) >= 3, "it retried");
+    assert_eq!(Scripted::count(&backend.calls.try_lock), 4, "four tries");
 }
 
 #[tokio::test(start_paused = true)]
