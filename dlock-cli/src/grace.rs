@@ -65,7 +65,7 @@ pub(crate) fn fit(grace: Duration, explicit: bool, window: Duration) -> Result<D
 }
 
 /// A duration as the command line writes it, rounded to milliseconds.
-fn show(duration: Duration) -> humantime::FormattedDuration {
+pub(crate) fn show(duration: Duration) -> humantime::FormattedDuration {
     let millis = Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
     humantime::format_duration(millis)
 }

@@ -277,9 +277,7 @@ pub(crate) async fn supervise(
                         eprintln!(
                             "dlock: {what} could not be renewed and is valid for {} more; \
                              stopping the command before it can pass",
-                            humantime::format_duration(Duration::from_millis(
-                                u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
-                            ))
+                            grace::show(left)
                         );
                         until
                     }
@@ -314,11 +312,10 @@ async fn stop(child: &mut Child, kill_at: Instant) {
         eprintln!(
             "dlock: the command did not exit within {} of SIGTERM, and the lease could pass; \
              sending SIGKILL",
-            humantime::format_duration(Duration::from_millis(
-                u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX)
-            ))
+            grace::show(sent.elapsed())
         );
         forward(child, Signal::SIGKILL);
+        // The command itself too, should it have left its group.
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
