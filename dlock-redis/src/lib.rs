@@ -265,6 +265,8 @@
 //! channels. Without the channel permission (Redis 7's default for new ACL users) locks work the
 //! same, and waiters learn of releases by polling.
 #![deny(missing_docs)]
+// On docs.rs (`--cfg docsrs`), each feature-gated item is marked with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod cluster;

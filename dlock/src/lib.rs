@@ -35,10 +35,12 @@
 //! | `etcd` | `etcd` ([`dlock-etcd`](https://docs.rs/dlock-etcd)) | `etcd://` |
 //! | `postgres` | `postgres` ([`dlock-postgres`](https://docs.rs/dlock-postgres)) | `postgres://`, `postgresql://` |
 //!
-//! No network backend is on by default, so `cargo add dlock` builds anywhere, without protoc or
+//! No network backend is on by default, so `cargo add dlock-rs` builds anywhere, without protoc or
 //! a server. [`connect`] describes every URL form and its query parameters; a scheme whose
 //! feature is not compiled in is an error that names the feature.
 #![deny(missing_docs)]
+// On docs.rs (`--cfg docsrs`), each feature-gated item is marked with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
 mod locks;
@@ -85,3 +87,23 @@ pub use dlock_postgres as postgres;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The primitives page's examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/primitives.md")]
+pub struct PrimitivesDoctests;
+
+/// The operating guide's examples (the tracing and metrics layers), compiled so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/operating.md")]
+pub struct OperatingDoctests;
+
+/// The ZooKeeper guide's examples, compiled here because they use the facade's paths (`dlock::zk`).
+#[cfg(all(doctest, feature = "zk"))]
+#[doc = include_str!("../../dlock-zk/README.md")]
+pub struct DlockZkReadmeDoctests;
+
+/// The etcd guide's examples, compiled here because they use the facade's paths (`dlock::etcd`).
+#[cfg(all(doctest, feature = "etcd"))]
+#[doc = include_str!("../../dlock-etcd/README.md")]
+pub struct DlockEtcdReadmeDoctests;
