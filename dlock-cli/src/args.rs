@@ -191,7 +191,7 @@ pub struct UnlockArgs {
 /// Which lock.
 #[derive(Debug, Args)]
 pub struct Target {
-    /// The lock service's URL: any form dlock::connect takes (see the README's table), e.g.
+    /// The lock service's URL: any form dlock::connect takes (see docs/urls.md), e.g.
     /// redis://localhost:6379, redis+sentinel://s1:26379/mymaster or
     /// etcd+https://h1:2379?ca=/etc/etcd/ca.pem. Put a URL with a password in DLOCK_URL instead:
     /// other users can read a process's arguments.

@@ -7,7 +7,7 @@ use std::fmt;
 
 use dlock::Error;
 
-/// The help text's table of exit codes (also in the README).
+/// The help text's table of exit codes (also in `dlock-cli/README.md`).
 pub const TABLE: &str = "\
 Exit codes:
   (child's)  run, elect: the command's own exit status; 128+N if it died of

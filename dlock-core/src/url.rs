@@ -312,7 +312,7 @@ impl std::fmt::Debug for ConnectUrl {
 pub trait FromUrl: Sized {
     /// The schemes this backend serves, lowercase (`etcd`, `etcd+https`, …).
     const SCHEMES: &'static [&'static str];
-    /// The parameters it takes, in the order the README's table lists them.
+    /// The parameters it takes, in the order the table in `docs/urls.md` lists them.
     const PARAMETERS: &'static [&'static str];
 
     /// Makes the builder from `url`, whose scheme is one of [`FromUrl::SCHEMES`], taking the

@@ -98,7 +98,7 @@ impl Requests {
     }
 
     /// One delete, outside a transaction: where no condition is needed, it costs the members
-    /// less than a transaction does (measured on etcd 3.4 with 64 tasks; see the README).
+    /// less than a transaction does (measured on etcd 3.4 with 64 tasks; see `docs/performance.md`).
     pub(crate) async fn delete(
         &self,
         key: Vec<u8>,

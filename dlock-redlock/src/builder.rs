@@ -122,7 +122,7 @@ dlock_core::setters! {
 
 impl RedlockBuilder {
     /// Settings from a connection string `redlock://host,host,…[/db]` with `?parameters` (see
-    /// the README's table), checked before anything is sent.
+    /// the table in `docs/urls.md`), checked before anything is sent.
     pub fn from_url(url: &str) -> Result<Self> {
         <Self as dlock_core::url::FromUrl>::from_url(url)
     }

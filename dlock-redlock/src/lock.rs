@@ -713,7 +713,7 @@ impl DistributedLock for RedlockLock {
     }
 
     /// Waiters are served in arrival order, woken by the masters' release notifications (see
-    /// the README's "Redlock: waiting in a fair queue"). The read-write lock and the election
+    /// the crate's README, "Redlock: waiting in a fair queue"). The read-write lock and the election
     /// are served; the semaphore is not (see [the crate docs](crate#primitives)). The views of
     /// the primitives declare neither the fair queue nor notifications: their waiters poll.
     fn capabilities(&self) -> Capabilities {

@@ -511,7 +511,7 @@ pub const BACKENDS: &[Backend] = &[
             (NotApplicable, "one server: a cut between client and server is scenario 6"),
             (NotApplicable, "the server logs every commit before acknowledging; a restart ends every session (locks freed, holders lost) and the sequence survives"),
             (NotApplicable, "Redlock only: one server, whose clock times idle sessions"),
-            (NotApplicable, "the fixture runs one server; a failover to a replica loses held locks (README)"),
+            (NotApplicable, "the fixture runs one server; a failover to a replica loses held locks (dlock-postgres/README.md)"),
             (Safe, "unlock and extend run on the holder's own session and touch only its locks"),
         ],
     },

@@ -159,7 +159,7 @@ impl ZkLockBuilder {
         }
     }
 
-    /// A builder for the connection string `url` with `?parameters` (see the README's table),
+    /// A builder for the connection string `url` with `?parameters` (see the table in `docs/urls.md`),
     /// checked before anything is sent.
     pub fn from_url(url: &str) -> Result<Self> {
         <Self as dlock_core::url::FromUrl>::from_url(url)

@@ -165,13 +165,15 @@
 //! `digest:USER:HASH` ALL and `world:anyone` READ: other identities can see a queue and who holds
 //! it, but cannot delete or overwrite a holder's node, nor queue for the key (ZooKeeper checks
 //! DELETE on the parent, so letting others queue would let them delete the holder). A lock root
-//! therefore belongs to the identity that created it. The README's ZooKeeper section has the
-//! details.
+//! therefore belongs to the identity that created it. The crate's README ("ZooKeeper over TLS,
+//! and ACLs under digest credentials") has the details.
 //!
 //! [`Error::InvalidInput`]: dlock_core::Error::InvalidInput
 //! [`Error::Unavailable`]: dlock_core::Error::Unavailable
 //! [`Error::Backend`]: dlock_core::Error::Backend
 #![deny(missing_docs)]
+// On docs.rs (`--cfg docsrs`), each feature-gated item is marked with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acl;
 mod acquire;

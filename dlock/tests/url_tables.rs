@@ -1,6 +1,6 @@
-//! The README's two tables of `dlock::connect` URLs — schemes and parameters — say exactly what
-//! the code accepts: every scheme the facade maps and every parameter each backend takes, no
-//! more and no fewer.
+//! The two tables of `dlock::connect` URLs in `docs/urls.md` — schemes and parameters — say
+//! exactly what the code accepts: every scheme the facade maps and every parameter each backend
+//! takes, no more and no fewer.
 
 #![cfg(all(
     feature = "redis",
@@ -16,14 +16,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dlock::url::FromUrl;
 
-const README: &str = include_str!("../../README.md");
+const URLS: &str = include_str!("../../docs/urls.md");
 
 /// The rows of the first Markdown table after the line starting with `header`, cut into cells.
 fn table(header: &str) -> Vec<Vec<String>> {
-    let start = README
+    let start = URLS
         .find(header)
-        .unwrap_or_else(|| panic!("README has no table headed {header:?}"));
-    README[start..]
+        .unwrap_or_else(|| panic!("docs/urls.md has no table headed {header:?}"));
+    URLS[start..]
         .lines()
         .skip(2)
         .take_while(|line| line.starts_with('|'))
@@ -114,10 +114,10 @@ fn the_parameter_table_names_every_parameter_of_every_backend() {
 
 #[test]
 fn every_production_example_parses() {
-    let start = README
+    let start = URLS
         .find("each of these production forms")
-        .expect("the README's production examples");
-    let block = README[start..]
+        .expect("the production examples of docs/urls.md");
+    let block = URLS[start..]
         .split("```text\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())

@@ -216,7 +216,7 @@ pub async fn kazoo_under_curator_naming(env: Env) -> anyhow::Result<()> {
     kazoo.finish(Duration::from_secs(10)).await?;
     ensure!(
         answer == "try acquired",
-        "kazoo answered {answer:?} beside a dlock holder with the curator naming; the README says it does not see it"
+        "kazoo answered {answer:?} beside a dlock holder with the curator naming; dlock-zk's README says it does not see it"
     );
     lease.release().await?;
     Ok(())
