@@ -42,6 +42,7 @@ use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use dlock_testkit::page::{self, Stamp};
 use dlock_testkit::registry::{self, dlock_backends};
 
 use crate::locker::Kind;
@@ -64,6 +65,11 @@ struct Args {
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/dlock-bench.json")]
     json: PathBuf,
+    /// Also rewrite the generated section of this Markdown page (between its `dlock-bench`
+    /// markers) with the run's tables, stamped with its command, date, commit and machine:
+    /// `--page docs/performance.md`.
+    #[arg(long)]
+    page: Option<PathBuf>,
     /// Only these backends (comma-separated names: memory, redis, redlock, zk, etcd, postgres).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -142,6 +148,20 @@ fn main() -> anyhow::Result<()> {
     }
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
     eprintln!("wrote {}", args.json.display());
+    if let Some(path) = &args.page {
+        let command = std::iter::once("dlock-bench".to_owned())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" ");
+        page::write_section(
+            path,
+            "dlock-bench",
+            &Stamp::now(command),
+            &report::page(&report),
+        )
+        .map_err(anyhow::Error::msg)?;
+        eprintln!("rewrote the generated section of {}", path.display());
+    }
     Ok(())
 }
 
@@ -307,16 +327,7 @@ async fn measure(
     })
 }
 
-/// Cores and CPU model, as the report states them.
+/// Cores and CPU model, and where the servers ran, as the report states them.
 fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    format!("{cores} cores ({model}); servers in Docker containers, reached at their addresses on Docker's bridge networks where the host can (not through the port proxy); the machine is shared, so figures are noisy")
+    format!("{}; servers in Docker containers, reached at their addresses on Docker's bridge networks where the host can (not through the port proxy); the machine is shared, so figures are noisy", page::machine())
 }

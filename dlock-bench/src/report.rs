@@ -242,8 +242,18 @@ fn failures(failed: u64) -> String {
     }
 }
 
-/// The table with a heading that says how it was made.
+/// The table with a heading that says how it was made: what the run prints.
 pub fn print(report: &Report) -> String {
+    format!("{}\n{}", heading(report), tables(report))
+}
+
+/// The run as a documentation page shows it: the heading as preformatted text, then the tables.
+pub fn page(report: &Report) -> String {
+    format!("```text\n{}```\n\n{}", heading(report), tables(report))
+}
+
+/// What was run, when, where, and against which servers.
+fn heading(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -267,15 +277,18 @@ pub fn print(report: &Report) -> String {
     for (name, why) in &report.skipped {
         let _ = writeln!(out, "{name}: not measured: {why}");
     }
-    let _ = writeln!(out);
-    out.push_str(&table(report));
-    let _ = writeln!(out);
-    out.push_str(&waiting_table(report));
-    let _ = writeln!(out);
-    out.push_str(&leases_table(report));
-    let _ = writeln!(out);
-    out.push_str(&goals_table(report));
     out
+}
+
+/// Every table of the run.
+fn tables(report: &Report) -> String {
+    [
+        table(report),
+        waiting_table(report),
+        leases_table(report),
+        goals_table(report),
+    ]
+    .join("\n")
 }
 
 /// How hand-offs grow with the tasks waiting on one key: dlock on every backend, a row per task

@@ -17,6 +17,7 @@ pub mod control;
 pub mod fixtures;
 pub mod freeze;
 pub mod history;
+pub mod page;
 pub mod proxy;
 pub mod registry;
 pub mod scenario;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, Command};
-use dlock_safety::report::replace_section;
 use dlock_safety::{matrix, Filter, Plan, Report};
+use dlock_testkit::page::{self, Stamp};
 
 fn cli() -> Command {
     Command::new("safety-report")
@@ -15,8 +15,8 @@ fn cli() -> Command {
         .arg(Arg::new("quick").long("quick").action(ArgAction::SetTrue).help("the shortened CI run"))
         .arg(Arg::new("out").long("out").value_name("DIR").value_parser(clap::value_parser!(PathBuf))
             .help("write safety-matrix.md, safety-details.md and safety-report.json into DIR"))
-        .arg(Arg::new("readme").long("readme").value_name("FILE").value_parser(clap::value_parser!(PathBuf))
-            .help("replace the matrix section of FILE (between its safety-matrix markers)"))
+        .arg(Arg::new("page").long("page").value_name("FILE").value_parser(clap::value_parser!(PathBuf))
+            .help("replace the matrix section of FILE (between its safety-matrix markers) with this run's, stamped with its command, date, commit and machine"))
         .arg(Arg::new("only").long("only").value_name("SCENARIO/BACKEND").action(ArgAction::Append)
             .help("run only these cells, e.g. 2/redis, */zk, 8/*, 5 or etcd (repeatable)"))
         .after_help("Servers: containers by default (Docker, images from scripts/test-images); \
@@ -93,12 +93,13 @@ fn write_outputs(args: &clap::ArgMatches, report: &Report<'_>, matrix: &str) -> 
         }
         eprintln!("safety-report: wrote {}", dir.display());
     }
-    if let Some(path) = args.get_one::<PathBuf>("readme") {
-        let readme = std::fs::read_to_string(path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let updated =
-            replace_section(&readme, matrix).map_err(|e| format!("{}: {e}", path.display()))?;
-        std::fs::write(path, updated).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    if let Some(path) = args.get_one::<PathBuf>("page") {
+        let command = std::iter::once("safety-report".to_owned())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" ");
+        page::write_section(path, "safety-matrix", &Stamp::now(command), matrix)?;
+        eprintln!("safety-report: rewrote the matrix in {}", path.display());
     }
     Ok(())
 }
