@@ -133,8 +133,14 @@ fn failing_cases(subject: &Subject) -> anyhow::Result<Vec<(&'static str, String)
     })
 }
 
+/// Trials run at once unless `--test-threads` says otherwise. A trial spends its time waiting on
+/// the cases' timers (TTLs, waits, timeouts), not computing: the whole binary used 17 s of CPU in
+/// 140 s with 12 at once, and 20 s in 343 s with one per core.
+const TRIALS_AT_ONCE: usize = 12;
+
 fn main() {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    args.test_threads.get_or_insert(TRIALS_AT_ONCE);
     let table: Arc<Mutex<BTreeMap<&'static str, Vec<&'static str>>>> = Arc::default();
     let mut trials: Vec<Trial> = [
         (
