@@ -19,7 +19,8 @@ use crate::exit;
 #[command(name = "dlock", version, after_help = exit::TABLE)]
 pub struct Cli {
     /// Trace every lock call (one span each, with key, backend, outcome, wait and fencing token)
-    /// and the backend's own events on standard error; also tracing=true in the URL.
+    /// and the backend's own events on standard error; also tracing=true in the URL. Without it,
+    /// dlock's events at INFO and other libraries' at WARN; RUST_LOG=target=level,… overrides.
     #[arg(long, global = true)]
     pub trace: bool,
     /// What to do.

@@ -50,9 +50,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::UNAVAILABLE);
         }
     };
-    if cli.trace {
-        trace_to_stderr();
-    }
+    log_to_stderr(cli.trace);
     let trace = cli.trace;
     let outcome = runtime.block_on(async {
         match cli.command {
@@ -80,19 +78,39 @@ async fn connect(url: &str, trace: bool) -> dlock::Result<dlock::Locks> {
     }
 }
 
-/// `--trace`: dlock's spans and events, at `DEBUG`, on standard error (the command's own output
-/// stays on standard output); other crates' events are left out.
-fn trace_to_stderr() {
+/// dlock's own events on standard error (the command's own output stays on standard output): at
+/// INFO (an eviction, a Sentinel failover, a Redlock master held back after a restart), or at
+/// DEBUG with `--trace` (a span per lock call). Other libraries' only at WARN: their INFO lines
+/// (the ZooKeeper client logs every connection) would bury dlock's and the command's.
+/// `RUST_LOG` (`target=level,…`) says otherwise.
+fn log_to_stderr(trace: bool) {
+    use tracing::Level;
+    use tracing_subscriber::filter::Targets;
     use tracing_subscriber::layer::SubscriberExt;
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_writer(std::io::stderr)
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-        .finish()
+    use tracing_subscriber::util::SubscriberInitExt;
+    let dlock = if trace { Level::DEBUG } else { Level::INFO };
+    let quiet = || {
+        Targets::new()
+            .with_default(Level::WARN)
+            .with_target("dlock", dlock)
+    };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) => directives.parse().unwrap_or_else(|e| {
+            eprintln!(
+                "dlock: RUST_LOG={directives:?} is not `target=level,…` ({e}); using the default"
+            );
+            quiet()
+        }),
+        Err(_) => quiet(),
+    };
+    let _ = tracing_subscriber::registry()
         .with(
-            tracing_subscriber::filter::Targets::new().with_target("dlock", tracing::Level::DEBUG),
-        );
-    let _ = tracing::subscriber::set_global_default(subscriber);
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE),
+        )
+        .with(filter)
+        .try_init();
 }
 
 /// Help and version go to standard output with status 0; a usage error is one line on standard

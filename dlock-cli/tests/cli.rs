@@ -183,6 +183,7 @@ fn main() {
         })
         .collect();
     const TEETH: &str = "redis_teeth_a_runner_that_stops_only_on_loss_is_caught";
+    const QUIET: &str = "zk_other_libraries_speak_at_warn_unless_rust_log_asks";
 
     if (RedisServer::needs_docker()
         || RedisMasters::needs_docker()
@@ -202,6 +203,7 @@ fn main() {
             trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
         }
         trials.push(Trial::test(TEETH, || Ok(())).with_ignored_flag(true));
+        trials.push(Trial::test(QUIET, || Ok(())).with_ignored_flag(true));
         libtest_mimic::run(&args, trials).exit();
     }
 
@@ -272,6 +274,10 @@ fn main() {
     let (servers, teeth_backends) = (redis.clone(), backends.clone());
     trials.push(Trial::test(TEETH, move || {
         stop_in_time::stopping_on_loss_is_caught(&servers, &teeth_backends[0], "4s")
+    }));
+    let zk_url = format!("zk://{}", zk_hosts.join(","));
+    trials.push(Trial::test(QUIET, move || {
+        other_libraries_speak_at_warn(&zk_url)
     }));
     trials::run_then(&args, trials, &runtime, || async {
         remove_scratch();
@@ -365,6 +371,36 @@ fn run_to_end(command: &mut Command) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("the dlock binary runs")
+}
+
+/// The ZooKeeper client logs every session it establishes at INFO. `dlock` shows other
+/// libraries' events only from WARN up, so that its standard error stays readable beside the
+/// command's, unless `RUST_LOG` asks for more.
+fn other_libraries_speak_at_warn(zk_url: &str) -> Result<(), Failed> {
+    let key = "quiet-logs";
+    let quiet = run_to_end(
+        dlock()
+            .env_remove("RUST_LOG")
+            .args(["status", "--url", zk_url, "--key", key]),
+    );
+    exits(&quiet, 0)?;
+    ensure!(
+        !text(&quiet.stderr).contains("zookeeper_client"),
+        "without RUST_LOG, stderr shows the ZooKeeper client's events: {}",
+        text(&quiet.stderr)
+    );
+    let asked = run_to_end(
+        dlock()
+            .env("RUST_LOG", "zookeeper_client=info")
+            .args(["status", "--url", zk_url, "--key", key]),
+    );
+    exits(&asked, 0)?;
+    ensure!(
+        text(&asked.stderr).contains("zookeeper_client"),
+        "with RUST_LOG=zookeeper_client=info, stderr shows none of the ZooKeeper client's events: {}",
+        text(&asked.stderr)
+    );
+    Ok(())
 }
 
 /// `dlock status` on `url` finds `key` free: exit 0 and "KEY: free". `when` says at what point
