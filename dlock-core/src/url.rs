@@ -521,27 +521,23 @@ impl std::fmt::Debug for Credentials {
 /// assert_eq!(percent_decode("%zz"), None);
 /// ```
 pub fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return None;
-            }
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    // percent-encoding passes a malformed escape through as it is; dlock refuses it instead.
+    let mut escapes = s.split('%').skip(1);
+    if !escapes.all(|after| {
+        after
+            .get(..2)
+            .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    }) {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(|decoded| decoded.into_owned())
 }
 
 /// Percent-encodes what would end or change a query value (`%`, `&`, `#`, `=`, `+`, space and
-/// control characters), so that [`percent_decode`] gives `s` back.
+/// control characters) and every byte outside ASCII, so that [`percent_decode`] gives `s` back.
 ///
 /// ```
 /// use dlock_core::url::{percent_decode, percent_encode};
@@ -550,18 +546,15 @@ pub fn percent_decode(s: &str) -> Option<String> {
 /// assert_eq!(percent_decode(&percent_encode(path)).as_deref(), Some(path));
 /// ```
 pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '%' | '&' | '#' | '=' | '+' | ' ') || c.is_control() {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    /// What would end or change a query value; bytes outside ASCII are always encoded.
+    const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+        .add(b'%')
+        .add(b'&')
+        .add(b'#')
+        .add(b'=')
+        .add(b'+')
+        .add(b' ');
+    percent_encoding::utf8_percent_encode(s, QUERY_VALUE).to_string()
 }
 
 /// The connection string `url` with the password of its `user:password@` part replaced by
@@ -622,6 +615,26 @@ fn hide_password_parameters(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Whatever a value holds (a path, a password, non-ASCII), encoding then decoding gives
+        /// it back, and the encoded form holds nothing that would end or change a query value.
+        #[test]
+        fn encoding_round_trips(s in "\\PC*|[%&#=+ \u{0}-\u{1f}é€]*") {
+            let encoded = percent_encode(&s);
+            proptest::prop_assert!(!encoded.contains(['&', '#', '=', '+', ' ']), "{}", encoded);
+            proptest::prop_assert_eq!(percent_decode(&encoded), Some(s));
+        }
+    }
+
+    #[test]
+    fn decoding_refuses_malformed_escapes_and_bytes_that_are_not_utf8() {
+        assert_eq!(percent_decode("s%40cret%2Fx").as_deref(), Some("s@cret/x"));
+        assert_eq!(percent_decode("a+b").as_deref(), Some("a+b"));
+        for bad in ["%", "%4", "%zz", "a%%41", "%4g", "50%", "%ff"] {
+            assert_eq!(percent_decode(bad), None, "{bad:?}");
+        }
+    }
 
     fn message(url: &str) -> String {
         let result = ConnectUrl::parse(url).and_then(|mut u| {
