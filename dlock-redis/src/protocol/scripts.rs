@@ -74,6 +74,11 @@
 //! also puts the script back in the cache. `NOSCRIPT` guarantees the first attempt did nothing, so
 //! repeating it is safe. dlock-redlock loads every script ([`load_all`]) on each connection it
 //! opens, before using it.
+//!
+//! `redis::Script` does the same job with one more round trip: on `NOSCRIPT` it sends
+//! `SCRIPT LOAD` (in a Redis Cluster, to every primary) and then `EVALSHA` again, and it copies
+//! every key and argument into vectors of its own per call. `EVAL` carries the key, runs at once
+//! on the key's shard, and caches the script there.
 
 use std::sync::LazyLock;
 use std::time::Duration;
