@@ -5,10 +5,16 @@
 //! The server ends the session when it has been idle for the session timeout `T`
 //! (`idle_session_timeout`, set for this session only), which frees the locks of a client that
 //! was paused, frozen or cut off. While locks are held the client pings every `T/4`, so a living
-//! client's session is never idle that long. The lease's session bound is the send time of the
-//! last answered request plus `T`, minus an allowance (a tenth of `T`, 1 % and 2 ms for clock
-//! rates): the server cannot have ended the session before then, because its idle timer starts
-//! only after it answered.
+//! client's session is never idle that long. The lease's session bound is the instant the
+//! session was last confirmed plus `T`, minus an allowance (a tenth of `T`, 1 % and 2 ms for
+//! clock rates): the server cannot have ended the session before then, because its idle timer
+//! starts only after it answered. An answer confirms the session as of its request's sending,
+//! and a granting statement's answer as of later: it says how long the server worked on the
+//! statement ([`sql::WORKED`]), and it left the server at least that long after the request was
+//! sent. So a grant held up on the server for most of `T` (by a row or table lock of
+//! `dlock_holders`, a semaphore's other grants, a slow server) does not hand out a lease whose
+//! session bound is already past, when no other lock of the session is pinged meanwhile to
+//! confirm it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,6 +29,7 @@ use tokio_postgres::{Row, Statement};
 
 use crate::builder::Settings;
 use crate::errors::{from_driver, BACKEND};
+use crate::sql;
 
 /// One connection and what the client knows of its session.
 pub(crate) struct Session {
@@ -34,6 +41,8 @@ pub(crate) struct Session {
     timeout: Duration,
     request_timeout: Duration,
     state: watch::Sender<SessionState>,
+    /// The latest instant the server is known to have answered a request after (see
+    /// [`confirmed_by`]): its idle timer started no earlier.
     confirmed: Mutex<Instant>,
     /// When the session last had an answer (or opened): a session idle for half its timeout is
     /// replaced rather than used, so that no request meets the server ending it.
@@ -65,6 +74,25 @@ impl std::fmt::Debug for Session {
 /// A tenth of the timeout, plus 1 % and 2 ms for clock rates.
 fn allowance(timeout: Duration) -> Duration {
     timeout / 10 + timeout / 100 + Duration::from_millis(2)
+}
+
+/// The instant an answer that arrived at `answered`, to a request sent at `sent`, confirms the
+/// session as of: the sending, or, when the answer says that the server worked `worked` on the
+/// statement, that much later, less 1 % (the server's clock may run that much faster than
+/// ours, as the allowance assumes) and never past the answer's arrival (the server's wall clock
+/// may have jumped meanwhile).
+fn confirmed_by(sent: Instant, answered: Instant, worked: Option<Duration>) -> Instant {
+    let Some(worked) = worked else {
+        return sent;
+    };
+    sent + (worked - worked / 100).min(answered.saturating_duration_since(sent))
+}
+
+/// The server's time on the statement, if its answer reports it ([`sql::WORKED`], in the first
+/// row); a negative one (the server's clock went back) counts as none.
+fn worked(rows: &[Row]) -> Option<Duration> {
+    let micros: i64 = rows.first()?.try_get(sql::WORKED).ok()?;
+    u64::try_from(micros).ok().map(Duration::from_micros)
 }
 
 /// How the lock session plans its statements: once per session, as a generic plan, and never
@@ -195,12 +223,13 @@ impl Session {
         confirmed + self.timeout - allowance(self.timeout)
     }
 
-    /// The server answered a request sent at `sent`.
-    pub(crate) fn confirm(&self, sent: Instant) {
+    /// The server answered a request after `at` (the request's sending, or later: see
+    /// [`confirmed_by`]).
+    pub(crate) fn confirm(&self, at: Instant) {
         {
             let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
-            if sent > *confirmed {
-                *confirmed = sent;
+            if at > *confirmed {
+                *confirmed = at;
             }
         }
         if !self.ended.load(Ordering::Acquire) {
@@ -266,7 +295,9 @@ impl Session {
     }
 
     /// Runs one statement with typed parameters within the request timeout, confirming the
-    /// session on an answer. A timeout suspends the session (the connection is stuck).
+    /// session on an answer: as of the request's sending, or later if the answer reports the
+    /// server's time on the statement ([`sql::WORKED`], as the granting statements do). A timeout
+    /// suspends the session (the connection is stuck).
     pub(crate) async fn query(
         &self,
         sql: &str,
@@ -277,8 +308,9 @@ impl Session {
         let _under_way = UnderWay::start(self);
         match tokio::time::timeout(self.request_timeout, self.run(sql, params)).await {
             Ok(Ok(rows)) => {
-                self.confirm(sent);
-                self.touch(Instant::now());
+                let answered = Instant::now();
+                self.confirm(confirmed_by(sent, answered, worked(&rows)));
+                self.touch(answered);
                 Ok(rows)
             }
             Ok(Err(e)) => {
@@ -349,4 +381,27 @@ where
         tokio::time::sleep_until(session.bound()).await;
     }
     session.end();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reported_server_time_confirms_the_session_later_but_never_past_the_answer() {
+        let sent = Instant::now();
+        let answered = sent + Duration::from_millis(1_800);
+        assert_eq!(confirmed_by(sent, answered, None), sent);
+        assert_eq!(
+            confirmed_by(sent, answered, Some(Duration::from_millis(1_700))),
+            sent + Duration::from_millis(1_683),
+            "less 1 % for the server's clock rate"
+        );
+        assert_eq!(
+            confirmed_by(sent, answered, Some(Duration::from_secs(3_600))),
+            answered,
+            "a server clock that jumped"
+        );
+        assert_eq!(confirmed_by(sent, sent, Some(Duration::ZERO)), sent);
+    }
 }

@@ -197,6 +197,23 @@ impl KeyParams {
     }
 }
 
+/// The column in which a granting statement reports how long the server worked on it, in
+/// microseconds of the server's clock: from the start of the statement's transaction (`now()`,
+/// stamped as the server took up the request, before it bound the statement, so that a wait for
+/// a table lock is counted) to the reading, at the end of the statement. A statement sent alone
+/// runs in a transaction of its own, so its answer left the server at least that long after the
+/// request was sent, and the session is known to live that much longer (see
+/// [`crate::session`]): a grant held up for most of the session timeout still gets a lease with
+/// the whole timeout ahead of it.
+pub(crate) const WORKED: &str = "worked_us";
+
+/// The [`WORKED`] column, to go last in a granting statement's answer, after what it waits for.
+macro_rules! worked {
+    () => {
+        "(extract(epoch FROM clock_timestamp() - now()) * 1000000)::bigint AS worked_us"
+    };
+}
+
 /// Overwrites a row left behind by a holder whose session ended.
 const UPSERT: &str = "ON CONFLICT (name, kind, holder) DO UPDATE SET token = excluded.token,
              owner = excluded.owner, pid = excluded.pid, key1 = excluded.key1,
@@ -211,11 +228,11 @@ const UPSERT: &str = "ON CONFLICT (name, kind, holder) DO UPDATE SET token = exc
 ///
 /// Returns one row: the token (null if not granted); if another waiter heads the queue, in
 /// how many milliseconds its entry lapses and who it is (both null when the caller heads it or
-/// nobody does); and, if not granted, the waiter just ahead of the caller (null when it heads
-/// the queue). When granted, the rows of readers of the name go (none can hold beside us), and
-/// so do the caller's entry and the lapsed entries of the queue. If not granted, a waiting caller
-/// stands in the queue: at the end if it was not in it (or its entry lapsed), otherwise in its
-/// place, with the entry's lapse moved.
+/// nobody does); if not granted, the waiter just ahead of the caller (null when it heads the
+/// queue); and the server's time on the statement ([`WORKED`]). When granted, the rows of
+/// readers of the name go (none can hold beside us), and so do the caller's entry and the lapsed
+/// entries of the queue. If not granted, a waiting caller stands in the queue: at the end if it
+/// was not in it (or its entry lapsed), otherwise in its place, with the entry's lapse moved.
 pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
     format!(
         "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),
@@ -249,8 +266,10 @@ pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
                      AND (w.arrival, w.waiter) < (COALESCE((SELECT m.arrival
                          FROM dlock_waiters m WHERE m.key = $9 AND m.waiter = $10
                              AND m.until > now.t), now.t), $10)
-                 ORDER BY w.arrival DESC, w.waiter DESC LIMIT 1)",
-        key.args()
+                 ORDER BY w.arrival DESC, w.waiter DESC LIMIT 1),
+             {}",
+        key.args(),
+        worked!()
     )
 }
 
@@ -312,8 +331,9 @@ pub(crate) const WITHDRAW: &str = "WITH gone AS (DELETE FROM dlock_waiters
 
 /// Takes a read hold if no writer holds the key and none waits (`$9, $10`: the companion
 /// key, which a waiting writer holds; its shared lock is taken and given back at once):
-/// `$4` name, `$5` owner record, `$11` the holder (owner token in hex); returns the token, or
-/// no row if busy. `CASE` fixes the order: companion first, then the key.
+/// `$4` name, `$5` owner record, `$11` the holder (owner token in hex); returns the token and
+/// the server's time on the statement ([`WORKED`]), or no row if busy. `CASE` fixes the order:
+/// companion first, then the key.
 pub(crate) fn grant_read(key: &KeyParams) -> String {
     format!(
         "WITH granted AS (SELECT CASE WHEN pg_try_advisory_lock_shared($9, $10) THEN
@@ -324,8 +344,9 @@ pub(crate) fn grant_read(key: &KeyParams) -> String {
          SELECT $4, 'read', $11, nextval('dlock_fencing'), $5, pg_backend_pid(), $6, $7, $8
          FROM granted WHERE ok
          {UPSERT}
-         RETURNING token",
-        key.args()
+         RETURNING token, {}",
+        key.args(),
+        worked!()
     )
 }
 
@@ -339,9 +360,11 @@ pub(crate) fn grant_read(key: &KeyParams) -> String {
 ///    its session would be granted them again), with key `($1, $3 + 4 i)`;
 /// 4. a token and the row: `$6` name, `$7` owner record.
 ///
-/// Returns one row: the other number of permits, the slot, the token. Each step is in a
-/// materialized CTE that reads the one before, so they run in this order.
-pub(crate) const GRANT_PERMIT: &str = "WITH guard AS MATERIALIZED (
+/// Returns one row: the other number of permits, the slot, the token, and the server's time on
+/// the statement ([`WORKED`]). Each step is in a materialized CTE that reads the one before, so
+/// they run in this order.
+pub(crate) const GRANT_PERMIT: &str = concat!(
+    "WITH guard AS MATERIALIZED (
          SELECT pg_advisory_xact_lock($1, $2)::text AS g),
      other AS MATERIALIZED (
          SELECT (SELECT ((l.objid::bigint >> 16) & 16383)::integer FROM pg_locks l
@@ -370,7 +393,10 @@ pub(crate) const GRANT_PERMIT: &str = "WITH guard AS MATERIALIZED (
              owner = excluded.owner, pid = excluded.pid, key1 = excluded.key1,
              key2 = excluded.key2, space = excluded.space
          RETURNING token)
-     SELECT slot.n, slot.i, (SELECT token FROM ins) FROM slot";
+     SELECT slot.n, slot.i, (SELECT token FROM ins), ",
+    worked!(),
+    " FROM slot"
+);
 
 /// Gives back the slots `($1, $2 + 4 i)`, `i` in `0..$3` but not in `$4`, after a permit's
 /// grant failed without saying which slot it took, if any (unlocking a slot this session does
@@ -414,5 +440,20 @@ pub(crate) fn on_key(key: &KeyParams) -> &'static str {
         "l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
          AND l.classid = ($2::bigint & 4294967295)::oid AND l.objid = ($3::bigint & 4294967295)::oid \
          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn granting_statements_report_the_servers_time() {
+        assert!(worked!().ends_with(&format!(" AS {WORKED}")));
+        let key = KeyParams::new(AdvisoryKey::Single(7));
+        for statement in [grant(&key, "pg_try_advisory_lock"), grant_read(&key)] {
+            assert!(statement.contains(worked!()), "{statement}");
+        }
+        assert!(GRANT_PERMIT.contains(worked!()));
     }
 }

@@ -1,7 +1,7 @@
 //! PostgreSQL-specific cases, beyond the shared suite: exclusion with a plain `psql` session in
 //! both directions on the documented advisory key, in both key spaces; a session the server
 //! ends (`pg_terminate_backend`) and a server restart or crash, with fenced writes; a client
-//! whose locks fill more than one session; tasks of one
+//! whose locks fill more than one session; grants held up on the server; tasks of one
 //! client; clients that meet while the tables are created; the queue's announcements, heard by
 //! the next waiter's client only, and none for waiters that wait in the lock manager, which a
 //! release nobody announces wakes too; eviction, which ends the holder's whole session;
@@ -45,6 +45,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_client_past_a_sessions_share_of_locks_opens_another),
         case!(a_held_up_grant_keeps_its_session_in_use),
         case!(a_grant_counts_its_ttl_from_before_its_session_opened),
+        case!(a_held_up_grant_gets_a_lease_with_its_session_timeout_ahead),
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
         case!(tasks_of_one_client_exclude_each_other),
         case!(a_client_that_waited_for_the_layout_leaves_the_tables_alone),
@@ -484,9 +485,8 @@ async fn held_up_grant_keeps_its_session(url: &str) -> anyhow::Result<()> {
             .connect()
             .await?,
     );
-    // The TTL counts from before the grant was held up, so it outlasts the hold-up; the
-    // session is confirmed only as of the held-up statement's sending, so the first renewal
-    // (a ping of the session) comes as soon as the grant lands.
+    // The TTL counts from before the grant was held up, so it outlasts the hold-up; renewals
+    // (pings of the session) keep the leases from then on.
     let renewed = |ttl| {
         let mut options = opts(ttl);
         options.auto_renew = Some(dlock_core::AutoRenew {
@@ -614,6 +614,118 @@ async fn ttl_from_before_the_session(url: &str) -> anyhow::Result<()> {
             "the server still holds the lock a second past its lease's validity"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// A grant held up on the server for most of the session timeout `T`, by a client that holds no
+/// other lock (so nothing pings its session meanwhile), gets a lease that is held and stays valid
+/// for about `T` after the grant, and is still held on the server later: the grant's answer says
+/// how long the server worked on it, and the server's idle timer started only then. (The session
+/// used to be confirmed as of the grant's sending alone, so such a lease's session bound was
+/// already past, or nearly, when the grant landed, and the fresh lease was lost at once.) The
+/// grant is held up for 0.85 `T` twice: by a row lock on the row it writes (a wait while the
+/// statement runs), then by a table lock on `dlock_holders` (a wait before it runs), on a
+/// database of its own.
+async fn a_held_up_grant_gets_a_lease_with_its_session_timeout_ahead(
+    env: Env,
+) -> anyhow::Result<()> {
+    let url = env.server.url();
+    on_own_database(&url, "dlock_slow_grant", |url| async move {
+        slow_grant_keeps_its_lease(&url).await
+    })
+    .await
+}
+
+async fn slow_grant_keeps_its_lease(url: &str) -> anyhow::Result<()> {
+    let hold_up = SESSION_TIMEOUT * 85 / 100;
+    let ttl = Duration::from_secs(30);
+    let locks = Arc::new(
+        builder(url)?
+            .with_request_timeout(Duration::from_secs(10))
+            .connect()
+            .await?,
+    );
+    let blocker = raw(url).await?;
+    for table_lock in [false, true] {
+        let what = if table_lock {
+            "a table lock"
+        } else {
+            "a row lock"
+        };
+        // The session has just answered, so it takes the grant, which is prepared on it: the
+        // table lock holds the grant up as it is bound.
+        locks
+            .acquire(&name("warm"), &opts(ttl))
+            .await?
+            .release()
+            .await?;
+        let key = name("slow-grant");
+        if table_lock {
+            blocker
+                .batch_execute("BEGIN; LOCK TABLE dlock_holders IN SHARE ROW EXCLUSIVE MODE")
+                .await?;
+        } else {
+            // A row left behind by a holder whose session ended, which the grant overwrites.
+            blocker
+                .execute(
+                    "INSERT INTO dlock_holders
+                         (name, kind, holder, token, owner, pid, key1, key2, space)
+                     VALUES ($1, 'lock', '', 0, '', 0, 0, 0, 0)",
+                    &[&key],
+                )
+                .await?;
+            blocker.batch_execute("BEGIN").await?;
+            blocker
+                .execute(
+                    "SELECT 1 FROM dlock_holders
+                     WHERE name = $1 AND kind = 'lock' AND holder = '' FOR UPDATE",
+                    &[&key],
+                )
+                .await?;
+        }
+        let started = Instant::now();
+        let commit = async {
+            tokio::time::sleep(hold_up).await;
+            blocker.batch_execute("COMMIT").await
+        };
+        let options = opts(ttl);
+        let (lease, committed) = tokio::join!(locks.acquire(&key, &options), commit);
+        committed?;
+        let lease = lease?;
+        let granted = Instant::now();
+        let took = granted - started;
+        let valid_for = lease.valid_until().saturating_duration_since(granted);
+        let state = lease.state();
+        eprintln!(
+            "held up by {what}: the grant took {took:?} (session timeout {SESSION_TIMEOUT:?}); \
+             the lease was {state:?} and valid for {valid_for:?} after it"
+        );
+        ensure!(
+            took >= hold_up - Duration::from_millis(100),
+            "{what} did not hold the grant up: it took {took:?}"
+        );
+        ensure!(
+            state.is_held(),
+            "held up by {what}, the fresh lease is {state:?}"
+        );
+        ensure!(
+            valid_for >= SESSION_TIMEOUT / 2,
+            "held up by {what}, the lease was valid for {valid_for:?} after its grant, not \
+             {:?} or more",
+            SESSION_TIMEOUT / 2
+        );
+        tokio::time::sleep(SESSION_TIMEOUT).await;
+        ensure!(
+            lease.state().is_held(),
+            "held up by {what}, the lease is {:?} a session timeout after its grant",
+            lease.state()
+        );
+        ensure!(
+            lease.release().await? == dlock_core::Released::Released,
+            "held up by {what}, the lock was not held on the server a session timeout after \
+             its grant"
+        );
     }
     Ok(())
 }
