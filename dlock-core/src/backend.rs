@@ -191,10 +191,32 @@ pub enum Attempt {
 pub enum Extension {
     /// The lock's TTL was re-armed.
     Extended,
+    /// The lock's TTL was re-armed, but the server's clock, which expires the key, was seen
+    /// running ahead of the client's by this much since the client last read it (see
+    /// [`clock`](crate::clock)): the lease counts its validity that much shorter.
+    ClockAhead(Duration),
     /// The lock had expired (nobody holds it); nothing was changed.
     Expired,
     /// Another owner holds the lock; nothing was changed.
     TakenOver,
+}
+
+impl Extension {
+    /// Whether the lock's TTL was re-armed ([`Extended`](Self::Extended) or
+    /// [`ClockAhead`](Self::ClockAhead)).
+    pub fn is_extended(&self) -> bool {
+        matches!(self, Extension::Extended | Extension::ClockAhead(_))
+    }
+
+    /// The answer of a renewal that also read the server's clock: `ahead` as the clock watch
+    /// found it turns [`Extended`](Self::Extended) into [`ClockAhead`](Self::ClockAhead).
+    pub fn with_clock_ahead(self, ahead: Option<Duration>) -> Self {
+        match (self, ahead) {
+            (Extension::Extended, Some(by)) => Extension::ClockAhead(by),
+            (Extension::ClockAhead(was), Some(by)) => Extension::ClockAhead(was.max(by)),
+            (other, _) => other,
+        }
+    }
 }
 
 /// The outcome of an ownership-checked release. Only [`Released::Released`] removed anything.
@@ -235,7 +257,7 @@ impl Outcome for Attempt {
 impl Outcome for Extension {
     fn outcome(&self) -> &'static str {
         match self {
-            Extension::Extended => "extended",
+            Extension::Extended | Extension::ClockAhead(_) => "extended",
             Extension::Expired => "expired",
             Extension::TakenOver => "taken_over",
         }

@@ -272,10 +272,14 @@ pub(crate) fn apply_extension(
         reason,
     };
     match result {
-        Ok(Extension::Extended) => {
+        Ok(extended @ (Extension::Extended | Extension::ClockAhead(_))) => {
+            let ahead = match extended {
+                Extension::ClockAhead(by) => by,
+                _ => Duration::ZERO,
+            };
             let applied = state::update(status, Instant::now(), |s| {
                 // Not `max`: a shorter TTL shortens the server's hold, so the deadline follows.
-                s.deadline = sent + validity;
+                s.deadline = sent + validity.saturating_sub(ahead);
                 s.condition = Condition::Held;
             });
             if applied {

@@ -48,6 +48,7 @@
 
 mod admin;
 mod backend;
+pub mod clock;
 mod critical;
 mod election;
 mod error;

@@ -251,9 +251,16 @@ impl Scheduler {
 impl Entry {
     /// Applies one renewal's answer; false when the lease is over and leaves the schedule.
     fn apply(&mut self, sent: Instant, answer: Result<Extension>) -> bool {
+        // A validity shortened by the clock watch is renewed again before half of it is gone.
+        let interval = match answer {
+            Ok(Extension::ClockAhead(by)) => {
+                self.interval.min(self.validity.saturating_sub(by) / 2)
+            }
+            _ => self.interval,
+        };
         match apply_extension(&self.status, &self.key, sent, self.validity, answer) {
             Ok(()) => {
-                self.next = sent + self.interval;
+                self.next = sent + interval;
                 true
             }
             Err(Error::Lost { .. } | Error::NotOwner { .. }) => false,

@@ -235,6 +235,7 @@ impl RedisLockBuilder {
             acks: Acks::new(self.min_replicas, self.replica_timeout),
             cluster: None,
             owner,
+            clock: dlock_core::clock::ClockWatch::new(crate::error::BACKEND),
         }))
     }
 }

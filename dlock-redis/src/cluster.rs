@@ -411,6 +411,7 @@ pub(crate) async fn connect(
         acks,
         cluster: Some(ClusterInfo { redacted }),
         owner,
+        clock: dlock_core::clock::ClockWatch::new(crate::error::BACKEND),
     }))
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::clock::ClockWatch;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Eviction, ExtendRequest, Extension,
     FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
@@ -17,7 +18,9 @@ use crate::cluster::{self, ClusterInfo, RedisConnection};
 use crate::connection::Connection;
 use crate::error::BACKEND;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
-use crate::protocol::scripts::{self, AcquireCall, AcquireReply, Publish, Queueing, ReleaseCall};
+use crate::protocol::scripts::{
+    self, AcquireCall, AcquireReply, Publish, Queueing, ReleaseCall, Timed,
+};
 use crate::replicas::{Acknowledged, Acks};
 use crate::view::RedisView;
 use crate::wakeups::Wakeups;
@@ -54,6 +57,9 @@ pub(crate) struct Inner {
     pub(crate) cluster: Option<ClusterInfo>,
     /// Who takes locks through this client: every grant leaves its record.
     pub(crate) owner: Owner,
+    /// The server's clock at the last renewal, compared with the next (per hash slot on a
+    /// cluster).
+    pub(crate) clock: ClockWatch,
 }
 
 impl RedisLock {
@@ -150,6 +156,18 @@ impl RedisLock {
     /// (see [`RedisLockBuilder::with_fence_ttl`]).
     pub fn fence_ttl(&self) -> Option<Duration> {
         self.inner.fence_ttl
+    }
+
+    /// The answer of a renewal, after the clock watch compared the server's clock it carries
+    /// with the last one of the same server (the key's hash slot on a cluster).
+    pub(crate) fn watch_clock(&self, key: &str, timed: Timed<Extension>) -> Extension {
+        let server = if self.is_cluster() {
+            u64::from(keys::hash_slot(key.as_bytes()))
+        } else {
+            0
+        };
+        let ahead = self.inner.clock.observe(server, timed.clock);
+        timed.answer.with_clock_ahead(ahead)
     }
 
     pub(crate) fn wakeups(&self) -> &Wakeups {
@@ -314,21 +332,27 @@ impl DistributedLock for RedisLock {
         let lock = self.inner.layout.lock_key(lease.key);
         let owner = lease.owner.to_hex();
         let Some(acks) = self.inner.acks else {
-            return self
+            let timed = self
                 .inner
                 .connection
-                .run("extend", |mut con| async move {
-                    scripts::extend(&mut con, &lock, &owner, ttl).await
+                .run("extend", |mut con| {
+                    let (lock, owner) = (&lock, &owner);
+                    async move { scripts::extend(&mut con, lock, owner, ttl).await }
                 })
-                .await;
+                .await?;
+            return Ok(self.watch_clock(&lock, timed));
         };
-        let (extension, acknowledged) = self
-            .acknowledged("extend", &acks, |mut con| async move {
-                let extension = scripts::extend(&mut con, &lock, &owner, ttl).await;
-                extension.map(|e| (e, con.acknowledged))
+        let (timed, acknowledged) = self
+            .acknowledged("extend", &acks, |mut con| {
+                let (lock, owner) = (&lock, &owner);
+                async move {
+                    let extension = scripts::extend(&mut con, lock, owner, ttl).await;
+                    extension.map(|e| (e, con.acknowledged))
+                }
             })
             .await?;
-        if extension == Extension::Extended {
+        let extension = self.watch_clock(&lock, timed);
+        if extension.is_extended() {
             acks.check("extend", acknowledged)?;
         }
         Ok(extension)
@@ -388,9 +412,18 @@ impl DistributedLock for RedisLock {
                 )
                 .await;
             match result {
-                Ok(codes) => {
-                    for (&i, code) in chunk.iter().zip(codes) {
-                        answers[i] = Some(Ok(code));
+                Ok(timed) => {
+                    // A chunk is one script on one server (one slot of a cluster).
+                    let server = if self.is_cluster() {
+                        chunk
+                            .first()
+                            .map_or(0, |&i| u64::from(keys::hash_slot(lock_keys[i].as_bytes())))
+                    } else {
+                        0
+                    };
+                    let ahead = self.inner.clock.observe(server, timed.clock);
+                    for (&i, code) in chunk.iter().zip(timed.answer) {
+                        answers[i] = Some(Ok(code.with_clock_ahead(ahead)));
                     }
                 }
                 Err(error) => {

@@ -195,11 +195,13 @@ impl DistributedLock for RedisView {
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
         let keys = self.keys(lease.key);
+        let holders = keys.holders.clone();
         let owner = lease.owner.to_hex();
-        let (extension, acknowledged) = on_server!(self, "extend", |con| {
+        let (timed, acknowledged) = on_server!(self, "extend", |con| {
             primitives::extend(&mut con, &keys, &owner, ttl).await
         })?;
-        if let (Extension::Extended, Some(acks)) = (extension, self.lock.inner.acks) {
+        let extension = self.lock.watch_clock(&holders, timed);
+        if let (true, Some(acks)) = (extension.is_extended(), self.lock.inner.acks) {
             acks.check("extend", acknowledged)?;
         }
         Ok(extension)

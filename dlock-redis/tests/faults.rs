@@ -1,5 +1,6 @@
 //! Faults against one Redis server: it freezes, restarts without its data, loses its script
-//! cache; the subscriber connection is killed or goes silent; servers refuse or never answer.
+//! cache, its clock jumps; the subscriber connection is killed or goes silent; servers refuse or
+//! never answer.
 //!
 //! The cases share one server and break it, so they run one after another (in the order listed),
 //! each leaving it serving again.
@@ -13,21 +14,23 @@
 
 mod support;
 
+#[path = "faults/clock.rs"]
+mod clock;
 #[path = "faults/links.rs"]
 mod links;
 #[path = "faults/server.rs"]
 mod server;
 
-use dlock_testkit::fixtures::RedisServer;
+use dlock_testkit::fixtures::{RedisOptions, RedisServer};
 use dlock_testkit::trials;
 
 fn main() {
-    let cases: Vec<_> = links::cases().into_iter().chain(server::cases()).collect();
+    let cases: Vec<_> = [links::cases(), server::cases(), clock::cases()].concat();
     trials::run_one_at_a_time(
         "redis-faults",
         &cases,
         support::TRIAL_BUDGET,
         "a Redis server",
-        RedisServer::start,
+        || RedisServer::start_with(RedisOptions::default().with_jumping_clock()),
     )
 }

@@ -25,6 +25,9 @@ pub(crate) struct Tally {
     pub(crate) taken_over: usize,
     /// Masters that answered at all.
     pub(crate) answered: usize,
+    /// The most any extending master's clock was seen running ahead (see
+    /// [`dlock_core::clock`]): the lease counts its validity that much shorter.
+    pub(crate) ahead: Duration,
 }
 
 impl Tally {
@@ -34,6 +37,7 @@ impl Tally {
             extended: 0,
             taken_over: 0,
             answered: 0,
+            ahead: Duration::ZERO,
         };
         for reply in replies.iter().filter(|r| r.counts) {
             let Some(extension) = reply.result.as_ref().ok().and_then(&answer) else {
@@ -42,6 +46,10 @@ impl Tally {
             tally.answered += 1;
             match extension {
                 Extension::Extended => tally.extended += 1,
+                Extension::ClockAhead(by) => {
+                    tally.extended += 1;
+                    tally.ahead = tally.ahead.max(by);
+                }
                 Extension::TakenOver => tally.taken_over += 1,
                 Extension::Expired => {}
             }
@@ -62,7 +70,7 @@ impl Tally {
     pub(crate) fn outcome(&self, quorum: usize, in_time: bool) -> Option<Extension> {
         if self.extended >= quorum {
             return Some(if in_time {
-                Extension::Extended
+                Extension::Extended.with_clock_ahead(Some(self.ahead).filter(|by| !by.is_zero()))
             } else {
                 Extension::Expired
             });
@@ -96,7 +104,26 @@ mod tests {
             extended,
             taken_over,
             answered,
+            ahead: Duration::ZERO,
         }
+    }
+
+    #[test]
+    fn a_quorum_with_a_clock_ahead_extends_for_the_most_ahead() {
+        let by = |ms| Extension::ClockAhead(Duration::from_millis(ms));
+        let replies: Vec<Reply<Extension>> = [Extension::Extended, by(300), by(4_500)]
+            .into_iter()
+            .enumerate()
+            .map(|(index, answer)| Reply {
+                index,
+                counts: true,
+                result: Ok(answer),
+            })
+            .collect();
+        let tally = Tally::of(&replies, |r| Some(*r));
+        assert_eq!(tally.extended, 3);
+        assert_eq!(tally.outcome(2, true), Some(by(4_500)));
+        assert_eq!(tally.outcome(2, false), Some(Extension::Expired));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::clock::ClockWatch;
 use dlock_core::{
     Attempt, Backoff, Capabilities, DistributedLock, Drift, Error, Eviction, ExtendRequest,
     Extension, FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey,
@@ -12,7 +13,7 @@ use dlock_core::{
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{
-    self, AcquireCall, AcquireReply, FenceRaise, Peek, Publish, Queueing, ReleaseCall,
+    self, AcquireCall, AcquireReply, FenceRaise, Peek, Publish, Queueing, ReleaseCall, Timed,
 };
 use dlock_redis::EXTEND_BATCH;
 use tokio::time::Instant;
@@ -21,7 +22,7 @@ use crate::builder::{RedlockBuilder, MAX_DERIVED_NODE_TIMEOUT, MIN_DERIVED_NODE_
 use crate::extension::{batch_timeout, Tally};
 use crate::inspect;
 use crate::node::Node;
-use crate::quorum::{gather, Progress, QuorumFailure, Reply};
+use crate::quorum::{gather, watch_clocks, Progress, QuorumFailure, Reply};
 use crate::view::RedlockView;
 
 /// The backend's name in errors and tracing.
@@ -166,6 +167,8 @@ pub struct RedlockLock {
 pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) settings: Arc<Settings>,
+    /// Each master's clock at the last renewal, by the master's position.
+    pub(crate) clock: ClockWatch,
 }
 
 impl RedlockLock {
@@ -190,7 +193,11 @@ impl RedlockLock {
 
     pub(crate) fn new(nodes: Vec<Arc<Node>>, settings: Arc<Settings>) -> Self {
         RedlockLock {
-            inner: Arc::new(Inner { nodes, settings }),
+            inner: Arc::new(Inner {
+                nodes,
+                settings,
+                clock: ClockWatch::new(BACKEND),
+            }),
         }
     }
 
@@ -586,13 +593,20 @@ impl RedlockLock {
             "extend_many",
             timeout,
             call,
-            |p: Progress<'_, Vec<Extension>>| {
+            |p: Progress<'_, Timed<Vec<Extension>>>| {
                 (0..count).all(|i| {
-                    Tally::of(p.replies, |codes| codes.get(i).copied()).settled(p.pending, quorum)
+                    Tally::of(p.replies, |codes| codes.answer.get(i).copied())
+                        .settled(p.pending, quorum)
                 })
             },
         )
         .await;
+        let replies = watch_clocks(&self.inner.clock, replies, |codes, ahead| {
+            codes
+                .into_iter()
+                .map(|code| code.with_clock_ahead(ahead))
+                .collect::<Vec<_>>()
+        });
         let elapsed = sent.elapsed();
         for (i, (position, validity)) in sent_leases.into_iter().enumerate() {
             let outcome = Tally::of(&replies, |codes| codes.get(i).copied())
@@ -777,11 +791,12 @@ impl DistributedLock for RedlockLock {
             "extend",
             timeout,
             call,
-            |p: Progress<'_, Extension>| {
-                Tally::of(p.replies, |r| Some(*r)).settled(p.pending, quorum)
+            |p: Progress<'_, Timed<Extension>>| {
+                Tally::of(p.replies, |r| Some(r.answer)).settled(p.pending, quorum)
             },
         )
         .await;
+        let replies = watch_clocks(&self.inner.clock, replies, Extension::with_clock_ahead);
         let in_time = sent.elapsed() < validity;
         Tally::of(&replies, |r| Some(*r))
             .outcome(quorum, in_time)

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use dlock_core::clock::ClockWatch;
 use dlock_core::Error;
+use dlock_redis::protocol::scripts::Timed;
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
 use redis::RedisResult;
@@ -33,6 +35,26 @@ pub(crate) struct Reply<T> {
     pub(crate) counts: bool,
     /// Its answer, or why there was none.
     pub(crate) result: Result<T, NodeFailure>,
+}
+
+/// Each master's renewal answer after the clock watch compared the server clock it carries with
+/// that master's last one; `apply` folds how far the master's clock ran ahead into the answer.
+pub(crate) fn watch_clocks<T, U>(
+    clock: &ClockWatch,
+    replies: Vec<Reply<Timed<T>>>,
+    apply: impl Fn(T, Option<Duration>) -> U,
+) -> Vec<Reply<U>> {
+    replies
+        .into_iter()
+        .map(|reply| Reply {
+            index: reply.index,
+            counts: reply.counts,
+            result: reply.result.map(|timed| {
+                let ahead = clock.observe(reply.index as u64, timed.clock);
+                apply(timed.answer, ahead)
+            }),
+        })
+        .collect()
 }
 
 /// The answers so far, as the caller's stop condition sees them.

@@ -26,12 +26,12 @@ use dlock_core::{
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
 };
-use dlock_redis::protocol::scripts::FenceRaise;
+use dlock_redis::protocol::scripts::{FenceRaise, Timed};
 use tokio::time::Instant;
 
 use crate::extension::Tally;
 use crate::lock::{answered, counted, grants_of, too_late, RedlockLock, BACKEND};
-use crate::quorum::{gather, Progress, QuorumFailure, Reply};
+use crate::quorum::{gather, watch_clocks, Progress, QuorumFailure, Reply};
 
 /// A read-write lock side or an election candidate (or observer) on a Redlock client.
 #[derive(Clone)]
@@ -312,11 +312,12 @@ impl DistributedLock for RedlockView {
             "extend",
             timeout,
             call,
-            |p: Progress<'_, Extension>| {
-                Tally::of(p.replies, |r| Some(*r)).settled(p.pending, quorum)
+            |p: Progress<'_, Timed<Extension>>| {
+                Tally::of(p.replies, |r| Some(r.answer)).settled(p.pending, quorum)
             },
         )
         .await;
+        let replies = watch_clocks(&self.lock.inner.clock, replies, Extension::with_clock_ahead);
         let in_time = sent.elapsed() < validity;
         Tally::of(&replies, |r| Some(*r))
             .outcome(quorum, in_time)

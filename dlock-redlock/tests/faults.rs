@@ -24,13 +24,15 @@ mod inspect;
 #[path = "faults/masters.rs"]
 mod masters;
 // The Redis crate's cases of the primitives, run here with masters down.
+#[path = "faults/clock.rs"]
+mod clock;
 #[allow(dead_code)]
 #[path = "../../dlock-redis/tests/compliance/primitives.rs"]
 mod primitives;
 #[path = "faults/primitives.rs"]
 mod primitives_down;
 
-use dlock_testkit::fixtures::RedisMasters;
+use dlock_testkit::fixtures::{RedisMasters, RedisOptions};
 use dlock_testkit::trials;
 
 fn main() {
@@ -40,6 +42,7 @@ fn main() {
         inspect::cases(),
         batch::cases(),
         primitives_down::cases(),
+        clock::cases(),
     ]
     .concat();
     trials::run_one_at_a_time(
@@ -47,6 +50,6 @@ fn main() {
         &cases,
         support::TRIAL_BUDGET,
         "five Redis masters",
-        || RedisMasters::start(5),
+        || RedisMasters::start_with(5, RedisOptions::default().with_jumping_clock()),
     )
 }

@@ -13,6 +13,7 @@
 
 pub mod analysis;
 pub mod certs;
+pub mod clock_watch;
 pub mod control;
 pub mod fixtures;
 pub mod freeze;

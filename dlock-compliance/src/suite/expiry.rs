@@ -1,7 +1,7 @@
 //! Expiry: TTLs free abandoned locks; extend prolongs a live lease and never revives a dead one.
 
 use anyhow::{bail, ensure};
-use dlock_core::{DistributedLockExt, Error, Extension, LeaseRef};
+use dlock_core::{DistributedLockExt, Error, LeaseRef};
 use tokio::time::Instant;
 
 use super::Ctx;
@@ -87,10 +87,7 @@ pub(crate) async fn extend_after_expiry_fails_as_lost(cx: Ctx) -> anyhow::Result
         fencing: Some(lease.fencing_token()),
     };
     let answer = holder.extend(&raw, ttl * 4).await?;
-    ensure!(
-        answer != Extension::Extended,
-        "the server revived an expired lock"
-    );
+    ensure!(!answer.is_extended(), "the server revived an expired lock");
     let next = other.try_acquire(&key, &cx.opts(ttl)).await?;
     ensure!(next.is_some(), "the expired lock is still held");
     Ok(())

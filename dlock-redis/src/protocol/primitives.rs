@@ -31,7 +31,7 @@ use redis::aio::ConnectionLike;
 use redis::RedisResult;
 
 use super::keys::{hash_slot, hash_tag, release_channel, slot_tag};
-use super::scripts::{ttl_millis, FenceRaise, LockScript};
+use super::scripts::{ttl_millis, FenceRaise, LockScript, Timed};
 
 /// The families of names: the same name in two families names two groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -213,7 +213,8 @@ return {1, token}
     )
 });
 
-/// Re-arms a holder's expiry if it still holds its place: `1`, else `0` (never re-creates it).
+/// Re-arms a holder's expiry if it still holds its place: `{1, now}`, else `{0, now}` (never
+/// re-creates it), with `now` the server's clock in milliseconds, for the clock watch.
 /// `KEYS`: holders, data. `ARGV`: owner token, TTL ms.
 pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
     script(
@@ -222,10 +223,10 @@ pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
 local z, h = KEYS[1], KEYS[2]
 local now = now_ms()
 prune(z, h, now)
-if not redis.call('ZSCORE', z, ARGV[1]) then return 0 end
+if not redis.call('ZSCORE', z, ARGV[1]) then return {0, now} end
 redis.call('ZADD', z, 'XX', now + tonumber(ARGV[2]), ARGV[1])
 arm(z, h, now)
-return 1
+return {1, now}
 "#,
     )
 });
@@ -404,23 +405,30 @@ pub async fn extend<C>(
     keys: &PrimitiveKeys,
     owner: &str,
     ttl: Duration,
-) -> RedisResult<Extension>
+) -> RedisResult<Timed<Extension>>
 where
     C: ConnectionLike + Send,
 {
     let ttl = ttl_millis(ttl).to_string();
-    let code: i64 = EXTEND
+    let sent = tokio::time::Instant::now();
+    let (code, now_ms): (i64, i64) = EXTEND
         .invoke(
             con,
             &[&keys.holders, &keys.data],
             &[owner.as_bytes(), ttl.as_bytes()],
         )
         .await?;
-    Ok(if code == 1 {
+    let answer = if code == 1 {
         Extension::Extended
     } else {
         Extension::Expired
-    })
+    };
+    Ok(Timed::new(
+        answer,
+        sent,
+        now_ms.div_euclid(1000),
+        now_ms.rem_euclid(1000) * 1000,
+    ))
 }
 
 /// Runs [`RELEASE`], announcing on the group's channel with `publish` (`PUBLISH`, `SPUBLISH`, or

@@ -83,9 +83,11 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use dlock_core::clock::ClockReading;
 use dlock_core::{Eviction, Extension, FencingToken, Holder, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
+use tokio::time::Instant;
 
 use super::keys::{lapse_key, owner_key, queue_key};
 
@@ -336,7 +338,9 @@ return token
 });
 
 /// Re-arms a lock's TTL, and its owner record's, if the owner still holds it. Returns
-/// [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`].
+/// `{code, seconds, microseconds}`: [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`], and
+/// the server's clock (`TIME`), which the client compares with its own at every renewal (see
+/// [`dlock_core::clock`]): the server expires the key by that clock.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
 pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
@@ -344,18 +348,22 @@ pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
         "extend",
         r#"
 local holder = redis.call('GET', KEYS[1])
+local code = 0
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return 1
+  code = 1
+elseif holder then
+  code = 2
 end
-if holder then return 2 end
-return 0
+local t = redis.call('TIME')
+return {code, tonumber(t[1]), tonumber(t[2])}
 "#,
     )
 });
 
-/// [`EXTEND`] for many locks in one script: returns one code per key, in order.
+/// [`EXTEND`] for many locks in one script: returns one code per key, in order, followed by the
+/// server's clock (`TIME`'s seconds and microseconds).
 ///
 /// `KEYS[2i - 1]` lock key, `KEYS[2i]` its owner record; `ARGV[2i - 1]` its owner token,
 /// `ARGV[2i]` its TTL in ms.
@@ -364,7 +372,8 @@ pub static EXTEND_MANY: LazyLock<LockScript> = LazyLock::new(|| {
         "extend_many",
         r#"
 local answers = {}
-for i = 1, #KEYS / 2 do
+local n = #KEYS / 2
+for i = 1, n do
   local holder = redis.call('GET', KEYS[2 * i - 1])
   if holder == ARGV[2 * i - 1] then
     redis.call('PEXPIRE', KEYS[2 * i - 1], ARGV[2 * i])
@@ -376,6 +385,9 @@ for i = 1, #KEYS / 2 do
     answers[i] = 0
   end
 end
+local t = redis.call('TIME')
+answers[n + 1] = tonumber(t[1])
+answers[n + 2] = tonumber(t[2])
 return answers
 "#,
     )
@@ -797,20 +809,21 @@ pub async fn extend<C>(
     lock_key: &str,
     owner: &str,
     ttl: Duration,
-) -> RedisResult<Extension>
+) -> RedisResult<Timed<Extension>>
 where
     C: ConnectionLike + Send,
 {
     let ttl = ttl_millis(ttl).to_string();
     let record = owner_key(lock_key);
-    let code: i64 = EXTEND
+    let sent = Instant::now();
+    let (code, seconds, micros): (i64, i64, i64) = EXTEND
         .invoke(
             con,
             &[lock_key, &record],
             &[owner.as_bytes(), ttl.as_bytes()],
         )
         .await?;
-    decode_extend(code)
+    Ok(Timed::new(decode_extend(code)?, sent, seconds, micros))
 }
 
 /// Runs [`EXTEND_MANY`] for `(lock key, owner, ttl)` triples, one round trip for all of them.
@@ -820,7 +833,7 @@ where
 pub async fn extend_many<C>(
     con: &mut C,
     locks: &[(&str, &str, Duration)],
-) -> RedisResult<Vec<Extension>>
+) -> RedisResult<Timed<Vec<Extension>>>
 where
     C: ConnectionLike + Send,
 {
@@ -839,15 +852,47 @@ where
         .zip(&ttls)
         .flat_map(|((_, owner, _), ttl)| [owner.as_bytes(), ttl.as_bytes()])
         .collect();
-    let codes: Vec<i64> = EXTEND_MANY.invoke(con, &keys, &args).await?;
-    if codes.len() != locks.len() {
+    let sent = Instant::now();
+    let mut codes: Vec<i64> = EXTEND_MANY.invoke(con, &keys, &args).await?;
+    if codes.len() != locks.len() + 2 {
         return Err(unexpected(format!(
-            "extend_many answered {} codes for {} locks",
+            "extend_many answered {} values for {} locks",
             codes.len(),
             locks.len()
         )));
     }
-    codes.into_iter().map(decode_extend).collect()
+    let micros = codes.pop().unwrap_or_default();
+    let seconds = codes.pop().unwrap_or_default();
+    let answers = codes
+        .into_iter()
+        .map(decode_extend)
+        .collect::<RedisResult<_>>()?;
+    Ok(Timed::new(answers, sent, seconds, micros))
+}
+
+/// A script's answer with the server's clock, read by the same script, and the client's time
+/// around the request: a [`ClockReading`] for the clock watch ([`dlock_core::clock`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timed<T> {
+    /// The script's answer.
+    pub answer: T,
+    /// The server's clock, and when the request was sent and answered.
+    pub clock: ClockReading,
+}
+
+impl<T> Timed<T> {
+    /// `answer`, with `TIME`'s `seconds` and `micros` read by a request sent at `sent` and
+    /// answered now.
+    pub(crate) fn new(answer: T, sent: Instant, seconds: i64, micros: i64) -> Self {
+        Timed {
+            answer,
+            clock: ClockReading {
+                server_us: seconds.saturating_mul(1_000_000).saturating_add(micros),
+                sent,
+                answered: Instant::now(),
+            },
+        }
+    }
 }
 
 /// Runs [`RELEASE`] for `owner` without a wake tag (which also withdraws its queue entries,

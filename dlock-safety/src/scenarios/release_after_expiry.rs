@@ -29,7 +29,7 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     };
     let extension = holder.extend(&stale, run.plan.ttl).await;
     let mut notes = vec![format!("stale extend: {}", describe(&extension))];
-    if matches!(extension, Ok(Extension::Extended)) {
+    if matches!(&extension, Ok(answer) if answer.is_extended()) {
         // The holder believes its lease is back; it writes.
         run.history.extended(
             0,
