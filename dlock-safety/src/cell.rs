@@ -105,6 +105,9 @@ pub struct Cell {
     pub bound_ms: Option<u64>,
     /// Details: what the scenario saw, or why it did not run, or the error that stopped it.
     pub note: String,
+    /// A warning the holder's client gave about the fault, shown in the matrix.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     /// Wall time of the cell.
     pub elapsed_ms: u64,
     /// For a cell that contradicts its declaration: its history, one event a line.
@@ -135,6 +138,7 @@ impl Cell {
             recovery_ms: None,
             bound_ms: None,
             note,
+            warning: None,
             elapsed_ms: 0,
             history: Vec::new(),
         }

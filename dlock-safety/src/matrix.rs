@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_core::Primitives;
 use dlock_testkit::fixtures::{
-    FixtureError, PostgresServer, RedisMasters, RedisReplicated, RedisServer,
+    FixtureError, PostgresServer, RedisMasters, RedisOptions, RedisReplicated, RedisServer,
 };
 use dlock_testkit::registry::{Fixture, Role, BACKENDS};
 use tokio::time::Instant;
@@ -41,7 +41,9 @@ impl Servers {
         if let Some(server) = &self.redis {
             return Ok(server.clone());
         }
-        let server = Arc::new(RedisServer::start().await?);
+        // The clock shim lets scenario 9 move the servers' clocks.
+        let server =
+            Arc::new(RedisServer::start_with(RedisOptions::default().with_jumping_clock()).await?);
         self.redis = Some(server.clone());
         Ok(server)
     }
@@ -51,7 +53,13 @@ impl Servers {
         if let Some(masters) = &self.masters {
             return Ok(masters.clone());
         }
-        let masters = Arc::new(RedisMasters::start(RedisMasters::DEFAULT_COUNT).await?);
+        let masters = Arc::new(
+            RedisMasters::start_with(
+                RedisMasters::DEFAULT_COUNT,
+                RedisOptions::default().with_jumping_clock(),
+            )
+            .await?,
+        );
         self.masters = Some(masters.clone());
         Ok(masters)
     }
@@ -405,6 +413,7 @@ async fn cell(
         recovery_ms: outcome.recovery.map(millis),
         bound_ms: outcome.bound.map(millis),
         note: outcome.note,
+        warning: outcome.warning,
         elapsed_ms,
         history,
     }

@@ -213,8 +213,13 @@ fn short(c: &Cell) -> String {
             } else {
                 observed.to_string()
             };
+            let warned = if c.warning.is_some() {
+                ", holder warned"
+            } else {
+                ""
+            };
             if c.matches {
-                format!("{label} ✓")
+                format!("{label} ✓{warned}")
             } else {
                 format!("{label} ✗ (declared {})", c.expected)
             }

@@ -153,12 +153,12 @@ impl Target for PrimitiveTarget<'_> {
         self.view(self.inner.holder_client().await?)
     }
 
-    async fn expire_early(&self, _key: &str) -> anyhow::Result<()> {
-        Err(FaultUnavailable(format!(
-            "the {}'s on-server layout is not the lock key that the fast clock expires",
-            self.subject.title()
-        ))
-        .into())
+    async fn jump_clock(&self, ahead: Duration) -> anyhow::Result<()> {
+        self.inner.jump_clock(ahead).await
+    }
+
+    async fn restore_clock(&self) -> anyhow::Result<()> {
+        self.inner.restore_clock().await
     }
 
     async fn restart_without_data(&self) -> anyhow::Result<()> {

@@ -49,8 +49,9 @@ fn snapshotter() -> anyhow::Result<&'static Snapshotter> {
         .context("another metrics recorder is installed in this test process")
 }
 
-/// `dlock_clock_jumps_total{backend, direction}` so far.
-fn jumps(backend: &str, direction: &str) -> anyhow::Result<u64> {
+/// `dlock_clock_jumps_total{backend, direction}` so far in this process (installs the recorder
+/// that reads it back at the first call: counts from before are not seen).
+pub fn jumps(backend: &str, direction: &str) -> anyhow::Result<u64> {
     let snapshot = snapshotter()?.snapshot().into_vec();
     Ok(snapshot
         .into_iter()

@@ -29,8 +29,8 @@ pub enum Scenario {
     ServicePartitioned,
     /// 8. The server restarts without persistence.
     RestartWithoutData,
-    /// 9. One Redlock node's clock runs fast.
-    FastClock,
+    /// 9. A server's clock jumps ahead past the lease (the Redis server, one Redlock master).
+    ClockJump,
     /// 10. An asynchronous replica that missed the last writes is promoted.
     LaggingReplicaPromoted,
     /// 11. A release or extend after expiry must not touch the successor's lock.
@@ -48,7 +48,7 @@ impl Scenario {
         Scenario::HolderCutOff,
         Scenario::ServicePartitioned,
         Scenario::RestartWithoutData,
-        Scenario::FastClock,
+        Scenario::ClockJump,
         Scenario::LaggingReplicaPromoted,
         Scenario::ReleaseAfterExpiry,
     ];
@@ -64,7 +64,7 @@ impl Scenario {
             Scenario::HolderCutOff => 6,
             Scenario::ServicePartitioned => 7,
             Scenario::RestartWithoutData => 8,
-            Scenario::FastClock => 9,
+            Scenario::ClockJump => 9,
             Scenario::LaggingReplicaPromoted => 10,
             Scenario::ReleaseAfterExpiry => 11,
         }
@@ -81,7 +81,7 @@ impl Scenario {
             Scenario::HolderCutOff => "holder cut off from the service",
             Scenario::ServicePartitioned => "service partitioned while held",
             Scenario::RestartWithoutData => "server restart without persistence",
-            Scenario::FastClock => "one node's clock runs fast",
+            Scenario::ClockJump => "a server's clock jumps ahead",
             Scenario::LaggingReplicaPromoted => "lagging replica promoted",
             Scenario::ReleaseAfterExpiry => "release/extend after expiry",
         }

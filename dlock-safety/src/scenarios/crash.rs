@@ -32,5 +32,6 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
         } else {
             format!("no hand-over within {}", ms(wait))
         },
+        ..Outcome::default()
     })
 }

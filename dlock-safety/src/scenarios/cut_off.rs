@@ -87,5 +87,6 @@ async fn hold_through(
         recovery: handed_on.then(|| took_over_at - cut_at),
         bound: Some(bound),
         note,
+        ..Outcome::default()
     })
 }

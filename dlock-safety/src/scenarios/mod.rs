@@ -1,13 +1,13 @@
 //! The scenarios, one file each. Every scenario drives clients of one [`Target`] through one
 //! fault, recording into the cell's [`Run`]; the verdict is left to the history's analysis.
 
+mod clock_jump;
 mod contention;
 mod crash;
 mod cut_off;
 mod delayed_reply;
 mod delayed_write;
 mod failover;
-mod fast_clock;
 mod paused;
 mod release_after_expiry;
 mod restart;
@@ -31,6 +31,9 @@ pub struct Outcome {
     pub bound: Option<Duration>,
     /// What else is worth knowing, in a few words.
     pub note: String,
+    /// A warning the holder's client gave about the fault (scenario 9: its clock watch saw the
+    /// jump), shown in the matrix.
+    pub warning: Option<String>,
 }
 
 /// Runs `scenario` against `target`.
@@ -46,7 +49,7 @@ pub async fn run(scenario: Scenario, target: &dyn Target, run: &Run) -> anyhow::
         Scenario::RestartWithoutData => restart::run(target, run).await,
         Scenario::ReleaseAfterExpiry => release_after_expiry::run(target, run).await,
         Scenario::LaggingReplicaPromoted => failover::run(target, run).await,
-        Scenario::FastClock => fast_clock::run(target, run).await,
+        Scenario::ClockJump => clock_jump::run(target, run).await,
     }
 }
 

@@ -58,10 +58,17 @@ pub trait Target: Send + Sync {
         self.client().await
     }
 
-    /// Makes one server forget the lock `key` early, as a fast clock would expire it (scenario 9).
-    async fn expire_early(&self, key: &str) -> anyhow::Result<()> {
-        let _ = key;
-        Err(FaultUnavailable("this target has no per-node clocks".into()).into())
+    /// Moves one server's wall clock `ahead` of the true time (the test images' clock shim), so
+    /// that it expires keys early (scenario 9); [`restore_clock`](Self::restore_clock) puts it
+    /// back.
+    async fn jump_clock(&self, ahead: std::time::Duration) -> anyhow::Result<()> {
+        let _ = ahead;
+        Err(FaultUnavailable("this target has no server clock to move".into()).into())
+    }
+
+    /// Puts back the clock [`jump_clock`](Self::jump_clock) moved.
+    async fn restore_clock(&self) -> anyhow::Result<()> {
+        Ok(())
     }
 
     /// Restarts the server so that it loses every key (scenario 8).

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
+use dlock_testkit::fixtures::redis::set_clock_offset;
 use dlock_testkit::fixtures::{RedisReplicated, RedisServer};
 use dlock_testkit::registry::{Backend, Role};
 
@@ -112,6 +113,18 @@ impl Target for RedisTarget {
             Ok(_) => Ok(self),
             Err(e) => Err(super::FaultUnavailable(format!("no primary/replica pair: {e}")).into()),
         }
+    }
+
+    async fn jump_clock(&self, ahead: Duration) -> anyhow::Result<()> {
+        let member = self.server.member().map_err(fault_error)?;
+        set_clock_offset(member, i64::try_from(ahead.as_millis())?).await?;
+        Ok(())
+    }
+
+    async fn restore_clock(&self) -> anyhow::Result<()> {
+        let member = self.server.member().map_err(fault_error)?;
+        set_clock_offset(member, 0).await?;
+        Ok(())
     }
 
     async fn restart_without_data(&self) -> anyhow::Result<()> {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_trait::async_trait;
 use dlock_core::DistributedLock;
+use dlock_testkit::fixtures::redis::set_clock_offset;
 use dlock_testkit::fixtures::RedisMasters;
 
 use super::freeze::Proxies;
@@ -114,20 +115,15 @@ impl Target for RedlockTarget {
         Ok(())
     }
 
-    async fn expire_early(&self, key: &str) -> anyhow::Result<()> {
-        let url = self
-            .masters
-            .urls()
-            .get(FAULTY)
-            .cloned()
-            .context("no such master")?;
-        let client = redis::Client::open(url)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let _: bool = redis::cmd("PEXPIRE")
-            .arg(key)
-            .arg(1)
-            .query_async(&mut conn)
-            .await?;
+    async fn jump_clock(&self, ahead: Duration) -> anyhow::Result<()> {
+        let member = self.masters.member(FAULTY).map_err(fault_error)?;
+        set_clock_offset(member, i64::try_from(ahead.as_millis())?).await?;
+        Ok(())
+    }
+
+    async fn restore_clock(&self) -> anyhow::Result<()> {
+        let member = self.masters.member(FAULTY).map_err(fault_error)?;
+        set_clock_offset(member, 0).await?;
         Ok(())
     }
 
