@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{DistributedLock, ExtendRequest, Extension, Layer, LeaseRef, Result};
+use dlock_core::backend::{ExtendRequest, Extension, LeaseRef};
+use dlock_core::layer::Layer;
+use dlock_core::{DistributedLock, Result};
 
 /// Counts what passes through `extend` and `extend_many`.
 #[derive(Debug)]

@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    DistributedLock, DistributedLockExt, Leadership, Lease, LockOptions, Metered, Traced,
-};
+use dlock_core::layer::{Metered, Traced};
+use dlock_core::{DistributedLock, DistributedLockExt, Leadership, Lease, LockOptions};
 use futures::future::BoxFuture;
 
 /// Something that takes a named lock and gives it back.

@@ -17,7 +17,7 @@ pub async fn elect(args: ElectArgs, trace: bool) -> Result<u8, Failure> {
 
     let key = args.target.key.as_str();
     // Checked before connecting, so a bad value is a usage error whatever the server does.
-    dlock::core::check_value(&args.value)?;
+    dlock::core::backend::check_value(&args.value)?;
     let locks = crate::connect(&args.target.url, trace).await?;
     let options = options(&locks, args.ttl, args.wait);
     let grace = grace::for_ttl(args.grace, options.ttl)?;

@@ -9,8 +9,13 @@
 //! ([`evict`](DistributedLock::evict)). Everything a user touches — validation, validity
 //! deadlines, leases, renewal, cancellation — is written once in this crate on top of these calls
 //! (see [`DistributedLockExt`](crate::DistributedLockExt)), and tracing and metrics are
-//! [layers](crate::Layer) around any backend ([`Traced`](crate::Traced),
-//! [`Metered`](crate::Metered)).
+//! [layers](crate::layer::Layer) around any backend ([`Traced`](crate::layer::Traced),
+//! [`Metered`](crate::layer::Metered)).
+//!
+//! This module is the backend author's kit: the trait and the types its calls take and answer,
+//! and the helpers every backend shares — input checks, the waiting loop, sessions. An
+//! application needs none of it beyond [`DistributedLock`] and [`Released`], which the crate's
+//! root re-exports; the bounds of the input are in [`limits`](crate::limits).
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,11 +27,15 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::inspect::{Eviction, HeldLock, Holding};
 use crate::key::LockKey;
-use crate::primitive::{Primitive, Primitives};
 use crate::retry::Backoff;
-use crate::session::SessionWatch;
 use crate::token::{FencingToken, OwnerToken};
-use crate::waiting::Waiting;
+
+pub use crate::error::BoxError;
+pub use crate::options::validate_ttl;
+pub use crate::owner::check_label;
+pub use crate::primitive::{check_value, Primitive, Primitives};
+pub use crate::session::{SessionState, SessionWatch};
+pub use crate::waiting::{check_len, check_within, withdraw, Waiting, WITHDRAW_BOUND};
 
 /// How strongly a backend orders the fencing tokens of successive holders of one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,7 +154,7 @@ pub struct Grant {
     /// validity is measured from here, so time spent on the wire counts against it.
     pub sent_at: Instant,
     /// For session-based backends: the session the lock lives in, which the lease then follows
-    /// (see [`SessionState`](crate::SessionState)).
+    /// (see [`SessionState`]).
     pub session: Option<SessionWatch>,
 }
 
@@ -446,7 +455,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     ///
     /// A backend that returns [`Error::Timeout`] has left nothing on the server: a queue entry it
     /// made (a sequential node, a contender key) is withdrawn before it returns, within
-    /// [`WITHDRAW_BOUND`](crate::WITHDRAW_BOUND) (see [`withdraw`](crate::withdraw)), and only
+    /// [`WITHDRAW_BOUND`] (see [`withdraw`]), and only
     /// past that bound finished in the background. The caller trusts this and sends nothing
     /// more, so a timed-out wait on a backend that queues nothing (every attempt answered busy)
     /// costs no extra round trip. An attempt that got no answer is an error, not a timeout.
@@ -544,7 +553,7 @@ macro_rules! forward_distributed_lock {
 
 forward_distributed_lock!(Arc);
 
-/// A boxed service is a [`Layer`](crate::Layer) that changes nothing. (Not a forwarding impl
+/// A boxed service is a [`Layer`](crate::layer::Layer) that changes nothing. (Not a forwarding impl
 /// like `Arc`'s: every layer is a lock service, and a box of a local type counts as local
 /// elsewhere, so the two impls could meet.)
 impl crate::layer::Layer for Box<dyn DistributedLock> {

@@ -16,7 +16,7 @@
 //!
 //! What happens then:
 //! * **ahead**: the backend answers the renewal with
-//!   [`Extension::ClockAhead`](crate::Extension::ClockAhead), and the lease counts its validity
+//!   [`Extension::ClockAhead`](crate::backend::Extension::ClockAhead), and the lease counts its validity
 //!   that much shorter, so that a repeat of the same jump before the next renewal cannot outrun
 //!   its deadline (a clock that runs fast keeps being seen ahead at every renewal); the jump is
 //!   logged at WARN and counted in `dlock_clock_jumps_total{backend, direction="ahead"}`;

@@ -122,7 +122,7 @@ pub trait DistributedLockExt: LockHandle {
     /// named in, so clients naming overlapping sets cannot deadlock. A key taken early is held
     /// while later ones are awaited: take them with
     /// [`auto-renew`](LockOptions::with_auto_renew) when the wait may outlast the TTL. An empty
-    /// list, a key named twice or more than [`MAX_KEYS`](crate::MAX_KEYS) keys is
+    /// list, a key named twice or more than [`MAX_KEYS`](crate::limits::MAX_KEYS) keys is
     /// [`Error::InvalidInput`], and nothing is sent.
     ///
     /// # Cancel safety

@@ -25,6 +25,9 @@ use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::FencingToken;
 
+pub use crate::metered::Metered;
+pub use crate::traced::Traced;
+
 /// A wrapper around another lock service: implement [`inner`](Layer::inner) and override the
 /// calls the layer changes; every other call goes to the inner service unchanged. Every `Layer` is
 /// a [`DistributedLock`].
@@ -33,7 +36,9 @@ use crate::token::FencingToken;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
 /// use async_trait::async_trait;
-/// use dlock_core::{Attempt, DistributedLock, InMemoryLock, Layer, LockRequest, Result};
+/// use dlock_core::backend::{Attempt, LockRequest};
+/// use dlock_core::layer::Layer;
+/// use dlock_core::{DistributedLock, InMemoryLock, Result};
 ///
 /// /// Counts lock attempts; everything else passes through.
 /// #[derive(Debug)]

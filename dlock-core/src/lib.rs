@@ -20,7 +20,8 @@
 //! * Every grant leaves an [`OwnerRecord`] (host, pid, label) next to the lock;
 //!   [`holding`](DistributedLockExt::holding) shows the holder and its waiters, and [`Admin`]
 //!   lists the held locks and evicts a stuck holder, fenced so that its late writes are rejected.
-//! * [`Traced`] and [`Metered`] are [`Layer`]s that trace and meter every call of any backend.
+//! * [`Traced`](layer::Traced) and [`Metered`](layer::Metered) are [`Layer`](layer::Layer)s that
+//!   trace and meter every call of any backend.
 //! * Beside the lock: a [`Semaphore`], a read-write lock ([`RwLock`]), leader [`Election`] and
 //!   [`acquire_all`](DistributedLockExt::acquire_all) over several keys, each hold a fenced
 //!   [`Lease`] like the lock's.
@@ -47,7 +48,7 @@
 #![deny(missing_docs)]
 
 mod admin;
-mod backend;
+pub mod backend;
 pub mod clock;
 mod critical;
 mod election;
@@ -56,8 +57,9 @@ mod ext;
 mod fence;
 mod inspect;
 mod key;
-mod layer;
+pub mod layer;
 mod lease;
+pub mod limits;
 mod memory;
 mod metered;
 mod multi;
@@ -78,30 +80,21 @@ pub mod url;
 mod waiting;
 
 pub use admin::Admin;
-pub use backend::{
-    retry_until_granted, Attempt, Capabilities, DistributedLock, ExtendRequest, Extension,
-    FencingGuarantee, Grant, LeaseRef, LockRequest, Outcome, Released,
-};
+pub use backend::{Capabilities, DistributedLock, Released};
 pub use critical::{CriticalSection, LeaseEnd};
-pub use election::{Election, Leader, Leadership, OBSERVE_INTERVAL};
-pub use error::{BoxError, Error, Result};
+pub use election::{Election, Leader, Leadership};
+pub use error::{Error, Result};
 pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
 pub use inspect::{Eviction, HeldLock, Holder, Holding, Waiter};
-pub use key::{LockKey, MAX_KEY_LEN};
-pub use layer::Layer;
+pub use key::LockKey;
 pub use lease::Lease;
 pub use memory::InMemoryLock;
-pub use metered::Metered;
-pub use multi::{MultiLease, MAX_KEYS};
-pub use options::{validate_ttl, AutoRenew, Drift, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL};
-pub use owner::{check_label, Owner, OwnerRecord, MAX_LABEL_LEN};
-pub use primitive::{check_value, Primitive, Primitives, MAX_PERMITS, MAX_VALUE_LEN};
-pub use retry::{Backoff, MAX_BACKOFF};
+pub use multi::MultiLease;
+pub use options::{AutoRenew, Drift, LockOptions};
+pub use owner::{Owner, OwnerRecord};
+pub use retry::Backoff;
 pub use rwlock::RwLock;
 pub use semaphore::Semaphore;
-pub use session::{SessionState, SessionWatch};
 pub use state::{Expiring, LeaseState, LeaseWatch, LostReason};
 pub use token::{FencingToken, OwnerToken};
-pub use traced::Traced;
-pub use waiting::{check_len, check_within, withdraw, Waiting, WITHDRAW_BOUND};

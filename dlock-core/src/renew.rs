@@ -22,6 +22,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::backend::Extension;
 use crate::backend::{DistributedLock, ExtendRequest, LeaseRef};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
@@ -29,7 +30,6 @@ use crate::lease::{apply_extension, Lease};
 use crate::options::AutoRenew;
 use crate::state::{self, StatusSender};
 use crate::token::{FencingToken, OwnerToken};
-use crate::Extension;
 
 /// A lease due within this fraction of its interval is renewed with the batch that is being sent
 /// anyway. Renewing a little early is always safe (the deadline is measured from the request), and

@@ -2,7 +2,7 @@
 //!
 //! ZooKeeper's ephemeral nodes and etcd's leases are held for as long as the client's session is
 //! alive, and the client library — not dlock's renewal — keeps the session alive. Such a backend
-//! attaches a [`SessionWatch`] to its [`Grant`](crate::Grant); the lease then follows the session:
+//! attaches a [`SessionWatch`] to its [`Grant`](crate::backend::Grant); the lease then follows the session:
 //! held while it is alive, uncertain while the connection is lost (the server may expire the
 //! session meanwhile), lost the moment the session is known to be gone.
 

@@ -7,7 +7,7 @@ use std::fmt;
 /// A resource that remembers the highest token it has admitted (see [`Fence`](crate::Fence)) can
 /// reject the writes of a holder whose lease ended while it was paused: time alone cannot make a
 /// lock safe, ordering can. How strongly each backend guarantees the order is stated by its
-/// [`FencingGuarantee`](crate::FencingGuarantee).
+/// [`FencingGuarantee`](crate::backend::FencingGuarantee).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(pub u64);
 

@@ -5,9 +5,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, InMemoryLock, LockOptions, Metered, Traced,
-};
+use dlock_core::layer::{Metered, Traced};
+use dlock_core::{Admin, DistributedLock, DistributedLockExt, InMemoryLock, LockOptions};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 

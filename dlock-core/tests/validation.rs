@@ -4,10 +4,8 @@ mod support;
 
 use std::time::Duration;
 
-use dlock_core::{
-    AutoRenew, Backoff, DistributedLockExt, Drift, Error, LockOptions, MAX_KEY_LEN, MAX_TTL,
-    MAX_WAIT,
-};
+use dlock_core::limits::{MAX_KEY_LEN, MAX_TTL, MAX_WAIT};
+use dlock_core::{AutoRenew, Backoff, DistributedLockExt, Drift, Error, LockOptions};
 use support::Scripted;
 
 fn bad_options() -> Vec<(&'static str, LockOptions)> {

@@ -188,7 +188,7 @@ impl AcquireGuard {
         let Some(w) = &self.written else {
             return;
         };
-        if dlock_core::withdraw(&self.key, w.delete()).await {
+        if dlock_core::backend::withdraw(&self.key, w.delete()).await {
             self.written = None;
         }
     }

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use etcd_client::{Certificate, Identity, TlsOptions};
 
+use dlock_core::backend::check_within;
 use dlock_core::tls::TlsFiles;
 use dlock_core::url::redact_password;
-use dlock_core::{check_within, Error, Owner, Result};
+use dlock_core::{Error, Owner, Result};
 
 use crate::client::EtcdLock;
 use crate::layout::{KeyLayout, DEFAULT_NAMESPACE};
@@ -248,7 +249,7 @@ impl EtcdLockBuilder {
     /// Records `label` as the application label in the owner record of every lock this client
     /// takes (the value of its contender key; see the crate docs), so that an operator can tell
     /// services apart on a shared host. 1 to
-    /// [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) bytes without control characters; a bad
+    /// [`MAX_LABEL_LEN`](dlock_core::limits::MAX_LABEL_LEN) bytes without control characters; a bad
     /// label fails [`connect`](Self::connect) as an [`Error::InvalidInput`] for `owner` before
     /// anything is sent.
     pub fn with_owner(mut self, label: impl Into<String>) -> Self {

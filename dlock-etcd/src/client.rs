@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Primitives, SessionState, Waiting,
+};
+use dlock_core::layer::Layer;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, Extension, FencingToken,
-    Grant, HeldLock, Holding, Layer, LeaseRef, LockKey, LockRequest, LostReason, OwnerRecord,
-    OwnerToken, Primitive, Primitives, Released, Result, SessionState, Waiting,
+    Backoff, Capabilities, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding,
+    LockKey, LostReason, OwnerRecord, OwnerToken, Released, Result,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;

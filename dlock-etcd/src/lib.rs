@@ -49,7 +49,7 @@
 //!   fewer, and cannot grant the lock early.
 //! * **Fencing token**: the create revision of the holder's key. Revisions of an etcd cluster
 //!   only grow, and a later holder's key is always created later
-//!   ([`FencingGuarantee::Monotonic`](dlock_core::FencingGuarantee::Monotonic)).
+//!   ([`FencingGuarantee::Monotonic`](dlock_core::backend::FencingGuarantee::Monotonic)).
 //! * **Release is one plain delete of the holding's own key**, which returns the deleted key: the
 //!   key names the acquire, so a late delete finds nothing of a later holding's, and the deleted
 //!   key's create revision and lease tell whether it was this holding (only when it was not, a

@@ -40,10 +40,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, SessionState, Waiting,
+};
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, FencingToken, Grant, Holder,
-    Holding, LeaseRef, LockKey, LockRequest, LostReason, OwnerRecord, OwnerToken, Primitive,
-    Released, Result, SessionState, Waiting,
+    Backoff, Capabilities, DistributedLock, Error, FencingToken, Holder, Holding, LockKey,
+    LostReason, OwnerRecord, OwnerToken, Released, Result,
 };
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -281,7 +283,8 @@ impl Joining {
         let Some(written) = &self.written else {
             return;
         };
-        if dlock_core::withdraw(&self.key, written.delete()).await && !written.in_flight() {
+        if dlock_core::backend::withdraw(&self.key, written.delete()).await && !written.in_flight()
+        {
             self.written = None;
         }
     }

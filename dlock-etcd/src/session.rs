@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Error, Result, SessionState};
+use dlock_core::backend::SessionState;
+use dlock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

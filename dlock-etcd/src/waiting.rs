@@ -13,7 +13,8 @@
 //! successor. No polling: a waiter sleeps until a deletion, the end of its session, its
 //! deadline, or the client moving to another member.
 
-use dlock_core::{Error, SessionState};
+use dlock_core::backend::SessionState;
+use dlock_core::Error;
 use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchStream};
 use tokio::sync::watch;
 use tokio::time::Instant;

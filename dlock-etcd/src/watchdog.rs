@@ -1,6 +1,6 @@
 //! One task per held lock: it gives the lease its state and ends the lock at the end of its TTL.
 //!
-//! A lease follows a [`SessionState`] channel (see `dlock_core::SessionState`), and a held lock
+//! A lease follows a [`SessionState`] channel (see `dlock_core::backend::SessionState`), and a held lock
 //! has two clocks: its session lease, which the server enforces, and the per-acquire TTL, which
 //! this client enforces by deleting its own key (see the crate docs). The watchdog publishes the
 //! session's part on the channel the lease follows; dlock-core keeps the TTL's validity beside it
@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_core::{LockKey, SessionState};
+use dlock_core::backend::SessionState;
+use dlock_core::LockKey;
 use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;

@@ -15,8 +15,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dlock_core::backend::check_within;
 use dlock_core::url::{ConnectUrl, FromUrl};
-use dlock_core::{check_within, Error, Owner, Result};
+use dlock_core::{Error, Owner, Result};
 
 use crate::client::PgLock;
 use crate::tls::{PgTls, SslMode};

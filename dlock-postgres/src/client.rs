@@ -7,10 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest, Primitive,
+    Primitives, Waiting,
+};
+use dlock_core::layer::Layer;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Eviction, ExtendRequest, Extension,
-    FencingGuarantee, FencingToken, Grant, HeldLock, Holding, Layer, LeaseRef, LockKey,
-    LockRequest, Primitive, Primitives, Released, Result, Waiting,
+    Backoff, Capabilities, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding,
+    LockKey, Released, Result,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -983,7 +987,7 @@ impl DistributedLock for Inner {
             let queued = self.queued().remove(&owner);
             if let (Some((payload, generation)), Ok(inner)) = (queued, self.arc()) {
                 let withdrawal = async move { inner.withdraw(&payload, generation, owner).await };
-                dlock_core::withdraw(req.key, tokio::spawn(withdrawal)).await;
+                dlock_core::backend::withdraw(req.key, tokio::spawn(withdrawal)).await;
             }
         }
         // Out of the queue (granted, withdrawn or failed): the waiter behind may move up.

@@ -62,9 +62,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, ExtendRequest, Extension, Grant, LeaseRef, LockRequest, Primitive, Waiting,
+};
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, ExtendRequest, Extension, Grant,
-    Holding, LeaseRef, LockKey, LockRequest, Primitive, Released, Result, Waiting,
+    Backoff, Capabilities, DistributedLock, Error, Holding, LockKey, Released, Result,
 };
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
@@ -616,7 +618,7 @@ impl WaitingWriter {
                     )),
                 }
             };
-            dlock_core::withdraw(name, finished).await;
+            dlock_core::backend::withdraw(name, finished).await;
         }
     }
 

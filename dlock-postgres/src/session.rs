@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
-use dlock_core::{Error, Result, SessionState, SessionWatch};
+use dlock_core::backend::{SessionState, SessionWatch};
+use dlock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};

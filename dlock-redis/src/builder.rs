@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{check_within, Owner, Result};
+use dlock_core::backend::check_within;
+use dlock_core::{Owner, Result};
 use tracing::Instrument;
 
 use crate::cluster::ClusterSettings;
@@ -111,7 +112,7 @@ dlock_core::setters! {
         /// Puts the application label `label` (the `owner` URL parameter) in the owner record
         /// every grant leaves next to the lock (see "Owner records" in the [crate docs](crate)),
         /// so that operators can tell services apart on a shared host: 1 to
-        /// [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) bytes without control characters, checked
+        /// [`MAX_LABEL_LEN`](dlock_core::limits::MAX_LABEL_LEN) bytes without control characters, checked
         /// by [`connect`](Self::connect) before anything is sent (field `owner`).
         with_owner(label: impl Into<String>) => owner = Some(label.into());
     }

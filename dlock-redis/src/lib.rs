@@ -155,7 +155,7 @@
 //!
 //! Tokens come from a per-key counter, incremented atomically with each grant,
 //! so they are **strictly increasing while the server keeps its data**
-//! ([`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee)). Redis
+//! ([`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::backend::FencingGuarantee)). Redis
 //! replication is asynchronous: if the primary crashes and a replica that had not yet received the
 //! latest writes is promoted, both the lock and the counter can go back in time — the lock can be
 //! granted a second time and tokens can repeat. The same holds for a restore from an older
@@ -208,7 +208,7 @@
 //!   and the next attempt that finds it lapsed while the lock is free announces the new head, so
 //!   the queue is blocked no longer than that.
 //! * A wait that runs out withdraws its entry before returning (a release by its owner token,
-//!   within `dlock_core::WITHDRAW_BOUND`; past it in the background), and a dropped wait is
+//!   within `dlock_core::backend::WITHDRAW_BOUND`; past it in the background), and a dropped wait is
 //!   withdrawn by dlock-core the same way.
 //!
 //! Client commands per acquisition on a hot key: the attempt that queues, the winning attempt

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest, Primitive,
+    Primitives,
+};
 use dlock_core::clock::ClockWatch;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Eviction, ExtendRequest, Extension,
-    FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey, LockRequest,
-    Owner, Primitive, Primitives, Released, Result,
+    Backoff, Capabilities, DistributedLock, Eviction, FencingToken, HeldLock, Holding, LockKey,
+    Owner, Released, Result,
 };
 use tokio::time::Instant;
 

@@ -8,9 +8,9 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Waiting};
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Error, Extension, Grant, Holding, LeaseRef,
-    LockKey, LockRequest, Primitive, Released, Result, Waiting,
+    Backoff, Capabilities, DistributedLock, Error, Holding, LockKey, Released, Result,
 };
 use tokio::time::Instant;
 
@@ -255,7 +255,7 @@ impl DistributedLock for RedisView {
 
     /// Waits like the lock; a writer registers its intent while it waits (see
     /// [`ACQUIRE`](primitives::ACQUIRE)) and withdraws it, within
-    /// [`WITHDRAW_BOUND`](dlock_core::WITHDRAW_BOUND), when it gives up.
+    /// [`WITHDRAW_BOUND`](dlock_core::backend::WITHDRAW_BOUND), when it gives up.
     async fn lock(
         &self,
         req: &LockRequest<'_>,
@@ -270,7 +270,7 @@ impl DistributedLock for RedisView {
                 owner: req.owner,
                 fencing: None,
             };
-            dlock_core::withdraw(req.key, self.release(&lease)).await;
+            dlock_core::backend::withdraw(req.key, self.release(&lease)).await;
         }
         result
     }

@@ -18,7 +18,7 @@
 //!    past the deadline.
 //!
 //! A waiter whose wait runs out withdraws its queue entry (a release by its owner token, bounded
-//! by [`dlock_core::WITHDRAW_BOUND`], finished in the background past it); a dropped wait is
+//! by [`dlock_core::backend::WITHDRAW_BOUND`], finished in the background past it); a dropped wait is
 //! withdrawn by dlock-core the same way. A withdrawal that leaves the lock free announces the
 //! next head.
 //!
@@ -30,9 +30,8 @@
 
 use std::time::Duration;
 
-use dlock_core::{
-    Backoff, DistributedLock, Grant, LeaseRef, LockRequest, Outcome, Result, Waiting,
-};
+use dlock_core::backend::{Grant, LeaseRef, LockRequest, Outcome, Waiting};
+use dlock_core::{Backoff, DistributedLock, Result};
 use tokio::time::Instant;
 
 use crate::lock::{AttemptNames, RedisLock};
@@ -154,7 +153,7 @@ impl RedisLock {
             owner: req.owner,
             fencing: None,
         };
-        if dlock_core::withdraw(req.key, self.release(&lease)).await {
+        if dlock_core::backend::withdraw(req.key, self.release(&lease)).await {
             return;
         }
         let (lock, key, owner) = (self.clone(), req.key.clone(), req.owner);

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{check_within, Drift, Error, Owner, Result, MAX_BACKOFF, MAX_TTL, MIN_TTL};
+use dlock_core::backend::check_within;
+use dlock_core::limits::{MAX_BACKOFF, MAX_TTL, MIN_TTL};
+use dlock_core::{Drift, Error, Owner, Result};
 use dlock_redis::protocol::keys::KeyLayout;
 use dlock_redis::protocol::{check_fence_ttl, check_timeout, ServerUrl};
 use dlock_redis::{Endpoint, Wakeups};
@@ -97,7 +99,7 @@ dlock_core::setters! {
         with_retry_jitter(jitter: Duration) => retry_jitter = jitter;
         /// Turns fencing tokens on (the default) or off. Off saves the write-back round trip that
         /// happens when the masters' counters disagree, and declares
-        /// [`FencingGuarantee::None`](dlock_core::FencingGuarantee::None): tokens are then still
+        /// [`FencingGuarantee::None`](dlock_core::backend::FencingGuarantee::None): tokens are then still
         /// handed out but may repeat or go back.
         with_fencing(on: bool) => fencing = on;
         /// Turns on the delayed-restart rule with `max_ttl`, the longest TTL any client will use
@@ -114,7 +116,7 @@ dlock_core::setters! {
         with_fence_ttl(ttl: Duration) => fence_ttl = Some(ttl);
         /// Puts the application label `label` (the `owner` URL parameter) in the owner record
         /// every grant leaves next to the lock on each master (see "Owner records" in the
-        /// [crate docs](crate)): 1 to [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) bytes without
+        /// [crate docs](crate)): 1 to [`MAX_LABEL_LEN`](dlock_core::limits::MAX_LABEL_LEN) bytes without
         /// control characters, checked before anything is sent (field `owner`).
         with_owner(label: impl Into<String>) => owner = Some(label.into());
     }

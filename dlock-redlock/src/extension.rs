@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use dlock_core::Extension;
+use dlock_core::backend::Extension;
 
 use crate::quorum::Reply;
 

@@ -99,7 +99,7 @@
 //!   snapshot), its counter may go back. The acquire script restarts a missing counter at the
 //!   master's clock in microseconds, so after a *total* loss tokens still stay above earlier ones
 //!   as long as that master's clock did not go back; a *stale* counter (older snapshot) can repeat
-//!   tokens. Hence [`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee).
+//!   tokens. Hence [`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::backend::FencingGuarantee).
 //! * *Bounded clock drift.* Mutual exclusion — that A's key on `m` is gone only after A's
 //!   lease ended — relies on the masters' clocks running at about the client's rate (within the
 //!   drift allowance) and on no process pause longer than the allowance between the grant and the
@@ -109,7 +109,7 @@
 //!   held at the time; the delayed-restart rule below closes that gap.
 //!
 //! With fencing off, the token is still the maximum over the quorum, but it can repeat or go back
-//! ([`FencingGuarantee::None`](dlock_core::FencingGuarantee)).
+//! ([`FencingGuarantee::None`](dlock_core::backend::FencingGuarantee)).
 //!
 //! # Delayed restart and persistence
 //!
@@ -215,7 +215,7 @@
 //! token any of them shows for it; while a grant's write-back is under way the holder is
 //! [`Holding::Unknown`](dlock_core::Holding::Unknown), which an observer takes as no leader yet.
 //!
-//! The **semaphore is not served** ([`Primitives::ALL.without_semaphore()`](dlock_core::Primitives)):
+//! The **semaphore is not served** ([`Primitives::ALL.without_semaphore()`](dlock_core::backend::Primitives)):
 //! majority quorum does not make it sound. Each master admits up to N holders, and N + 1
 //! clients can each be admitted by a different majority — with N = 2 and three masters, A and B
 //! on the first, B and C on the second, A and C on the third — so N + 1 would hold it at once.

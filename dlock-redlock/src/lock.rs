@@ -5,11 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest, Primitive,
+    Primitives,
+};
 use dlock_core::clock::ClockWatch;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Drift, Error, Eviction, ExtendRequest,
-    Extension, FencingGuarantee, FencingToken, Grant, HeldLock, Holding, LeaseRef, LockKey,
-    LockRequest, Owner, OwnerToken, Primitive, Primitives, Released, Result,
+    Backoff, Capabilities, DistributedLock, Drift, Error, Eviction, FencingToken, HeldLock,
+    Holding, LockKey, Owner, OwnerToken, Released, Result,
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Waiting};
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingToken, Grant, Holding,
-    LeaseRef, LockKey, LockRequest, Primitive, Released, Result, Waiting,
+    Backoff, Capabilities, DistributedLock, FencingToken, Holding, LockKey, Released, Result,
 };
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
@@ -409,7 +409,7 @@ impl DistributedLock for RedlockView {
                 owner: req.owner,
                 fencing: None,
             };
-            dlock_core::withdraw(req.key, self.release(&lease)).await;
+            dlock_core::backend::withdraw(req.key, self.release(&lease)).await;
         }
         result
     }

@@ -28,16 +28,15 @@
 //! back, the same script puts it back in the queue at its score, so the next in line cannot
 //! take that master meanwhile and split the masters between them. A waiter
 //! whose wait runs out withdraws from every master's queue (a release by its owner token, within
-//! [`dlock_core::WITHDRAW_BOUND`], then in the background); a dropped wait is withdrawn by
+//! [`dlock_core::backend::WITHDRAW_BOUND`], then in the background); a dropped wait is withdrawn by
 //! dlock-core the same way. Wake-ups that came before an attempt was sent are dropped (the
 //! attempt saw what they announced); those that come after it are kept for the next wait, so none
 //! is lost.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dlock_core::{
-    Backoff, DistributedLock, Error, Grant, LeaseRef, LockRequest, Outcome, Result, Waiting,
-};
+use dlock_core::backend::{Grant, LeaseRef, LockRequest, Outcome, Waiting};
+use dlock_core::{Backoff, DistributedLock, Error, Result};
 use dlock_redis::Registration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
@@ -189,6 +188,6 @@ impl RedlockLock {
             lock.release(&lease).await.map_err(|e| e.to_string())
         });
         let finished = async { withdrawal.await.map_err(|e| e.to_string())? };
-        dlock_core::withdraw(req.key, finished).await;
+        dlock_core::backend::withdraw(req.key, finished).await;
     }
 }

@@ -1,6 +1,6 @@
 //! One cell of the matrix: a scenario on a backend, declared, observed and compared.
 
-use dlock_core::Primitives;
+use dlock_core::backend::Primitives;
 use dlock_testkit::Analysis;
 use serde::Serialize;
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::Primitives;
+use dlock_core::backend::Primitives;
 use dlock_testkit::fixtures::{
     FixtureError, PostgresServer, RedisMasters, RedisOptions, RedisReplicated, RedisServer,
 };

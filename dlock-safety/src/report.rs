@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn primitive_cells_get_a_table_of_their_own_and_a_column_in_the_details() {
         use crate::cell::Expected;
-        use dlock_core::Primitives;
+        use dlock_core::backend::Primitives;
         use dlock_testkit::registry::backend;
 
         let memory = backend("memory").unwrap();

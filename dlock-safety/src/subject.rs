@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{DistributedLock, Primitive, Primitives};
+use dlock_core::backend::{Primitive, Primitives};
+use dlock_core::DistributedLock;
 use serde::Serialize;
 
 use crate::targets::{FaultUnavailable, FreezableClient, Replication, Target};

@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use async_trait::async_trait;
-use dlock_core::{
-    AutoRenew, DistributedLock, DistributedLockExt, ExtendRequest, Extension, Layer, Lease,
-    LeaseRef, LockOptions, Result,
-};
+use dlock_core::backend::{ExtendRequest, Extension, LeaseRef};
+use dlock_core::layer::Layer;
+use dlock_core::{AutoRenew, DistributedLock, DistributedLockExt, Lease, LockOptions, Result};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
 

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{DistributedLock, ExtendRequest, Extension, Layer, LeaseRef, Primitive, Result};
+use dlock_core::backend::{ExtendRequest, Extension, LeaseRef, Primitive};
+use dlock_core::layer::Layer;
+use dlock_core::{DistributedLock, Result};
 use tokio::sync::watch;
 
 /// A client whose renewals can be frozen and thawed.

@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use dlock_core::{
-    withdraw, Attempt, Backoff, Error, FencingToken, Grant, LockRequest, Result, SessionWatch,
-    Waiting, WITHDRAW_BOUND,
+use dlock_core::backend::{
+    withdraw, Attempt, Grant, LockRequest, SessionWatch, Waiting, WITHDRAW_BOUND,
 };
+use dlock_core::{Backoff, Error, FencingToken, Result};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 

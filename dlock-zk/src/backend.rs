@@ -6,9 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Primitives,
+};
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Eviction, Extension, FencingToken, Grant,
-    HeldLock, Holding, LeaseRef, LockKey, LockRequest, Primitive, Primitives, Released, Result,
+    Backoff, Capabilities, DistributedLock, Eviction, FencingToken, HeldLock, Holding, LockKey,
+    Released, Result,
 };
 use tokio::time::Instant;
 
@@ -19,7 +22,7 @@ use crate::recipe::list_queue;
 use crate::request::call;
 
 /// The lock calls on one handle's shared state, untraced: what a [`ZkLock`](crate::ZkLock)
-/// serves behind [`Traced`](dlock_core::Traced). It holds the `Arc` because the calls hand it to
+/// serves behind [`Traced`](dlock_core::layer::Traced). It holds the `Arc` because the calls hand it to
 /// background clean-ups.
 #[derive(Clone)]
 pub(crate) struct Queue(pub(crate) Arc<Inner>);

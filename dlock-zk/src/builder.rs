@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{check_within, Error, Owner, Result};
+use dlock_core::backend::check_within;
+use dlock_core::{Error, Owner, Result};
 
 use crate::acl::NodeAcl;
 use crate::connect_string::{check_path, ConnectString};
@@ -114,7 +115,7 @@ dlock_core::setters! {
         with_prefix(root: impl Into<String>) => root = root.into();
         /// The application label of the [owner record](dlock_core::OwnerRecord) this client
         /// writes as the data of every lock node it creates (1 to
-        /// [`MAX_LABEL_LEN`](dlock_core::MAX_LABEL_LEN) printable bytes; checked by
+        /// [`MAX_LABEL_LEN`](dlock_core::limits::MAX_LABEL_LEN) printable bytes; checked by
         /// [`connect`](Self::connect)), so that operators — `dlock status`, `zkCli get`, kazoo's
         /// `Lock.contenders()` — can tell services apart on a shared host. Without it the
         /// record still names the host and process id.

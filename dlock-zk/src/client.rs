@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_core::{DistributedLock, Layer, LockKey, Result};
+use dlock_core::layer::Layer;
+use dlock_core::{DistributedLock, LockKey, Result};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -133,11 +134,15 @@ impl ZkLock {
     ///
     /// Like [`lock_path`](Self::lock_path), it includes the chroot.
     ///
-    /// [`Primitive::Read`]: dlock_core::Primitive::Read
-    /// [`Primitive::Write`]: dlock_core::Primitive::Write
-    /// [`Primitive::Semaphore`]: dlock_core::Primitive::Semaphore
-    /// [`Primitive::Election`]: dlock_core::Primitive::Election
-    pub fn primitive_path(&self, key: &str, primitive: &dlock_core::Primitive) -> Result<String> {
+    /// [`Primitive::Read`]: dlock_core::backend::Primitive::Read
+    /// [`Primitive::Write`]: dlock_core::backend::Primitive::Write
+    /// [`Primitive::Semaphore`]: dlock_core::backend::Primitive::Semaphore
+    /// [`Primitive::Election`]: dlock_core::backend::Primitive::Election
+    pub fn primitive_path(
+        &self,
+        key: &str,
+        primitive: &dlock_core::backend::Primitive,
+    ) -> Result<String> {
         let key = LockKey::new(key)?;
         Ok(crate::primitives::path_of(self.shared(), &key, primitive))
     }

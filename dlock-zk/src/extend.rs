@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Error, Extension, LeaseRef, Result};
+use dlock_core::backend::{Extension, LeaseRef};
+use dlock_core::{Error, Result};
 use tokio::time::Instant;
 
 use crate::client::Inner;

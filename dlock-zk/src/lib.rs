@@ -55,7 +55,7 @@
 //! The fencing token is the own node's creation zxid (`czxid`). Zxids number every write to the
 //! ensemble, so a later holder's node always has a larger one — across all keys, and also after
 //! the parent was deleted and recreated, when sequence numbers start again at zero. Tokens are
-//! therefore [`Monotonic`](dlock_core::FencingGuarantee::Monotonic) for as long as the ensemble
+//! therefore [`Monotonic`](dlock_core::backend::FencingGuarantee::Monotonic) for as long as the ensemble
 //! keeps its data.
 //!
 //! # Leases, TTLs and the session

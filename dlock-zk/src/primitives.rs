@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive};
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, FencingToken, Grant, Holder,
-    Holding, LeaseRef, LockKey, LockRequest, OwnerRecord, OwnerToken, Primitive, Released, Result,
+    Backoff, Capabilities, DistributedLock, FencingToken, Holder, Holding, LockKey, OwnerRecord,
+    OwnerToken, Released, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;

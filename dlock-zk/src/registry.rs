@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use dlock_core::{SessionState, SessionWatch};
+use dlock_core::backend::{SessionState, SessionWatch};
 use tokio::sync::watch;
 use tokio::time::Instant;
 

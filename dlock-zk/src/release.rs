@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use dlock_core::{LeaseRef, Released, Result};
+use dlock_core::backend::LeaseRef;
+use dlock_core::{Released, Result};
 use tokio::time::Instant;
 
 use crate::client::Inner;

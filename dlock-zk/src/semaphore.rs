@@ -15,7 +15,8 @@
 
 use std::sync::Arc;
 
-use dlock_core::{Attempt, Backoff, Error, LockRequest, Result, Waiting};
+use dlock_core::backend::{Attempt, LockRequest, Waiting};
+use dlock_core::{Backoff, Error, Result};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 

@@ -52,14 +52,15 @@ pub use locks::{Locks, LocksBuilder};
 /// The core API, for what the root does not re-export.
 pub use dlock_core as core;
 
+pub use dlock_core::backend::{FencingGuarantee, Primitive, Primitives};
+pub use dlock_core::layer::{Layer, Metered, Traced};
+pub use dlock_core::limits::{MAX_KEYS, MAX_PERMITS, MAX_VALUE_LEN, OBSERVE_INTERVAL};
 pub use dlock_core::{
     url, Admin, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock,
     DistributedLockExt, Drift, Election, Error, Eviction, Expiring, Fence, FenceMode, Fenced,
-    FencingGuarantee, FencingToken, HeldLock, Holder, Holding, InMemoryLock, Layer, Leader,
-    Leadership, Lease, LeaseEnd, LeaseState, LeaseWatch, LockHandle, LockKey, LockOptions,
-    LostReason, Metered, MultiLease, OwnerRecord, OwnerToken, Primitive, Primitives, Released,
-    Result, RwLock, Semaphore, StaleToken, Traced, Waiter, MAX_KEYS, MAX_PERMITS, MAX_VALUE_LEN,
-    OBSERVE_INTERVAL,
+    FencingToken, HeldLock, Holder, Holding, InMemoryLock, Leader, Leadership, Lease, LeaseEnd,
+    LeaseState, LeaseWatch, LockHandle, LockKey, LockOptions, LostReason, MultiLease, OwnerRecord,
+    OwnerToken, Released, Result, RwLock, Semaphore, StaleToken, Waiter,
 };
 
 /// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).

@@ -3,10 +3,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use dlock_core::layer::{Metered, Traced};
 use dlock_core::url::redact_password;
 use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, Election, LockHandle, LockOptions, Metered,
-    MultiLease, Result, RwLock, Semaphore, Traced,
+    Admin, DistributedLock, DistributedLockExt, Election, LockHandle, LockOptions, MultiLease,
+    Result, RwLock, Semaphore,
 };
 
 /// A shared handle to the backend a URL names, with the per-acquire defaults the URL set.
@@ -81,7 +82,7 @@ impl Locks {
     /// [`Error::Mismatch`](dlock_core::Error::Mismatch).
     ///
     /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) for a bad name or
-    /// `permits` outside 1 to [`MAX_PERMITS`](dlock_core::MAX_PERMITS), and with
+    /// `permits` outside 1 to [`MAX_PERMITS`](dlock_core::limits::MAX_PERMITS), and with
     /// [`Error::Unsupported`](dlock_core::Error::Unsupported) where the backend has no
     /// semaphore; nothing is sent.
     ///
@@ -161,7 +162,7 @@ impl Locks {
     /// not deadlock; each key's lease has its own fencing token. See
     /// [`DistributedLockExt::acquire_all`].
     ///
-    /// An empty list, a key named twice or more than [`MAX_KEYS`](dlock_core::MAX_KEYS) keys is
+    /// An empty list, a key named twice or more than [`MAX_KEYS`](dlock_core::limits::MAX_KEYS) keys is
     /// [`Error::InvalidInput`](dlock_core::Error::InvalidInput), and nothing is sent.
     ///
     /// ```
@@ -276,8 +277,8 @@ impl Layers {
 /// use dlock::{DistributedLockExt, Locks};
 ///
 /// let locks = Locks::builder("memory://?ttl=10s")
-///     .with_tracing() // one span per call (see dlock_core::Traced)
-///     .with_metrics() // counters, gauges, histograms (see dlock_core::Metered)
+///     .with_tracing() // one span per call (see dlock_core::layer::Traced)
+///     .with_metrics() // counters, gauges, histograms (see dlock_core::layer::Metered)
 ///     .connect()
 ///     .await?;
 /// let lease = locks.acquire("reports/daily", locks.options()).await?;

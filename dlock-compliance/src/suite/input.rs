@@ -3,9 +3,8 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use dlock_core::{
-    AutoRenew, Backoff, DistributedLockExt, Drift, Error, LockOptions, MAX_KEY_LEN, MAX_TTL,
-};
+use dlock_core::limits::{MAX_KEY_LEN, MAX_TTL};
+use dlock_core::{AutoRenew, Backoff, DistributedLockExt, Drift, Error, LockOptions};
 
 use super::Ctx;
 

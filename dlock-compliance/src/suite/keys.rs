@@ -1,7 +1,8 @@
 //! Keys: any UTF-8 string within the limit works, and distinct keys never collide.
 
 use anyhow::ensure;
-use dlock_core::{DistributedLockExt, MAX_KEY_LEN};
+use dlock_core::limits::MAX_KEY_LEN;
+use dlock_core::DistributedLockExt;
 
 use super::Ctx;
 

@@ -14,10 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{
-    DistributedLock, DistributedLockExt, Error, FencingGuarantee, Lease, LockOptions, Primitive,
-    Released,
-};
+use dlock_core::backend::{FencingGuarantee, Primitive};
+use dlock_core::{DistributedLock, DistributedLockExt, Error, Lease, LockOptions, Released};
 use libtest_mimic::{Failed, Trial};
 use tokio::time::Instant;
 

@@ -9,9 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{
-    DistributedLock, DistributedLockExt, Error, FencingToken, LeaseState, Primitive, Semaphore,
-};
+use dlock_core::backend::Primitive;
+use dlock_core::{DistributedLock, DistributedLockExt, Error, FencingToken, LeaseState, Semaphore};
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -535,7 +534,7 @@ pub(crate) async fn one_leader_per_term_and_observers_agree(cx: Ctx) -> anyhow::
                     }
                 }
                 // Long enough for the observers to look.
-                tokio::time::sleep(dlock_core::OBSERVE_INTERVAL * 3).await;
+                tokio::time::sleep(dlock_core::limits::OBSERVE_INTERVAL * 3).await;
                 leading.fetch_sub(1, Ordering::SeqCst);
                 leadership.resign().await?;
             }
@@ -545,7 +544,7 @@ pub(crate) async fn one_leader_per_term_and_observers_agree(cx: Ctx) -> anyhow::
     for task in tasks {
         task.await??;
     }
-    tokio::time::sleep(dlock_core::OBSERVE_INTERVAL * 3).await;
+    tokio::time::sleep(dlock_core::limits::OBSERVE_INTERVAL * 3).await;
     let terms = terms.lock().map(|t| t.clone()).unwrap_or_default();
     ensure!(
         terms.len() == CANDIDATES * TERMS_EACH,

@@ -5,10 +5,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{
+    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest,
+};
+use dlock_core::layer::Layer;
 use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Eviction, ExtendRequest, Extension,
-    FencingGuarantee, FencingToken, Grant, HeldLock, Holder as HolderView, Holding, Layer,
-    LeaseRef, LockKey, LockRequest, Owner, OwnerRecord, OwnerToken, Released, Result,
+    Backoff, Capabilities, DistributedLock, Eviction, FencingToken, HeldLock, Holder as HolderView,
+    Holding, LockKey, Owner, OwnerRecord, OwnerToken, Released, Result,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backoff, DistributedLock, Error, FencingToken, Grant, InMemoryLock, Layer,
-    LockRequest, Primitive, Result, MAX_PERMITS,
-};
+use dlock_core::backend::{Attempt, Grant, LockRequest, Primitive};
+use dlock_core::layer::Layer;
+use dlock_core::limits::MAX_PERMITS;
+use dlock_core::{Backoff, DistributedLock, Error, FencingToken, InMemoryLock, Result};
 use tokio::time::Instant;
 
 /// The defects. Each must be caught by at least one case of the suite.

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{Attempt, ExtendRequest, Extension, LeaseRef, LockRequest};
 use dlock_core::{
-    Attempt, Capabilities, DistributedLock, DistributedLockExt, Error, ExtendRequest, Extension,
-    InMemoryLock, LeaseRef, LockKey, LockOptions, LockRequest, Released, Result,
+    Capabilities, DistributedLock, DistributedLockExt, Error, InMemoryLock, LockKey, LockOptions,
+    Released, Result,
 };
 use tokio::time::Instant;
 

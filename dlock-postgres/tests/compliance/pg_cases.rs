@@ -593,14 +593,14 @@ async fn ttl_from_before_the_session(url: &str) -> anyhow::Result<()> {
     blocker.batch_execute("COMMIT").await?;
     let lease = acquiring.await??;
     tokio::time::sleep_until(lease.valid_until() + Duration::from_millis(200)).await;
-    let late = dlock_core::LeaseRef {
+    let late = dlock_core::backend::LeaseRef {
         key: lease.lock_key(),
         owner: lease.owner(),
         fencing: Some(lease.fencing_token()),
     };
     let answer = holder.extend(&late, ttl).await?;
     ensure!(
-        answer != dlock_core::Extension::Extended,
+        answer != dlock_core::backend::Extension::Extended,
         "the server extended a lock past its lease's validity"
     );
     let free_by = Instant::now() + Duration::from_secs(1);

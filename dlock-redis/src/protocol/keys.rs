@@ -57,7 +57,9 @@
 
 use std::sync::OnceLock;
 
-use dlock_core::{check_len, LockKey, Result, MAX_KEY_LEN};
+use dlock_core::backend::check_len;
+use dlock_core::limits::MAX_KEY_LEN;
+use dlock_core::{LockKey, Result};
 
 /// Appended to a lock key (or to its wrapped form) to name its fencing counter.
 pub const FENCE_SUFFIX: &str = ":dlock:fence";

@@ -26,7 +26,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use dlock_core::{Extension, FencingToken, Holder, OwnerRecord, Primitive, Released};
+use dlock_core::backend::{Extension, Primitive};
+use dlock_core::{FencingToken, Holder, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 

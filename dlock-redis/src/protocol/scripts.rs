@@ -43,7 +43,7 @@
 //! million grants per second on average. A counter that survives but is *stale* (an asynchronous
 //! replica promoted after a crash, a restore from an older snapshot) can still repeat tokens: that
 //! is why the backend declares
-//! [`MonotonicWhileDataSurvives`](dlock_core::FencingGuarantee::MonotonicWhileDataSurvives).
+//! [`MonotonicWhileDataSurvives`](dlock_core::backend::FencingGuarantee::MonotonicWhileDataSurvives).
 //!
 //! # The fencing counter's expiry
 //!
@@ -83,8 +83,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use dlock_core::backend::Extension;
 use dlock_core::clock::ClockReading;
-use dlock_core::{Eviction, Extension, FencingToken, Holder, OwnerRecord, Released};
+use dlock_core::{Eviction, FencingToken, Holder, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
 use tokio::time::Instant;

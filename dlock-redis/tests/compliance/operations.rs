@@ -32,7 +32,7 @@ pub fn cases() -> Vec<(&'static str, Case<String>)> {
 /// none) is `Unavailable`, never held, and is given back: the semaphore, the read-write lock and
 /// the election stay free.
 async fn primitives_wait_for_replicas_with_min_replicas(url: String) -> anyhow::Result<()> {
-    use dlock_core::Primitives;
+    use dlock_core::backend::Primitives;
     let waiting: Arc<dyn DistributedLock> = Arc::new(
         RedisLockBuilder::new(&url)
             .with_min_replicas(1)

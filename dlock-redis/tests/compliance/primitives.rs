@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use dlock_core::backend::{LockRequest, Primitive};
 use dlock_core::{
-    Backoff, DistributedLock, DistributedLockExt, Error, Holding, LockKey, LockOptions,
-    LockRequest, OwnerToken, Primitive,
+    Backoff, DistributedLock, DistributedLockExt, Error, Holding, LockKey, LockOptions, OwnerToken,
 };
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
@@ -195,7 +195,7 @@ pub async fn a_crashed_holders_permit_returns_after_its_ttl(
     ensure!(
         matches!(
             view.try_lock(&crashed).await?,
-            dlock_core::Attempt::Acquired(_)
+            dlock_core::backend::Attempt::Acquired(_)
         ),
         "the first permit"
     );

@@ -81,7 +81,8 @@ async fn a_waiting_writers_intent_expires_within_the_requests_ttl(
 async fn a_primitives_keys_share_a_slot_carry_the_holder_and_vanish_but_the_counter(
     url: String,
 ) -> anyhow::Result<()> {
-    use dlock_core::{DistributedLock, Holding, LockKey, LockRequest, OwnerToken, Primitive};
+    use dlock_core::backend::{LockRequest, Primitive};
+    use dlock_core::{DistributedLock, Holding, LockKey, OwnerToken};
     use dlock_redis::protocol::keys::hash_slot;
     let locks: Arc<dyn DistributedLock> = Arc::new(
         RedisLock::builder(&url)
@@ -112,7 +113,7 @@ async fn a_primitives_keys_share_a_slot_carry_the_holder_and_vanish_but_the_coun
             ttl: Duration::from_millis(300),
         })
         .await?;
-    ensure!(matches!(crashed, dlock_core::Attempt::Acquired(_)));
+    ensure!(matches!(crashed, dlock_core::backend::Attempt::Acquired(_)));
     let mut con = support::raw(&url).await?;
     let pattern = format!("*{}*", support::glob_escape(&name));
     let mut stored = support::scan(&mut con, &pattern).await?;

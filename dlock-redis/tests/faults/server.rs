@@ -91,7 +91,7 @@ pub async fn paused_server_ends_a_waiting_acquire_by_its_deadline(
         // A waiter that gives up withdraws its queue entry first, which a paused server answers
         // no sooner than dlock-core's withdrawal bound.
         ensure!(
-            took <= wait + dlock_core::WITHDRAW_BOUND + SLACK,
+            took <= wait + dlock_core::backend::WITHDRAW_BOUND + SLACK,
             "the waiting acquire with a {wait:?} deadline ended after {took:?}"
         );
         // A renewal in flight when the server froze fails after the request timeout; from then

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLock, DistributedLockExt, FencingGuarantee, LockOptions};
+use dlock_core::backend::FencingGuarantee;
+use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
 use dlock_redis::protocol::keys::fence_key;
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;

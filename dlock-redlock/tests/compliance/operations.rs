@@ -35,14 +35,14 @@ async fn a_semaphore_is_unsupported_and_declared_so(urls: Vec<String>) -> anyhow
         Arc::new(support::builder(&urls).connect().await?);
     let declared = client.capabilities().primitives;
     ensure!(
-        declared == dlock_core::Primitives::ALL.without_semaphore(),
+        declared == dlock_core::backend::Primitives::ALL.without_semaphore(),
         "declared {declared:?}"
     );
     match client.semaphore(&unique("sem"), 2) {
         Err(dlock_core::Error::Unsupported { .. }) => {}
         other => bail!("a semaphore by quorum: {other:?}"),
     }
-    match client.primitive(&dlock_core::Primitive::semaphore(1)) {
+    match client.primitive(&dlock_core::backend::Primitive::semaphore(1)) {
         Err(dlock_core::Error::Unsupported { .. }) => {}
         other => bail!("a semaphore view by quorum: {other:?}"),
     }

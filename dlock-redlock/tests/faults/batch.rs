@@ -5,10 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use dlock_core::{
-    Attempt, DistributedLock, Error, ExtendRequest, Extension, LeaseRef, LockKey, LockRequest,
-    OwnerToken, Result,
-};
+use dlock_core::backend::{Attempt, ExtendRequest, Extension, LeaseRef, LockRequest};
+use dlock_core::{DistributedLock, Error, LockKey, OwnerToken, Result};
 use dlock_redis::EXTEND_BATCH;
 use dlock_redlock::RedlockLock;
 use dlock_testkit::case;

@@ -5,10 +5,8 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Capabilities, DistributedLock, Extension, FencingGuarantee, LeaseRef, LockRequest,
-    Released, Result,
-};
+use dlock_core::backend::{Attempt, Extension, FencingGuarantee, LeaseRef, LockRequest};
+use dlock_core::{Capabilities, DistributedLock, Released, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 /// Every request gives up after this, as `dlock-redis`'s default request timeout does.

@@ -9,9 +9,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Extension, FencingToken, Grant, LeaseRef, LockRequest, Released, Result,
-};
+use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest};
+use dlock_core::{FencingToken, Released, Result};
 use tokio::time::Instant;
 
 use super::connection::{Baseline, BaselineLock, Scheme};

@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Extension, FencingToken, Grant, LeaseRef, LockRequest, Released, Result,
-};
+use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest};
+use dlock_core::{FencingToken, Released, Result};
 use tokio::time::Instant;
 
 use super::connection::{Baseline, BaselineLock, Scheme};

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{Attempt, Backoff, DistributedLock, Grant, Layer, LockRequest, Result};
+use dlock_core::backend::{Attempt, Grant, LockRequest};
+use dlock_core::layer::Layer;
+use dlock_core::{Backoff, DistributedLock, Result};
 use tokio::time::Instant;
 
 use super::Outcome;

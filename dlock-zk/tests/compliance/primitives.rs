@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use dlock_core::backend::Primitive;
 use dlock_core::{
     DistributedLock, DistributedLockExt, Error, FencingToken, Holding, LockOptions, OwnerRecord,
-    Primitive, Released,
+    Released,
 };
 use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::{Naming, ZkLock};

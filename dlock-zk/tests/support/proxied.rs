@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backoff, Capabilities, DistributedLock, Extension, Grant, Layer, LeaseRef, LockKey,
-    LockRequest, Primitive, Released, Result,
-};
+use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive};
+use dlock_core::layer::Layer;
+use dlock_core::{Backoff, Capabilities, DistributedLock, LockKey, Released, Result};
 use dlock_zk::ZkLock;
 use tokio::time::Instant;
 
