@@ -256,8 +256,9 @@ pub(crate) fn grant(
     Ok(Grant::new(FencingToken(token), sent).with_session(watch))
 }
 
-/// Adds the lock to the registry, so that the keeper enforces its TTL and the session watchdog
-/// keeps its lease informed.
+/// Adds the lock to the registry, so that the keeper enforces its TTL, the session watchdog
+/// keeps its lease informed, and a watch on the node tells the lease when someone else deletes
+/// it (see [`crate::node_watch`]).
 fn register(
     inner: &Arc<Inner>,
     session: &Session,
@@ -269,12 +270,14 @@ fn register(
     // allowance), which dlock-core applies.
     let delete_at = sent + req.ttl;
     let state = lease_state(session.link(), session.vouched_until());
-    let (held, watch) = Held::new(path, session.generation, delete_at, state);
+    let (mut held, watch) = Held::new(path.clone(), session.generation, delete_at, state);
     let owner = req.owner.as_u128();
     let wakes_keeper = {
         let mut registry = inner.registry();
         // The keeper sleeps until the earliest deadline; it only needs waking for an earlier one.
         let earlier = registry.next_deadline().is_none_or(|next| delete_at < next);
+        // Started under the registry's lock, so that the watch finds the lock registered.
+        held.node_watch = crate::node_watch::spawn(inner, owner, session.generation, path);
         registry.insert(owner, held);
         earlier
     };

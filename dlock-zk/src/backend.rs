@@ -117,8 +117,8 @@ impl DistributedLock for Queue {
     /// Deletes the holder's node (with the version it was read at, and only if its creation
     /// zxid is `expected` when given). The next waiter's watch fires as on a release; the next
     /// holder's node is created later, so its zxid (the fencing token) is greater. The evicted
-    /// client finds its node gone at its next extend (auto-renew's), and its lease is lost. If the
-    /// holder that was read leaves before the delete lands, the answer is about whoever holds the
+    /// client watches its node and loses its lease at once (taken over). If the holder that was
+    /// read leaves before the delete lands, the answer is about whoever holds the
     /// lock then ([`Eviction::Changed`] or [`Eviction::Free`]): an eviction never removes a
     /// holder the caller was not shown.
     ///

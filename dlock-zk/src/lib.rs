@@ -143,9 +143,12 @@
 //!   locks whose holder carries a dlock record.
 //! * [`evict`](dlock_core::DistributedLock::evict) deletes the holder's node, with the version it
 //!   was read at and only if its creation zxid is the expected token. The next waiter wakes as on a
-//!   release, and its node, created later, has a greater zxid. The evicted client does not watch
-//!   its own node: it finds the node gone at its next extend (auto-renew's), and its lease is lost
-//!   from then on; a paused holder that does not renew is stopped by the fence.
+//!   release, and its node, created later, has a greater zxid. Every holder watches its own node
+//!   (one `exists` watch per held lock, set right after the grant), so the evicted lease is lost
+//!   at once, as [`TakenOver`](dlock_core::LostReason::TakenOver), without waiting for an extend:
+//!   its `lost()` and `expiring()` futures complete. The same goes for a node deleted with
+//!   `zkCli delete` or by kazoo. A paused holder, which does not look at its lease, is stopped by
+//!   the fence.
 //!
 //! # Connection strings
 //!
@@ -186,6 +189,7 @@ mod extend;
 mod inspect;
 mod keeper;
 mod naming;
+mod node_watch;
 mod primitives;
 mod recipe;
 mod registry;

@@ -18,6 +18,7 @@ use dlock_core::backend::{SessionState, SessionWatch};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::node_watch::NodeWatch;
 use crate::session::Link;
 
 /// One held lock.
@@ -29,6 +30,9 @@ pub(crate) struct Held {
     pub(crate) generation: u64,
     /// When the keeper deletes the node unless extended: the grant's send time plus the TTL.
     pub(crate) delete_at: Instant,
+    /// The watch on the node that tells the lease when someone else deletes it; stopped with
+    /// the entry.
+    pub(crate) node_watch: Option<NodeWatch>,
     tx: watch::Sender<SessionState>,
 }
 
@@ -55,6 +59,7 @@ impl Held {
                 path,
                 generation,
                 delete_at,
+                node_watch: None,
                 tx,
             },
             rx,
@@ -80,6 +85,11 @@ impl Held {
     /// The session ended: the lease is lost.
     pub(crate) fn end(self) {
         self.tx.send_replace(SessionState::Expired);
+    }
+
+    /// Someone else deleted the node while the session lives on: the lease is lost, taken over.
+    pub(crate) fn take_over(self) {
+        self.tx.send_replace(SessionState::TakenOver);
     }
 }
 
@@ -110,6 +120,14 @@ impl Registry {
         let held = self.held.remove(&owner)?;
         self.deadlines.remove(&(held.delete_at, owner));
         Some(held)
+    }
+
+    /// Removes and returns `owner`'s lock if its node is `path`.
+    pub(crate) fn remove_at(&mut self, owner: u128, path: &str) -> Option<Held> {
+        if self.held.get(&owner)?.path != path {
+            return None;
+        }
+        self.remove(owner)
     }
 
     /// `owner`'s lock.
@@ -251,6 +269,19 @@ mod tests {
             SessionState::Suspended { until: a }
         );
         assert_eq!(lease_state(Link::Ended, a), SessionState::Expired);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_removes_only_the_node_it_saw_go() {
+        let now = Instant::now();
+        let mut r = Registry::default();
+        let (a, rx) = held("/a", 1, now + Duration::from_secs(1));
+        r.insert(1, a);
+        assert!(r.remove_at(1, "/other").is_none());
+        assert!(r.remove_at(2, "/a").is_none());
+        r.remove_at(1, "/a").expect("held").take_over();
+        assert_eq!(*rx.borrow(), SessionState::TakenOver);
+        assert_eq!((r.len(), r.next_deadline()), (0, None));
     }
 
     #[tokio::test(start_paused = true)]

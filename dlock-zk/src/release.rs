@@ -34,16 +34,20 @@ pub(crate) async fn release_in(
 ) -> Result<Released> {
     let until = Instant::now() + inner.config.operation_timeout;
     let session = inner.open_session(until).await?;
-    // Removed only now: a release that cannot reach the server leaves the TTL in force.
+    // Removed only now: a release that cannot reach the server leaves the TTL in force. Removed
+    // before the delete, so that the node's watch does not take the delete for someone else's.
     let held = inner.registry().remove(lease.owner.as_u128());
     if let Some(held) = held {
         if held.generation != session.generation {
             // Its session ended, and the server removed the node with it.
             return Ok(Released::Expired);
         }
+        // Kept until the delete is answered: the watch has fired by then (the server notifies
+        // before it answers), and stopping it costs no request to remove it.
+        let deleted = delete_node(inner, &session, &held.path, until).await;
         let path = held.path.clone();
         drop(held);
-        return match delete_node(inner, &session, &path, until).await {
+        return match deleted {
             Ok(Deletion::Deleted | Deletion::Gone) => Ok(Released::Released),
             Ok(Deletion::Missing) => Ok(Released::Expired),
             // The session ended under the lease: the server removed the node with it.

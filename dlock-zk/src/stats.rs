@@ -43,6 +43,9 @@ counters! {
     ttl_deletions,
     /// Session probes sent to keep the leases' session bound fresh.
     probes,
+    /// Leases lost because another client deleted their lock node (an operator's eviction,
+    /// `zkCli delete`), as the holder's watch on its own node saw it.
+    taken_over,
 }
 
 impl Counters {

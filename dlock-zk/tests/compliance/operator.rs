@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::{
-    Admin, DistributedLockExt, Eviction, Fenced, FencingToken, Holder, Holding, Lease, LockOptions,
-    Owner, OwnerRecord, Released,
+    Admin, DistributedLockExt, Eviction, Expiring, Fenced, FencingToken, Holder, Holding, Lease,
+    LeaseState, LockOptions, LostReason, Owner, OwnerRecord, Released,
 };
 use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::ZkLock;
@@ -222,7 +222,7 @@ pub async fn list_finds_the_held_locks_under_a_prefix(env: Env) -> anyhow::Resul
 /// The stuck-holder story: a holder that stopped renewing is evicted with the token the
 /// operator was shown (a wrong token changes nothing); the waiting successor is granted a
 /// greater token and writes through the fence, which rejects the evicted holder's late write;
-/// the evicted lease is lost at its next extend.
+/// the evicted lease is lost (its extend fails too).
 pub async fn evicting_a_paused_holder_fences_it_out(env: Env) -> anyhow::Result<()> {
     let paused = labelled(&env, "paused").await?;
     let successor = labelled(&env, "successor").await?;
@@ -287,7 +287,7 @@ pub async fn evicting_a_paused_holder_fences_it_out(env: Env) -> anyhow::Result<
         "the resource holds {:?}",
         resource.read(|log| log.clone())
     );
-    // Its next renewal finds the node gone: the lease is lost.
+    // The watch on its node told the lease: it is lost, and an extend fails.
     ensure!(
         stuck.extend(Duration::from_secs(60)).await.is_err(),
         "an evicted lease was extended"
@@ -308,8 +308,8 @@ pub async fn evicting_a_paused_holder_fences_it_out(env: Env) -> anyhow::Result<
     Ok(())
 }
 
-/// A holder that renews learns of its eviction at its next renewal: its lease turns lost, and
-/// its release leaves the next holder alone.
+/// A holder that renews learns of its eviction (from its node's watch, or at its next renewal at
+/// the latest): its lease turns lost, and its release leaves the next holder alone.
 pub async fn an_auto_renewing_holder_learns_of_its_eviction(env: Env) -> anyhow::Result<()> {
     let lock = labelled(&env, "renewing").await?;
     let operator = client(&url(&env.hosts), SESSION).await?;
@@ -344,6 +344,134 @@ pub async fn an_auto_renewing_holder_learns_of_its_eviction(env: Env) -> anyhow:
     ensure!(next.is_held(), "the evicted holder's release took the lock");
     next.release().await?;
     Ok(())
+}
+
+/// How long an evicted holder may take to learn of it from its node's watch (it takes a few
+/// milliseconds; the rest is slack for a loaded machine).
+const TOLD_WITHIN: Duration = Duration::from_secs(3);
+
+/// Who deletes the holder's node.
+#[derive(Debug, Clone, Copy)]
+enum Deleter {
+    /// An operator's fenced eviction, with the token they were shown.
+    ForceUnlock,
+    /// Another client deleting the node by path, as `zkCli delete` or kazoo would.
+    RawDelete,
+}
+
+/// A holder that does not renew (no auto-renew, a TTL of a minute) learns at once that its node
+/// was deleted by `deleter`: the watch on its own node turns the lease lost as taken over, and its
+/// `lost()` and `expiring()` complete, without any extend. Before that, a release of another lease
+/// of the same client reads as released and is not counted as a takeover.
+async fn a_holder_learns_at_once_that_its_node_was_deleted(
+    env: Env,
+    deleter: Deleter,
+) -> anyhow::Result<()> {
+    let lock = labelled(&env, "watching").await?;
+    let operator = client(&url(&env.hosts), SESSION).await?;
+
+    // The client's own delete fires the node's watch too: it must not read as a takeover.
+    let plain = lock.acquire(&key("watch/released"), &opts()).await?;
+    let plain_watch = plain.watch();
+    let plain_lost = plain.lost();
+    ensure!(
+        plain.release().await? == Released::Released,
+        "the plain release"
+    );
+    let reason = tokio::time::timeout(TOLD_WITHIN, plain_lost)
+        .await
+        .context("a released lease is not lost")?;
+    // Time for a wrong takeover to show, had the watch taken the release for one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        reason == LostReason::Released
+            && plain_watch.state() == LeaseState::Lost(LostReason::Released),
+        "a released lease reads {reason:?}, {}",
+        plain_watch.state()
+    );
+    ensure!(
+        lock.stats().taken_over == 0,
+        "a release was counted as a takeover: {:?}",
+        lock.stats()
+    );
+
+    let key = key("watch/evicted");
+    let parent = lock.lock_path(&key)?;
+    let lease = lock.acquire(&key, &opts()).await?;
+    let lost = lease.lost();
+    let expiring = lease.expiring(Duration::from_secs(1));
+    ensure!(lease.is_held(), "the new lease is {}", lease.state());
+    let deleted = match deleter {
+        Deleter::ForceUnlock => {
+            let token = Some(lease.fencing_token());
+            let deleted = Instant::now();
+            match Admin::new(&operator).force_unlock(&key, token).await? {
+                Eviction::Evicted(holder) => ensure_ours(holder.owner.as_ref(), "watching")?,
+                other => bail!("evicting the holder: {other:?}"),
+            }
+            deleted
+        }
+        Deleter::RawDelete => {
+            let raw = raw::connect(&env.hosts).await?;
+            let names = raw::children(&raw, &parent).await?;
+            ensure!(names.len() == 1, "expected one node: {names:?}");
+            let deleted = Instant::now();
+            raw.delete(&format!("{parent}/{}", names[0]), None).await?;
+            deleted
+        }
+    };
+    let reason = tokio::time::timeout(TOLD_WITHIN, lost)
+        .await
+        .with_context(|| format!("the holder was not told within {TOLD_WITHIN:?}"))?;
+    let told = deleted.elapsed();
+    ensure!(
+        reason == LostReason::TakenOver,
+        "lost() says {reason:?}, not taken over"
+    );
+    ensure!(
+        lease.state() == LeaseState::Lost(LostReason::TakenOver),
+        "the lease is {}",
+        lease.state()
+    );
+    let expiring = tokio::time::timeout(TOLD_WITHIN, expiring)
+        .await
+        .context("expiring() did not complete")?;
+    ensure!(
+        expiring == Expiring::Lost(LostReason::TakenOver),
+        "expiring() says {expiring:?}"
+    );
+    ensure!(
+        lock.stats().taken_over == 1,
+        "takeovers counted: {:?}",
+        lock.stats()
+    );
+    eprintln!("the holder learned of the {deleter:?} after {told:?}");
+
+    // The key is free, and the lost lease's release leaves the next holder alone.
+    let next = operator
+        .try_acquire(&key, &opts())
+        .await?
+        .context("the key is busy after the deletion")?;
+    let released = lease.release().await;
+    ensure!(
+        !matches!(released, Ok(Released::Released)),
+        "the lost lease released: {released:?}"
+    );
+    ensure!(next.is_held(), "the lost lease's release took the lock");
+    next.release().await?;
+    Ok(())
+}
+
+/// [`a_holder_learns_at_once_that_its_node_was_deleted`] by an operator's fenced eviction.
+pub async fn a_force_unlocked_holder_learns_it_at_once(env: Env) -> anyhow::Result<()> {
+    a_holder_learns_at_once_that_its_node_was_deleted(env, Deleter::ForceUnlock).await
+}
+
+/// [`a_holder_learns_at_once_that_its_node_was_deleted`] by another client's plain delete.
+pub async fn a_holder_whose_node_another_client_deletes_learns_it_at_once(
+    env: Env,
+) -> anyhow::Result<()> {
+    a_holder_learns_at_once_that_its_node_was_deleted(env, Deleter::RawDelete).await
 }
 
 /// A kazoo holder has no owner record: `inspect` shows it with `owner: None` and its token,

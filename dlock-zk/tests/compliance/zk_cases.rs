@@ -34,6 +34,8 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(operator::list_finds_the_held_locks_under_a_prefix),
         case!(operator::evicting_a_paused_holder_fences_it_out),
         case!(operator::an_auto_renewing_holder_learns_of_its_eviction),
+        case!(operator::a_force_unlocked_holder_learns_it_at_once),
+        case!(operator::a_holder_whose_node_another_client_deletes_learns_it_at_once),
         case!(operator::a_kazoo_holder_has_no_record_and_can_be_evicted),
         case!(primitives::primitives_use_kazoos_layout),
         case!(primitives::kazoo_writer_and_dlock_readers),
