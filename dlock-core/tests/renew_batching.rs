@@ -130,3 +130,38 @@ async fn each_backend_handle_has_its_own_schedule() {
     assert_eq!(Scripted::count(&b.calls.extend_many), 1);
     assert_eq!(Scripted::count(&b.calls.largest_batch), 4);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_saw_the_server_clock_ahead_shortens_the_lease_and_renews_sooner() {
+    let backend = Scripted::new();
+    let locks = backend.shared();
+    // TTL 900 ms: validity 889 ms (drift 11 ms), renewed every 300 ms.
+    let lease = locks.acquire("k", &renewing(900)).await.unwrap();
+    backend
+        .faults
+        .clock_ahead_ms
+        .store(600, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(310)).await;
+    // The renewal at 300 ms counted 889 − 600 = 289 ms of validity.
+    let left = lease.valid_until() - tokio::time::Instant::now();
+    assert!(
+        left <= Duration::from_millis(289),
+        "{left:?} left after a renewal that saw the clock 600 ms ahead"
+    );
+    assert!(lease.is_held());
+    let renewals = Scripted::count(&backend.calls.extend_many);
+    backend
+        .faults
+        .clock_ahead_ms
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    // The next renewal comes before half of that validity is gone (at 300 + 144 ms), not at
+    // 600 ms, and grants the whole validity again.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(Scripted::count(&backend.calls.extend_many), renewals + 1);
+    let left = lease.valid_until() - tokio::time::Instant::now();
+    assert!(
+        left > Duration::from_millis(800),
+        "{left:?} left after a plain renewal"
+    );
+    lease.release().await.unwrap();
+}

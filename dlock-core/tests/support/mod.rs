@@ -33,6 +33,8 @@ pub struct Faults {
     pub hang_after_grant: AtomicBool,
     /// This many of the next try_locks fail as unavailable, without asking the inner backend.
     pub unavailable_try_locks: AtomicUsize,
+    /// Extends that succeed say the server's clock ran this many milliseconds ahead.
+    pub clock_ahead_ms: AtomicU64,
 }
 
 /// Call counts.
@@ -119,7 +121,9 @@ impl DistributedLock for Scripted {
         {
             return Ok(Extension::TakenOver);
         }
-        self.inner.extend(lease, ttl).await
+        let ahead = self.faults.clock_ahead_ms.load(Ordering::SeqCst);
+        let answer = self.inner.extend(lease, ttl).await?;
+        Ok(answer.with_clock_ahead((ahead > 0).then(|| Duration::from_millis(ahead))))
     }
 
     async fn extend_many(&self, requests: &[ExtendRequest<'_>]) -> Vec<Result<Extension>> {
