@@ -1,5 +1,6 @@
 //! The etcd lock client, [`EtcdLock`], and its implementation of the lock contract (on the
-//! state its clones share, which the client serves traced).
+//! state its clones share, to which the client forwards every call; tracing is a layer,
+//! [`Traced`](dlock_core::layer::Traced), that an application adds).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,7 +93,7 @@ impl fmt::Debug for EtcdLock {
     }
 }
 
-/// Every lock call goes to the shared state, traced.
+/// Every lock call goes to the shared state.
 impl Layer for EtcdLock {
     fn inner(&self) -> &dyn DistributedLock {
         &self.state

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
 use crate::builder::{PgLockBuilder, Settings};
-use crate::errors::{session_gone, BACKEND};
+use crate::error::{session_gone, BACKEND};
 use crate::held::{Entry, Held, Kind};
 use crate::key::{advisory_key, AdvisoryKey};
 use crate::listener::Listener;
@@ -317,7 +317,7 @@ impl Inner {
         )
         .await
         .map_err(|_| Error::no_answer("PostgreSQL session start", self.settings.request_timeout))?
-        .map_err(|e| crate::errors::from_driver(e, "start the session"))?;
+        .map_err(|e| crate::error::from_driver(e, "start the session"))?;
         let pid: i32 = rows
             .first()
             .and_then(|r| r.try_get(0).ok())
@@ -360,7 +360,7 @@ impl Inner {
             )
             .await
             .map_err(|_| Error::no_answer("create dlock's table", self.settings.request_timeout))?
-            .map_err(|e| crate::errors::from_driver(e, "create dlock_fencing and dlock_holders"))?;
+            .map_err(|e| crate::error::from_driver(e, "create dlock_fencing and dlock_holders"))?;
         }
         self.schema_ready.store(true, Ordering::Release);
         Ok(())
@@ -502,7 +502,7 @@ impl Inner {
                     tokio::time::timeout(timeout, client.query_typed(sql::WITHDRAW, &params))
                         .await
                         .map_err(|_| Error::no_answer("withdraw from the queue", timeout))?
-                        .map_err(|e| crate::errors::from_driver(e, "withdraw from the queue"))?;
+                        .map_err(|e| crate::error::from_driver(e, "withdraw from the queue"))?;
                     Ok::<(), Error>(())
                 }
                 .await

@@ -17,7 +17,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::client::Inner;
-use crate::errors::{from_driver, BACKEND};
+use crate::error::{from_driver, BACKEND};
 use crate::key::advisory_key;
 use crate::sql::{self, KeyParams, CHANNEL};
 

@@ -97,7 +97,7 @@
 
 mod builder;
 mod client;
-mod errors;
+mod error;
 mod held;
 mod inspect;
 mod key;
@@ -107,6 +107,7 @@ pub mod primitives;
 mod session;
 pub mod sql;
 mod tls;
+mod url;
 
 pub use builder::{
     PgLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,

@@ -21,7 +21,7 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::AsyncMessage;
 
 use crate::builder::Settings;
-use crate::errors::BACKEND;
+use crate::error::BACKEND;
 use crate::session::connect;
 use crate::sql::{wake_channel, CHANNEL};
 
@@ -186,7 +186,7 @@ async fn listen(
     loop {
         tokio::select! {
             done = &mut listen, if !listening => {
-                done.map_err(|e| crate::errors::from_driver(e, "listen for releases"))?;
+                done.map_err(|e| crate::error::from_driver(e, "listen for releases"))?;
                 listening = true;
                 let Some(l) = listener.upgrade() else { return Ok(()) };
                 *l.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
@@ -201,8 +201,8 @@ async fn listen(
                     l.wake(n.payload());
                 }
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(crate::errors::from_driver(e, "listen for releases")),
-                None => return Err(crate::errors::session_gone("listen for releases")),
+                Some(Err(e)) => return Err(crate::error::from_driver(e, "listen for releases")),
+                None => return Err(crate::error::session_gone("listen for releases")),
             },
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
                 if listener.strong_count() == 0 {

@@ -49,7 +49,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::builder::Settings;
-use crate::errors::BACKEND;
+use crate::error::BACKEND;
 use crate::session::connect;
 use crate::sql::{self, KeyParams};
 

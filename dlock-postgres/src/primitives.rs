@@ -73,7 +73,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::client::{holder_of, Inner, Term};
-use crate::errors::BACKEND;
+use crate::error::BACKEND;
 use crate::held::Kind;
 use crate::key::{advisory_key, AdvisoryKey};
 use crate::session::Session;

@@ -29,7 +29,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Row, Statement};
 
 use crate::builder::Settings;
-use crate::errors::{from_driver, BACKEND};
+use crate::error::{from_driver, BACKEND};
 use crate::sql;
 
 /// One connection and what the client knows of its session.

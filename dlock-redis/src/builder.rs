@@ -7,13 +7,13 @@ use dlock_core::backend::check_within;
 use dlock_core::{Owner, Result};
 use tracing::Instrument;
 
+use crate::client::{Inner, RedisLock};
 use crate::cluster::ClusterSettings;
 use crate::connection::{Connection, Target};
-use crate::endpoint::Endpoint;
-use crate::lock::{Inner, RedisLock};
 use crate::protocol::keys::KeyLayout;
 use crate::replicas::Acks;
 use crate::sentinel::{Primary, SentinelSettings};
+use crate::url::Endpoint;
 use crate::wakeups::Wakeups;
 
 /// The default bound on one request: far above a healthy round trip (well under a millisecond on

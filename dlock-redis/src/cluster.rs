@@ -42,12 +42,12 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::builder::RedisLockBuilder;
+use crate::client::{Inner, RedisLock};
 use crate::connection::Connection;
-use crate::endpoint::{Endpoint, TakeReplicas};
 use crate::error;
-use crate::lock::{Inner, RedisLock};
 use crate::protocol::keys::{self, KeyLayout};
 use crate::replicas::Acks;
+use crate::url::{Endpoint, TakeReplicas};
 use crate::wakeups::{Feed, Wakeups};
 
 /// The command connection of a client: to one server, or to a cluster. Both run any command;
@@ -100,7 +100,7 @@ fn certificates(files: &TlsFiles) -> Result<redis::TlsCertificates> {
              the host the cluster announces for it",
         ));
     }
-    crate::endpoint::certificates(files)
+    crate::url::certificates(files)
 }
 
 /// Where a cluster is and how to log in; set through [`RedisLockBuilder::cluster`] and the

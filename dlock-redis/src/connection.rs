@@ -31,9 +31,9 @@ use redis::io::tcp::TcpSettings;
 use redis::RedisResult;
 
 use crate::cluster::RedisConnection;
-use crate::endpoint::Endpoint;
 use crate::error;
 use crate::sentinel::Primary;
+use crate::url::Endpoint;
 
 /// Reconnection attempts per break before the manager gives up until the next request.
 const RECONNECT_ATTEMPTS: usize = 3;

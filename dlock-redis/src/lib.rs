@@ -269,16 +269,16 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
+mod client;
 mod cluster;
 mod connection;
-mod endpoint;
 mod error;
-mod lock;
+mod primitives;
 #[doc(hidden)]
 pub mod protocol;
 mod replicas;
 mod sentinel;
-mod view;
+mod url;
 mod waiting;
 mod wakeups;
 
@@ -286,8 +286,8 @@ pub use builder::{
     RedisLockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
     MAX_FENCE_TTL, MAX_MIN_REPLICAS, MAX_TIMEOUT, MIN_FENCE_TTL, MIN_TIMEOUT,
 };
+pub use client::{RedisLock, EXTEND_BATCH};
 pub use cluster::{ClusterSettings, RedisConnection};
-pub use endpoint::Endpoint;
-pub use lock::{RedisLock, EXTEND_BATCH};
 pub use sentinel::SentinelSettings;
+pub use url::Endpoint;
 pub use wakeups::{Registration, Wakeups};

@@ -350,7 +350,7 @@ type Certificates = std::convert::Infallible;
 
 #[cfg(feature = "tls")]
 fn certificates(files: &TlsFiles) -> Result<Certificates> {
-    crate::endpoint::certificates(files)
+    crate::url::certificates(files)
 }
 
 #[cfg(not(feature = "tls"))]

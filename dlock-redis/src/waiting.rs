@@ -34,7 +34,7 @@ use dlock_core::backend::{Grant, LeaseRef, LockRequest, Outcome, Waiting};
 use dlock_core::{Backoff, DistributedLock, Result};
 use tokio::time::Instant;
 
-use crate::lock::{AttemptNames, RedisLock};
+use crate::client::{AttemptNames, RedisLock};
 use crate::protocol::scripts::AcquireReply;
 
 /// How long after the holder's TTL ends the head of the queue comes back: 1 ms plus up to 2 ms

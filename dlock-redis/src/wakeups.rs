@@ -46,8 +46,8 @@ use tokio::time::Instant;
 use dlock_core::Result;
 
 use crate::connection::Target;
-use crate::endpoint::Endpoint;
 use crate::protocol::keys;
+use crate::url::Endpoint;
 
 /// How often the subscriber connection is checked with a `PING`.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);

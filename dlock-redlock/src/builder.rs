@@ -11,7 +11,7 @@ use dlock_redis::protocol::{check_fence_ttl, check_timeout, ServerUrl};
 use dlock_redis::{Endpoint, Wakeups};
 use tracing::Instrument;
 
-use crate::lock::{RedlockLock, Settings};
+use crate::client::{RedlockLock, Settings};
 use crate::node::Node;
 use crate::quorum::QuorumFailure;
 

@@ -228,19 +228,19 @@
 #![deny(missing_docs)]
 
 mod builder;
+mod client;
 mod extension;
 mod inspect;
-mod lock;
 mod node;
+mod primitives;
 mod quorum;
 mod restart;
 mod url;
-mod view;
 mod waiting;
 
 pub use builder::{
     RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRY_JITTER, MAX_DERIVED_NODE_TIMEOUT,
     MAX_NODES, MAX_TIMEOUT, MIN_DERIVED_NODE_TIMEOUT, MIN_NODES, MIN_TIMEOUT,
 };
-pub use lock::RedlockLock;
+pub use client::RedlockLock;
 pub use url::SCHEME;

@@ -225,7 +225,7 @@ impl Node {
                     let pending = async move {
                         task.await.unwrap_or_else(|e| {
                             Err(Arc::new(Error::backend(
-                                crate::lock::BACKEND,
+                                crate::client::BACKEND,
                                 true,
                                 format!("reconnection task ended: {e}"),
                             )))
@@ -254,7 +254,7 @@ impl Node {
 async fn reconnect(node: Weak<Node>) -> Result<Link, Arc<Error>> {
     let Some(node) = node.upgrade() else {
         return Err(Arc::new(Error::backend(
-            crate::lock::BACKEND,
+            crate::client::BACKEND,
             false,
             "the client was dropped",
         )));
@@ -290,7 +290,7 @@ async fn open(node: &Node) -> Result<Link, Arc<Error>> {
         .map_err(|e| fail("INFO server", e))?;
     let Some(info) = ServerInfo::parse(&info) else {
         return Err(Arc::new(Error::backend(
-            crate::lock::BACKEND,
+            crate::client::BACKEND,
             false,
             format!(
                 "{}: INFO server has no run_id or uptime_in_seconds",

@@ -211,7 +211,7 @@ impl QuorumFailure {
     /// refused for a reason that waiting will not fix (a wrong password, a missing permission).
     pub(crate) fn into_error(self) -> Error {
         if self.last.as_ref().is_some_and(|l| !l.is_temporary()) {
-            return Error::backend(crate::lock::BACKEND, false, self);
+            return Error::backend(crate::client::BACKEND, false, self);
         }
         Error::Unavailable {
             reached: self.reached,

@@ -42,7 +42,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tokio::time::Instant;
 
-use crate::lock::{Names, RedlockLock, Round};
+use crate::client::{Names, RedlockLock, Round};
 
 /// How long after the holder's TTL ends the head of the queues comes back: 1 ms plus up to 2 ms
 /// of jitter.

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::Inner;
-use crate::errors::{Failure, BACKEND};
+use crate::error::{Failure, BACKEND};
 use crate::keeper::{delete_in_background, delete_owned_in_background};
 use crate::naming::{is_kazoo_writer, kazoo_queue, owner_prefix, queue};
 use crate::recipe::{create_node, delete_node, list_queue, OwnNode};

@@ -8,8 +8,8 @@ use dlock_core::backend::check_within;
 use dlock_core::{Error, Owner, Result};
 
 use crate::acl::NodeAcl;
-use crate::connect_string::{check_path, ConnectString};
 use crate::naming::Naming;
+use crate::url::{check_path, ConnectString};
 use dlock_core::tls::TlsFiles;
 
 use crate::tls::{Loaded, ZkTls};

@@ -13,10 +13,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::backend::Queue;
 use crate::builder::{Config, ZkLockBuilder};
-use crate::errors::Failure;
+use crate::error::Failure;
 use crate::naming::encode_key;
+use crate::queue::Queue;
 use crate::recipe::KnownParents;
 use crate::registry::Registry;
 use crate::session::Session;
@@ -237,7 +237,7 @@ impl Inner {
         };
         Counters::bump(&self.counters.sessions_opened);
         tracing::debug!(
-            backend = crate::errors::BACKEND,
+            backend = crate::error::BACKEND,
             generation,
             session = %format_args!("{:#x}", session.id),
             timeout = ?session.timeout,
@@ -294,7 +294,7 @@ impl Inner {
         let ended = self.registry().take_generation(session.generation);
         if !ended.is_empty() {
             tracing::warn!(
-                backend = crate::errors::BACKEND,
+                backend = crate::error::BACKEND,
                 session = %format_args!("{:#x}", session.id),
                 leases = ended.len(),
                 "ZooKeeper session ended: its locks are lost"

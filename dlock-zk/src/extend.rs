@@ -14,7 +14,7 @@ use dlock_core::{Error, Result};
 use tokio::time::Instant;
 
 use crate::client::Inner;
-use crate::errors::BACKEND;
+use crate::error::BACKEND;
 use crate::naming::owner_prefix;
 use crate::recipe::{standing_in, Standing};
 use crate::request::read;

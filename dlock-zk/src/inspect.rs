@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::Inner;
-use crate::errors::{Failure, BACKEND};
+use crate::error::{Failure, BACKEND};
 use crate::naming::{decode_key, queue};
 use crate::recipe::list_queue;
 use crate::request::{call, read};

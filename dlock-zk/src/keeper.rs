@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::client::{Inner, WeakInner};
-use crate::errors::Failure;
+use crate::error::Failure;
 use crate::recipe::{delete_node, list_queue};
 use crate::stats::Counters;
 
@@ -41,7 +41,7 @@ pub(crate) async fn run(inner: WeakInner, wake: Arc<Notify>) {
         for held in due {
             Counters::bump(&inner.counters.ttl_deletions);
             tracing::debug!(
-                backend = crate::errors::BACKEND,
+                backend = crate::error::BACKEND,
                 "lease TTL ran out without an extend: deleting its lock node"
             );
             let (generation, path) = (held.generation, held.path.clone());
@@ -69,7 +69,7 @@ pub(crate) fn delete_in_background(inner: Arc<Inner>, generation: u64, path: Str
                 Err(Failure::NotConnected(_) | Failure::NoAnswer(_) | Failure::OutOfTime) => {}
                 Err(f) => {
                     tracing::warn!(
-                        backend = crate::errors::BACKEND,
+                        backend = crate::error::BACKEND,
                         error = %f.into_error("delete a lock node"),
                         "giving up a background delete; the session timeout frees the lock"
                     );

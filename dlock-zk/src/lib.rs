@@ -180,17 +180,16 @@
 
 mod acl;
 mod acquire;
-mod backend;
 mod builder;
 mod client;
-mod connect_string;
-mod errors;
+mod error;
 mod extend;
 mod inspect;
 mod keeper;
 mod naming;
 mod node_watch;
 mod primitives;
+mod queue;
 mod recipe;
 mod registry;
 mod release;
@@ -199,12 +198,13 @@ mod semaphore;
 mod session;
 mod stats;
 mod tls;
+mod url;
 mod watchdog;
 
 pub use builder::{
     ZkLockBuilder, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, MAX_TIMEOUT, MIN_TIMEOUT, URL_ENV,
 };
 pub use client::ZkLock;
-pub use connect_string::{ConnectString, Server, DEFAULT_PORT};
 pub use naming::{decode_key, encode_key, Naming};
 pub use stats::ZkStats;
+pub use url::{ConnectString, Server, DEFAULT_PORT};

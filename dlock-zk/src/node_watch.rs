@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::{Inner, WeakInner};
-use crate::errors::{Failure, BACKEND};
+use crate::error::{Failure, BACKEND};
 use crate::request::read;
 use crate::stats::Counters;
 

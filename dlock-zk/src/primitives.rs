@@ -27,7 +27,7 @@ use zookeeper_client as zk;
 
 use crate::acquire::{try_in, wait_in, Rule, Spot};
 use crate::client::Inner;
-use crate::errors::{Failure, BACKEND};
+use crate::error::{Failure, BACKEND};
 use crate::inspect::node;
 use crate::naming::{
     is_kazoo_writer, kazoo_prefix, kazoo_queue, KAZOO_READ_MARKER, KAZOO_WRITE_MARKER,

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::Inner;
-use crate::errors::Failure;
+use crate::error::Failure;
 use crate::naming::queue;
 use crate::request::{call, read};
 use crate::session::Session;
@@ -131,7 +131,7 @@ pub(crate) async fn create_node(
                 if let Some(node) = find_own(inner, session, parent, prefix, until).await? {
                     Counters::bump(&inner.counters.recovered_creates);
                     tracing::debug!(
-                        backend = crate::errors::BACKEND,
+                        backend = crate::error::BACKEND,
                         "create reply lost: found the own lock node by its owner prefix"
                     );
                     return Ok(node);
@@ -164,7 +164,7 @@ pub(crate) async fn ensure_parent(
             }
             Err(Failure::Zk(zk::Error::Unimplemented)) if containers => {
                 tracing::info!(
-                    backend = crate::errors::BACKEND,
+                    backend = crate::error::BACKEND,
                     "the server has no container nodes: lock parents are persistent"
                 );
                 inner.containers.store(false, Ordering::Relaxed);

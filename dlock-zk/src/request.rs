@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::Inner;
-use crate::errors::{is_server_answer, Failure};
+use crate::error::{is_server_answer, Failure};
 use crate::session::Session;
 
 /// Sends one request made by `send` on `session` and waits for its answer, both no later than

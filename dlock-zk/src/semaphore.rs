@@ -22,7 +22,7 @@ use zookeeper_client as zk;
 
 use crate::acquire::{far_future, grant, vanished, Cleanup, Rule};
 use crate::client::Inner;
-use crate::errors::Failure;
+use crate::error::Failure;
 use crate::inspect::node;
 use crate::naming::{kazoo_prefix, KAZOO_WRITE_MARKER};
 use crate::primitives::{lease_name, semaphore_lock_path};

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::builder::Config;
-use crate::errors::Failure;
+use crate::error::Failure;
 
 /// The state of the session's connection, as the backend sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use dlock_core::tls::TlsFiles;
 use dlock_core::{Error, Result};
 
-use crate::connect_string::Server;
+use crate::url::Server;
 
 /// The checked TLS settings of a [`ZkLock`](crate::ZkLock), made from the [`TlsFiles`] given to
 /// [`ZkLockBuilder::with_tls`](crate::ZkLockBuilder::with_tls): the certificate authority that

@@ -39,7 +39,7 @@ pub(crate) async fn run(inner: WeakInner, session: Weak<Session>, mut states: zk
                     continue;
                 }
                 tracing::debug!(
-                    backend = crate::errors::BACKEND,
+                    backend = crate::error::BACKEND,
                     session = %format_args!("{:#x}", session.id),
                     ?state,
                     "ZooKeeper session state changed"

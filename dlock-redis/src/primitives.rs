@@ -14,8 +14,8 @@ use dlock_core::{
 };
 use tokio::time::Instant;
 
+use crate::client::RedisLock;
 use crate::error::BACKEND;
-use crate::lock::RedisLock;
 use crate::protocol::primitives::{self, Family, Mode, PrimitiveKeys, PrimitiveReply};
 
 /// Runs `$body` (which uses the connection `$con`) on the client's connection, with `WAIT`

@@ -1,5 +1,5 @@
-//! The implementor contract of dlock-core, on top of the recipe: [`Queue`], which a
-//! [`ZkLock`](crate::ZkLock) serves traced.
+//! The implementor contract of dlock-core, on top of the recipe: [`Queue`], to which a
+//! [`ZkLock`](crate::ZkLock) forwards every call.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,14 +16,13 @@ use dlock_core::{
 use tokio::time::Instant;
 
 use crate::client::Inner;
-use crate::errors::BACKEND;
+use crate::error::BACKEND;
 use crate::naming::queue;
 use crate::recipe::list_queue;
 use crate::request::call;
 
-/// The lock calls on one handle's shared state, untraced: what a [`ZkLock`](crate::ZkLock)
-/// serves behind [`Traced`](dlock_core::layer::Traced). It holds the `Arc` because the calls hand it to
-/// background clean-ups.
+/// The lock calls on one handle's shared state, which a [`ZkLock`](crate::ZkLock) forwards to.
+/// It holds the `Arc` because the calls hand it to background clean-ups.
 #[derive(Clone)]
 pub(crate) struct Queue(pub(crate) Arc<Inner>);
 

@@ -20,12 +20,12 @@ use crate::builder::RedisLockBuilder;
 use crate::cluster::{self, ClusterInfo, RedisConnection};
 use crate::connection::Connection;
 use crate::error::BACKEND;
+use crate::primitives::RedisView;
 use crate::protocol::keys::{self, KeyLayout, LockKeys};
 use crate::protocol::scripts::{
     self, AcquireCall, AcquireReply, Publish, Queueing, ReleaseCall, Timed,
 };
 use crate::replicas::{Acknowledged, Acks};
-use crate::view::RedisView;
 use crate::wakeups::Wakeups;
 
 /// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough

@@ -25,8 +25,8 @@ use crate::builder::{RedlockBuilder, MAX_DERIVED_NODE_TIMEOUT, MIN_DERIVED_NODE_
 use crate::extension::{batch_timeout, Tally};
 use crate::inspect;
 use crate::node::Node;
+use crate::primitives::RedlockView;
 use crate::quorum::{gather, watch_clocks, Progress, QuorumFailure, Reply};
-use crate::view::RedlockView;
 
 /// The backend's name in errors and tracing.
 pub(crate) const BACKEND: &str = "redlock";

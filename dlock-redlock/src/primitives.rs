@@ -29,8 +29,8 @@ use dlock_redis::protocol::primitives::{
 use dlock_redis::protocol::scripts::{FenceRaise, Timed};
 use tokio::time::Instant;
 
+use crate::client::{answered, counted, grants_of, too_late, RedlockLock, BACKEND};
 use crate::extension::Tally;
-use crate::lock::{answered, counted, grants_of, too_late, RedlockLock, BACKEND};
 use crate::quorum::{gather, watch_clocks, Progress, QuorumFailure, Reply};
 
 /// A read-write lock side or an election candidate (or observer) on a Redlock client.
