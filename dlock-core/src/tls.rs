@@ -139,6 +139,16 @@ impl TlsFiles {
     }
 }
 
+/// Installs rustls's `ring` crypto provider as the process's default, unless the application
+/// installed one already (then that one is used); repeated calls do nothing. Every backend whose
+/// TLS is rustls calls it before its first handshake: without a default, a build in which rustls
+/// has more than one provider compiled in (another dependency bringing `aws-lc-rs`) panics there.
+#[cfg(feature = "rustls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rustls")))]
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// What a PEM file must hold.
 #[derive(Clone, Copy)]
 enum Pem {

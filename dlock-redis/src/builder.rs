@@ -177,7 +177,8 @@ impl RedisLockBuilder {
         }
         check_timeout("replica_timeout", self.replica_timeout)?;
         let owner = Owner::labelled(self.owner)?;
-        install_crypto_provider();
+        #[cfg(feature = "tls")]
+        dlock_core::tls::install_crypto_provider();
         if let Some(cluster) = self.cluster {
             if self.sentinel.is_some() {
                 return Err(dlock_core::Error::invalid(
@@ -277,16 +278,6 @@ pub fn check_fence_ttl(ttl: Duration) -> Result<()> {
 /// the bounds every client of Redis servers in dlock applies (the Redlock client too).
 pub fn check_timeout(field: &'static str, timeout: Duration) -> Result<()> {
     check_within(field, timeout, MIN_TIMEOUT..=MAX_TIMEOUT)
-}
-
-/// rustls needs a process-wide crypto provider; install `ring` unless the application installed
-/// one already (then that one is used). Without it, a build in which rustls has more than one
-/// provider compiled in (another dependency bringing `aws-lc-rs`) panics at the first handshake.
-pub(crate) fn install_crypto_provider() {
-    #[cfg(feature = "tls")]
-    {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }
 
 #[cfg(test)]

@@ -133,7 +133,7 @@ impl Endpoint {
     #[cfg(feature = "tls")]
     fn tls_client(&self, tls: &TlsFiles) -> Result<redis::Client> {
         // Clients of several servers (Redlock) build theirs here, not through the builder.
-        crate::builder::install_crypto_provider();
+        dlock_core::tls::install_crypto_provider();
         let certificates = certificates(tls)?;
         let info = self
             .info

@@ -91,7 +91,15 @@ impl ZkTls {
                 ));
             }
         }
-        let ca_pem = read("ca", &self.ca)?;
+        // dlock-core reads and checks the files; the client library wants their text.
+        let pem = TlsFiles {
+            ca: Some(self.ca.clone()),
+            cert: self.client.as_ref().map(|(cert, _)| cert.clone()),
+            key: self.client.as_ref().map(|(_, key)| key.clone()),
+            server_name: None,
+        }
+        .load()?;
+        let ca_pem = pem_text("ca", &self.ca, pem.ca.as_deref().unwrap_or_default())?;
         let roots = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
@@ -101,24 +109,23 @@ impl ZkTls {
             return Err(not_pem("ca", &self.ca, "certificates"));
         }
         let mut options = zookeeper_client::TlsOptions::new()
-            .with_pem_ca(&ca_pem)
+            .with_pem_ca(ca_pem)
             .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|_| Error::invalid("tls", "the ring provider offers no TLS version"))?
             .with_root_certificates(store);
-        let config = match &self.client {
-            None => builder.with_no_client_auth(),
-            Some((cert_path, key_path)) => {
-                let cert_pem = read("cert", cert_path)?;
+        let config = match (&self.client, &pem.identity) {
+            (Some((cert_path, key_path)), Some((cert, key))) => {
+                let cert_pem = pem_text("cert", cert_path, cert)?;
                 let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
                     .collect::<std::result::Result<Vec<_>, _>>()
                     .map_err(|_| not_pem("cert", cert_path, "certificates"))?;
                 if chain.is_empty() {
                     return Err(not_pem("cert", cert_path, "certificates"));
                 }
-                let key_pem = read("key", key_path)?;
+                let key_pem = pem_text("key", key_path, key)?;
                 // The parser's own messages may quote a line of the file: never pass them on.
                 let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
                     .map_err(|_| not_pem("key", key_path, "private key"))?;
@@ -134,10 +141,11 @@ impl ZkTls {
                     )
                 })?;
                 options = options
-                    .with_pem_identity(&cert_pem, &key_pem)
+                    .with_pem_identity(cert_pem, key_pem)
                     .map_err(|_| not_pem("key", key_path, "private key"))?;
                 config
             }
+            _ => builder.with_no_client_auth(),
         };
         Ok(Loaded {
             settings: self.clone(),
@@ -254,23 +262,10 @@ impl ZkTls {
     }
 }
 
-/// rustls needs a process-wide crypto provider: install `ring` unless the application installed
-/// one already (then that one is used).
+/// A loaded file's text; an error names the setting and the path.
 #[cfg(feature = "tls")]
-pub(crate) fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// The file's text; an error names the setting and the path (and what the system said).
-#[cfg(feature = "tls")]
-fn read(field: &'static str, path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        Error::invalid(
-            field,
-            format!("cannot read {}: {}", path.display(), e.kind()),
-        )
-    })?;
-    String::from_utf8(bytes).map_err(|_| not_pem(field, path, "PEM text"))
+fn pem_text<'a>(field: &'static str, path: &Path, bytes: &'a [u8]) -> Result<&'a str> {
+    std::str::from_utf8(bytes).map_err(|_| not_pem(field, path, "PEM text"))
 }
 
 #[cfg(feature = "tls")]
