@@ -17,7 +17,7 @@ const BATCH_TIME_PER_LEASE: Duration = Duration::from_micros(20);
 
 /// One lease's answers in one extend round, counted over the masters that count in it (masters
 /// left out by the delayed-restart rule are not counted, as in every other round).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Tally {
     /// Masters that re-armed the lease.
     pub(crate) extended: usize,
@@ -25,9 +25,9 @@ pub(crate) struct Tally {
     pub(crate) taken_over: usize,
     /// Masters that answered at all.
     pub(crate) answered: usize,
-    /// The most any extending master's clock was seen running ahead (see
-    /// [`dlock_core::clock`]): the lease counts its validity that much shorter.
-    pub(crate) ahead: Duration,
+    /// How far each extending master's clock was seen running ahead (zero for most; see
+    /// [`dlock_core::clock`]): its key goes that much before the lease's validity ends.
+    pub(crate) ahead: Vec<Duration>,
 }
 
 impl Tally {
@@ -37,7 +37,7 @@ impl Tally {
             extended: 0,
             taken_over: 0,
             answered: 0,
-            ahead: Duration::ZERO,
+            ahead: Vec::new(),
         };
         for reply in replies.iter().filter(|r| r.counts) {
             let Some(extension) = reply.result.as_ref().ok().and_then(&answer) else {
@@ -45,10 +45,13 @@ impl Tally {
             };
             tally.answered += 1;
             match extension {
-                Extension::Extended => tally.extended += 1,
+                Extension::Extended => {
+                    tally.extended += 1;
+                    tally.ahead.push(Duration::ZERO);
+                }
                 Extension::ClockAhead(by) => {
                     tally.extended += 1;
-                    tally.ahead = tally.ahead.max(by);
+                    tally.ahead.push(by);
                 }
                 Extension::TakenOver => tally.taken_over += 1,
                 Extension::Expired => {}
@@ -67,10 +70,21 @@ impl Tally {
     /// [`Error::Unavailable`](dlock_core::Error::Unavailable) with its replies). `in_time` says
     /// whether the round ended within the new validity, measured from before it was sent: a
     /// quorum that answers too late extended a lease whose validity is gone.
+    ///
+    /// A master whose clock ran ahead drops its key that much early; the lease holds while a
+    /// quorum of keys does, so it counts its validity shorter by the quorum-th smallest excess:
+    /// one fast master among more than a quorum costs nothing, one a bare quorum needs costs its
+    /// excess.
     pub(crate) fn outcome(&self, quorum: usize, in_time: bool) -> Option<Extension> {
         if self.extended >= quorum {
+            let mut ahead = self.ahead.clone();
+            ahead.sort_unstable();
+            let cut = ahead
+                .get(quorum.saturating_sub(1))
+                .copied()
+                .filter(|by| !by.is_zero());
             return Some(if in_time {
-                Extension::Extended.with_clock_ahead(Some(self.ahead).filter(|by| !by.is_zero()))
+                Extension::Extended.with_clock_ahead(cut)
             } else {
                 Extension::Expired
             });
@@ -104,26 +118,35 @@ mod tests {
             extended,
             taken_over,
             answered,
-            ahead: Duration::ZERO,
+            ahead: vec![Duration::ZERO; extended],
         }
     }
 
     #[test]
-    fn a_quorum_with_a_clock_ahead_extends_for_the_most_ahead() {
+    fn masters_whose_clocks_ran_ahead_shorten_the_lease_only_where_the_quorum_needs_them() {
         let by = |ms| Extension::ClockAhead(Duration::from_millis(ms));
-        let replies: Vec<Reply<Extension>> = [Extension::Extended, by(300), by(4_500)]
-            .into_iter()
-            .enumerate()
-            .map(|(index, answer)| Reply {
-                index,
-                counts: true,
-                result: Ok(answer),
-            })
-            .collect();
-        let tally = Tally::of(&replies, |r| Some(*r));
-        assert_eq!(tally.extended, 3);
-        assert_eq!(tally.outcome(2, true), Some(by(4_500)));
-        assert_eq!(tally.outcome(2, false), Some(Extension::Expired));
+        let tally_of = |answers: &[Extension]| {
+            let replies: Vec<Reply<Extension>> = answers
+                .iter()
+                .enumerate()
+                .map(|(index, answer)| Reply {
+                    index,
+                    counts: true,
+                    result: Ok(*answer),
+                })
+                .collect();
+            Tally::of(&replies, |r| Some(*r))
+        };
+        let ok = Extension::Extended;
+        // Five extended, one fast: three keys outlast the lease's validity anyway.
+        let spare = tally_of(&[ok, ok, ok, ok, by(4_500)]);
+        assert_eq!(spare.outcome(3, true), Some(ok));
+        // A bare quorum needs every key: the fastest clock decides.
+        let bare = tally_of(&[ok, by(300), by(4_500)]);
+        assert_eq!(bare.extended, 3);
+        assert_eq!(bare.outcome(3, true), Some(by(4_500)));
+        assert_eq!(bare.outcome(2, true), Some(by(300)));
+        assert_eq!(bare.outcome(3, false), Some(Extension::Expired));
     }
 
     #[test]
