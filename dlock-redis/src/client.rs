@@ -9,7 +9,7 @@ use dlock_core::backend::{
     Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest, Primitive,
     Primitives,
 };
-use dlock_core::clock::ClockWatch;
+use dlock_core::clock::{ClockReading, ClockWatch};
 use dlock_core::{
     Backoff, Capabilities, DistributedLock, Eviction, FencingToken, HeldLock, Holding, LockKey,
     Owner, Released, Result,
@@ -161,16 +161,22 @@ impl RedisLock {
         self.inner.fence_ttl
     }
 
-    /// The answer of a renewal, after the clock watch compared the server's clock it carries
-    /// with the last one of the same server (the key's hash slot on a cluster).
+    /// The answer of a renewal of `key`, with what the clock watch found comparing the server's
+    /// clock it carries with the last one of the same server (see [`Self::clock_ahead`]).
     pub(crate) fn watch_clock(&self, key: &str, timed: Timed<Extension>) -> Extension {
+        let ahead = self.clock_ahead(key, timed.clock);
+        timed.answer.with_clock_ahead(ahead)
+    }
+
+    /// How far the server that holds `key` (its hash slot's on a cluster) ran ahead of this
+    /// client since the clock watch's last reading of it.
+    fn clock_ahead(&self, key: &str, clock: ClockReading) -> Option<Duration> {
         let server = if self.is_cluster() {
             u64::from(keys::hash_slot(key.as_bytes()))
         } else {
             0
         };
-        let ahead = self.inner.clock.observe(server, timed.clock);
-        timed.answer.with_clock_ahead(ahead)
+        self.inner.clock.observe(server, clock)
     }
 
     pub(crate) fn wakeups(&self) -> &Wakeups {
@@ -417,14 +423,9 @@ impl DistributedLock for RedisLock {
             match result {
                 Ok(timed) => {
                     // A chunk is one script on one server (one slot of a cluster).
-                    let server = if self.is_cluster() {
-                        chunk
-                            .first()
-                            .map_or(0, |&i| u64::from(keys::hash_slot(lock_keys[i].as_bytes())))
-                    } else {
-                        0
-                    };
-                    let ahead = self.inner.clock.observe(server, timed.clock);
+                    let ahead = chunk
+                        .first()
+                        .and_then(|&i| self.clock_ahead(&lock_keys[i], timed.clock));
                     for (&i, code) in chunk.iter().zip(timed.answer) {
                         answers[i] = Some(Ok(code.with_clock_ahead(ahead)));
                     }

@@ -424,12 +424,7 @@ where
     } else {
         Extension::Expired
     };
-    Ok(Timed::new(
-        answer,
-        sent,
-        now_ms.div_euclid(1000),
-        now_ms.rem_euclid(1000) * 1000,
-    ))
+    Ok(Timed::new(answer, sent, now_ms.saturating_mul(1000)))
 }
 
 /// Runs [`RELEASE`], announcing on the group's channel with `publish` (`PUBLISH`, `SPUBLISH`, or

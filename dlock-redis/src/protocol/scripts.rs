@@ -824,7 +824,11 @@ where
             &[owner.as_bytes(), ttl.as_bytes()],
         )
         .await?;
-    Ok(Timed::new(decode_extend(code)?, sent, seconds, micros))
+    Ok(Timed::new(
+        decode_extend(code)?,
+        sent,
+        time_us(seconds, micros),
+    ))
 }
 
 /// Runs [`EXTEND_MANY`] for `(lock key, owner, ttl)` triples, one round trip for all of them.
@@ -868,7 +872,7 @@ where
         .into_iter()
         .map(decode_extend)
         .collect::<RedisResult<_>>()?;
-    Ok(Timed::new(answers, sent, seconds, micros))
+    Ok(Timed::new(answers, sent, time_us(seconds, micros)))
 }
 
 /// A script's answer with the server's clock, read by the same script, and the client's time
@@ -882,18 +886,23 @@ pub struct Timed<T> {
 }
 
 impl<T> Timed<T> {
-    /// `answer`, with `TIME`'s `seconds` and `micros` read by a request sent at `sent` and
+    /// `answer`, with the server's clock `server_us` read by a request sent at `sent` and
     /// answered now.
-    pub(crate) fn new(answer: T, sent: Instant, seconds: i64, micros: i64) -> Self {
+    pub(crate) fn new(answer: T, sent: Instant, server_us: i64) -> Self {
         Timed {
             answer,
             clock: ClockReading {
-                server_us: seconds.saturating_mul(1_000_000).saturating_add(micros),
+                server_us,
                 sent,
                 answered: Instant::now(),
             },
         }
     }
+}
+
+/// `TIME`'s two answers in microseconds since the Unix epoch.
+fn time_us(seconds: i64, micros: i64) -> i64 {
+    seconds.saturating_mul(1_000_000).saturating_add(micros)
 }
 
 /// Runs [`RELEASE`] for `owner` without a wake tag (which also withdraws its queue entries,
