@@ -100,8 +100,14 @@ impl TlsFiles {
 
     /// Reads and checks every file: each must exist and hold what its setting names (a PEM
     /// certificate, or a PEM private key); `cert` and `key` come together; a server name is a
-    /// host name. Errors name the setting (`ca`, `cert`, `key`, `tls_server_name`) and the path.
+    /// host name. Files are read in that order (`ca`, `cert`, `key`), so the first bad one is
+    /// named. Errors name the setting (`ca`, `cert`, `key`, `tls_server_name`) and the path.
     pub fn load(&self) -> Result<TlsPem> {
+        let ca = self
+            .ca
+            .as_deref()
+            .map(|ca| read_pem("ca", ca, Pem::Certificate))
+            .transpose()?;
         let identity = match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => Some((
                 read_pem("cert", cert, Pem::Certificate)?,
@@ -128,11 +134,7 @@ impl TlsFiles {
             }
         }
         Ok(TlsPem {
-            ca: self
-                .ca
-                .as_deref()
-                .map(|ca| read_pem("ca", ca, Pem::Certificate))
-                .transpose()?,
+            ca,
             identity,
             server_name: self.server_name.clone(),
         })
