@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use crate::backend::DistributedLock;
+use crate::check::check_len;
 use crate::error::Result;
 use crate::ext::LockHandle;
 use crate::inspect::{Eviction, HeldLock};
 use crate::key::{LockKey, MAX_KEY_LEN};
 use crate::token::FencingToken;
-use crate::waiting::check_len;
 
 /// The operator's handle on a lock service.
 ///

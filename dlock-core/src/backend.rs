@@ -30,12 +30,13 @@ use crate::key::LockKey;
 use crate::retry::Backoff;
 use crate::token::{FencingToken, OwnerToken};
 
+pub use crate::check::{check_len, check_within};
 pub use crate::error::BoxError;
 pub use crate::options::validate_ttl;
 pub use crate::owner::check_label;
 pub use crate::primitive::{check_value, Primitive, Primitives};
 pub use crate::session::{SessionState, SessionWatch};
-pub use crate::waiting::{check_len, check_within, withdraw, Waiting, WITHDRAW_BOUND};
+pub use crate::waiting::{withdraw, Waiting, WITHDRAW_BOUND};
 
 /// How strongly a backend orders the fencing tokens of successive holders of one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -552,18 +553,3 @@ macro_rules! forward_distributed_lock {
 }
 
 forward_distributed_lock!(Arc);
-
-/// A boxed service is a [`Layer`](crate::layer::Layer) that changes nothing. (Not a forwarding impl
-/// like `Arc`'s: every layer is a lock service, and a box of a local type counts as local
-/// elsewhere, so the two impls could meet.)
-impl crate::layer::Layer for Box<dyn DistributedLock> {
-    fn inner(&self) -> &dyn DistributedLock {
-        self.as_ref()
-    }
-}
-
-impl<T: DistributedLock> crate::layer::Layer for Box<T> {
-    fn inner(&self) -> &dyn DistributedLock {
-        self.as_ref()
-    }
-}

@@ -4,8 +4,9 @@ use std::future::Future;
 
 use crate::backend::Released;
 use crate::error::Error;
+use crate::error::LostReason;
 use crate::lease::Lease;
-use crate::state::{LeaseState, LostReason};
+use crate::state::LeaseState;
 
 /// How a lease ended after guarded work.
 #[derive(Debug)]

@@ -8,22 +8,22 @@ use futures::Stream;
 use tokio::time::Instant;
 
 use crate::backend::{DistributedLock, Released};
+use crate::error::LostReason;
 use crate::error::Result;
-use crate::ext::DistributedLockExt;
 use crate::inspect::Holding;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::options::LockOptions;
 use crate::owner::OwnerRecord;
 use crate::primitive::{check_value, Primitive};
-use crate::state::{Expiring, LeaseState, LeaseWatch, LostReason};
+use crate::state::{Expiring, LeaseState, LeaseWatch};
 use crate::token::FencingToken;
 
 /// How often an observer looks again when no release wakes it: the longest a new leader of a
 /// name that had none goes unseen.
 pub const OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
 
-/// A named election, from [`DistributedLockExt::election`].
+/// A named election, from [`DistributedLockExt::election`](crate::DistributedLockExt::election).
 ///
 /// A candidate [`campaign`](Election::campaign)s with a value (its address, say) and, once it
 /// leads, holds a [`Leadership`]: a lease whose fencing token is the **term**, strictly greater
@@ -93,7 +93,7 @@ impl Election {
     pub async fn campaign(&self, value: &str, opts: &LockOptions) -> Result<Leadership> {
         check_value(value)?;
         let candidate = self.backend.primitive(&Primitive::candidate(value))?;
-        let lease = candidate.acquire(self.name.as_str(), opts).await?;
+        let lease = crate::acquire::acquire(candidate, self.name.as_str(), opts).await?;
         Ok(Leadership {
             lease,
             value: value.to_string(),
@@ -108,7 +108,7 @@ impl Election {
     ) -> Result<Option<Leadership>> {
         check_value(value)?;
         let candidate = self.backend.primitive(&Primitive::candidate(value))?;
-        let lease = candidate.try_acquire(self.name.as_str(), opts).await?;
+        let lease = crate::acquire::try_acquire(candidate, self.name.as_str(), opts).await?;
         Ok(lease.map(|lease| Leadership {
             lease,
             value: value.to_string(),

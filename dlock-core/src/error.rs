@@ -8,8 +8,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::state::LostReason;
-
 /// A boxed error from a backend's client library, kept as the `source` of [`Error::Backend`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -164,6 +162,31 @@ impl Error {
             temporary,
             source: source.into(),
         }
+    }
+}
+
+/// Why a lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// Its validity ran out before it was renewed (or renewal was stopped).
+    Expired,
+    /// The backend reports another owner (or no owner) where this lease should be.
+    TakenOver,
+    /// The session the lease lived in ended (ZooKeeper session, etcd lease).
+    SessionEnded,
+    /// The holder released or dropped it.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "its validity expired",
+            LostReason::TakenOver => "it was taken over or deleted on the server",
+            LostReason::SessionEnded => "its session ended",
+            LostReason::Released => "it was released",
+        })
     }
 }
 

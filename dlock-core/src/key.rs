@@ -7,8 +7,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::check::check_len;
 use crate::error::{Error, Result};
-use crate::waiting::check_len;
 
 /// The longest key accepted, in bytes of UTF-8.
 ///

@@ -25,8 +25,11 @@ use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::FencingToken;
 
-pub use crate::metered::Metered;
-pub use crate::traced::Traced;
+mod metered;
+mod traced;
+
+pub use metered::Metered;
+pub use traced::Traced;
 
 /// A wrapper around another lock service: implement [`inner`](Layer::inner) and override the
 /// calls the layer changes; every other call goes to the inner service unchanged. Every `Layer` is
@@ -191,5 +194,20 @@ impl<L: Layer> DistributedLock for L {
         retry: &Backoff,
     ) -> Result<Grant> {
         Layer::lock(self, req, deadline, retry).await
+    }
+}
+
+/// A boxed service is a [`Layer`] that changes nothing. (Not a forwarding impl
+/// like `Arc`'s: every layer is a lock service, and a box of a local type counts as local
+/// elsewhere, so the two impls could meet.)
+impl Layer for Box<dyn DistributedLock> {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.as_ref()
+    }
+}
+
+impl<T: DistributedLock> Layer for Box<T> {
+    fn inner(&self) -> &dyn DistributedLock {
+        self.as_ref()
     }
 }

@@ -8,14 +8,17 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::{DistributedLock, Extension, LeaseRef, Released};
-use crate::error::{Error, Result};
+use crate::error::{Error, LostReason, Result};
 use crate::key::LockKey;
 use crate::options::{validate_ttl, AutoRenew, Drift};
-use crate::renew::{self, Scheduled};
 use crate::state::{
-    self, Condition, Expiring, LeaseState, LeaseWatch, LostReason, Status, StatusCell, StatusSender,
+    self, Condition, Expiring, LeaseState, LeaseWatch, Status, StatusCell, StatusSender,
 };
 use crate::token::{FencingToken, OwnerToken};
+
+mod renew;
+
+use renew::Scheduled;
 
 /// A held lock.
 ///

@@ -47,8 +47,10 @@
 //! ```
 #![deny(missing_docs)]
 
+mod acquire;
 mod admin;
 pub mod backend;
+mod check;
 pub mod clock;
 mod critical;
 mod election;
@@ -61,13 +63,13 @@ pub mod layer;
 mod lease;
 pub mod limits;
 mod memory;
-mod metered;
+#[cfg(test)]
+mod module_graph;
 mod multi;
 mod options;
 mod owner;
 mod pending;
 mod primitive;
-mod renew;
 mod retry;
 mod rwlock;
 mod semaphore;
@@ -75,7 +77,6 @@ mod session;
 mod state;
 pub mod tls;
 mod token;
-mod traced;
 pub mod url;
 mod waiting;
 
@@ -83,7 +84,7 @@ pub use admin::Admin;
 pub use backend::{Capabilities, DistributedLock, Released};
 pub use critical::{CriticalSection, LeaseEnd};
 pub use election::{Election, Leader, Leadership};
-pub use error::{Error, Result};
+pub use error::{Error, LostReason, Result};
 pub use ext::{DistributedLockExt, LockHandle};
 pub use fence::{Fence, FenceMode, Fenced, StaleToken};
 pub use inspect::{Eviction, HeldLock, Holder, Holding, Waiter};
@@ -96,5 +97,5 @@ pub use owner::{Owner, OwnerRecord};
 pub use retry::Backoff;
 pub use rwlock::RwLock;
 pub use semaphore::Semaphore;
-pub use state::{Expiring, LeaseState, LeaseWatch, LostReason};
+pub use state::{Expiring, LeaseState, LeaseWatch};
 pub use token::{FencingToken, OwnerToken};

@@ -7,12 +7,12 @@ use futures::future::{join_all, select_all};
 use tokio::time::Instant;
 
 use crate::backend::{DistributedLock, Released};
+use crate::error::LostReason;
 use crate::error::{Error, Result};
-use crate::ext::DistributedLockExt;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::options::LockOptions;
-use crate::state::{Expiring, LeaseState, LostReason};
+use crate::state::{Expiring, LeaseState};
 use crate::token::FencingToken;
 
 /// The most keys one [`acquire_all`](crate::DistributedLockExt::acquire_all) may name.
@@ -155,9 +155,11 @@ pub(crate) async fn acquire_all(
             if let Some(deadline) = deadline {
                 opts.wait = Some(deadline.saturating_duration_since(Instant::now()));
             }
-            backend.acquire(key.as_str(), &opts).await.map(Some)
+            crate::acquire::acquire(backend.clone(), key.as_str(), &opts)
+                .await
+                .map(Some)
         } else {
-            backend.try_acquire(key.as_str(), opts).await
+            crate::acquire::try_acquire(backend.clone(), key.as_str(), opts).await
         };
         match taken {
             Ok(Some(lease)) => leases.push(lease),

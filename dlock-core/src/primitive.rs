@@ -9,8 +9,8 @@
 //! A name used as a lock, a semaphore, a read-write lock and an election names four independent
 //! things.
 
+use crate::check::check_len;
 use crate::error::{Error, Result};
-use crate::waiting::check_len;
 
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 10_000;

@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use crate::backend::DistributedLock;
 use crate::error::Result;
-use crate::ext::DistributedLockExt;
 use crate::inspect::Holding;
+use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::options::LockOptions;
 use crate::primitive::Primitive;
 
-/// A named read-write lock, from [`DistributedLockExt::rw`].
+/// A named read-write lock, from [`DistributedLockExt::rw`](crate::DistributedLockExt::rw).
 ///
 /// Readers share the name with each other and never with a writer; a writer holds it alone.
 /// Every hold is a [`Lease`] with its own fencing token, and tokens come from one sequence per
@@ -65,14 +65,14 @@ impl RwLock {
     /// Waits to read, up to `opts.wait`.
     ///
     /// # Cancel safety
-    /// Cancel safe in effect, like [`DistributedLockExt::acquire`].
+    /// Cancel safe in effect, like [`DistributedLockExt::acquire`](crate::DistributedLockExt::acquire).
     pub async fn read(&self, opts: &LockOptions) -> Result<Lease> {
-        self.read.acquire(&self.name, opts).await
+        crate::acquire::acquire(self.read.clone(), &self.name, opts).await
     }
 
     /// One attempt to read: `None` while a writer holds or waits.
     pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.read.try_acquire(&self.name, opts).await
+        crate::acquire::try_acquire(self.read.clone(), &self.name, opts).await
     }
 
     /// Waits to write, up to `opts.wait`, holding back readers that arrive meanwhile.
@@ -80,17 +80,17 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel safe in effect: a dropped wait stops holding readers back and leaves nothing held.
     pub async fn write(&self, opts: &LockOptions) -> Result<Lease> {
-        self.write.acquire(&self.name, opts).await
+        crate::acquire::acquire(self.write.clone(), &self.name, opts).await
     }
 
     /// One attempt to write: `None` while anyone holds the lock.
     pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.write.try_acquire(&self.name, opts).await
+        crate::acquire::try_acquire(self.write.clone(), &self.name, opts).await
     }
 
     /// Who holds the lock now: the writer, or the earliest reader and how many read
     /// ([`Holder::holders`](crate::Holder::holders) is set for readers only).
     pub async fn holding(&self) -> Result<Holding> {
-        self.read.holding(&self.name).await
+        self.read.inspect(&LockKey::new(&self.name)?).await
     }
 }

@@ -4,14 +4,14 @@ use std::sync::Arc;
 
 use crate::backend::DistributedLock;
 use crate::error::Result;
-use crate::ext::DistributedLockExt;
 use crate::inspect::Holding;
+use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::options::LockOptions;
 use crate::primitive::Primitive;
 
 /// A named semaphore of a fixed number of permits, from
-/// [`DistributedLockExt::semaphore`].
+/// [`DistributedLockExt::semaphore`](crate::DistributedLockExt::semaphore).
 ///
 /// Each permit is a [`Lease`]: it has its own owner and fencing token, follows the same
 /// held/uncertain/lost states, can auto-renew, and returns to the semaphore when released,
@@ -64,22 +64,22 @@ impl Semaphore {
     }
 
     /// Waits for a permit, up to `opts.wait` ([`Error::Timeout`](crate::Error::Timeout)), as
-    /// [`DistributedLockExt::acquire`] waits for a lock.
+    /// [`DistributedLockExt::acquire`](crate::DistributedLockExt::acquire) waits for a lock.
     ///
     /// # Cancel safety
     /// Cancel safe in effect: a permit taken by a dropped call is given back in the background.
     pub async fn acquire(&self, opts: &LockOptions) -> Result<Lease> {
-        self.view.acquire(&self.name, opts).await
+        crate::acquire::acquire(self.view.clone(), &self.name, opts).await
     }
 
     /// One attempt: a permit if one is free, `None` if every permit is held.
     pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.view.try_acquire(&self.name, opts).await
+        crate::acquire::try_acquire(self.view.clone(), &self.name, opts).await
     }
 
     /// Who holds permits now: the earliest holder, and how many hold one
     /// ([`Holder::holders`](crate::Holder::holders)).
     pub async fn holding(&self) -> Result<Holding> {
-        self.view.holding(&self.name).await
+        self.view.inspect(&LockKey::new(&self.name)?).await
     }
 }

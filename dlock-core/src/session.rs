@@ -10,7 +10,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::state::{self, Condition, LostReason, StatusSender};
+use crate::error::LostReason;
+use crate::state::{self, Condition, StatusSender};
 
 /// What a backend knows about the session a lease lives in.
 ///

@@ -12,33 +12,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::error::LostReason;
 use crate::key::LockKey;
 use crate::token::FencingToken;
-
-/// Why a lease ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// Its validity ran out before it was renewed (or renewal was stopped).
-    Expired,
-    /// The backend reports another owner (or no owner) where this lease should be.
-    TakenOver,
-    /// The session the lease lived in ended (ZooKeeper session, etcd lease).
-    SessionEnded,
-    /// The holder released or dropped it.
-    Released,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LostReason::Expired => "its validity expired",
-            LostReason::TakenOver => "it was taken over or deleted on the server",
-            LostReason::SessionEnded => "its session ended",
-            LostReason::Released => "it was released",
-        })
-    }
-}
 
 /// What the holder can currently assume about its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

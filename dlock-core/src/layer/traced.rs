@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::{field, Instrument, Span};
 
+use super::Layer;
 use crate::backend::{
     Attempt, DistributedLock, ExtendRequest, Extension, Grant, LeaseRef, LockRequest, Outcome,
     Released,
@@ -15,7 +16,6 @@ use crate::backend::{
 use crate::error::Result;
 use crate::inspect::{Eviction, HeldLock, Holding};
 use crate::key::LockKey;
-use crate::layer::Layer;
 use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::FencingToken;

@@ -22,11 +22,11 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::{apply_extension, Lease};
 use crate::backend::Extension;
 use crate::backend::{DistributedLock, ExtendRequest, LeaseRef};
 use crate::error::{Error, Result};
 use crate::key::LockKey;
-use crate::lease::{apply_extension, Lease};
 use crate::options::AutoRenew;
 use crate::state::{self, StatusSender};
 use crate::token::{FencingToken, OwnerToken};

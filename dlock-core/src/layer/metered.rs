@@ -9,13 +9,13 @@ use async_trait::async_trait;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use tokio::time::Instant;
 
+use super::Layer;
 use crate::backend::{
     Attempt, DistributedLock, ExtendRequest, Extension, Grant, LeaseRef, LockRequest, Outcome,
     Released,
 };
 use crate::error::Result;
 use crate::key::LockKey;
-use crate::layer::Layer;
 use crate::primitive::Primitive;
 use crate::retry::Backoff;
 use crate::token::OwnerToken;
