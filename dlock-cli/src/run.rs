@@ -10,7 +10,7 @@ use std::io;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use dlock::{DistributedLockExt, Error, Expiring, Lease, LeaseWatch, LockOptions, Locks};
+use dlock::{Error, Expiring, Lease, LeaseWatch, LockOptions, Locks};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};

@@ -1,6 +1,6 @@
 //! `dlock status`: who holds a lock and who waits for it, read without taking the lock.
 
-use dlock::{DistributedLockExt, Error, Holding};
+use dlock::{Error, Holding};
 
 use crate::args::StatusArgs;
 use crate::exit::{self, Failure};

@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, Write};
 
-use dlock::{DistributedLockExt, Eviction, Holding};
+use dlock::{Eviction, Holding};
 
 use crate::args::UnlockArgs;
 use crate::exit::{self, Failure};

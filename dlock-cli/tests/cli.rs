@@ -21,7 +21,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock::{DistributedLockExt, LockOptions};
+use dlock::LockOptions;
 use dlock_testkit::fixtures::{
     docker_opt_out, EtcdCluster, PostgresServer, RedisMasters, RedisServer, ZkEnsemble,
 };

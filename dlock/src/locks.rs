@@ -1,21 +1,26 @@
 //! [`Locks`]: the handle `dlock::connect` returns, a backend plus the URL's defaults.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use dlock_core::layer::{Metered, Traced};
 use dlock_core::url::redact_password;
 use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, Election, LockHandle, LockOptions, MultiLease,
-    Result, RwLock, Semaphore,
+    Admin, CriticalSection, DistributedLock, DistributedLockExt, Election, Holding, Lease,
+    LeaseWatch, LockHandle, LockOptions, MultiLease, Result, RwLock, Semaphore,
 };
 
 /// A shared handle to the backend a URL names, with the per-acquire defaults the URL set.
 ///
-/// It is cheap to clone (clones share the backend) and has every operation of
-/// [`DistributedLockExt`](dlock_core::DistributedLockExt) — `try_acquire`, `acquire`,
-/// `with_lock`, `holding` — through [`LockHandle`]. Pass [`options`](Self::options) to them to
-/// use the URL's `ttl`, `wait` and `drift`, or any [`LockOptions`] of your own.
+/// It is cheap to clone (clones share the backend) and offers every call of
+/// [`DistributedLockExt`](dlock_core::DistributedLockExt) as its own method, so no trait needs
+/// importing: [`try_acquire`](Self::try_acquire), [`acquire`](Self::acquire),
+/// [`holding`](Self::holding), [`with_lock`](Self::with_lock), [`acquire_all`](Self::acquire_all),
+/// [`try_acquire_all`](Self::try_acquire_all), [`semaphore`](Self::semaphore), [`rw`](Self::rw)
+/// and [`election`](Self::election) (a test keeps the two lists the same). Pass
+/// [`options`](Self::options) to them to use the URL's `ttl`, `wait` and `drift`, or any
+/// [`LockOptions`] of your own.
 ///
 /// Beside the lock it serves the primitives of every backend that declares them
 /// ([`Capabilities::primitives`](dlock_core::Capabilities::primitives)):
@@ -74,6 +79,73 @@ impl Locks {
     /// The URL this handle was made from, with its password hidden.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// One attempt: `Some(lease)` if the lock `key` was free, `None` if it is busy
+    /// ([`DistributedLockExt::try_acquire`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// let lease = locks.try_acquire("reports/daily", locks.options()).await?;
+    /// assert!(lease.is_some());
+    /// assert!(locks.try_acquire("reports/daily", locks.options()).await?.is_none()); // busy
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect, as [`DistributedLockExt::try_acquire`] says.
+    pub async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        DistributedLockExt::try_acquire(self, key, opts).await
+    }
+
+    /// Waits until the lock `key` is held, or until `opts.wait` has passed
+    /// ([`Error::Timeout`](dlock_core::Error::Timeout)); see [`DistributedLockExt::acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect, as [`DistributedLockExt::acquire`] says.
+    pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<Lease> {
+        DistributedLockExt::acquire(self, key, opts).await
+    }
+
+    /// Whether `key` is held right now, and by whom where the backend can tell, without taking
+    /// it ([`DistributedLockExt::holding`]).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn holding(&self, key: &str) -> Result<Holding> {
+        DistributedLockExt::holding(self, key).await
+    }
+
+    /// Acquires `key`, runs `work` with a view of the lease, and releases
+    /// ([`DistributedLockExt::with_lock`]): `work` is dropped if the lease is lost first.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// let done = locks
+    ///     .with_lock("reports/daily", locks.options(), |_lease| async { 42 })
+    ///     .await?;
+    /// assert_eq!(done.output, Some(42));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Dropping the returned future cancels the work and releases the lock in the background.
+    pub async fn with_lock<F, Fut>(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        work: F,
+    ) -> Result<CriticalSection<Fut::Output>>
+    where
+        F: FnOnce(LeaseWatch) -> Fut + Send,
+        Fut: Future + Send,
+        Fut::Output: Send,
+    {
+        DistributedLockExt::with_lock(self, key, opts, work).await
     }
 
     /// The semaphore `name` of `permits` permits ([`Semaphore`]): up to `permits` holders at
@@ -274,7 +346,7 @@ impl Layers {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> dlock::Result<()> {
-/// use dlock::{DistributedLockExt, Locks};
+/// use dlock::Locks;
 ///
 /// let locks = Locks::builder("memory://?ttl=10s")
 ///     .with_tracing() // one span per call (see dlock_core::layer::Traced)
@@ -330,5 +402,43 @@ impl fmt::Debug for LocksBuilder {
             .field("url", &redact_password(&self.url))
             .field("layers", &self.layers)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    /// The names of the functions declared between `start` and the end of its block (a line
+    /// that is exactly `}`), at the indentation of a trait's or an impl's items.
+    fn calls(file: &str, start: &str, prefix: &str) -> BTreeSet<String> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let text = std::fs::read_to_string(&path).expect("the source is readable");
+        let block = text.split(start).nth(1).expect("the block is found");
+        let block = block.split("\n}\n").next().unwrap_or_default();
+        block
+            .lines()
+            .filter_map(|line| line.strip_prefix(prefix))
+            .map(|rest| {
+                rest.chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn locks_offers_every_call_of_the_extension_trait() {
+        let ext = calls(
+            "../dlock-core/src/ext.rs",
+            "pub trait DistributedLockExt",
+            "    fn ",
+        );
+        assert!(ext.len() >= 9, "the trait's calls were not found: {ext:?}");
+        let mut locks = calls("src/locks.rs", "impl Locks {", "    pub fn ");
+        locks.extend(calls("src/locks.rs", "impl Locks {", "    pub async fn "));
+        let missing: Vec<_> = ext.difference(&locks).collect();
+        assert!(missing.is_empty(), "Locks lacks {missing:?} of {ext:?}");
     }
 }

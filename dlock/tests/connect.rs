@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use dlock::{DistributedLockExt, Error, Holding, Locks};
+use dlock::{Error, Holding, Locks};
 
 /// An address where nothing listens: connecting there fails fast.
 #[allow(dead_code)]

@@ -5,7 +5,7 @@
 use std::mem::size_of_val;
 use std::time::Duration;
 
-use dlock::{DistributedLockExt, LockOptions};
+use dlock::LockOptions;
 
 /// The most any of these futures may take.
 const MOST: usize = 1024;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use dlock::{DistributedLockExt, Holding};
+use dlock::Holding;
 use dlock_testkit::fixtures::{docker_opt_out, PostgresServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

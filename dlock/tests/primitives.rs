@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::{
-    DistributedLock, DistributedLockExt, Error, InMemoryLock, Layer, LockOptions, Locks, Primitive,
-    Primitives, Result,
+    DistributedLock, Error, InMemoryLock, Layer, LockOptions, Locks, Primitive, Primitives, Result,
 };
 use futures::StreamExt;
 

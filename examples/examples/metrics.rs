@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use dlock::{DistributedLockExt, Locks};
+use dlock::Locks;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 #[tokio::main]

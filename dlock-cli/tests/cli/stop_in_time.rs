@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use dlock::{DistributedLockExt, LockOptions};
+use dlock::LockOptions;
 use dlock_testkit::{url_target, DroppingProxies, Freeze, FreezeProxy};
 use libtest_mimic::Failed;
 use nix::sys::signal::{kill, Signal};
