@@ -42,7 +42,8 @@ impl LockHandle for Arc<dyn DistributedLock> {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> dlock_core::Result<()> {
 /// use std::sync::Arc;
-/// /// use dlock_core::{DistributedLock, DistributedLockExt, InMemoryLock, LockOptions};
+/// use std::time::Duration;
+/// use dlock_core::{DistributedLock, DistributedLockExt, InMemoryLock, LockOptions};
 ///
 /// let locks: Arc<dyn DistributedLock> = Arc::new(InMemoryLock::new());
 /// let opts = LockOptions::new(Duration::from_secs(5)).with_wait(Duration::from_secs(1));
