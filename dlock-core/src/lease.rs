@@ -103,8 +103,8 @@ impl Lease {
         self.key.as_str()
     }
 
-    /// The validated key.
-    pub fn lock_key(&self) -> &LockKey {
+    /// The validated key, for the renewal schedule.
+    pub(crate) fn lock_key(&self) -> &LockKey {
         &self.key
     }
 

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, ensure};
 use dlock_core::backend::LeaseRef;
-use dlock_core::{DistributedLockExt, Error};
+use dlock_core::{DistributedLockExt, Error, LockKey};
 use tokio::time::Instant;
 
 use super::Ctx;
@@ -82,8 +82,9 @@ pub(crate) async fn extend_after_expiry_fails_as_lost(cx: Ctx) -> anyhow::Result
         lease.state()
     );
     // The server must refuse too, not revive the lock.
+    let lock_key = LockKey::new(lease.key())?;
     let raw = LeaseRef {
-        key: lease.lock_key(),
+        key: &lock_key,
         owner: lease.owner(),
         fencing: Some(lease.fencing_token()),
     };

@@ -2,7 +2,7 @@
 //! of the Redlock holder's bare quorum of masters), so the server drops the key early.
 
 use dlock_core::backend::LeaseRef;
-use dlock_core::LockOptions;
+use dlock_core::{LockKey, LockOptions};
 use dlock_testkit::clock_watch;
 
 use super::{take_over, Outcome};
@@ -28,7 +28,7 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let after = async {
         let successor = run.acquire(1, &next, &long).await;
         let (key, owner, fencing) = (
-            lease.lock_key().clone(),
+            LockKey::new(lease.key())?,
             lease.owner(),
             lease.fencing_token(),
         );

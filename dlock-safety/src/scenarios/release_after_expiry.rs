@@ -2,7 +2,7 @@
 //! lock; neither may touch the next holder's lock.
 
 use dlock_core::backend::{Extension, LeaseRef};
-use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
+use dlock_core::{DistributedLock, DistributedLockExt, LockKey, LockOptions};
 
 use super::Outcome;
 use crate::run::Run;
@@ -23,8 +23,9 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
     let long = LockOptions::new(run.ttls(8.0)).with_wait(wait);
     let successor = run.acquire(1, &next, &long).await;
     let handed_on = successor.is_some();
+    let key = LockKey::new(lease.key())?;
     let stale = LeaseRef {
-        key: lease.lock_key(),
+        key: &key,
         owner: lease.owner(),
         fencing: Some(token),
     };
