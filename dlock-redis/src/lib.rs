@@ -274,7 +274,6 @@ mod cluster;
 mod connection;
 mod error;
 mod primitives;
-#[doc(hidden)]
 pub mod protocol;
 mod replicas;
 mod sentinel;

@@ -2,10 +2,12 @@
 //! Lua scripts that take, extend, release and inspect a lock ([`scripts`]), and the checks and
 //! error classification every client of those servers applies.
 //!
-//! Shared with dlock-redlock, which runs the same scripts on every master, so that a lock has one
-//! layout whichever client took it. It is public only for that reason: it is not a stable API,
-//! is hidden from the documentation, and may change in any release. Applications use
-//! [`RedisLock`](crate::RedisLock) (or `dlock::connect`).
+//! One algorithm for every client of these servers: [`RedisLock`](crate::RedisLock) runs these
+//! scripts on its server, and dlock-redlock runs the same ones on each of its masters and
+//! counts a quorum, so that a lock has one layout whichever client took it, and other
+//! libraries' clients (redis-py, rslock) can be written against it. It is part of the crate's
+//! API, versioned with it; a change to the layout or to a script's keys and arguments is a
+//! breaking change. Applications use [`RedisLock`](crate::RedisLock) (or `dlock::connect`).
 
 pub mod keys;
 pub mod primitives;
