@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{Capabilities, DistributedLock};
+use dlock_core::backend::Capabilities;
+use dlock_core::DistributedLock;
 use dlock_testkit::{DroppingProxies, Freeze, ServerControl};
 
 /// A boxed future returning a new client.
@@ -115,7 +116,7 @@ impl fmt::Debug for Subject {
     }
 }
 
-dlock_core::setters! {
+dlock_core::backend::setters! {
     Subject {
         /// Sets the time scale.
         with_timing(timing: Timing) => timing = timing;

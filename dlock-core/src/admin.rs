@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use crate::backend::DistributedLock;
+use crate::backend::LockHandle;
 use crate::check::check_len;
 use crate::error::Result;
-use crate::ext::LockHandle;
 use crate::inspect::{Eviction, HeldLock};
 use crate::key::{LockKey, MAX_KEY_LEN};
 use crate::token::FencingToken;

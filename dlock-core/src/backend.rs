@@ -12,8 +12,10 @@
 //! [layers](crate::layer::Layer) around any backend ([`Traced`](crate::layer::Traced),
 //! [`Metered`](crate::layer::Metered)).
 //!
-//! This module is the backend author's kit: the trait and the types its calls take and answer,
-//! and the helpers every backend shares — input checks, the waiting loop, sessions. An
+//! This module is the backend author's kit, all of it: the trait and the types its calls take
+//! and answer ([`LockKey`], [`Capabilities`], …), and what every backend shares — input checks,
+//! the waiting loop, sessions, connection URLs ([`url`], with [`apply_parameters!`]), TLS files
+//! ([`tls`]), the server clock watch ([`clock`]) and builder setters ([`setters!`]). An
 //! application needs none of it beyond [`DistributedLock`] and [`Released`], which the crate's
 //! root re-exports; the bounds of the input are in [`limits`](crate::limits).
 
@@ -26,17 +28,23 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::inspect::{Eviction, HeldLock, Holding};
-use crate::key::LockKey;
 use crate::retry::Backoff;
 use crate::token::{FencingToken, OwnerToken};
 
+pub mod clock;
+pub mod tls;
+pub mod url;
+
 pub use crate::check::{check_len, check_within};
 pub use crate::error::BoxError;
+pub use crate::key::LockKey;
 pub use crate::options::validate_ttl;
 pub use crate::owner::check_label;
 pub use crate::primitive::{check_value, Primitive, Primitives};
 pub use crate::session::{SessionState, SessionWatch};
 pub use crate::waiting::{withdraw, Waiting, WITHDRAW_BOUND};
+#[doc(inline)]
+pub use crate::{apply_parameters, setters};
 
 /// How strongly a backend orders the fencing tokens of successive holders of one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -203,7 +211,7 @@ pub enum Extension {
     Extended,
     /// The lock's TTL was re-armed, but the server's clock, which expires the key, was seen
     /// running ahead of the client's by this much since the client last read it (see
-    /// [`clock`](crate::clock)): the lease counts its validity that much shorter.
+    /// [`clock`]): the lease counts its validity that much shorter.
     ClockAhead(Duration),
     /// The lock had expired (nobody holds it); nothing was changed.
     Expired,
@@ -553,3 +561,22 @@ macro_rules! forward_distributed_lock {
 }
 
 forward_distributed_lock!(Arc);
+
+/// A handle that can be shared with the leases it grants: `Arc<dyn DistributedLock>` or
+/// `Arc<B>` for a concrete backend `B`.
+pub trait LockHandle: Send + Sync {
+    /// The handle as the trait object that leases keep (a reference-count increment).
+    fn shared(&self) -> Arc<dyn DistributedLock>;
+}
+
+impl<T: DistributedLock> LockHandle for Arc<T> {
+    fn shared(&self) -> Arc<dyn DistributedLock> {
+        self.clone()
+    }
+}
+
+impl LockHandle for Arc<dyn DistributedLock> {
+    fn shared(&self) -> Arc<dyn DistributedLock> {
+        self.clone()
+    }
+}

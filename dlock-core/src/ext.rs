@@ -1,9 +1,8 @@
 //! What users call: `try_acquire`, `acquire`, `with_lock`, on any shared backend handle.
 
 use std::future::Future;
-use std::sync::Arc;
 
-use crate::backend::DistributedLock;
+use crate::backend::{DistributedLock, LockHandle};
 use crate::critical::CriticalSection;
 use crate::election::Election;
 use crate::error::{Error, Result};
@@ -15,25 +14,6 @@ use crate::options::LockOptions;
 use crate::rwlock::RwLock;
 use crate::semaphore::Semaphore;
 use crate::state::LeaseWatch;
-
-/// A handle that can be shared with the leases it grants: `Arc<dyn DistributedLock>` or
-/// `Arc<B>` for a concrete backend `B`.
-pub trait LockHandle: Send + Sync {
-    /// The handle as the trait object that leases keep (a reference-count increment).
-    fn shared(&self) -> Arc<dyn DistributedLock>;
-}
-
-impl<T: DistributedLock> LockHandle for Arc<T> {
-    fn shared(&self) -> Arc<dyn DistributedLock> {
-        self.clone()
-    }
-}
-
-impl LockHandle for Arc<dyn DistributedLock> {
-    fn shared(&self) -> Arc<dyn DistributedLock> {
-        self.clone()
-    }
-}
 
 /// The user-facing lock operations, for every [`LockHandle`] handle. Do not implement it: the
 /// blanket implementation covers every backend.

@@ -33,7 +33,7 @@ use crate::retry::Backoff;
 ///     timeout: Option<Duration>,
 /// }
 ///
-/// dlock_core::setters! {
+/// dlock_core::backend::setters! {
 ///     ExampleBuilder {
 ///         /// Puts `prefix` before every lock name.
 ///         with_prefix(prefix: impl Into<String>) => prefix = prefix.into();
@@ -48,6 +48,7 @@ use crate::retry::Backoff;
 /// assert_eq!(builder.prefix, "billing:");
 /// assert_eq!(builder.timeout, Some(Duration::from_secs(1)));
 /// ```
+#[doc(hidden)]
 #[macro_export]
 macro_rules! setters {
     ($builder:ty {

@@ -104,7 +104,7 @@ pub fn check_value(value: &str) -> Result<()> {
     check_len("value", value, MAX_VALUE_LEN)
 }
 
-/// Which primitives a backend serves besides the lock (see [`Capabilities`](crate::Capabilities)).
+/// Which primitives a backend serves besides the lock (see [`Capabilities`](crate::backend::Capabilities)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Primitives {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Extension, LeaseRef, LockRequest, SessionState};
+use dlock_core::backend::{Attempt, Capabilities, Extension, LeaseRef, LockRequest, SessionState};
 use dlock_core::{
-    Capabilities, DistributedLock, DistributedLockExt, InMemoryLock, Lease, LeaseState,
-    LockOptions, LostReason, Released, Result,
+    DistributedLock, DistributedLockExt, InMemoryLock, Lease, LeaseState, LockOptions, LostReason,
+    Released, Result,
 };
 use support::settle;
 use tokio::sync::watch;

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::LockKey;
+use dlock_core::backend::LockKey;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::contention::{delete_by_value, delete_on_lease, delete_own, Owner};

@@ -6,8 +6,8 @@ use std::time::Duration;
 use etcd_client::{Certificate, Identity, TlsOptions};
 
 use dlock_core::backend::check_within;
-use dlock_core::tls::TlsFiles;
-use dlock_core::url::redact_password;
+use dlock_core::backend::tls::TlsFiles;
+use dlock_core::backend::url::redact_password;
 use dlock_core::{Error, Owner, Result};
 
 use crate::client::EtcdLock;
@@ -113,7 +113,7 @@ impl fmt::Debug for TlsConfig {
 ///
 /// ```no_run
 /// # async fn demo() -> dlock_core::Result<()> {
-/// use dlock_core::tls::TlsFiles;
+/// use dlock_core::backend::tls::TlsFiles;
 /// use dlock_etcd::EtcdLock;
 ///
 /// let locks = EtcdLock::builder()
@@ -144,7 +144,7 @@ pub struct EtcdLockBuilder {
     label: Option<String>,
 }
 
-dlock_core::setters! {
+dlock_core::backend::setters! {
     EtcdLockBuilder {
         /// Sets the namespace every lock name starts with (default `dlock/`); see
         /// [`KeyLayout`](crate::KeyLayout).
@@ -203,7 +203,7 @@ impl EtcdLockBuilder {
     /// [`with_tls`](Self::with_tls)). A malformed string is an [`Error::InvalidInput`] for field
     /// `url` that never repeats the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        <Self as dlock_core::url::FromUrl>::from_url(url)
+        <Self as dlock_core::backend::url::FromUrl>::from_url(url)
     }
 
     /// Adds an endpoint: `host:port` or `http://host:port`. The client spreads requests over all

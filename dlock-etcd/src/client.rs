@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{
-    Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Primitives, SessionState, Waiting,
+    Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Primitives,
+    SessionState, Waiting,
 };
 use dlock_core::layer::Layer;
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding,
-    LockKey, LostReason, OwnerRecord, OwnerToken, Released, Result,
+    Backoff, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding, LostReason,
+    OwnerRecord, OwnerToken, Released, Result,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;

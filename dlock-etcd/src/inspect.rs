@@ -69,7 +69,7 @@ pub(crate) async fn list(
     let (mut start, end) = range_of(layout.name_prefix(key_prefix).as_bytes());
     let mut revision = 0;
     let mut locks = Vec::new();
-    let mut group: Option<(dlock_core::LockKey, Vec<KeyValue>)> = None;
+    let mut group: Option<(dlock_core::backend::LockKey, Vec<KeyValue>)> = None;
     loop {
         let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
         if revision > 0 {
@@ -113,7 +113,7 @@ pub(crate) async fn list(
 }
 
 /// The lock `key` with its holder, if the holder is a dlock client (it left an owner record).
-fn recorded(key: dlock_core::LockKey, mut contenders: Vec<KeyValue>) -> Option<HeldLock> {
+fn recorded(key: dlock_core::backend::LockKey, mut contenders: Vec<KeyValue>) -> Option<HeldLock> {
     contenders.sort_by_key(KeyValue::create_revision);
     let holder = holder_of(&contenders)?;
     holder

@@ -13,8 +13,8 @@
 //! key `a/b` (prefix `a/b/`); with it, no lock name's prefix contains another's. Use
 //! [`KeyLayout::lock_name`] to find the name a Go service or `etcdctl lock` must use.
 
-use dlock_core::backend::check_len;
-use dlock_core::{LockKey, OwnerToken, Result};
+use dlock_core::backend::{check_len, LockKey};
+use dlock_core::{OwnerToken, Result};
 
 /// The namespace used when none is configured.
 pub const DEFAULT_NAMESPACE: &str = "dlock/";

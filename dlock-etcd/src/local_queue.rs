@@ -12,7 +12,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use dlock_core::{LockKey, OwnerToken};
+use dlock_core::backend::LockKey;
+use dlock_core::OwnerToken;
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 

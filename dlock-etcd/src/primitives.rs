@@ -41,11 +41,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{
-    Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, SessionState, Waiting,
+    Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive,
+    SessionState, Waiting,
 };
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Error, FencingToken, Holder, Holding, LockKey,
-    LostReason, OwnerRecord, OwnerToken, Released, Result,
+    Backoff, DistributedLock, Error, FencingToken, Holder, Holding, LostReason, OwnerRecord,
+    OwnerToken, Released, Result,
 };
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,

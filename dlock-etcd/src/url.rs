@@ -8,10 +8,10 @@
 //! default prefix is used. With `etcd+https`, `ca` (required: the authority the servers are
 //! verified against), `cert` and `key` (a client certificate, together) and `tls_server_name`
 //! (the name to verify instead of each host) are PEM file paths and a name, as
-//! [`dlock_core::tls::TlsFiles`] reads them; on `etcd://`, which is plaintext, they are refused.
+//! [`dlock_core::backend::tls::TlsFiles`] reads them; on `etcd://`, which is plaintext, they are refused.
 
-use dlock_core::tls::TlsFiles;
-use dlock_core::url::{ConnectUrl, FromUrl};
+use dlock_core::backend::tls::TlsFiles;
+use dlock_core::backend::url::{ConnectUrl, FromUrl};
 use dlock_core::Result;
 
 use crate::builder::EtcdLockBuilder;
@@ -79,7 +79,7 @@ impl FromUrl for EtcdLockBuilder {
         if let Some(label) = url.take("owner") {
             builder = builder.with_owner(label);
         }
-        let builder = dlock_core::apply_parameters!(url, builder, {
+        let builder = dlock_core::backend::apply_parameters!(url, builder, {
             "session_timeout" => take_duration => Self::with_session_timeout,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,

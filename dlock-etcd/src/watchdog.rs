@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use dlock_core::backend::LockKey;
 use dlock_core::backend::SessionState;
-use dlock_core::LockKey;
 use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;

@@ -52,14 +52,14 @@ impl Inspect for Stored {
 }
 
 /// What the registry of backends declares for etcd.
-fn declared() -> dlock_core::Capabilities {
+fn declared() -> dlock_core::backend::Capabilities {
     dlock_testkit::registry::capabilities_of("etcd").expect("etcd in the registry")
 }
 
 fn subject(
     shared: &EtcdCluster,
     dedicated: &EtcdCluster,
-    capabilities: dlock_core::Capabilities,
+    capabilities: dlock_core::backend::Capabilities,
 ) -> anyhow::Result<Subject> {
     let endpoints = shared.endpoints();
     let connect = {

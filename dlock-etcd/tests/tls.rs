@@ -24,7 +24,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
-use dlock_core::tls::TlsFiles;
+use dlock_core::backend::tls::TlsFiles;
 use dlock_core::{DistributedLock, DistributedLockExt, Error, LeaseState, LockOptions, Released};
 use dlock_etcd::{EtcdLock, EtcdLockBuilder};
 use dlock_testkit::certs::TestCerts;
@@ -118,7 +118,7 @@ impl Inspect for Stored {
     }
 }
 
-fn declared() -> dlock_core::Capabilities {
+fn declared() -> dlock_core::backend::Capabilities {
     dlock_testkit::registry::capabilities_of("etcd").expect("etcd in the registry")
 }
 
@@ -465,7 +465,7 @@ async fn the_certificate_names_the_user_without_a_password(env: Env) -> anyhow::
     ensure!(listed[0].holder.owner.as_ref().map(|o| o.pid) == Some(std::process::id()));
     let evicted = locks
         .evict(
-            &dlock_core::LockKey::new(&name)?,
+            &dlock_core::backend::LockKey::new(&name)?,
             Some(lease.fencing_token()),
         )
         .await?;

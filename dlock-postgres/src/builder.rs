@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_core::backend::check_within;
-use dlock_core::url::FromUrl;
+use dlock_core::backend::url::FromUrl;
 use dlock_core::{Error, Owner, Result};
 
 use crate::client::PgLock;

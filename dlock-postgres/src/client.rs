@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{
-    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest, Primitive,
-    Primitives, Waiting,
+    Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
+    LockRequest, Primitive, Primitives, Waiting,
 };
 use dlock_core::layer::Layer;
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding,
-    LockKey, Released, Result,
+    Backoff, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding, Released, Result,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;

@@ -10,9 +10,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{
-    Error, Eviction, FencingToken, HeldLock, Holder, Holding, LockKey, OwnerRecord, Result,
-};
+use dlock_core::backend::LockKey;
+use dlock_core::{Error, Eviction, FencingToken, HeldLock, Holder, Holding, OwnerRecord, Result};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 

@@ -63,11 +63,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{
-    Attempt, ExtendRequest, Extension, Grant, LeaseRef, LockRequest, Primitive, Waiting,
+    Attempt, Capabilities, ExtendRequest, Extension, Grant, LeaseRef, LockKey, LockRequest,
+    Primitive, Waiting,
 };
-use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Error, Holding, LockKey, Released, Result,
-};
+use dlock_core::{Backoff, DistributedLock, Error, Holding, Released, Result};
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;

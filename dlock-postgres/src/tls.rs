@@ -15,7 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use dlock_core::tls::TlsFiles;
+use dlock_core::backend::tls::TlsFiles;
 use dlock_core::{Error, Result};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;

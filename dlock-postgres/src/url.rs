@@ -2,7 +2,7 @@
 //! `postgres://[user[:password]@]host[:port][,host[:port]…][/database][?parameters]` (also
 //! `postgresql://`), with the parameters listed in [the builder's module](crate::builder).
 
-use dlock_core::url::{ConnectUrl, FromUrl};
+use dlock_core::backend::url::{ConnectUrl, FromUrl};
 use dlock_core::Result;
 
 use crate::builder::{PgLockBuilder, DEFAULT_PORT, SCHEMES};
@@ -52,7 +52,7 @@ impl FromUrl for PgLockBuilder {
         builder.tls.files.ca = url.take_path("sslrootcert")?;
         builder.tls.files.cert = url.take_path("sslcert")?;
         builder.tls.files.key = url.take_path("sslkey")?;
-        let builder = dlock_core::apply_parameters!(url, builder, {
+        let builder = dlock_core::backend::apply_parameters!(url, builder, {
             "session_timeout" => take_duration => Self::with_session_timeout,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,

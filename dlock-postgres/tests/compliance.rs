@@ -61,14 +61,14 @@ impl Inspect for Stored {
 }
 
 /// What the registry of backends declares for PostgreSQL.
-fn declared() -> dlock_core::Capabilities {
+fn declared() -> dlock_core::backend::Capabilities {
     dlock_testkit::registry::capabilities_of("postgres").expect("postgres in the registry")
 }
 
 fn subject(
     shared: &PostgresServer,
     dedicated: &PostgresServer,
-    capabilities: dlock_core::Capabilities,
+    capabilities: dlock_core::backend::Capabilities,
 ) -> anyhow::Result<Subject> {
     let url = shared.url();
     let connect = {

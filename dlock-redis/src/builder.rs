@@ -76,7 +76,7 @@ pub struct RedisLockBuilder {
     pub(crate) cluster: Option<ClusterSettings>,
 }
 
-dlock_core::setters! {
+dlock_core::backend::setters! {
     RedisLockBuilder {
         /// Puts `prefix` before every lock name to form its key. Empty by default, so that a lock
         /// named `n` is the key `n` that other single-instance clients (redis-py's `Lock`,
@@ -148,7 +148,7 @@ impl RedisLockBuilder {
     /// Settings from a connection string with `?parameters` (`prefix`, `request_timeout`,
     /// `connect_timeout`, `fence_ttl`, `owner`, …), checked before anything is sent.
     pub fn from_url(url: &str) -> Result<Self> {
-        <Self as dlock_core::url::FromUrl>::from_url(url)
+        <Self as dlock_core::backend::url::FromUrl>::from_url(url)
     }
 
     /// Checks every setting, connects and returns the client.
@@ -178,7 +178,7 @@ impl RedisLockBuilder {
         check_timeout("replica_timeout", self.replica_timeout)?;
         let owner = Owner::labelled(self.owner)?;
         #[cfg(feature = "tls")]
-        dlock_core::tls::install_crypto_provider();
+        dlock_core::backend::tls::install_crypto_provider();
         if let Some(cluster) = self.cluster {
             if self.sentinel.is_some() {
                 return Err(dlock_core::Error::invalid(
@@ -237,7 +237,7 @@ impl RedisLockBuilder {
             acks: Acks::new(self.min_replicas, self.replica_timeout),
             cluster: None,
             owner,
-            clock: dlock_core::clock::ClockWatch::new(crate::error::BACKEND),
+            clock: dlock_core::backend::clock::ClockWatch::new(crate::error::BACKEND),
         }))
     }
 }

@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::clock::{ClockReading, ClockWatch};
 use dlock_core::backend::{
-    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest, Primitive,
-    Primitives,
+    Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
+    LockRequest, Primitive, Primitives,
 };
-use dlock_core::clock::{ClockReading, ClockWatch};
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Eviction, FencingToken, HeldLock, Holding, LockKey,
-    Owner, Released, Result,
+    Backoff, DistributedLock, Eviction, FencingToken, HeldLock, Holding, Owner, Released, Result,
 };
 use tokio::time::Instant;
 

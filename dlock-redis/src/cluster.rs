@@ -31,8 +31,8 @@ use std::fmt;
 use std::time::Duration;
 
 #[cfg(feature = "tls")]
-use dlock_core::tls::TlsFiles;
-use dlock_core::url::ConnectUrl;
+use dlock_core::backend::tls::TlsFiles;
+use dlock_core::backend::url::ConnectUrl;
 use dlock_core::{Error, Owner, Result};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -89,7 +89,7 @@ impl ConnectionLike for RedisConnection {
 }
 
 /// The client library's TLS settings from `files`, read and checked (see
-/// [`TlsFiles::load`](dlock_core::tls::TlsFiles::load)): errors name the setting and the path,
+/// [`TlsFiles::load`](dlock_core::backend::tls::TlsFiles::load)): errors name the setting and the path,
 /// never the contents. Without `ca`, nodes are verified against the system's roots.
 #[cfg(feature = "tls")]
 fn certificates(files: &TlsFiles) -> Result<redis::TlsCertificates> {
@@ -292,7 +292,7 @@ pub(crate) fn is_cluster_scheme(scheme: &str) -> bool {
 
 /// Refuses the TLS parameters on `redis+cluster://`, which does not take them.
 fn refuse_tls_files(url: &mut ConnectUrl) -> Result<()> {
-    for name in dlock_core::tls::TLS_PARAMETERS {
+    for name in dlock_core::backend::tls::TLS_PARAMETERS {
         if url.take(name).is_some() {
             return Err(url.invalid(format!("parameter `{name}` is only for rediss+cluster://")));
         }
@@ -326,7 +326,7 @@ pub(crate) fn from_connect_url(url: &mut ConnectUrl) -> Result<RedisLockBuilder>
     } else {
         refuse_tls_files(url)?;
     }
-    Ok(dlock_core::apply_parameters!(url, builder, {
+    Ok(dlock_core::backend::apply_parameters!(url, builder, {
         "prefix" => take_text => RedisLockBuilder::with_prefix,
         "request_timeout" => take_duration => RedisLockBuilder::with_request_timeout,
         "connect_timeout" => take_duration => RedisLockBuilder::with_connect_timeout,
@@ -411,7 +411,7 @@ pub(crate) async fn connect(
         acks,
         cluster: Some(ClusterInfo { redacted }),
         owner,
-        clock: dlock_core::clock::ClockWatch::new(crate::error::BACKEND),
+        clock: dlock_core::backend::clock::ClockWatch::new(crate::error::BACKEND),
     }))
 }
 

@@ -8,10 +8,10 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Waiting};
-use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Error, Holding, LockKey, Released, Result,
+use dlock_core::backend::{
+    Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Waiting,
 };
+use dlock_core::{Backoff, DistributedLock, Error, Holding, Released, Result};
 use tokio::time::Instant;
 
 use crate::client::RedisLock;

@@ -41,8 +41,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_core::tls::TlsFiles;
-use dlock_core::url::ConnectUrl;
+use dlock_core::backend::tls::TlsFiles;
+use dlock_core::backend::url::ConnectUrl;
 use dlock_core::{Error, Result};
 use futures::StreamExt;
 use redis::io::tcp::TcpSettings;
@@ -92,7 +92,7 @@ pub struct SentinelSettings {
     tls: Option<TlsFiles>,
 }
 
-dlock_core::setters! {
+dlock_core::backend::setters! {
     SentinelSettings {
         /// The ACL user for the primary (the data servers); none by default.
         with_username(user: impl Into<String>) => username = Some(user.into());

@@ -18,8 +18,8 @@
 
 use std::fmt;
 
-use dlock_core::tls::TlsFiles;
-use dlock_core::url::{percent_encode, ConnectUrl, FromUrl};
+use dlock_core::backend::tls::TlsFiles;
+use dlock_core::backend::url::{percent_encode, ConnectUrl, FromUrl};
 use dlock_core::{Error, Result};
 use redis::IntoConnectionInfo;
 use url::Url;
@@ -133,7 +133,7 @@ impl Endpoint {
     #[cfg(feature = "tls")]
     fn tls_client(&self, tls: &TlsFiles) -> Result<redis::Client> {
         // Clients of several servers (Redlock) build theirs here, not through the builder.
-        dlock_core::tls::install_crypto_provider();
+        dlock_core::backend::tls::install_crypto_provider();
         let certificates = certificates(tls)?;
         let info = self
             .info
@@ -260,7 +260,7 @@ impl FromUrl for RedisLockBuilder {
 impl RedisLockBuilder {
     /// The settings every Redis scheme takes, applied by name.
     fn apply_url_parameters(url: &mut ConnectUrl, builder: Self) -> Result<Self> {
-        Ok(dlock_core::apply_parameters!(url, builder, {
+        Ok(dlock_core::backend::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,
             "request_timeout" => take_duration => Self::with_request_timeout,
             "connect_timeout" => take_duration => Self::with_connect_timeout,
@@ -272,7 +272,7 @@ impl RedisLockBuilder {
     }
 }
 
-/// Reads `min_replicas`-like counts for [`dlock_core::apply_parameters!`].
+/// Reads `min_replicas`-like counts for [`dlock_core::backend::apply_parameters!`].
 pub(crate) trait TakeReplicas {
     fn take_replicas(&mut self, name: &str) -> Result<Option<u32>>;
 }

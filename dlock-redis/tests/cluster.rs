@@ -176,7 +176,7 @@ fn subject(shared: &RedisCluster, outage: &RedisCluster, main: Handle) -> Subjec
 }
 
 /// What the registry of backends declares for Redis; a cluster promises the same.
-fn declared() -> dlock_core::Capabilities {
+fn declared() -> dlock_core::backend::Capabilities {
     dlock_testkit::registry::capabilities_of("redis").expect("redis in the registry")
 }
 

@@ -136,7 +136,7 @@ fn via(url: String) -> impl Fn(Vec<SocketAddr>) -> support::ClientFuture + Send 
 }
 
 /// What the registry of backends declares for Redis; the suite checks it against behaviour.
-fn declared() -> dlock_core::Capabilities {
+fn declared() -> dlock_core::backend::Capabilities {
     dlock_testkit::registry::capabilities_of("redis").expect("redis in the registry")
 }
 

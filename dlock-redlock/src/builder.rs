@@ -71,7 +71,7 @@ pub struct RedlockBuilder {
     owner: Option<String>,
 }
 
-dlock_core::setters! {
+dlock_core::backend::setters! {
     RedlockBuilder {
         /// Puts `prefix` before every lock name to form its key on every master (empty by
         /// default).
@@ -126,7 +126,7 @@ impl RedlockBuilder {
     /// Settings from a connection string `redlock://host,host,…[/db]` with `?parameters` (see
     /// the table in `docs/urls.md`), checked before anything is sent.
     pub fn from_url(url: &str) -> Result<Self> {
-        <Self as dlock_core::url::FromUrl>::from_url(url)
+        <Self as dlock_core::backend::url::FromUrl>::from_url(url)
     }
 
     /// Settings for the masters at `urls` (each a `redis://`, `rediss://` or `redis+unix://` URL as

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::clock::ClockWatch;
 use dlock_core::backend::{
-    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest, Primitive,
-    Primitives,
+    Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
+    LockRequest, Primitive, Primitives,
 };
-use dlock_core::clock::ClockWatch;
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Drift, Error, Eviction, FencingToken, HeldLock,
-    Holding, LockKey, Owner, OwnerToken, Released, Result,
+    Backoff, DistributedLock, Drift, Error, Eviction, FencingToken, HeldLock, Holding, Owner,
+    OwnerToken, Released, Result,
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{

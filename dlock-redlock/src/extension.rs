@@ -26,7 +26,7 @@ pub(crate) struct Tally {
     /// Masters that answered at all.
     pub(crate) answered: usize,
     /// How far each extending master's clock was seen running ahead (zero for most; see
-    /// [`dlock_core::clock`]): its key goes that much before the lease's validity ends.
+    /// [`dlock_core::backend::clock`]): its key goes that much before the lease's validity ends.
     pub(crate) ahead: Vec<Duration>,
 }
 

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Waiting};
-use dlock_core::{
-    Backoff, Capabilities, DistributedLock, FencingToken, Holding, LockKey, Released, Result,
+use dlock_core::backend::{
+    Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Waiting,
 };
+use dlock_core::{Backoff, DistributedLock, FencingToken, Holding, Released, Result};
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
 };

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use dlock_core::clock::ClockWatch;
+use dlock_core::backend::clock::ClockWatch;
 use dlock_core::Error;
 use dlock_redis::protocol::scripts::Timed;
 use futures::stream::{FuturesUnordered, StreamExt};

@@ -6,7 +6,7 @@
 //! their own credentials or TLS settings are given one URL each to
 //! [`RedlockBuilder::from_urls`].
 
-use dlock_core::url::{ConnectUrl, FromUrl};
+use dlock_core::backend::url::{ConnectUrl, FromUrl};
 use dlock_core::Result;
 
 use crate::RedlockBuilder;
@@ -30,7 +30,7 @@ impl FromUrl for RedlockBuilder {
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
         let builder = RedlockBuilder::from_urls(url.per_host("redis")?);
-        let builder = dlock_core::apply_parameters!(url, builder, {
+        let builder = dlock_core::backend::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,
             "quorum" => take_count => Self::with_quorum,
             "request_timeout" => take_duration => Self::with_request_timeout,

@@ -97,7 +97,7 @@ fn connect_to(urls: Vec<String>) -> impl Fn() -> support::ClientFuture + Send + 
 }
 
 /// What the registry of backends declares for Redlock; the suite checks it against behaviour.
-fn capabilities() -> dlock_core::Capabilities {
+fn capabilities() -> dlock_core::backend::Capabilities {
     dlock_testkit::registry::capabilities_of("redlock").expect("redlock in the registry")
 }
 

@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
+use dlock_core::backend::Capabilities;
 use dlock_core::backend::{FencingGuarantee, Primitives};
-use dlock_core::Capabilities;
 use serde::{Serialize, Serializer};
 
 use crate::fixtures::{

@@ -27,7 +27,7 @@
 use std::fmt;
 
 use base64::Engine;
-use dlock_core::url::Credentials;
+use dlock_core::backend::url::Credentials;
 use zookeeper_client as zk;
 
 /// The ACL of every node dlock creates with the given credentials.

@@ -10,7 +10,7 @@ use dlock_core::{Error, Owner, Result};
 use crate::acl::NodeAcl;
 use crate::naming::Naming;
 use crate::url::{check_path, ConnectString};
-use dlock_core::tls::TlsFiles;
+use dlock_core::backend::tls::TlsFiles;
 
 use crate::tls::{Loaded, ZkTls};
 use crate::ZkLock;
@@ -91,7 +91,7 @@ impl fmt::Debug for ZkLockBuilder {
     }
 }
 
-dlock_core::setters! {
+dlock_core::backend::setters! {
     ZkLockBuilder {
         /// The session timeout to ask the server for (default 10 s).
         ///
@@ -163,7 +163,7 @@ impl ZkLockBuilder {
     /// A builder for the connection string `url` with `?parameters` (see the table in `docs/urls.md`),
     /// checked before anything is sent.
     pub fn from_url(url: &str) -> Result<Self> {
-        <Self as dlock_core::url::FromUrl>::from_url(url)
+        <Self as dlock_core::backend::url::FromUrl>::from_url(url)
     }
 
     /// A builder for the URL in the environment variable [`URL_ENV`] (`DLOCK_ZK_URL`).

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use dlock_core::backend::LockKey;
 use dlock_core::layer::Layer;
-use dlock_core::{DistributedLock, LockKey, Result};
+use dlock_core::{DistributedLock, Result};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

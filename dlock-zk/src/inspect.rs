@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
+use dlock_core::backend::LockKey;
 use dlock_core::{
-    Error, Eviction, FencingToken, HeldLock, Holder, Holding, LockKey, OwnerRecord, Result, Waiter,
+    Error, Eviction, FencingToken, HeldLock, Holder, Holding, OwnerRecord, Result, Waiter,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;

@@ -163,7 +163,7 @@
 //! # TLS and access control
 //!
 //! With the `tls` feature, [`ZkLockBuilder::with_tls`] reaches every server over TLS
-//! ([`TlsFiles`](dlock_core::tls::TlsFiles): the authority the servers are checked against, and a client certificate for
+//! ([`TlsFiles`](dlock_core::backend::tls::TlsFiles): the authority the servers are checked against, and a client certificate for
 //! servers that require one). With digest credentials, every node dlock creates carries
 //! `digest:USER:HASH` ALL and `world:anyone` READ: other identities can see a queue and who holds
 //! it, but cannot delete or overwrite a holder's node, nor queue for the key (ZooKeeper checks

@@ -17,10 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive};
+use dlock_core::backend::{
+    Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive,
+};
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, FencingToken, Holder, Holding, LockKey, OwnerRecord,
-    OwnerToken, Released, Result,
+    Backoff, DistributedLock, FencingToken, Holder, Holding, OwnerRecord, OwnerToken, Released,
+    Result,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;

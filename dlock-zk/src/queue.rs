@@ -7,11 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{
-    Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive, Primitives,
+    Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Primitives,
 };
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Eviction, FencingToken, HeldLock, Holding, LockKey,
-    Released, Result,
+    Backoff, DistributedLock, Eviction, FencingToken, HeldLock, Holding, Released, Result,
 };
 use tokio::time::Instant;
 

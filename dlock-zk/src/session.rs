@@ -193,7 +193,7 @@ async fn secure_connect(
     tls: &crate::tls::Loaded,
     hosts: &str,
 ) -> Result<zk::Client, zk::Error> {
-    dlock_core::tls::install_crypto_provider();
+    dlock_core::backend::tls::install_crypto_provider();
     connector
         .with_tls(tls.options.clone())
         .secure_connect(hosts)

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 #[cfg(feature = "tls")]
 use std::time::Duration;
 
-use dlock_core::tls::TlsFiles;
+use dlock_core::backend::tls::TlsFiles;
 use dlock_core::{Error, Result};
 
 use crate::url::Server;

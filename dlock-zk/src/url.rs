@@ -6,8 +6,8 @@
 
 use std::fmt;
 
-use dlock_core::tls::TlsFiles;
-use dlock_core::url::{ConnectUrl, Credentials, FromUrl};
+use dlock_core::backend::tls::TlsFiles;
+use dlock_core::backend::url::{ConnectUrl, Credentials, FromUrl};
 use dlock_core::{Error, Result};
 
 use crate::ZkLockBuilder;
@@ -312,7 +312,7 @@ impl FromUrl for ZkLockBuilder {
 
     fn from_connect_url(url: &mut ConnectUrl) -> Result<Self> {
         let builder = ZkLockBuilder::for_ensemble(ConnectString::from_url(url)?);
-        let builder = dlock_core::apply_parameters!(url, builder, {
+        let builder = dlock_core::backend::apply_parameters!(url, builder, {
             "prefix" => take_text => Self::with_prefix,
             "session_timeout" => take_duration => Self::with_session_timeout,
             "request_timeout" => take_duration => Self::with_request_timeout,

@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
-use dlock_core::{Capabilities, DistributedLock};
+use dlock_core::backend::Capabilities;
+use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
 use dlock_testkit::{trials, Freeze, FreezeProxy};
 use dlock_zk::{decode_key, ZkLockBuilder, DEFAULT_ROOT};

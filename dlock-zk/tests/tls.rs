@@ -23,8 +23,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
-use dlock_core::tls::TlsFiles;
-use dlock_core::{Capabilities, DistributedLock};
+use dlock_core::backend::tls::TlsFiles;
+use dlock_core::backend::Capabilities;
+use dlock_core::DistributedLock;
 use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions, ZkTlsFiles};
 use dlock_testkit::{trials, Freeze, FreezeProxy};

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::url::ConnectUrl;
+use dlock_core::backend::url::ConnectUrl;
 #[cfg_attr(
     not(any(
         feature = "redis",
@@ -19,7 +19,7 @@ use dlock_core::url::ConnectUrl;
     )),
     allow(dead_code, unused_imports)
 )]
-use dlock_core::url::FromUrl;
+use dlock_core::backend::url::FromUrl;
 use dlock_core::{DistributedLock, Drift, Error, InMemoryLock, LockOptions, Result};
 
 use crate::locks::{Layers, Locks};

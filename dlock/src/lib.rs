@@ -46,21 +46,23 @@ mod connect;
 mod locks;
 
 pub use connect::{connect, COMMON_PARAMETERS, MEMORY_PARAMETERS, SCHEMES};
-pub use dlock_core::url::parse_duration;
+pub use dlock_core::backend::url::parse_duration;
 pub use locks::{Locks, LocksBuilder};
 
 /// The core API, for what the root does not re-export.
 pub use dlock_core as core;
 
-pub use dlock_core::backend::{FencingGuarantee, Primitive, Primitives};
+pub use dlock_core::backend::{
+    url, Capabilities, FencingGuarantee, LockHandle, LockKey, Primitive, Primitives,
+};
 pub use dlock_core::layer::{Layer, Metered, Traced};
 pub use dlock_core::limits::{MAX_KEYS, MAX_PERMITS, MAX_VALUE_LEN, OBSERVE_INTERVAL};
 pub use dlock_core::{
-    url, Admin, AutoRenew, Backoff, Capabilities, CriticalSection, DistributedLock,
-    DistributedLockExt, Drift, Election, Error, Eviction, Expiring, Fence, FenceMode, Fenced,
-    FencingToken, HeldLock, Holder, Holding, InMemoryLock, Leader, Leadership, Lease, LeaseEnd,
-    LeaseState, LeaseWatch, LockHandle, LockKey, LockOptions, LostReason, MultiLease, OwnerRecord,
-    OwnerToken, Released, Result, RwLock, Semaphore, StaleToken, Waiter,
+    Admin, AutoRenew, Backoff, CriticalSection, DistributedLock, DistributedLockExt, Drift,
+    Election, Error, Eviction, Expiring, Fence, FenceMode, Fenced, FencingToken, HeldLock, Holder,
+    Holding, InMemoryLock, Leader, Leadership, Lease, LeaseEnd, LeaseState, LeaseWatch,
+    LockOptions, LostReason, MultiLease, OwnerRecord, OwnerToken, Released, Result, RwLock,
+    Semaphore, StaleToken, Waiter,
 };
 
 /// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).

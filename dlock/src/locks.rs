@@ -4,11 +4,12 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use dlock_core::backend::url::redact_password;
+use dlock_core::backend::LockHandle;
 use dlock_core::layer::{Metered, Traced};
-use dlock_core::url::redact_password;
 use dlock_core::{
     Admin, CriticalSection, DistributedLock, DistributedLockExt, Election, Holding, Lease,
-    LeaseWatch, LockHandle, LockOptions, MultiLease, Result, RwLock, Semaphore,
+    LeaseWatch, LockOptions, MultiLease, Result, RwLock, Semaphore,
 };
 
 /// A shared handle to the backend a URL names, with the per-acquire defaults the URL set.
@@ -23,7 +24,7 @@ use dlock_core::{
 /// [`LockOptions`] of your own.
 ///
 /// Beside the lock it serves the primitives of every backend that declares them
-/// ([`Capabilities::primitives`](dlock_core::Capabilities::primitives)):
+/// ([`Capabilities::primitives`](dlock_core::backend::Capabilities::primitives)):
 /// [`semaphore`](Self::semaphore), [`rw`](Self::rw), [`election`](Self::election) and
 /// [`acquire_all`](Self::acquire_all). A backend that does not serve one answers
 /// [`Error::Unsupported`](dlock_core::Error::Unsupported) naming the backend and the primitive,

@@ -1,8 +1,8 @@
 //! Expiry: TTLs free abandoned locks; extend prolongs a live lease and never revives a dead one.
 
 use anyhow::{bail, ensure};
-use dlock_core::backend::LeaseRef;
-use dlock_core::{DistributedLockExt, Error, LockKey};
+use dlock_core::backend::{LeaseRef, LockKey};
+use dlock_core::{DistributedLockExt, Error};
 use tokio::time::Instant;
 
 use super::Ctx;

@@ -1,4 +1,4 @@
-//! The fair queue ([`Capabilities::fair_queue`](dlock_core::Capabilities::fair_queue)): waiters
+//! The fair queue ([`Capabilities::fair_queue`](dlock_core::backend::Capabilities::fair_queue)): waiters
 //! are served in the order they asked, a releasing task that asks again queues behind them, a
 //! waiter that crashed while queued holds nobody up for longer than its session or lease, and
 //! many waiters on one key still exclude each other with increasing tokens.

@@ -3,7 +3,7 @@
 //! Each case is a plain async function over a [`Ctx`]: it makes independent clients through the
 //! [`Subject`], works in a fresh random key namespace, and fails with a message that says what
 //! was expected and what was observed. Backend differences are data (the subject's
-//! [`Capabilities`](dlock_core::Capabilities) and [`Timing`](crate::Timing)), never copies of a
+//! [`Capabilities`](dlock_core::backend::Capabilities) and [`Timing`](crate::Timing)), never copies of a
 //! case: a case that needs fencing or a server to stop is simply not generated where it cannot
 //! apply. [`trials`] turns the cases into named libtest-mimic trials, one per case, so they are
 //! counted and filterable like ordinary tests.
@@ -58,10 +58,10 @@ pub enum Needs {
     /// A backend that declares the election.
     Election,
     /// A backend that serves waiters in arrival order
-    /// ([`Capabilities::fair_queue`](dlock_core::Capabilities::fair_queue)).
+    /// ([`Capabilities::fair_queue`](dlock_core::backend::Capabilities::fair_queue)).
     FairQueue,
     /// A backend whose releases wake waiters
-    /// ([`Capabilities::notifies_waiters`](dlock_core::Capabilities::notifies_waiters)).
+    /// ([`Capabilities::notifies_waiters`](dlock_core::backend::Capabilities::notifies_waiters)).
     Notifications,
 }
 
@@ -225,7 +225,10 @@ pub fn trials(subject: &Subject) -> Vec<Trial> {
 /// The trials of a subject named `name` that declares `capabilities` and nothing more, for a
 /// run that opted out of Docker: it lists the names and reports them ignored, so the subject
 /// never connects.
-pub fn placeholder_trials(name: &str, capabilities: dlock_core::Capabilities) -> Vec<Trial> {
+pub fn placeholder_trials(
+    name: &str,
+    capabilities: dlock_core::backend::Capabilities,
+) -> Vec<Trial> {
     trials(&Subject::new(name, capabilities, || async {
         bail!("DLOCK_TEST_NO_DOCKER=1")
     }))

@@ -1,8 +1,8 @@
 //! Ownership: only the current owner may extend or release.
 
 use anyhow::{bail, ensure};
-use dlock_core::backend::{ExtendRequest, Extension, LeaseRef};
-use dlock_core::{DistributedLockExt, LockKey, OwnerToken, Released};
+use dlock_core::backend::{ExtendRequest, Extension, LeaseRef, LockKey};
+use dlock_core::{DistributedLockExt, OwnerToken, Released};
 
 use super::{release_held, Ctx};
 

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{
-    Attempt, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockRequest,
+    Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
+    LockRequest,
 };
 use dlock_core::layer::Layer;
 use dlock_core::{
-    Backoff, Capabilities, DistributedLock, Eviction, FencingToken, HeldLock, Holder as HolderView,
-    Holding, LockKey, Owner, OwnerRecord, OwnerToken, Released, Result,
+    Backoff, DistributedLock, Eviction, FencingToken, HeldLock, Holder as HolderView, Holding,
+    Owner, OwnerRecord, OwnerToken, Released, Result,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;

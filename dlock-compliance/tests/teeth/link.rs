@@ -10,8 +10,8 @@ use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Extension, LeaseRef, LockRequest};
-use dlock_core::{Capabilities, DistributedLock, Error, Released, Result};
+use dlock_core::backend::{Attempt, Capabilities, Extension, LeaseRef, LockRequest};
+use dlock_core::{DistributedLock, Error, Released, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;

@@ -38,7 +38,7 @@ use crate::token::OwnerToken;
 /// | `dlock_renewal_failures_total` | counter | `outcome` | renewals that got no answer, by the error's kind (the lease is uncertain, not lost) |
 /// | `dlock_leases_held` | gauge | | leases granted through this handle and not yet released or found lost |
 /// | `dlock_acquires_waiting` | gauge | | waiting acquires in flight |
-/// | `dlock_clock_jumps_total` | counter | `direction` | a server's clock seen running `ahead` of the client's or going `behind` it at a renewal (Redis and Redlock; see [`clock`](crate::clock)). Counted by the backend itself, with or without this layer |
+/// | `dlock_clock_jumps_total` | counter | `direction` | a server's clock seen running `ahead` of the client's or going `behind` it at a renewal (Redis and Redlock; see [`clock`](crate::backend::clock)). Counted by the backend itself, with or without this layer |
 ///
 /// A lease that a session-based backend (ZooKeeper, etcd) loses when its session ends is counted
 /// when its holder next renews or releases it, since only then does a call pass this layer.

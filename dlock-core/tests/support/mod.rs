@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, ExtendRequest, Extension, LeaseRef, LockRequest};
+use dlock_core::backend::{
+    Attempt, Capabilities, ExtendRequest, Extension, LeaseRef, LockKey, LockRequest,
+};
 use dlock_core::{
-    Capabilities, DistributedLock, DistributedLockExt, Error, InMemoryLock, LockKey, LockOptions,
-    Released, Result,
+    DistributedLock, DistributedLockExt, Error, InMemoryLock, LockOptions, Released, Result,
 };
 use tokio::time::Instant;
 

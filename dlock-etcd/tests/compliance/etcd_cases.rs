@@ -1004,7 +1004,10 @@ async fn a_peer_holder_has_no_record_and_can_be_evicted(env: Env) -> anyhow::Res
     );
     let opts = LockOptions::new(Duration::from_secs(30));
     ensure!(locks.try_acquire(&key, &opts).await?.is_none());
-    match locks.evict(&dlock_core::LockKey::new(&key)?, None).await? {
+    match locks
+        .evict(&dlock_core::backend::LockKey::new(&key)?, None)
+        .await?
+    {
         Eviction::Evicted(shown) if shown.owner.is_none() => {}
         other => bail!("evicting etcdctl's holder gave {other:?}"),
     }

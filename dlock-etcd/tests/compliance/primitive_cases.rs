@@ -50,7 +50,7 @@ async fn keys_under(
 fn family_name(locks: &EtcdLock, family: &str, key: &str) -> anyhow::Result<String> {
     Ok(locks
         .layout()
-        .family_name(family, &dlock_core::LockKey::new(key)?))
+        .family_name(family, &dlock_core::backend::LockKey::new(key)?))
 }
 
 /// `etcdctl` inside the member's container, ended with SIGTERM after `seconds` (on which

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bollard::exec::{CreateExecOptions, StartExecResults};
-use dlock_core::{DistributedLock, LockKey};
+use dlock_core::backend::LockKey;
+use dlock_core::DistributedLock;
 use dlock_etcd::EtcdLock;
 use dlock_testkit::{Freeze, FreezeProxy};
 use futures::StreamExt;

@@ -593,7 +593,7 @@ async fn ttl_from_before_the_session(url: &str) -> anyhow::Result<()> {
     blocker.batch_execute("COMMIT").await?;
     let lease = acquiring.await??;
     tokio::time::sleep_until(lease.valid_until() + Duration::from_millis(200)).await;
-    let lock_key = dlock_core::LockKey::new(lease.key())?;
+    let lock_key = dlock_core::backend::LockKey::new(lease.key())?;
     let late = dlock_core::backend::LeaseRef {
         key: &lock_key,
         owner: lease.owner(),

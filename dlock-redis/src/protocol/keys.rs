@@ -57,9 +57,9 @@
 
 use std::sync::OnceLock;
 
-use dlock_core::backend::check_len;
+use dlock_core::backend::{check_len, LockKey};
 use dlock_core::limits::MAX_KEY_LEN;
-use dlock_core::{LockKey, Result};
+use dlock_core::Result;
 
 /// Appended to a lock key (or to its wrapped form) to name its fencing counter.
 pub const FENCE_SUFFIX: &str = ":dlock:fence";

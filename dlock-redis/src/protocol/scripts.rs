@@ -83,8 +83,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use dlock_core::backend::clock::ClockReading;
 use dlock_core::backend::Extension;
-use dlock_core::clock::ClockReading;
 use dlock_core::{Eviction, FencingToken, Holder, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
@@ -341,7 +341,7 @@ return token
 /// Re-arms a lock's TTL, and its owner record's, if the owner still holds it. Returns
 /// `{code, seconds, microseconds}`: [`HELD_BY_CALLER`], [`NOT_HELD`] or [`HELD_BY_OTHER`], and
 /// the server's clock (`TIME`), which the client compares with its own at every renewal (see
-/// [`dlock_core::clock`]): the server expires the key by that clock.
+/// [`dlock_core::backend::clock`]): the server expires the key by that clock.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` owner record; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
 pub static EXTEND: LazyLock<LockScript> = LazyLock::new(|| {
@@ -876,7 +876,7 @@ where
 }
 
 /// A script's answer with the server's clock, read by the same script, and the client's time
-/// around the request: a [`ClockReading`] for the clock watch ([`dlock_core::clock`]).
+/// around the request: a [`ClockReading`] for the clock watch ([`dlock_core::backend::clock`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timed<T> {
     /// The script's answer.

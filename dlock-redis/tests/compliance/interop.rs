@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use dlock_core::backend::LockKey;
 use dlock_core::{
-    Admin, DistributedLockExt, Eviction, FencingToken, Holder, Holding, LockKey, LockOptions,
-    Released,
+    Admin, DistributedLockExt, Eviction, FencingToken, Holder, Holding, LockOptions, Released,
 };
 use dlock_redis::RedisLock;
 use dlock_testkit::case;

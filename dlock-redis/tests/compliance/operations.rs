@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use dlock_core::backend::LockKey;
 use dlock_core::{
     Admin, AutoRenew, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, FencingToken,
-    Holding, LockKey, LockOptions, OwnerRecord, Released,
+    Holding, LockOptions, OwnerRecord, Released,
 };
 use dlock_redis::{RedisLock, RedisLockBuilder};
 use dlock_testkit::case;

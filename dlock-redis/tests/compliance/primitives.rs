@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::backend::{LockRequest, Primitive};
+use dlock_core::backend::{LockKey, LockRequest, Primitive};
 use dlock_core::{
-    Backoff, DistributedLock, DistributedLockExt, Error, Holding, LockKey, LockOptions, OwnerToken,
+    Backoff, DistributedLock, DistributedLockExt, Error, Holding, LockOptions, OwnerToken,
 };
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;

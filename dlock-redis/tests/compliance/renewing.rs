@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::ensure;
-use dlock_core::backend::{ExtendRequest, Extension, LeaseRef};
-use dlock_core::{DistributedLock, DistributedLockExt, LockKey, LockOptions, OwnerToken};
+use dlock_core::backend::{ExtendRequest, Extension, LeaseRef, LockKey};
+use dlock_core::{DistributedLock, DistributedLockExt, LockOptions, OwnerToken};
 use dlock_redis::{RedisLock, EXTEND_BATCH};
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisServer;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
+use dlock_core::backend::LockKey;
 use dlock_core::{DistributedLockExt, FencingToken, LockOptions};
 use dlock_redis::protocol::keys::fence_key;
 use dlock_redis::RedisLock;
@@ -82,7 +83,7 @@ async fn a_primitives_keys_share_a_slot_carry_the_holder_and_vanish_but_the_coun
     url: String,
 ) -> anyhow::Result<()> {
     use dlock_core::backend::{LockRequest, Primitive};
-    use dlock_core::{DistributedLock, Holding, LockKey, OwnerToken};
+    use dlock_core::{DistributedLock, Holding, OwnerToken};
     use dlock_redis::protocol::keys::hash_slot;
     let locks: Arc<dyn DistributedLock> = Arc::new(
         RedisLock::builder(&url)

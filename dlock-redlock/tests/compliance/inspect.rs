@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use dlock_core::{DistributedLock, DistributedLockExt, Holder, Holding, LockKey, LockOptions};
+use dlock_core::backend::LockKey;
+use dlock_core::{DistributedLock, DistributedLockExt, Holder, Holding, LockOptions};
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
 use redis::aio::MultiplexedConnection;

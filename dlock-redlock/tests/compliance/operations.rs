@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use dlock_core::backend::LockKey;
 use dlock_core::{
     Admin, AutoRenew, DistributedLock, DistributedLockExt, Eviction, Fenced, FencingToken, Holding,
-    LockKey, LockOptions, OwnerRecord, Released,
+    LockOptions, OwnerRecord, Released,
 };
 use dlock_redis::protocol::keys::owner_key;
 use dlock_redlock::RedlockBuilder;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use dlock_core::backend::{Attempt, ExtendRequest, Extension, LeaseRef, LockRequest};
-use dlock_core::{DistributedLock, Error, LockKey, OwnerToken, Result};
+use dlock_core::backend::{Attempt, ExtendRequest, Extension, LeaseRef, LockKey, LockRequest};
+use dlock_core::{DistributedLock, Error, OwnerToken, Result};
 use dlock_redis::EXTEND_BATCH;
 use dlock_redlock::RedlockLock;
 use dlock_testkit::case;

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
+use dlock_core::backend::LockKey;
 use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, Error, Eviction, FencingToken, Holding, LockKey,
-    LockOptions,
+    Admin, DistributedLock, DistributedLockExt, Error, Eviction, FencingToken, Holding, LockOptions,
 };
 use dlock_redis::protocol::keys::owner_key;
 use dlock_testkit::case;

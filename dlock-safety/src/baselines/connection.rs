@@ -5,8 +5,10 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Extension, FencingGuarantee, LeaseRef, LockRequest};
-use dlock_core::{Capabilities, DistributedLock, Released, Result};
+use dlock_core::backend::{
+    Attempt, Capabilities, Extension, FencingGuarantee, LeaseRef, LockRequest,
+};
+use dlock_core::{DistributedLock, Released, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 /// Every request gives up after this, as `dlock-redis`'s default request timeout does.
@@ -58,7 +60,7 @@ impl Baseline {
     }
 
     /// The Redis key of the lock `key`.
-    pub(crate) fn key(&self, key: &dlock_core::LockKey) -> String {
+    pub(crate) fn key(&self, key: &dlock_core::backend::LockKey) -> String {
         format!("{}{key}", self.prefix)
     }
 }

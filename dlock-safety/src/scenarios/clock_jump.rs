@@ -1,8 +1,8 @@
 //! Scenario 9: a server's wall clock jumps ahead past the holder's lease (the Redis server; one
 //! of the Redlock holder's bare quorum of masters), so the server drops the key early.
 
-use dlock_core::backend::LeaseRef;
-use dlock_core::{LockKey, LockOptions};
+use dlock_core::backend::{LeaseRef, LockKey};
+use dlock_core::LockOptions;
 use dlock_testkit::clock_watch;
 
 use super::{take_over, Outcome};

@@ -1,8 +1,8 @@
 //! Scenario 11: a holder whose lease ran out extends and releases after the next holder took the
 //! lock; neither may touch the next holder's lock.
 
-use dlock_core::backend::{Extension, LeaseRef};
-use dlock_core::{DistributedLock, DistributedLockExt, LockKey, LockOptions};
+use dlock_core::backend::{Extension, LeaseRef, LockKey};
+use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
 
 use super::Outcome;
 use crate::run::Run;

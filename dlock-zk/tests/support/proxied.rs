@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Extension, Grant, LeaseRef, LockRequest, Primitive};
+use dlock_core::backend::{
+    Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive,
+};
 use dlock_core::layer::Layer;
-use dlock_core::{Backoff, Capabilities, DistributedLock, LockKey, Released, Result};
+use dlock_core::{Backoff, DistributedLock, Released, Result};
 use dlock_zk::ZkLock;
 use tokio::time::Instant;
 

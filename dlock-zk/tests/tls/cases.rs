@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::tls::TlsFiles;
+use dlock_core::backend::tls::TlsFiles;
 use dlock_core::{Admin, DistributedLockExt, Error, Holding, LockOptions};
 use dlock_testkit::case;
 use dlock_testkit::certs::TestCerts;

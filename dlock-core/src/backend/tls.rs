@@ -10,7 +10,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::url::ConnectUrl;
+use crate::backend::url::ConnectUrl;
 use crate::{Error, Result};
 
 /// The URL parameters [`TlsFiles::from_url`] takes.
@@ -58,7 +58,7 @@ impl TlsFiles {
     /// TLS whose server is verified against the authority (PEM certificates) in the file `ca`.
     ///
     /// ```
-    /// use dlock_core::tls::TlsFiles;
+    /// use dlock_core::backend::tls::TlsFiles;
     ///
     /// let tls = TlsFiles::new("/etc/dlock/ca.pem")
     ///     .with_client_cert("/etc/dlock/app.pem", "/etc/dlock/app-key.pem")

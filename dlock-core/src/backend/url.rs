@@ -26,7 +26,7 @@ use crate::{Error, Result};
 ///
 /// ```
 /// use std::time::Duration;
-/// use dlock_core::url::ConnectUrl;
+/// use dlock_core::backend::url::ConnectUrl;
 ///
 /// let mut url = ConnectUrl::parse("etcd+https://app:s%40cret@h1:2379,h2:2379/ns?request_timeout=2s")?;
 /// assert_eq!(url.scheme(), "etcd+https");
@@ -335,16 +335,17 @@ pub trait FromUrl: Sized {
 /// returns early with the first bad value's error.
 ///
 /// ```text
-/// let builder = dlock_core::apply_parameters!(url, RedisLockBuilder::new(address), {
+/// let builder = dlock_core::backend::apply_parameters!(url, RedisLockBuilder::new(address), {
 ///     "prefix" => take_text => Self::with_prefix,
 ///     "request_timeout" => take_duration => Self::with_request_timeout,
 /// });
 /// ```
+#[doc(hidden)]
 #[macro_export]
 macro_rules! apply_parameters {
     ($url:expr, $builder:expr, { $($name:literal => $read:ident => $set:path),* $(,)? }) => {{
         let builder = $builder;
-        $( let builder = $url.apply(builder, $name, $crate::url::ConnectUrl::$read, $set)?; )*
+        $( let builder = $url.apply(builder, $name, $crate::backend::url::ConnectUrl::$read, $set)?; )*
         builder
     }};
 }
@@ -364,7 +365,7 @@ pub const RENAMED: &[(&str, &str)] = &[
 ///
 /// ```
 /// use std::time::Duration;
-/// use dlock_core::url::parse_duration;
+/// use dlock_core::backend::url::parse_duration;
 ///
 /// assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
 /// assert!(parse_duration("10").is_err());
@@ -406,7 +407,7 @@ impl<'a> Parts<'a> {
     /// Cuts `url` into its parts.
     ///
     /// ```
-    /// use dlock_core::url::Parts;
+    /// use dlock_core::backend::url::Parts;
     ///
     /// let parts = Parts::split("etcd://u:p@h1:2379,h2:2379/ns/?session_ttl=5s");
     /// assert_eq!(parts.scheme, Some("etcd"));
@@ -462,7 +463,7 @@ impl Credentials {
     /// Fails with what is wrong, to be put in the caller's error (it never quotes the password).
     ///
     /// ```
-    /// use dlock_core::url::Credentials;
+    /// use dlock_core::backend::url::Credentials;
     ///
     /// let c = Credentials::decode("app:s%40cret").unwrap();
     /// assert_eq!((c.user.as_str(), c.password.as_deref()), ("app", Some("s@cret")));
@@ -515,7 +516,7 @@ impl std::fmt::Debug for Credentials {
 /// the decoded bytes are not UTF-8. A `+` stays a `+` (this is not form encoding).
 ///
 /// ```
-/// use dlock_core::url::percent_decode;
+/// use dlock_core::backend::url::percent_decode;
 ///
 /// assert_eq!(percent_decode("s%40cret").as_deref(), Some("s@cret"));
 /// assert_eq!(percent_decode("%zz"), None);
@@ -540,7 +541,7 @@ pub fn percent_decode(s: &str) -> Option<String> {
 /// control characters) and every byte outside ASCII, so that [`percent_decode`] gives `s` back.
 ///
 /// ```
-/// use dlock_core::url::{percent_decode, percent_encode};
+/// use dlock_core::backend::url::{percent_decode, percent_encode};
 ///
 /// let path = "/etc/certs/a&b #1.pem";
 /// assert_eq!(percent_decode(&percent_encode(path)).as_deref(), Some(path));
@@ -566,7 +567,7 @@ pub fn percent_encode(s: &str) -> String {
 /// unchanged; one without `://` is treated as starting with its credentials.
 ///
 /// ```
-/// use dlock_core::url::redact_password;
+/// use dlock_core::backend::url::redact_password;
 ///
 /// assert_eq!(redact_password("redis://app:hunter2@h:6379/1"), "redis://app:***@h:6379/1");
 /// assert_eq!(redact_password("zk://h1:2181,h2:2181/app"), "zk://h1:2181,h2:2181/app");
