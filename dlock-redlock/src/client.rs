@@ -1,6 +1,7 @@
 //! The Redlock backend: dlock's implementor contract on N independent Redis masters.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ use dlock_redis::protocol::scripts::{
     self, AcquireCall, AcquireReply, FenceRaise, Peek, Publish, Queueing, ReleaseCall, Timed,
 };
 use dlock_redis::EXTEND_BATCH;
+use redis::aio::MultiplexedConnection;
+use redis::RedisResult;
 use tokio::time::Instant;
 
 use crate::builder::{RedlockBuilder, MAX_DERIVED_NODE_TIMEOUT, MIN_DERIVED_NODE_TIMEOUT};
@@ -307,15 +310,20 @@ impl RedlockLock {
         .await;
     }
 
-    /// The write-back: raises the counters of the granted masters whose token is below `token`.
-    /// Returns how many counting masters now hold the lock with a counter of at least `token`.
-    async fn raise_fences(
+    /// The fencing write-back of a grant, the lock's or a primitive's place: `raise` (its
+    /// script) raises the counters of the granted masters whose token is below `token`. Returns
+    /// how many counting masters now hold the grant with a counter of at least `token`.
+    pub(crate) async fn raise_fences<F, Fut>(
         &self,
-        names: &Names,
         token: FencingToken,
         grants: &[(usize, bool, FencingToken)],
         timeout: Duration,
-    ) -> (usize, Vec<Reply<FenceRaise>>) {
+        raise: F,
+    ) -> (usize, Vec<Reply<FenceRaise>>)
+    where
+        F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = RedisResult<FenceRaise>> + Send + 'static,
+    {
         let quorum = self.inner.settings.quorum;
         let at_max = grants
             .iter()
@@ -329,20 +337,12 @@ impl RedlockLock {
         if at_max >= quorum || behind.is_empty() {
             return (at_max, Vec::new());
         }
-        let names = names.clone();
-        let fence_ttl = self.inner.settings.fence_ttl;
-        let call = move |mut con| {
-            let n = names.clone();
-            async move {
-                scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl).await
-            }
-        };
         let replies = gather(
             &self.inner.nodes,
             behind,
             "raise_fence",
             timeout,
-            call,
+            raise,
             |p: Progress<'_, FenceRaise>| {
                 let raised = counted(p.replies, |r| *r == FenceRaise::Raised);
                 at_max + raised >= quorum || at_max + raised + p.pending < quorum
@@ -460,7 +460,15 @@ impl RedlockLock {
             .max()
             .unwrap_or(FencingToken(0));
         if settings.fencing {
-            let (confirmed, raised) = self.raise_fences(names, token, &grants, timeout).await;
+            let named = names.clone();
+            let raise = move |mut con| {
+                let n = named.clone();
+                async move {
+                    scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl)
+                        .await
+                }
+            };
+            let (confirmed, raised) = self.raise_fences(token, &grants, timeout, raise).await;
             if confirmed < quorum {
                 let failure = QuorumFailure {
                     reached: confirmed,

@@ -26,7 +26,7 @@ use dlock_core::{Backoff, DistributedLock, FencingToken, Holding, Released, Resu
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
 };
-use dlock_redis::protocol::scripts::{FenceRaise, Timed};
+use dlock_redis::protocol::scripts::Timed;
 use tokio::time::Instant;
 
 use crate::client::{answered, counted, grants_of, too_late, RedlockLock, BACKEND};
@@ -172,9 +172,12 @@ impl RedlockView {
             .max()
             .unwrap_or(FencingToken(0));
         if settings.fencing {
-            let (confirmed, raised) = self
-                .raise_fences(&keys, &owner, token, &grants, timeout)
-                .await;
+            let (place, holder) = (keys.clone(), owner.clone());
+            let raise = move |mut con| {
+                let (keys, owner) = (place.clone(), holder.clone());
+                async move { primitives::raise_fence(&mut con, &keys, &owner, token, fence_ttl).await }
+            };
+            let (confirmed, raised) = self.lock.raise_fences(token, &grants, timeout, raise).await;
             if confirmed < quorum {
                 let failure = QuorumFailure {
                     reached: confirmed,
@@ -188,51 +191,6 @@ impl RedlockView {
             return Err(self.abandon(&keys, &owner, intent, &replies, late).await);
         }
         Ok(Attempt::Acquired(Grant::new(token, sent)))
-    }
-
-    /// The lock's write-back for a place: raises the counters of the granted masters behind
-    /// `token`; returns how many counting masters now hold the place with at least `token`.
-    async fn raise_fences(
-        &self,
-        keys: &Arc<PrimitiveKeys>,
-        owner: &Arc<str>,
-        token: FencingToken,
-        grants: &[(usize, bool, FencingToken)],
-        timeout: Duration,
-    ) -> (usize, Vec<Reply<FenceRaise>>) {
-        let quorum = self.lock.inner.settings.quorum;
-        let at_max = grants
-            .iter()
-            .filter(|(_, counts, t)| *counts && *t == token)
-            .count();
-        let behind: Vec<usize> = grants
-            .iter()
-            .filter(|(_, _, t)| *t < token)
-            .map(|(i, _, _)| *i)
-            .collect();
-        if at_max >= quorum || behind.is_empty() {
-            return (at_max, Vec::new());
-        }
-        let fence_ttl = self.lock.inner.settings.fence_ttl;
-        let (keys, owner) = (keys.clone(), owner.clone());
-        let call = move |mut con| {
-            let (keys, owner) = (keys.clone(), owner.clone());
-            async move { primitives::raise_fence(&mut con, &keys, &owner, token, fence_ttl).await }
-        };
-        let replies = gather(
-            &self.lock.inner.nodes,
-            behind,
-            "raise_fence",
-            timeout,
-            call,
-            |p: Progress<'_, FenceRaise>| {
-                let raised = counted(p.replies, |r| *r == FenceRaise::Raised);
-                at_max + raised >= quorum || at_max + raised + p.pending < quorum
-            },
-        )
-        .await;
-        let raised = counted(&replies, |r| *r == FenceRaise::Raised);
-        (at_max + raised, replies)
     }
 }
 
