@@ -58,7 +58,9 @@ pub enum FencingGuarantee {
     Monotonic,
 }
 
-/// What a backend declares about itself; the compliance suite checks the declaration.
+/// What a backend declares about itself; the compliance suite checks the declaration. Each
+/// backend states its own as a constant (`RedisLock::CAPABILITIES`, …), built with these `const`
+/// methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -77,7 +79,7 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// A declaration with the given fencing guarantee, no wake-ups and per-key TTLs.
-    pub fn new(fencing: FencingGuarantee) -> Self {
+    pub const fn new(fencing: FencingGuarantee) -> Self {
         Capabilities {
             fencing,
             notifies_waiters: false,
@@ -90,7 +92,7 @@ impl Capabilities {
     /// What a queue of contenders in a consensus store declares (ZooKeeper, etcd): tokens that
     /// only grow, waiters woken by watches and served in arrival order, and leases that live in
     /// the client's session.
-    pub fn session_queue() -> Self {
+    pub const fn session_queue() -> Self {
         Capabilities::new(FencingGuarantee::Monotonic)
             .with_notifications()
             .with_sessions()
@@ -98,25 +100,25 @@ impl Capabilities {
     }
 
     /// Declares that releases wake waiters.
-    pub fn with_notifications(mut self) -> Self {
+    pub const fn with_notifications(mut self) -> Self {
         self.notifies_waiters = true;
         self
     }
 
     /// Declares that leases live in a client session.
-    pub fn with_sessions(mut self) -> Self {
+    pub const fn with_sessions(mut self) -> Self {
         self.session_based = true;
         self
     }
 
     /// Declares that waiters are served in arrival order.
-    pub fn with_fair_queue(mut self) -> Self {
+    pub const fn with_fair_queue(mut self) -> Self {
         self.fair_queue = true;
         self
     }
 
     /// Declares the primitives served besides the lock.
-    pub fn with_primitives(mut self, primitives: Primitives) -> Self {
+    pub const fn with_primitives(mut self, primitives: Primitives) -> Self {
         self.primitives = primitives;
         self
     }

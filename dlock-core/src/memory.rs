@@ -209,6 +209,10 @@ impl Holder {
 }
 
 impl InMemoryLock {
+    /// What the in-process lock declares about itself ([`DistributedLock::capabilities`]):
+    /// tokens that only grow, releases that wake waiters in arrival order, every primitive.
+    pub const CAPABILITIES: Capabilities = PRIMITIVES_DECLARE.with_fair_queue();
+
     /// An empty lock table.
     pub fn new() -> Self {
         InMemoryLock::default()
@@ -238,15 +242,13 @@ impl InMemoryLock {
         // Every mutation below leaves the table consistent before anything can panic.
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
-
-    /// What the lock declares; the primitives declare the same but the fair queue, which only
-    /// the lock has.
-    fn declared() -> Capabilities {
-        Capabilities::new(FencingGuarantee::Monotonic)
-            .with_notifications()
-            .with_primitives(Primitives::ALL)
-    }
 }
+
+/// What the primitives declare: the lock's declaration but the fair queue, which only the lock
+/// has.
+const PRIMITIVES_DECLARE: Capabilities = Capabilities::new(FencingGuarantee::Monotonic)
+    .with_notifications()
+    .with_primitives(Primitives::ALL);
 
 impl Table {
     fn sweep_now_and_then(&mut self, now: Instant) {
@@ -412,7 +414,7 @@ impl DistributedLock for InMemoryLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        InMemoryLock::declared().with_fair_queue()
+        InMemoryLock::CAPABILITIES
     }
 
     fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
@@ -421,7 +423,7 @@ impl DistributedLock for InMemoryLock {
             groups: self.groups.clone(),
             owner: self.owner.clone(),
             primitive: primitive.clone(),
-            capabilities: InMemoryLock::declared(),
+            capabilities: PRIMITIVES_DECLARE,
         }))
     }
 

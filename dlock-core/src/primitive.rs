@@ -141,8 +141,14 @@ impl Primitives {
     }
 
     /// Without the semaphore.
-    pub fn without_semaphore(mut self) -> Self {
+    pub const fn without_semaphore(mut self) -> Self {
         self.semaphore = false;
+        self
+    }
+
+    /// Without the election.
+    pub const fn without_election(mut self) -> Self {
+        self.election = false;
         self
     }
 }

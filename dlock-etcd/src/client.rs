@@ -243,6 +243,12 @@ fn explain_closed(error: Error, settings: &Settings) -> Error {
 }
 
 impl EtcdLock {
+    /// What an etcd client declares about itself ([`DistributedLock::capabilities`]): tokens
+    /// (creation revisions) that only grow, waiters woken by watches in arrival order, leases in
+    /// the client's session, every primitive.
+    pub const CAPABILITIES: Capabilities =
+        Capabilities::session_queue().with_primitives(Primitives::ALL);
+
     /// A builder for the endpoints, namespace, session TTL, timeouts and credentials.
     pub fn builder() -> EtcdLockBuilder {
         EtcdLockBuilder::new()
@@ -640,7 +646,7 @@ impl DistributedLock for ClientState {
     /// Fencing tokens are create revisions of a consensus store: they only grow. Waiters are
     /// woken by watches; leases follow the client's session lease.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::session_queue().with_primitives(Primitives::ALL)
+        EtcdLock::CAPABILITIES
     }
 
     /// # Cancel safety

@@ -119,7 +119,7 @@ impl Inspect for Stored {
 }
 
 fn declared() -> dlock_core::backend::Capabilities {
-    dlock_testkit::registry::capabilities_of("etcd").expect("etcd in the registry")
+    dlock_etcd::EtcdLock::CAPABILITIES
 }
 
 fn subject(shared: &Env, dedicated: &EtcdTlsServer) -> anyhow::Result<Subject> {

@@ -114,6 +114,17 @@ impl fmt::Debug for Inner {
 }
 
 impl PgLock {
+    /// What a PostgreSQL client declares about itself ([`DistributedLock::capabilities`]): tokens
+    /// from a sequence, ordered while the server keeps its data; releases that wake waiters, the
+    /// lock's in arrival order from a queue table; locks that live in the client's session; the
+    /// semaphore and the read-write lock, no election.
+    pub const CAPABILITIES: Capabilities =
+        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+            .with_notifications()
+            .with_sessions()
+            .with_fair_queue()
+            .with_primitives(primitives());
+
     /// Connects with a connection string (see [`PgLockBuilder`] for its form and parameters).
     pub async fn connect(url: &str) -> Result<PgLock> {
         PgLockBuilder::from_url(url)?.connect().await
@@ -245,11 +256,8 @@ fn grant_answer(rows: &[tokio_postgres::Row]) -> Result<(Option<i64>, Place)> {
 }
 
 /// The primitives this backend serves besides the lock.
-pub(crate) fn primitives() -> Primitives {
-    let mut primitives = Primitives::NONE;
-    primitives.semaphore = true;
-    primitives.read_write = true;
-    primitives
+pub(crate) const fn primitives() -> Primitives {
+    Primitives::ALL.without_election()
 }
 
 impl Inner {
@@ -755,11 +763,7 @@ impl DistributedLock for Inner {
     /// failover to a replica that missed the last writes can repeat them); a release announces
     /// itself to the next waiter in line; locks live in the client's session.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-            .with_notifications()
-            .with_sessions()
-            .with_fair_queue()
-            .with_primitives(primitives())
+        PgLock::CAPABILITIES
     }
 
     /// One statement: the advisory lock if free and nobody waits for it, and then a token and

@@ -65,6 +65,15 @@ pub(crate) struct Inner {
 }
 
 impl RedisLock {
+    /// What a Redis client declares about itself ([`DistributedLock::capabilities`]): tokens
+    /// ordered while the server keeps its data, releases that wake waiters in arrival order from
+    /// a queue on the server, every primitive.
+    pub const CAPABILITIES: Capabilities =
+        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+            .with_notifications()
+            .with_fair_queue()
+            .with_primitives(Primitives::ALL);
+
     /// Connects to the server at `url` with the default settings (see [`RedisLockBuilder`]).
     ///
     /// # Cancel safety
@@ -307,10 +316,7 @@ impl DistributedLock for RedisLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-            .with_notifications()
-            .with_fair_queue()
-            .with_primitives(Primitives::ALL)
+        Self::CAPABILITIES
     }
 
     /// A semaphore, read-write lock or election on this client's connection; see

@@ -175,9 +175,9 @@ fn subject(shared: &RedisCluster, outage: &RedisCluster, main: Handle) -> Subjec
         .with_outage(Outage::new(control, connect_to(outage.seeds())))
 }
 
-/// What the registry of backends declares for Redis; a cluster promises the same.
+/// What the backend declares for Redis; a cluster promises the same.
 fn declared() -> dlock_core::backend::Capabilities {
-    dlock_testkit::registry::capabilities_of("redis").expect("redis in the registry")
+    dlock_redis::RedisLock::CAPABILITIES
 }
 
 /// The same trial names, for a run that opted out of Docker.

@@ -89,8 +89,7 @@ const ONE_AT_A_TIME: &[(&str, trials::Case<Cx>)] = &[
 
 fn main() {
     let args = Arguments::from_args();
-    let capabilities =
-        dlock_testkit::registry::capabilities_of("redis").expect("redis in the registry");
+    let capabilities = dlock_redis::RedisLock::CAPABILITIES;
     if docker_opt_out() {
         let mut all = suite::placeholder_trials("redis-sentinel", capabilities);
         all.extend(trials::placeholders(trials::names(

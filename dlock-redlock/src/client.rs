@@ -178,6 +178,16 @@ pub(crate) struct Inner {
 }
 
 impl RedlockLock {
+    /// What a Redlock client declares about itself with fencing on, as it is by default
+    /// ([`DistributedLock::capabilities`]): tokens ordered while the masters keep their data,
+    /// waiters served in arrival order and woken by the masters' releases, the read-write lock and
+    /// the election but no semaphore (not sound by majority quorum).
+    pub const CAPABILITIES: Capabilities =
+        Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
+            .with_notifications()
+            .with_fair_queue()
+            .with_primitives(Primitives::ALL.without_semaphore());
+
     /// Connects to the masters at `urls` with the default settings (see [`RedlockBuilder`]).
     ///
     /// # Cancel safety
@@ -741,15 +751,13 @@ impl DistributedLock for RedlockLock {
     /// the crate's README, "Redlock: waiting in a fair queue"). The read-write lock and the election
     /// are served; the semaphore is not (see [the crate docs](crate#primitives)). The views of
     /// the primitives declare neither the fair queue nor notifications: their waiters poll.
+    /// [`RedlockLock::CAPABILITIES`], with no fencing guarantee when fencing is switched off.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(if self.inner.settings.fencing {
-            FencingGuarantee::MonotonicWhileDataSurvives
-        } else {
-            FencingGuarantee::None
-        })
-        .with_notifications()
-        .with_fair_queue()
-        .with_primitives(Primitives::ALL.without_semaphore())
+        let mut capabilities = Self::CAPABILITIES;
+        if !self.inner.settings.fencing {
+            capabilities.fencing = FencingGuarantee::None;
+        }
+        capabilities
     }
 
     fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {

@@ -96,9 +96,9 @@ fn connect_to(urls: Vec<String>) -> impl Fn() -> support::ClientFuture + Send + 
     }
 }
 
-/// What the registry of backends declares for Redlock; the suite checks it against behaviour.
+/// What the backend declares for Redlock; the suite checks it against behaviour.
 fn capabilities() -> dlock_core::backend::Capabilities {
-    dlock_testkit::registry::capabilities_of("redlock").expect("redlock in the registry")
+    dlock_redlock::RedlockLock::CAPABILITIES
 }
 
 fn subject(shared: &RedisMasters, outage: &RedisMasters, main: Handle) -> Subject {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::Primitives;
+use dlock_core::backend::{Capabilities, Primitives};
 use dlock_testkit::fixtures::{
     FixtureError, PostgresServer, RedisMasters, RedisOptions, RedisReplicated, RedisServer,
 };
@@ -195,13 +195,32 @@ fn selected_cells(backend: &Backend, plan: Plan, filter: &Filter) -> Vec<(Scenar
         .collect()
 }
 
+/// What the registry's entry `backend` declares about itself, taken from its backend crate (a
+/// variant's from its base's): `None` for a baseline, which is no dlock backend.
+pub fn declared(backend: &Backend) -> Option<Capabilities> {
+    let name = match backend.role {
+        Role::Backend => backend.name,
+        Role::Variant(of) => of,
+        Role::Baseline => return None,
+    };
+    match name {
+        "memory" => Some(dlock::InMemoryLock::CAPABILITIES),
+        "redis" => Some(dlock::redis::RedisLock::CAPABILITIES),
+        "zk" => Some(dlock::zk::ZkLock::CAPABILITIES),
+        "etcd" => Some(dlock::etcd::EtcdLock::CAPABILITIES),
+        "postgres" => Some(dlock::postgres::PgLock::CAPABILITIES),
+        "redlock" => Some(dlock::redlock::RedlockLock::CAPABILITIES),
+        _ => None,
+    }
+}
+
 /// What `backend` declares it serves besides the lock: `None` for a baseline; what its client
-/// answers in `capabilities().primitives` once the servers run, else its registry entry.
+/// answers in `capabilities().primitives` once the servers run, else its [declaration](declared).
 async fn served(
     backend: &Backend,
     started: Option<&Started>,
 ) -> Result<Option<Primitives>, String> {
-    let Some(declared) = backend.capabilities else {
+    let Some(declared) = declared(backend) else {
         return Ok(None);
     };
     match started {
@@ -209,7 +228,7 @@ async fn served(
             Ok(client) => Ok(Some(client.capabilities().primitives)),
             Err(e) => Err(format!("no client to ask for its primitives: {e:#}")),
         },
-        None => Ok(Some(declared().primitives)),
+        None => Ok(Some(declared.primitives)),
     }
 }
 
@@ -461,4 +480,43 @@ fn progress(n: usize, total: usize, cell: &Cell) {
         cell.elapsed_ms as f64 / 1e3,
         cell.note
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use dlock_core::backend::FencingGuarantee;
+    use dlock_testkit::registry::BACKENDS;
+    use Class::CaughtByFencing;
+
+    use super::*;
+
+    /// Every dlock backend of the registry has its crate's declaration, a variant its base's, a
+    /// baseline none.
+    #[test]
+    fn every_backend_entry_has_its_crates_declaration() {
+        for b in BACKENDS {
+            match b.role {
+                Role::Backend | Role::Variant(_) => {
+                    assert!(declared(b).is_some(), "{}", b.name)
+                }
+                Role::Baseline => assert!(declared(b).is_none(), "{}", b.name),
+            }
+        }
+    }
+
+    /// Fencing can only catch what a backend's tokens order: no `CaughtByFencing` line without a
+    /// fencing guarantee.
+    #[test]
+    fn only_fencing_backends_expect_fencing_to_catch() {
+        for b in BACKENDS {
+            let fences = declared(b).is_some_and(|c| c.fencing != FencingGuarantee::None);
+            if !fences {
+                assert!(
+                    b.safety.iter().all(|(class, _)| *class != CaughtByFencing),
+                    "{}",
+                    b.name
+                );
+            }
+        }
+    }
 }

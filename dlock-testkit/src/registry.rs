@@ -12,8 +12,6 @@
 
 use std::time::Duration;
 
-use dlock_core::backend::Capabilities;
-use dlock_core::backend::{FencingGuarantee, Primitives};
 use serde::{Serialize, Serializer};
 
 use crate::fixtures::{
@@ -286,10 +284,6 @@ pub struct Backend {
     pub scheme: &'static str,
     /// The deployment it runs on.
     pub fixture: Fixture,
-    /// What the backend declares about itself (its `DistributedLock::capabilities`); `None` for
-    /// the baselines, which are no dlock backend. A function because `Capabilities` is
-    /// `#[non_exhaustive]`, so it has no constant literal outside `dlock-core`.
-    pub capabilities: Option<fn() -> Capabilities>,
     /// Per scenario, in [`Scenario::ALL`] order: the class it expects and the documented
     /// guarantee the expectation rests on. A cell whose observation differs fails the safety
     /// report; change a line only when the guarantee changes, and say why in the reason.
@@ -349,12 +343,6 @@ pub fn backend(name: &str) -> Option<&'static Backend> {
     BACKENDS.iter().find(|b| b.name == name)
 }
 
-/// What the entry named `name` declares about itself (see [`Backend::capabilities`]): what a
-/// backend's compliance run checks its behaviour and its own declaration against.
-pub fn capabilities_of(name: &str) -> Option<Capabilities> {
-    backend(name)?.capabilities.map(|declared| declared())
-}
-
 /// The dlock backend crates, in table order (the entries with [`Role::Backend`]).
 pub fn dlock_backends() -> impl Iterator<Item = &'static Backend> {
     BACKENDS.iter().filter(|b| b.role == Role::Backend)
@@ -376,12 +364,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "memory",
         fixture: Fixture::InProcess,
-        capabilities: Some(|| {
-            Capabilities::new(FencingGuarantee::Monotonic)
-                .with_notifications()
-                .with_primitives(Primitives::ALL)
-                .with_fair_queue()
-        }),
         safety: &[
             (Safe, "one table behind a mutex"),
             (CaughtByFencing, "the lease expires in-process; the token counter only grows"),
@@ -403,12 +385,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "redis",
         fixture: Fixture::RedisServer,
-        capabilities: Some(|| {
-            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-                .with_notifications()
-                .with_fair_queue()
-                .with_primitives(Primitives::ALL)
-        }),
         safety: &[
             (Safe, "SET NX PX and the counter INCR run in one script"),
             (CaughtByFencing, "the key expires after the TTL; the counter gives the next holder a larger token"),
@@ -430,12 +406,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Variant("redis"),
         scheme: "redis",
         fixture: Fixture::RedisServer,
-        capabilities: Some(|| {
-            Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-                .with_notifications()
-                .with_fair_queue()
-                .with_primitives(Primitives::ALL)
-        }),
         safety: &[
             (NotApplicable, SAME_AS_REDIS),
             (NotApplicable, SAME_AS_REDIS),
@@ -457,7 +427,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "zk",
         fixture: Fixture::ZkEnsemble,
-        capabilities: Some(session_backend),
         safety: &[
             (Safe, "the lowest sequence node holds the lock"),
             (CaughtByFencing, "the session expires while paused; czxids only grow"),
@@ -479,7 +448,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "etcd",
         fixture: Fixture::EtcdCluster,
-        capabilities: Some(session_backend),
         safety: &[
             (Safe, "the oldest contender key holds the lock"),
             (CaughtByFencing, "the session lease expires while paused; revisions only grow"),
@@ -501,7 +469,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "postgres",
         fixture: Fixture::PostgresServer,
-        capabilities: Some(postgres),
         safety: &[
             (Safe, "one session holds a key's advisory lock; the granting statement takes the token"),
             (CaughtByFencing, "the server ends the paused holder's idle session, freeing its locks; nextval only grows"),
@@ -524,7 +491,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Backend,
         scheme: "redlock",
         fixture: Fixture::RedisMasters,
-        capabilities: Some(redlock),
         safety: &[
             (Safe, "a quorum of SET NX PX grants within the validity"),
             (CaughtByFencing, "keys expire after the TTL; the intersecting master gives the next holder a larger token"),
@@ -546,7 +512,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Variant("redlock"),
         scheme: "redlock",
         fixture: Fixture::RedisMasters,
-        capabilities: Some(redlock),
         safety: &[
             (NotApplicable, SAME_AS_REDLOCK),
             (NotApplicable, SAME_AS_REDLOCK),
@@ -568,7 +533,6 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Baseline,
         scheme: "redis",
         fixture: Fixture::RedisServer,
-        capabilities: None,
         safety: &baseline(
             "an expired timestamp is taken over with GETSET",
             "dlock-core's client-side validity ends before the timestamp",
@@ -581,45 +545,12 @@ pub const BACKENDS: &[Backend] = &[
         role: Role::Baseline,
         scheme: "redis",
         fixture: Fixture::RedisServer,
-        capabilities: None,
         safety: &baseline(
             "the crash comes after EXPIRE here, so the key still expires",
             "dlock-core's client-side validity ends before the key's expiry",
         ),
     },
 ];
-
-/// ZooKeeper's and etcd's declaration: ordered tokens, wake-ups in arrival order, leases in a
-/// session, and every primitive.
-fn session_backend() -> Capabilities {
-    Capabilities::session_queue().with_primitives(Primitives::ALL)
-}
-
-/// PostgreSQL's declaration: tokens from a sequence, ordered while the server keeps its data;
-/// releases wake waiters, the lock's in arrival order from a queue table (the primitives' views
-/// do not declare the queue); locks live in the client's session; the semaphore (slot keys) and
-/// the read-write lock (shared advisory locks for readers), no election.
-fn postgres() -> Capabilities {
-    let mut primitives = Primitives::NONE;
-    primitives.semaphore = true;
-    primitives.read_write = true;
-    Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-        .with_notifications()
-        .with_sessions()
-        .with_fair_queue()
-        .with_primitives(primitives)
-}
-
-/// Redlock's declaration: tokens ordered while the masters keep their data, waiters served in
-/// arrival order and woken by the masters' releases (the primitives' waiters poll: their views
-/// declare neither); the read-write lock and the election, no semaphore (not sound by majority
-/// quorum).
-fn redlock() -> Capabilities {
-    Capabilities::new(FencingGuarantee::MonotonicWhileDataSurvives)
-        .with_notifications()
-        .with_fair_queue()
-        .with_primitives(Primitives::ALL.without_semaphore())
-}
 
 /// The same reason for every line of the Redis `WAIT` variant but the failover.
 const SAME_AS_REDIS: &str =
@@ -733,42 +664,16 @@ mod tests {
         }
     }
 
+    /// A variant runs its base's client on the same deployment. (What each backend declares
+    /// is its crate's `CAPABILITIES`; dlock-safety checks the declarations against the table.)
     #[test]
-    fn roles_agree_with_capabilities() {
+    fn variants_share_their_base() {
         for b in BACKENDS {
-            match b.role {
-                Role::Backend => assert!(b.capabilities.is_some(), "{}", b.name),
-                Role::Baseline => assert!(b.capabilities.is_none(), "{}", b.name),
-                Role::Variant(of) => {
-                    let base = backend(of).unwrap_or_else(|| panic!("{}: no entry {of}", b.name));
-                    assert_eq!(base.role, Role::Backend, "{}", b.name);
-                    assert_eq!(base.fixture, b.fixture, "{}", b.name);
-                    assert_eq!(base.scheme, b.scheme, "{}", b.name);
-                    assert_eq!(
-                        base.capabilities.map(|c| c()),
-                        b.capabilities.map(|c| c()),
-                        "{}",
-                        b.name
-                    );
-                }
-            }
-        }
-    }
-
-    /// Fencing can only catch what a backend's tokens order: no `CaughtByFencing` line without a
-    /// fencing guarantee.
-    #[test]
-    fn only_fencing_backends_expect_fencing_to_catch() {
-        for b in BACKENDS {
-            let fences = b
-                .capabilities
-                .is_some_and(|c| c().fencing != FencingGuarantee::None);
-            if !fences {
-                assert!(
-                    b.safety.iter().all(|(class, _)| *class != CaughtByFencing),
-                    "{}",
-                    b.name
-                );
+            if let Role::Variant(of) = b.role {
+                let base = backend(of).unwrap_or_else(|| panic!("{}: no entry {of}", b.name));
+                assert_eq!(base.role, Role::Backend, "{}", b.name);
+                assert_eq!(base.fixture, b.fixture, "{}", b.name);
+                assert_eq!(base.scheme, b.scheme, "{}", b.name);
             }
         }
     }

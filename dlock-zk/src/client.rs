@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::LockKey;
+use dlock_core::backend::{Capabilities, LockKey, Primitives};
 use dlock_core::layer::Layer;
 use dlock_core::{DistributedLock, Result};
 use tokio::sync::Notify;
@@ -76,6 +76,12 @@ impl Layer for ZkLock {
 }
 
 impl ZkLock {
+    /// What a ZooKeeper client declares about itself ([`DistributedLock::capabilities`]):
+    /// tokens (creation zxids) that only grow, waiters woken by watches in arrival order, leases
+    /// in the ZooKeeper session, every primitive.
+    pub const CAPABILITIES: Capabilities =
+        Capabilities::session_queue().with_primitives(Primitives::ALL);
+
     /// A builder for the ensemble at `url`: `zk://host1:2181,host2:2181[/chroot]`.
     pub fn builder(url: &str) -> ZkLockBuilder {
         ZkLockBuilder::new(url)

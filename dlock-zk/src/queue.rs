@@ -42,7 +42,7 @@ impl DistributedLock for Queue {
     /// are ordered for as long as the ensemble exists; a release wakes the next waiter through
     /// its watch; leases live in the ZooKeeper session.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::session_queue().with_primitives(Primitives::ALL)
+        crate::ZkLock::CAPABILITIES
     }
 
     /// A view serving `primitive` in kazoo's layout (see [`crate::primitives`]).

@@ -104,9 +104,9 @@ impl Inspect for Stored {
     }
 }
 
-/// What the registry of backends declares for ZooKeeper (TLS changes nothing of it).
+/// What the backend declares for ZooKeeper (TLS changes nothing of it).
 fn declared() -> Capabilities {
-    dlock_testkit::registry::capabilities_of("zk").expect("zk in the registry")
+    dlock_zk::ZkLock::CAPABILITIES
 }
 
 fn subject(env: &Env, capabilities: Capabilities, outage: Outage) -> anyhow::Result<Subject> {
@@ -219,7 +219,7 @@ fn build_trials(
     let client = runtime.block_on(tls_client(&env.secure, certs, SESSION, |b| b))?;
     anyhow::ensure!(
         client.capabilities() == declared(),
-        "the client declares {:?}, the registry {:?}",
+        "the client declares {:?}, its type's constant {:?}",
         client.capabilities(),
         declared()
     );
