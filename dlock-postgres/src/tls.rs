@@ -19,8 +19,7 @@ use dlock_core::backend::tls::TlsFiles;
 use dlock_core::{Error, Result};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
 /// libpq's `sslmode`, without `allow` (plaintext first, TLS as a fallback), which no secured
@@ -128,26 +127,22 @@ impl PgTls {
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|_| Error::invalid("sslmode", "the ring provider offers no TLS version"))?;
-        let verifier: Arc<dyn ServerCertVerifier> = match &pem.ca {
-            Some(ca) if self.mode != SslMode::Prefer => {
-                let shown = |what: &str| {
-                    let path = self.files.ca.as_ref().map(|p| p.display().to_string());
-                    Error::invalid(
-                        "sslrootcert",
-                        format!("{}: {what}", path.unwrap_or_default()),
-                    )
-                };
-                let mut roots = rustls::RootCertStore::empty();
-                let certs = CertificateDer::pem_slice_iter(ca)
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|_| shown("not PEM certificates"))?;
-                let (added, _) = roots.add_parsable_certificates(certs);
-                if added == 0 {
-                    return Err(shown("no usable certificate"));
-                }
+        // `prefer` checks no certificate, even with `sslrootcert` (as libpq).
+        let roots = match self.mode {
+            SslMode::Prefer => None,
+            _ => pem.root_store().map_err(libpq_names)?,
+        };
+        let verifier: Arc<dyn ServerCertVerifier> = match roots {
+            Some(roots) => {
                 let chain = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                     .build()
-                    .map_err(|_| shown("no usable certificate"))?;
+                    .map_err(|_| {
+                        let path = self.files.ca.as_ref().map(|p| p.display().to_string());
+                        Error::invalid(
+                            "sslrootcert",
+                            format!("{}: no usable certificate", path.unwrap_or_default()),
+                        )
+                    })?;
                 Arc::new(Checked {
                     chain,
                     names: self.mode == SslMode::VerifyFull,
@@ -158,40 +153,7 @@ impl PgTls {
         let builder = builder
             .dangerous()
             .with_custom_certificate_verifier(verifier);
-        let config = match pem.identity {
-            None => builder.with_no_client_auth(),
-            Some((cert, key)) => {
-                let path = |p: &Option<std::path::PathBuf>| {
-                    p.as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default()
-                };
-                let chain = CertificateDer::pem_slice_iter(&cert)
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|_| {
-                        Error::invalid(
-                            "sslcert",
-                            format!("{}: not PEM certificates", path(&self.files.cert)),
-                        )
-                    })?;
-                // The parser's messages may quote the file: never pass them on.
-                let key = PrivateKeyDer::from_pem_slice(&key).map_err(|_| {
-                    Error::invalid(
-                        "sslkey",
-                        format!("{}: not a PEM private key", path(&self.files.key)),
-                    )
-                })?;
-                builder.with_client_auth_cert(chain, key).map_err(|_| {
-                    Error::invalid(
-                        "sslkey",
-                        format!(
-                            "{}: not a usable key for the certificate",
-                            path(&self.files.key)
-                        ),
-                    )
-                })?
-            }
-        };
+        let config = pem.client_config(builder).map_err(libpq_names)?;
         Ok((driver, config))
     }
 }

@@ -76,8 +76,7 @@ impl ZkTls {
     /// certificate: the options the client library connects with.
     #[cfg(feature = "tls")]
     pub(crate) fn load(&self, servers: &[Server]) -> Result<Loaded> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        use rustls::pki_types::ServerName;
 
         for server in servers {
             // The client library would panic on a name rustls cannot check.
@@ -100,14 +99,9 @@ impl ZkTls {
         }
         .load()?;
         let ca_pem = pem_text("ca", &self.ca, pem.ca.as_deref().unwrap_or_default())?;
-        let roots = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
-        let mut store = rustls::RootCertStore::empty();
-        let (added, _) = store.add_parsable_certificates(roots);
-        if added == 0 {
-            return Err(not_pem("ca", &self.ca, "certificates"));
-        }
+        let store = pem
+            .root_store()?
+            .ok_or_else(|| not_pem("ca", &self.ca, "certificates"))?;
         let mut options = zookeeper_client::TlsOptions::new()
             .with_pem_ca(ca_pem)
             .map_err(|_| not_pem("ca", &self.ca, "certificates"))?;
@@ -116,37 +110,16 @@ impl ZkTls {
             .with_safe_default_protocol_versions()
             .map_err(|_| Error::invalid("tls", "the ring provider offers no TLS version"))?
             .with_root_certificates(store);
-        let config = match (&self.client, &pem.identity) {
-            (Some((cert_path, key_path)), Some((cert, key))) => {
-                let cert_pem = pem_text("cert", cert_path, cert)?;
-                let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|_| not_pem("cert", cert_path, "certificates"))?;
-                if chain.is_empty() {
-                    return Err(not_pem("cert", cert_path, "certificates"));
-                }
-                let key_pem = pem_text("key", key_path, key)?;
-                // The parser's own messages may quote a line of the file: never pass them on.
-                let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-                    .map_err(|_| not_pem("key", key_path, "private key"))?;
-                let config = builder.with_client_auth_cert(chain, key).map_err(|e| {
-                    Error::invalid(
-                        "key",
-                        format!(
-                            "{}: not a usable private key for the certificate in {}: {}",
-                            key_path.display(),
-                            cert_path.display(),
-                            key_problem(&e)
-                        ),
-                    )
-                })?;
-                options = options
-                    .with_pem_identity(cert_pem, key_pem)
-                    .map_err(|_| not_pem("key", key_path, "private key"))?;
-                config
-            }
-            _ => builder.with_no_client_auth(),
-        };
+        // The identity checked as rustls takes it (a key that does not match its certificate is
+        // named here); the client library takes its text.
+        let config = pem.client_config(builder)?;
+        if let (Some((cert_path, key_path)), Some((cert, key))) = (&self.client, &pem.identity) {
+            let cert_pem = pem_text("cert", cert_path, cert)?;
+            let key_pem = pem_text("key", key_path, key)?;
+            options = options
+                .with_pem_identity(cert_pem, key_pem)
+                .map_err(|_| not_pem("key", key_path, "private key"))?;
+        }
         Ok(Loaded {
             settings: self.clone(),
             options,
@@ -274,13 +247,4 @@ fn not_pem(field: &'static str, path: &Path, what: &str) -> Error {
         field,
         format!("{}: holds no PEM {what} that can be used", path.display()),
     )
-}
-
-/// What is wrong with a key, in words that never quote it.
-#[cfg(feature = "tls")]
-fn key_problem(error: &rustls::Error) -> &'static str {
-    match error {
-        rustls::Error::InconsistentKeys(_) => "it does not match the certificate",
-        _ => "unsupported key type or malformed key",
-    }
 }

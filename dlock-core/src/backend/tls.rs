@@ -30,7 +30,9 @@ pub struct TlsFiles {
     pub server_name: Option<String>,
 }
 
-/// The loaded files: PEM bytes, ready for a client library. `Debug` never shows the key.
+/// The loaded files: PEM bytes, ready for a client library, or parsed for rustls
+/// ([`TlsPem::root_store`], [`TlsPem::client_config`], feature `rustls`). `Debug` never shows
+/// the key.
 #[derive(Clone)]
 pub struct TlsPem {
     /// The authority's certificates, if given.
@@ -39,6 +41,9 @@ pub struct TlsPem {
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
     /// The server-name override, if given.
     pub server_name: Option<String>,
+    /// Where they were read from, for the errors of parsing them.
+    #[cfg(feature = "rustls")]
+    files: TlsFiles,
 }
 
 impl fmt::Debug for TlsPem {
@@ -50,7 +55,7 @@ impl fmt::Debug for TlsPem {
                 &self.identity.as_ref().map(|_| "<PEM, key hidden>"),
             )
             .field("server_name", &self.server_name)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -137,8 +142,90 @@ impl TlsFiles {
             ca,
             identity,
             server_name: self.server_name.clone(),
+            #[cfg(feature = "rustls")]
+            files: self.clone(),
         })
     }
+}
+
+/// The files parsed as rustls takes them, for the backends whose TLS is rustls. Errors name the
+/// setting (`ca`, `cert`, `key`) and the path, never the parser's own words, which may quote the
+/// file.
+#[cfg(feature = "rustls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rustls")))]
+impl TlsPem {
+    /// The authority's certificates as a root store; `None` without `ca`. An error if the file
+    /// holds no certificate rustls can use.
+    pub fn root_store(&self) -> Result<Option<rustls::RootCertStore>> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+
+        let Some(ca) = &self.ca else {
+            return Ok(None);
+        };
+        let unusable = || not_pem("ca", self.files.ca.as_deref(), "certificates");
+        let certs = CertificateDer::pem_slice_iter(ca)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| unusable())?;
+        let mut roots = rustls::RootCertStore::empty();
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(unusable());
+        }
+        Ok(Some(roots))
+    }
+
+    /// Finishes a rustls client configuration: with the client's certificate chain and private
+    /// key, which must belong together, or without client authentication if none was given.
+    pub fn client_config(
+        &self,
+        builder: rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>,
+    ) -> Result<rustls::ClientConfig> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let Some((cert, key)) = &self.identity else {
+            return Ok(builder.with_no_client_auth());
+        };
+        let (cert_path, key_path) = (self.files.cert.as_deref(), self.files.key.as_deref());
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| not_pem("cert", cert_path, "certificates"))?;
+        if chain.is_empty() {
+            return Err(not_pem("cert", cert_path, "certificates"));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key)
+            .map_err(|_| not_pem("key", key_path, "private key"))?;
+        builder.with_client_auth_cert(chain, key).map_err(|e| {
+            let problem = match e {
+                rustls::Error::InconsistentKeys(_) => "it does not match the certificate",
+                _ => "unsupported key type or malformed key",
+            };
+            Error::invalid(
+                "key",
+                format!(
+                    "{}: not a usable private key for the certificate in {}: {problem}",
+                    shown(key_path),
+                    shown(cert_path)
+                ),
+            )
+        })
+    }
+}
+
+/// The error of a file for `field` that holds no usable PEM `what`.
+#[cfg(feature = "rustls")]
+fn not_pem(field: &'static str, path: Option<&Path>, what: &str) -> Error {
+    Error::invalid(
+        field,
+        format!("{}: holds no PEM {what} that can be used", shown(path)),
+    )
+}
+
+/// A path as errors show it.
+#[cfg(feature = "rustls")]
+fn shown(path: Option<&Path>) -> String {
+    path.map(|p| p.display().to_string()).unwrap_or_default()
 }
 
 /// Installs rustls's `ring` crypto provider as the process's default, unless the application
