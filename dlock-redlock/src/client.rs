@@ -320,15 +320,17 @@ impl RedlockLock {
         .await;
     }
 
-    /// The fencing write-back of a grant, the lock's or a primitive's place: `raise` (its
-    /// script) raises the counters of the granted masters whose token is below `token`. Returns
-    /// how many counting masters now hold the grant with a counter of at least `token`.
+    /// The fencing write-back of a grant, the lock's or a primitive's place: the call `raise`
+    /// makes (its script) raises the counters of the granted masters whose token is below
+    /// `token`. Returns how many counting masters now hold the grant with a counter of at least
+    /// `token`. `raise` is called only when a write-back is needed, so that the common grant,
+    /// already at the greatest token on a quorum, clones nothing for it.
     pub(crate) async fn raise_fences<F, Fut>(
         &self,
         token: FencingToken,
         grants: &[(usize, bool, FencingToken)],
         timeout: Duration,
-        raise: F,
+        raise: impl FnOnce() -> F,
     ) -> (usize, Vec<Reply<FenceRaise>>)
     where
         F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
@@ -352,7 +354,7 @@ impl RedlockLock {
             behind,
             "raise_fence",
             timeout,
-            raise,
+            raise(),
             |p: Progress<'_, FenceRaise>| {
                 let raised = counted(p.replies, |r| *r == FenceRaise::Raised);
                 at_max + raised >= quorum || at_max + raised + p.pending < quorum
@@ -470,12 +472,16 @@ impl RedlockLock {
             .max()
             .unwrap_or(FencingToken(0));
         if settings.fencing {
-            let named = names.clone();
-            let raise = move |mut con| {
-                let n = named.clone();
-                async move {
-                    scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl)
+            let raise = || {
+                let named = names.clone();
+                move |mut con| {
+                    let n = named.clone();
+                    async move {
+                        scripts::raise_fence(
+                            &mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl,
+                        )
                         .await
+                    }
                 }
             };
             let (confirmed, raised) = self.raise_fences(token, &grants, timeout, raise).await;

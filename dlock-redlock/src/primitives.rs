@@ -172,10 +172,14 @@ impl RedlockView {
             .max()
             .unwrap_or(FencingToken(0));
         if settings.fencing {
-            let (place, holder) = (keys.clone(), owner.clone());
-            let raise = move |mut con| {
-                let (keys, owner) = (place.clone(), holder.clone());
-                async move { primitives::raise_fence(&mut con, &keys, &owner, token, fence_ttl).await }
+            let raise = || {
+                let (place, holder) = (keys.clone(), owner.clone());
+                move |mut con| {
+                    let (keys, owner) = (place.clone(), holder.clone());
+                    async move {
+                        primitives::raise_fence(&mut con, &keys, &owner, token, fence_ttl).await
+                    }
+                }
             };
             let (confirmed, raised) = self.lock.raise_fences(token, &grants, timeout, raise).await;
             if confirmed < quorum {
