@@ -51,18 +51,20 @@ pub const FULL: Plan = Plan {
     observe: Duration::from_secs(6),
 };
 
+/// Every workload of the full run, each just long enough to run through once: it shows that the
+/// tool works, not what the figures are.
 pub const QUICK: Plan = Plan {
-    cycles: 200,
-    warmup: 20,
+    cycles: 100,
+    warmup: 10,
     rounds: 2,
-    window: Duration::from_millis(300),
-    hot_for: Duration::from_millis(600),
+    window: Duration::from_millis(200),
+    hot_for: Duration::from_millis(400),
     contenders: 16,
     waiting_tasks: &[2, 16],
     frozen_cycles: 10,
     leases: 1_000,
     lease_counts: &[1, 100, 1_000],
     taking_budget: Duration::from_secs(20),
-    renew_ttl: Duration::from_secs(2),
-    observe: Duration::from_secs(1),
+    renew_ttl: Duration::from_millis(1_200),
+    observe: Duration::from_millis(800),
 };
