@@ -1,5 +1,5 @@
 //! The fair queue ([`Capabilities::fair_queue`](dlock_core::backend::Capabilities::fair_queue)): waiters
-//! are served in the order they asked, a releasing task that asks again queues behind them, a
+//! are served in the order they asked (each on its own client, or all on one), a releasing task that asks again queues behind them, a
 //! waiter that crashed while queued holds nobody up for longer than its session or lease, and
 //! many waiters on one key still exclude each other with increasing tokens.
 
@@ -85,13 +85,30 @@ fn ensure_growing(cx: &Ctx, tokens: &[FencingToken], what: &str) -> anyhow::Resu
 /// A holds; five waiters, each on its own client, ask one after another; A releases: they hold
 /// in the order they asked, each with a greater token than the one before.
 pub(crate) async fn waiters_are_served_in_arrival_order(cx: Ctx) -> anyhow::Result<()> {
+    served_in_arrival_order(cx, false).await
+}
+
+/// As [`waiters_are_served_in_arrival_order`], with the five waiters on one client, whose calls
+/// may travel together and whose wake-ups arrive on one channel.
+pub(crate) async fn waiters_of_one_client_are_served_in_arrival_order(
+    cx: Ctx,
+) -> anyhow::Result<()> {
+    served_in_arrival_order(cx, true).await
+}
+
+async fn served_in_arrival_order(cx: Ctx, one_client: bool) -> anyhow::Result<()> {
     let holder = cx.client().await?;
     let key = cx.key("arrival-order");
     let held = holder.acquire(&key, &cx.opts(cx.long_ttl())).await?;
     let grants: Grants = Arc::default();
     let mut waiters = Vec::with_capacity(IN_LINE);
+    let shared = cx.client().await?;
     for who in 0..IN_LINE {
-        let client = cx.client().await?;
+        let client = if one_client {
+            shared.clone()
+        } else {
+            cx.client().await?
+        };
         let (name, grants) = (key.clone(), grants.clone());
         let opts = cx
             .opts(cx.long_ttl())
@@ -103,7 +120,14 @@ pub(crate) async fn waiters_are_served_in_arrival_order(cx: Ctx) -> anyhow::Resu
             lease.release().await?;
             anyhow::Ok(())
         }));
-        in_line(&cx, &holder, &key, who + 1).await?;
+        if one_client {
+            // A client may line its own tasks up itself and wait on the server as one (etcd,
+            // ZooKeeper, PostgreSQL): the server then counts one waiter, whoever else waits.
+            in_line(&cx, &holder, &key, 1).await?;
+            tokio::time::sleep(ARRIVAL_GAP).await;
+        } else {
+            in_line(&cx, &holder, &key, who + 1).await?;
+        }
     }
     ensure!(taken(&grants).is_empty(), "a waiter held while A held");
     held.release().await?;

@@ -30,6 +30,7 @@ mod fencing;
 mod input;
 mod keys;
 mod lost;
+mod one_client;
 mod operator;
 mod outage;
 mod ownership;
@@ -104,6 +105,8 @@ pub fn cases() -> Vec<Case> {
         Nothing: [
             exclusion::mutual_exclusion_under_contention,
             exclusion::independent_keys_do_not_block_each_other,
+            exclusion::tasks_of_one_client_exclude_each_other,
+            one_client::calls_out_together_are_each_answered_as_alone,
             acquiring::try_acquire_answers_busy_fast,
             acquiring::acquire_respects_its_deadline,
             acquiring::release_frees_promptly_for_a_waiter,
@@ -157,6 +160,7 @@ pub fn cases() -> Vec<Case> {
         ],
         FairQueue: [
             fairness::waiters_are_served_in_arrival_order,
+            fairness::waiters_of_one_client_are_served_in_arrival_order,
             fairness::a_releaser_that_asks_again_queues_behind_the_waiters,
             fairness::a_crashed_queued_waiter_does_not_block_the_queue,
             fairness::many_waiters_exclude_each_other_with_growing_tokens,

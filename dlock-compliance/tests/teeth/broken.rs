@@ -73,10 +73,13 @@ pub enum Defect {
     /// A batch of extensions (what auto-renew sends) extends only its last lease and answers the
     /// others expired, as a client that confirms only one of the sessions its leases live in.
     BatchExtendsOnlyItsLast,
+    /// Grants made while another call of the client is out get that call's answer, as a client
+    /// that hands the answers of calls sent together to its callers one place off.
+    AnswersSwappedWhenOutTogether,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 21] = [
+    pub const ALL: [Defect; 22] = [
         Defect::ReleaseWithoutOwnershipCheck,
         Defect::NoTtl,
         Defect::FencingRepeats,
@@ -98,6 +101,7 @@ impl Defect {
         Defect::ReleaseWakesNobody,
         Defect::FailedAttemptKeepsKeyBusy,
         Defect::BatchExtendsOnlyItsLast,
+        Defect::AnswersSwappedWhenOutTogether,
     ];
 
     pub fn name(self) -> &'static str {
@@ -125,6 +129,7 @@ impl Defect {
                 "a failed attempt keeps its key busy in the client"
             }
             Defect::BatchExtendsOnlyItsLast => "a batch of extensions extends only its last lease",
+            Defect::AnswersSwappedWhenOutTogether => "calls out together get each other's answers",
         }
     }
 }
@@ -155,6 +160,10 @@ struct Table {
     per_key: HashMap<String, u64>,
     holders: HashMap<String, Holder>,
     busy_answers: u64,
+    /// Attempts out at this moment, and the token of the last grant made while others were out
+    /// ([`Defect::AnswersSwappedWhenOutTogether`]).
+    out: usize,
+    last_together: Option<FencingToken>,
 }
 
 impl Table {
@@ -206,6 +215,31 @@ impl Broken {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// An attempt that stays out a moment; a grant made while other attempts were out answers
+    /// with the token of the grant made before it ([`Defect::AnswersSwappedWhenOutTogether`]).
+    async fn answered_one_place_off(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        self.table().out += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let now = Instant::now();
+        let mut table = self.table();
+        let together = table.out > 1;
+        table.out -= 1;
+        if let Some(holder) = table.live(req.key.as_str(), now) {
+            return Ok(Attempt::Busy {
+                retry_after: Some(holder.expires - now),
+            });
+        }
+        let grant = self.grant(&mut table, req, now);
+        if !together {
+            return Ok(Attempt::Acquired(grant));
+        }
+        let answer = table
+            .last_together
+            .replace(grant.fencing)
+            .unwrap_or(grant.fencing);
+        Ok(Attempt::Acquired(Grant::new(answer, now)))
+    }
+
     fn grant(&self, table: &mut Table, req: &LockRequest<'_>, now: Instant) -> Grant {
         let key = req.key.to_string();
         let ttl = if self.has(Defect::NoTtl) {
@@ -250,6 +284,9 @@ impl DistributedLock for Broken {
     }
 
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
+        if self.has(Defect::AnswersSwappedWhenOutTogether) {
+            return self.answered_one_place_off(req).await;
+        }
         let now = Instant::now();
         let key = req.key.as_str();
         if self.has(Defect::CheckThenSetNotAtomic) {
