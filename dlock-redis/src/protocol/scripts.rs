@@ -248,7 +248,11 @@ end
 /// listens to, so a release costs the other waiting clients nothing; a head without a tag is
 /// announced on the release channel itself.
 ///
-/// An uncontended grant (free lock, empty queue) skips all of it: `GET`, `SET NX`, `INCR`.
+/// An uncontended grant (free lock, empty queue) skips all of it: `EXISTS` on the queue, then
+/// `SET NX`, which takes the free lock in the same command that finds it free; only when the
+/// queue exists or `SET NX` finds the lock taken does the script read the holder (`GET`) and
+/// go through the steps above. Then `INCR` for the token and the owner record (`HSET`,
+/// `PEXPIRE`): five commands in all.
 ///
 /// A grant writes the owner record hash (`token`, `fencing`, `record`) with the lock's TTL. The
 /// token goes in as text made by `%d`: Lua's own number-to-text conversion keeps only 14 digits.
@@ -271,56 +275,59 @@ pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
 local owner = ARGV[1]
 local member = owner
 if ARGV[9] ~= '' then member = owner .. ':' .. ARGV[9] end
-local holder = redis.call('GET', KEYS[1])
-if holder == owner then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-else
-  local queued = redis.call('EXISTS', KEYS[4]) == 1
-  if holder or queued then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local first = false
-    if queued then
-      first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-      local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
-      for i = 1, #lapsed do redis.call('ZREM', KEYS[4], lapsed[i]) end
-      if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now) end
-    end
-    local lifetime = tonumber(ARGV[5])
-    if lifetime > 0 then
-      if not redis.call('ZSCORE', KEYS[4], member) then
-        local score = ARGV[6]
-        if score == '' then
-          local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-          score = string.format('%d', (tonumber(last[2]) or 0) + 1)
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+local holder = false
+if queued or not redis.call('SET', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
+  holder = redis.call('GET', KEYS[1])
+  if holder == owner then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  else
+    if holder or queued then
+      local t = redis.call('TIME')
+      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      local first = false
+      if queued then
+        first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+        local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
+        for i = 1, #lapsed do redis.call('ZREM', KEYS[4], lapsed[i]) end
+        if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now) end
+      end
+      local lifetime = tonumber(ARGV[5])
+      if lifetime > 0 then
+        if not redis.call('ZSCORE', KEYS[4], member) then
+          local score = ARGV[6]
+          if score == '' then
+            local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+            score = string.format('%d', (tonumber(last[2]) or 0) + 1)
+          end
+          redis.call('ZADD', KEYS[4], score, member)
         end
-        redis.call('ZADD', KEYS[4], score, member)
+        redis.call('ZADD', KEYS[5], string.format('%d', now + lifetime), member)
       end
-      redis.call('ZADD', KEYS[5], string.format('%d', now + lifetime), member)
-    end
-    local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-    if not holder and head and head ~= first and head ~= member and ARGV[7] ~= '' then
-      announce(ARGV[8], ARGV[7], head)
-    end
-    if holder or (head and head ~= member) then
-      local pttl, foreign, ahead = -2, 0, -1
-      if holder then
-        pttl = redis.call('PTTL', KEYS[1])
-        if redis.call('HGET', KEYS[3], 'token') ~= holder then foreign = 1 end
+      local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+      if not holder and head and head ~= first and head ~= member and ARGV[7] ~= '' then
+        announce(ARGV[8], ARGV[7], head)
       end
-      if head == member then return {pttl, 1, foreign, ahead} end
-      if redis.call('ZRANK', KEYS[4], member) == 1 then
-        local lapse = redis.call('ZSCORE', KEYS[5], head)
-        if lapse then ahead = math.max(0, tonumber(lapse) - now) end
+      if holder or (head and head ~= member) then
+        local pttl, foreign, ahead = -2, 0, -1
+        if holder then
+          pttl = redis.call('PTTL', KEYS[1])
+          if redis.call('HGET', KEYS[3], 'token') ~= holder then foreign = 1 end
+        end
+        if head == member then return {pttl, 1, foreign, ahead} end
+        if redis.call('ZRANK', KEYS[4], member) == 1 then
+          local lapse = redis.call('ZSCORE', KEYS[5], head)
+          if lapse then ahead = math.max(0, tonumber(lapse) - now) end
+        end
+        return {pttl, 0, foreign, ahead}
       end
-      return {pttl, 0, foreign, ahead}
+      if head then
+        redis.call('ZREM', KEYS[4], member)
+        redis.call('ZREM', KEYS[5], member)
+      end
     end
-    if head then
-      redis.call('ZREM', KEYS[4], member)
-      redis.call('ZREM', KEYS[5], member)
-    end
+    redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
   end
-  redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
 end
 local token = redis.call('INCR', KEYS[2])
 if token == 1 then
