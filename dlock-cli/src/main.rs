@@ -70,7 +70,7 @@ fn main() -> ExitCode {
 
 /// Connects to `url`, inside the tracing layer with `--trace`.
 async fn connect(url: &str, trace: bool) -> dlock::Result<dlock::Locks> {
-    let builder = dlock::Locks::builder(url);
+    let builder = dlock::builder(url);
     if trace {
         builder.with_tracing().connect().await
     } else {

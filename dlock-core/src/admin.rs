@@ -21,7 +21,8 @@ use crate::token::FencingToken;
 /// # async fn main() -> dlock_core::Result<()> {
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use dlock_core::{Admin, DistributedLock, DistributedLockExt, Eviction, InMemoryLock, LockOptions};
+/// use dlock_core::{Admin, DistributedLock, DistributedLockExt, InMemoryLock, LockOptions};
+/// use dlock_core::inspect::Eviction;
 ///
 /// let locks: Arc<dyn DistributedLock> = Arc::new(InMemoryLock::new());
 /// let stuck = locks.acquire("reports/daily", &LockOptions::new(Duration::from_secs(60))).await?;

@@ -1,4 +1,6 @@
-//! What users call: `try_acquire`, `acquire`, `with_lock`, on any shared backend handle.
+//! The application's calls (`try_acquire`, `acquire`, `with_lock`, …) on any shared backend
+//! handle, for code that holds the trait object; [`Locks`](crate::Locks) offers each as its own
+//! method.
 
 use std::future::Future;
 
@@ -15,8 +17,10 @@ use crate::rwlock::RwLock;
 use crate::semaphore::Semaphore;
 use crate::state::LeaseWatch;
 
-/// The user-facing lock operations, for every [`LockHandle`] handle. Do not implement it: the
-/// blanket implementation covers every backend.
+/// The application's calls on every [`LockHandle`]: on the trait object a backend author, a
+/// layer or a test holds. An application holds a [`Locks`](crate::Locks), which offers the same
+/// calls as its own methods and none of the backend's. Do not implement it: the blanket
+/// implementation covers every backend.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -89,7 +89,7 @@ impl RwLock {
     }
 
     /// Who holds the lock now: the writer, or the earliest reader and how many read
-    /// ([`Holder::holders`](crate::Holder::holders) is set for readers only).
+    /// ([`Holder::holders`](crate::inspect::Holder::holders) is set for readers only).
     pub async fn holding(&self) -> Result<Holding> {
         self.read.inspect(&LockKey::new(&self.name)?).await
     }

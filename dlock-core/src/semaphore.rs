@@ -78,7 +78,7 @@ impl Semaphore {
     }
 
     /// Who holds permits now: the earliest holder, and how many hold one
-    /// ([`Holder::holders`](crate::Holder::holders)).
+    /// ([`Holder::holders`](crate::inspect::Holder::holders)).
     pub async fn holding(&self) -> Result<Holding> {
         self.view.inspect(&LockKey::new(&self.name)?).await
     }

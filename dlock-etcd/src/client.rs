@@ -12,10 +12,11 @@ use dlock_core::backend::{
     Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Primitives,
     SessionState, Waiting,
 };
+use dlock_core::inspect::{Eviction, HeldLock, Holding};
 use dlock_core::layer::Layer;
 use dlock_core::{
-    Backoff, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding, LostReason,
-    OwnerRecord, OwnerToken, Released, Result,
+    Backoff, DistributedLock, Error, FencingToken, LostReason, OwnerRecord, OwnerToken, Released,
+    Result,
 };
 use etcd_client::ConnectOptions;
 use tokio::sync::watch;

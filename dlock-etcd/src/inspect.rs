@@ -5,7 +5,8 @@
 //! wait in that order. Each dlock contender's value is its owner record; a Go
 //! `concurrency.Mutex` or `etcdctl lock` leaves the value empty, which reads as no record.
 
-use dlock_core::{Eviction, FencingToken, HeldLock, Holder, OwnerRecord, Waiter};
+use dlock_core::inspect::{Eviction, HeldLock, Holder, Waiter};
+use dlock_core::{FencingToken, OwnerRecord};
 use etcd_client::{GetOptions, KeyValue};
 
 use crate::contention::{delete_holder, queue};

@@ -82,7 +82,7 @@
 //!   data in the namespace, and locks held by peers, are not listed.
 //! * **evict** deletes the holder's key in one transaction comparing its create revision (with
 //!   the expected token, or with the revision just read), so a lock that changed hands answers
-//!   [`Eviction::Changed`](dlock_core::Eviction::Changed) and nothing is deleted. The next
+//!   [`Eviction::Changed`](dlock_core::inspect::Eviction::Changed) and nothing is deleted. The next
 //!   contender is woken as by a release and its key, created later, carries a greater token; an
 //!   evicted dlock holder learns it at once from its key's watch and its lease turns lost.
 //!

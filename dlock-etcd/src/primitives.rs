@@ -44,9 +44,10 @@ use dlock_core::backend::{
     Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive,
     SessionState, Waiting,
 };
+use dlock_core::inspect::{Holder, Holding};
 use dlock_core::{
-    Backoff, DistributedLock, Error, FencingToken, Holder, Holding, LostReason, OwnerRecord,
-    OwnerToken, Released, Result,
+    Backoff, DistributedLock, Error, FencingToken, LostReason, OwnerRecord, OwnerToken, Released,
+    Result,
 };
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,

@@ -470,7 +470,7 @@ async fn the_certificate_names_the_user_without_a_password(env: Env) -> anyhow::
         )
         .await?;
     ensure!(
-        matches!(evicted, dlock_core::Eviction::Evicted(_)),
+        matches!(evicted, dlock_core::inspect::Eviction::Evicted(_)),
         "{evicted:?}"
     );
     ensure!(lease.release().await? != Released::Released);

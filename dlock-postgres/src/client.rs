@@ -11,10 +11,9 @@ use dlock_core::backend::{
     Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
     LockRequest, Primitive, Primitives, Waiting,
 };
+use dlock_core::inspect::{Eviction, HeldLock, Holding};
 use dlock_core::layer::Layer;
-use dlock_core::{
-    Backoff, DistributedLock, Error, Eviction, FencingToken, HeldLock, Holding, Released, Result,
-};
+use dlock_core::{Backoff, DistributedLock, Error, FencingToken, Released, Result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::LockKey;
-use dlock_core::{Error, Eviction, FencingToken, HeldLock, Holder, Holding, OwnerRecord, Result};
+use dlock_core::inspect::{Eviction, HeldLock, Holder, Holding};
+use dlock_core::{Error, FencingToken, OwnerRecord, Result};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 

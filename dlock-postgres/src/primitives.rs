@@ -66,7 +66,8 @@ use dlock_core::backend::{
     Attempt, Capabilities, ExtendRequest, Extension, Grant, LeaseRef, LockKey, LockRequest,
     Primitive, Waiting,
 };
-use dlock_core::{Backoff, DistributedLock, Error, Holding, Released, Result};
+use dlock_core::inspect::Holding;
+use dlock_core::{Backoff, DistributedLock, Error, Released, Result};
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;

@@ -10,9 +10,8 @@ use dlock_core::backend::{
     Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
     LockRequest, Primitive, Primitives,
 };
-use dlock_core::{
-    Backoff, DistributedLock, Eviction, FencingToken, HeldLock, Holding, Owner, Released, Result,
-};
+use dlock_core::inspect::{Eviction, HeldLock, Holding};
+use dlock_core::{Backoff, DistributedLock, FencingToken, Owner, Released, Result};
 use tokio::time::Instant;
 
 use crate::builder::RedisLockBuilder;

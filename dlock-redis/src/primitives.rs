@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use dlock_core::backend::{
     Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Waiting,
 };
-use dlock_core::{Backoff, DistributedLock, Error, Holding, Released, Result};
+use dlock_core::inspect::Holding;
+use dlock_core::{Backoff, DistributedLock, Error, Released, Result};
 use tokio::time::Instant;
 
 use crate::client::RedisLock;

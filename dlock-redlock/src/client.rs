@@ -11,9 +11,9 @@ use dlock_core::backend::{
     Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
     LockRequest, Primitive, Primitives,
 };
+use dlock_core::inspect::{Eviction, HeldLock, Holding};
 use dlock_core::{
-    Backoff, DistributedLock, Drift, Error, Eviction, FencingToken, HeldLock, Holding, Owner,
-    OwnerToken, Released, Result,
+    Backoff, DistributedLock, Drift, Error, FencingToken, Owner, OwnerToken, Released, Result,
 };
 use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{

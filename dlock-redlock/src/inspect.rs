@@ -34,7 +34,8 @@
 //! down, those left may be too few to agree, and the token is then "unknown". A client of another
 //! library leaves no owner record, so its holder has no token, whatever its value looks like.
 
-use dlock_core::{FencingToken, Holder, Holding};
+use dlock_core::inspect::{Holder, Holding};
+use dlock_core::FencingToken;
 use dlock_redis::protocol::scripts::Peek;
 
 use crate::quorum::Reply;

@@ -145,7 +145,7 @@
 //! * **held** if a quorum of the masters show the same owner on the key, expiring after the
 //!   smallest remaining TTL among them;
 //! * **free** if a quorum show no key;
-//! * [`Holding::Unknown`](dlock_core::Holding::Unknown) if a quorum answered but neither is true (a
+//! * [`Holding::Unknown`](dlock_core::inspect::Holding::Unknown) if a quorum answered but neither is true (a
 //!   lock changing hands at that moment, or a key on a minority of masters only — which nobody can
 //!   hold the lock with);
 //! * [`Error::Unavailable`](dlock_core::Error::Unavailable) if fewer than a quorum answered.
@@ -177,7 +177,7 @@
 //!   greater token (no counter is touched). With fewer answers it fails as unavailable: the
 //!   masters that answered no longer hold the key, the others keep it until its TTL, and evicting
 //!   again finishes the job. Masters that disagree on the holder
-//!   ([`Holding::Unknown`](dlock_core::Holding::Unknown)) are an error: look again once the lock
+//!   ([`Holding::Unknown`](dlock_core::inspect::Holding::Unknown)) are an error: look again once the lock
 //!   settles.
 //!
 //! # Storage
@@ -213,7 +213,7 @@
 //! [`inspect`](dlock_core::DistributedLock::inspect) reports the earliest holder a quorum of
 //! masters agree on (an election's leader, its value and term) once a quorum shows the greatest
 //! token any of them shows for it; while a grant's write-back is under way the holder is
-//! [`Holding::Unknown`](dlock_core::Holding::Unknown), which an observer takes as no leader yet.
+//! [`Holding::Unknown`](dlock_core::inspect::Holding::Unknown), which an observer takes as no leader yet.
 //!
 //! The **semaphore is not served** ([`Primitives::ALL.without_semaphore()`](dlock_core::backend::Primitives)):
 //! majority quorum does not make it sound. Each master admits up to N holders, and N + 1

@@ -22,7 +22,8 @@ use async_trait::async_trait;
 use dlock_core::backend::{
     Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Waiting,
 };
-use dlock_core::{Backoff, DistributedLock, FencingToken, Holding, Released, Result};
+use dlock_core::inspect::Holding;
+use dlock_core::{Backoff, DistributedLock, FencingToken, Released, Result};
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
 };

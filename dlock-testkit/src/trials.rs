@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_core::{
-    DistributedLock, DistributedLockExt, FencingToken, Holding, Lease, LockOptions, Released,
-};
+use dlock_core::inspect::Holding;
+use dlock_core::{DistributedLock, DistributedLockExt, FencingToken, Lease, LockOptions, Released};
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::runtime::Runtime;
 

@@ -9,9 +9,8 @@
 use std::sync::Arc;
 
 use dlock_core::backend::LockKey;
-use dlock_core::{
-    Error, Eviction, FencingToken, HeldLock, Holder, Holding, OwnerRecord, Result, Waiter,
-};
+use dlock_core::inspect::{Eviction, HeldLock, Holder, Holding, Waiter};
+use dlock_core::{Error, FencingToken, OwnerRecord, Result};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 

@@ -20,9 +20,9 @@ use async_trait::async_trait;
 use dlock_core::backend::{
     Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive,
 };
+use dlock_core::inspect::{Holder, Holding};
 use dlock_core::{
-    Backoff, DistributedLock, FencingToken, Holder, Holding, OwnerRecord, OwnerToken, Released,
-    Result,
+    Backoff, DistributedLock, FencingToken, OwnerRecord, OwnerToken, Released, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;

@@ -9,9 +9,8 @@ use async_trait::async_trait;
 use dlock_core::backend::{
     Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Primitives,
 };
-use dlock_core::{
-    Backoff, DistributedLock, Eviction, FencingToken, HeldLock, Holding, Released, Result,
-};
+use dlock_core::inspect::{Eviction, HeldLock, Holding};
+use dlock_core::{Backoff, DistributedLock, FencingToken, Released, Result};
 use tokio::time::Instant;
 
 use crate::client::Inner;

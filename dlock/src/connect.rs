@@ -20,9 +20,9 @@ use dlock_core::backend::url::ConnectUrl;
     allow(dead_code, unused_imports)
 )]
 use dlock_core::backend::url::FromUrl;
-use dlock_core::{DistributedLock, Drift, Error, InMemoryLock, LockOptions, Result};
+use dlock_core::{DistributedLock, Drift, Error, InMemoryLock, LockOptions, Locks, Result};
 
-use crate::locks::{Layers, Locks};
+use crate::builder::Layers;
 
 /// The parameters every scheme takes: defaults for each acquire (see [`Locks::options`]), and
 /// the layers to put around the backend (see [`LocksBuilder`](crate::LocksBuilder)).
@@ -109,7 +109,7 @@ type Backend = Arc<dyn DistributedLock>;
 /// # Cancel safety
 /// Cancel safe: a connection opened by a cancelled call is closed when dropped.
 pub async fn connect(url: &str) -> Result<Locks> {
-    Locks::builder(url).connect().await
+    crate::builder(url).connect().await
 }
 
 /// [`connect`] with the `layers` a [`LocksBuilder`] asked for, on top of those the URL asks for.

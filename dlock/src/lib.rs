@@ -42,12 +42,12 @@
 // On docs.rs (`--cfg docsrs`), each feature-gated item is marked with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod builder;
 mod connect;
-mod locks;
 
+pub use builder::{builder, LocksBuilder};
 pub use connect::{connect, COMMON_PARAMETERS, MEMORY_PARAMETERS, SCHEMES};
 pub use dlock_core::backend::url::parse_duration;
-pub use locks::{Locks, LocksBuilder};
 
 /// The core API, for what the root does not re-export.
 pub use dlock_core as core;
@@ -55,14 +55,14 @@ pub use dlock_core as core;
 pub use dlock_core::backend::{
     url, Capabilities, FencingGuarantee, LockHandle, LockKey, Primitive, Primitives,
 };
+pub use dlock_core::inspect::{Eviction, HeldLock, Holder, Holding, Waiter};
 pub use dlock_core::layer::{Layer, Metered, Traced};
 pub use dlock_core::limits::{MAX_KEYS, MAX_PERMITS, MAX_VALUE_LEN, OBSERVE_INTERVAL};
 pub use dlock_core::{
     Admin, AutoRenew, Backoff, CriticalSection, DistributedLock, DistributedLockExt, Drift,
-    Election, Error, Eviction, Expiring, Fence, FenceMode, Fenced, FencingToken, HeldLock, Holder,
-    Holding, InMemoryLock, Leader, Leadership, Lease, LeaseEnd, LeaseState, LeaseWatch,
-    LockOptions, LostReason, MultiLease, OwnerRecord, OwnerToken, Released, Result, RwLock,
-    Semaphore, StaleToken, Waiter,
+    Election, Error, Expiring, Fence, FenceMode, Fenced, FencingToken, InMemoryLock, Leader,
+    Leadership, Lease, LeaseEnd, LeaseState, LeaseWatch, LockOptions, Locks, LostReason,
+    MultiLease, OwnerRecord, OwnerToken, Released, Result, RwLock, Semaphore, StaleToken,
 };
 
 /// The single-Redis backend (feature `redis`): [`RedisLock::builder`](dlock_redis::RedisLock::builder).

@@ -13,11 +13,10 @@
 //! billing/locks/?session_timeout=15s")` builds the same client from a URL.
 
 use std::error::Error;
-use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::etcd::EtcdLock;
-use dlock::{DistributedLock, DistributedLockExt, LockOptions};
+use dlock::{LockOptions, Locks};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
@@ -28,7 +27,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .with_session_timeout(Duration::from_secs(15))
         .connect()
         .await?;
-    let locks: Arc<dyn DistributedLock> = Arc::new(etcd);
+    let locks = Locks::from(etcd);
 
     let opts = LockOptions::new(Duration::from_secs(30)).with_wait(Duration::from_secs(5));
     let lease = locks.acquire("invoices/42", &opts).await?;

@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use dlock::Locks;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 #[tokio::main]
@@ -17,7 +16,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The application installs the exporter; dlock records into whichever is installed.
     let prometheus = PrometheusBuilder::new().install_recorder()?;
     let url = std::env::var("DLOCK_URL").unwrap_or_else(|_| "memory://?ttl=10s".into());
-    let locks = Locks::builder(&url)
+    let locks = dlock::builder(&url)
         .with_tracing()
         .with_metrics()
         .connect()

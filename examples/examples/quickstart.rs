@@ -9,7 +9,7 @@
 //! anything it demonstrates does not hold.
 //!
 //! 1. **Taking turns.** Four workers contend for the key `"ledger"` with
-//!    [`acquire`](DistributedLockExt::acquire) (waiting up to a deadline). Each holder appends an
+//!    [`acquire`](Locks::acquire) (waiting up to a deadline). Each holder appends an
 //!    entry to a ledger guarded by a [`Fenced`] value, presenting its lease's fencing token. The
 //!    example counts concurrent holders (never more than one) and checks that the tokens admitted by
 //!    the ledger strictly increase.
@@ -22,7 +22,7 @@
 //!    writes, and when `worker-1` wakes and attempts its late write with its old token, the ledger
 //!    rejects it with a [`StaleToken`](dlock::StaleToken) error. Fencing, not timing, is what
 //!    keeps the ledger correct.
-//! 3. **Auto-renew.** [`with_lock`](DistributedLockExt::with_lock) with a 200 ms TTL and
+//! 3. **Auto-renew.** [`with_lock`](Locks::with_lock) with a 200 ms TTL and
 //!    [auto-renew](LockOptions::with_auto_renew) runs 500 ms of work: the lease is renewed in the
 //!    background, nobody else can take the key meanwhile, and the lock is released at the end.
 
@@ -32,10 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock::{
-    DistributedLock, DistributedLockExt, Fenced, FencingToken, LeaseEnd, LeaseState, LockOptions,
-    LostReason, Released,
-};
+use dlock::{Fenced, FencingToken, LeaseEnd, LeaseState, LockOptions, Locks, LostReason, Released};
 
 /// The one lock key, named after the resource it guards.
 const KEY: &str = "ledger";
@@ -127,13 +124,12 @@ async fn main() -> Outcome {
         Err(std::env::VarError::NotPresent) => "memory://".to_owned(),
         Err(e) => return Err(format!("DLOCK_URL: {e}").into()),
     };
-    let connected = dlock::connect(&url).await?;
+    let locks = dlock::connect(&url).await?;
     println!(
         "backend: {} ({})",
-        connected.backend().backend_name(),
-        connected.url()
+        locks.backend().backend_name(),
+        locks.url()
     );
-    let locks: Arc<dyn DistributedLock> = connected.into();
     let ledger = Arc::new(Ledger::new(Vec::new()));
 
     timeline.heading(&format!(
@@ -168,11 +164,7 @@ async fn main() -> Outcome {
 }
 
 /// Part 1: workers contend for one key; at most one holds it at a time, tokens increase.
-async fn take_turns(
-    timeline: Timeline,
-    locks: &Arc<dyn DistributedLock>,
-    ledger: &Arc<Ledger>,
-) -> Outcome {
+async fn take_turns(timeline: Timeline, locks: &Locks, ledger: &Arc<Ledger>) -> Outcome {
     let holders = Arc::new(AtomicUsize::new(0));
     let most_holders = Arc::new(AtomicUsize::new(0));
     let opts = LockOptions::new(Duration::from_secs(5)).with_wait(Duration::from_secs(5));
@@ -241,11 +233,7 @@ async fn take_turns(
 
 /// Part 2: the Kleppmann case. A holder is paused past its TTL, another takes over, and the
 /// paused holder's late write is rejected by the fence.
-async fn paused_holder(
-    timeline: Timeline,
-    locks: &Arc<dyn DistributedLock>,
-    ledger: &Arc<Ledger>,
-) -> Outcome {
+async fn paused_holder(timeline: Timeline, locks: &Locks, ledger: &Arc<Ledger>) -> Outcome {
     // No auto-renew: nothing keeps the lease alive while its holder is paused.
     let short = LockOptions::new(SHORT_TTL).with_wait(Duration::from_secs(2));
     let lease = locks.acquire(KEY, &short).await?;
@@ -372,11 +360,7 @@ async fn paused_holder(
 }
 
 /// Part 3: auto-renew keeps a short lease alive for as long as the work runs.
-async fn auto_renew(
-    timeline: Timeline,
-    locks: &Arc<dyn DistributedLock>,
-    ledger: &Arc<Ledger>,
-) -> Outcome {
+async fn auto_renew(timeline: Timeline, locks: &Locks, ledger: &Arc<Ledger>) -> Outcome {
     let ttl = Duration::from_millis(200);
     let work = Duration::from_millis(500);
     let opts = LockOptions::new(ttl)

@@ -12,11 +12,10 @@
 //! same client from a URL.
 
 use std::error::Error;
-use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::redis::RedisLock;
-use dlock::{DistributedLock, DistributedLockExt, LockOptions};
+use dlock::{LockOptions, Locks};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
@@ -28,7 +27,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .connect()
         .await?;
     println!("connected to {}", redis.endpoint());
-    let locks: Arc<dyn DistributedLock> = Arc::new(redis);
+    let locks = Locks::from(redis);
 
     let opts = LockOptions::new(Duration::from_secs(10)).with_wait(Duration::from_secs(5));
     let lease = locks.acquire("invoices/42", &opts).await?;

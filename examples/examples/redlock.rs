@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use dlock::redlock::RedlockBuilder;
-use dlock::{DistributedLockExt, LockOptions};
+use dlock::{LockOptions, Locks};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,14 +26,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(str::to_owned)
             .collect();
     }
-    let locks = std::sync::Arc::new(RedlockBuilder::from_urls(urls).connect().await?);
+    let redlock = RedlockBuilder::from_urls(urls).connect().await?;
+    let (quorum, masters) = (redlock.quorum(), redlock.endpoints().len());
+    let locks = Locks::from(redlock);
     let opts = LockOptions::new(Duration::from_secs(10)).with_wait(Duration::from_secs(5));
     let lease = locks.acquire("examples/redlock", &opts).await?;
     println!(
         "held examples/redlock with fencing token {} (quorum {} of {})",
         lease.fencing_token(),
-        locks.quorum(),
-        locks.endpoints().len()
+        quorum,
+        masters
     );
     println!("released: {:?}", lease.release().await?);
     Ok(())

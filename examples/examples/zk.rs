@@ -12,11 +12,10 @@
 //! from a URL.
 
 use std::error::Error;
-use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::zk::ZkLock;
-use dlock::{DistributedLock, DistributedLockExt, LockOptions};
+use dlock::{LockOptions, Locks};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
@@ -26,7 +25,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .with_owner("zk-example")
         .connect()
         .await?;
-    let locks: Arc<dyn DistributedLock> = Arc::new(zk);
+    let locks = Locks::from(zk);
 
     // The lease follows the ZooKeeper session: held while connected, uncertain while
     // disconnected, lost when the session expires.

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{
-    Admin, DistributedLockExt, Eviction, Fenced, FencingToken, Holder, Holding, Lease, Owner,
-};
+use dlock_core::inspect::{Eviction, Holder, Holding};
+use dlock_core::{Admin, DistributedLockExt, Fenced, FencingToken, Lease, Owner};
 use tokio::time::Instant;
 
 use super::Ctx;

@@ -9,10 +9,10 @@ use dlock_core::backend::{
     Attempt, Capabilities, ExtendRequest, Extension, FencingGuarantee, Grant, LeaseRef, LockKey,
     LockRequest,
 };
+use dlock_core::inspect::{Eviction, HeldLock, Holder as HolderView, Holding};
 use dlock_core::layer::Layer;
 use dlock_core::{
-    Backoff, DistributedLock, Eviction, FencingToken, HeldLock, Holder as HolderView, Holding,
-    Owner, OwnerRecord, OwnerToken, Released, Result,
+    Backoff, DistributedLock, FencingToken, Owner, OwnerRecord, OwnerToken, Released, Result,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;

@@ -23,7 +23,7 @@ use crate::token::OwnerToken;
 /// The metrics layer: how often locks are contended, how long callers wait and hold, and how
 /// leases end, on the [`metrics`] facade (any exporter: Prometheus, StatsD, OpenTelemetry).
 ///
-/// Wrap any service in [`Metered`] (on the facade: `Locks::builder(url).with_metrics()`) and
+/// Wrap any service in [`Metered`] (on the facade: `dlock::builder(url).with_metrics()`) and
 /// install an exporter in the application. Every metric is labelled `backend`; with
 /// [`Metered::with_key_labels`] also `key` — off by default, since lock names can be unbounded
 /// (one per invoice, say) and every name would become a time series.

@@ -22,7 +22,7 @@ use crate::token::FencingToken;
 
 /// The tracing layer: one span per lock call, the same fields for every backend.
 ///
-/// Wrap any service in [`Traced`] (on the facade: `Locks::builder(url).with_tracing()`) and each
+/// Wrap any service in [`Traced`] (on the facade: `dlock::builder(url).with_tracing()`) and each
 /// call runs inside a span named after what the caller did:
 ///
 /// | span | call | fields |

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use dlock_core::inspect::{Eviction, Holder, Holding};
 use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, Error, Eviction, FencingToken, Holder, Holding,
-    LeaseState, LockOptions, LostReason, OwnerRecord, Released,
+    Admin, DistributedLock, DistributedLockExt, Error, FencingToken, LeaseState, LockOptions,
+    LostReason, OwnerRecord, Released,
 };
 use dlock_etcd::EtcdLock;
 use dlock_testkit::case;

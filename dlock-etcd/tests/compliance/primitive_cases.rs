@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLock, DistributedLockExt, Error, Holding, LockOptions};
+use dlock_core::inspect::Holding;
+use dlock_core::{DistributedLock, DistributedLockExt, Error, LockOptions};
 use dlock_etcd::EtcdLock;
 use tokio::time::Instant;
 

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use dlock_core::inspect::Eviction;
 use dlock_core::{
-    Admin, Backoff, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, LockOptions,
-    LostReason,
+    Admin, Backoff, DistributedLock, DistributedLockExt, Error, Fenced, LockOptions, LostReason,
 };
 use dlock_postgres::{advisory_key, AdvisoryKey, LOCKS_PER_SESSION};
 use dlock_testkit::case;
@@ -969,7 +969,7 @@ async fn a_release_is_announced_to_the_heads_client_only(env: Env) -> anyhow::Re
     );
     let (tag, queued): (String, String) = (rows[0].get(0), rows[0].get(1));
     let shown = match holder.holding(&name).await? {
-        dlock_core::Holding::Held(h) => h.waiting,
+        dlock_core::inspect::Holding::Held(h) => h.waiting,
         _ => None,
     };
     ensure!(shown == Some(1), "inspect shows {shown:?} waiters for one");

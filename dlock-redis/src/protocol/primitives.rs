@@ -27,7 +27,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use dlock_core::backend::{Extension, Primitive};
-use dlock_core::{FencingToken, Holder, OwnerRecord, Released};
+use dlock_core::inspect::Holder;
+use dlock_core::{FencingToken, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 

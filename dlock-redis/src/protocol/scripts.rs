@@ -85,7 +85,8 @@ use std::time::Duration;
 
 use dlock_core::backend::clock::ClockReading;
 use dlock_core::backend::Extension;
-use dlock_core::{Eviction, FencingToken, Holder, OwnerRecord, Released};
+use dlock_core::inspect::{Eviction, Holder};
+use dlock_core::{FencingToken, OwnerRecord, Released};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind};
 use tokio::time::Instant;

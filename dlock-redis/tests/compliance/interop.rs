@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use dlock_core::backend::LockKey;
-use dlock_core::{
-    Admin, DistributedLockExt, Eviction, FencingToken, Holder, Holding, LockOptions, Released,
-};
+use dlock_core::inspect::{Eviction, Holder, Holding};
+use dlock_core::{Admin, DistributedLockExt, FencingToken, LockOptions, Released};
 use dlock_redis::RedisLock;
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;

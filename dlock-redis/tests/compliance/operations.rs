@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::backend::LockKey;
+use dlock_core::inspect::{Eviction, Holding};
 use dlock_core::{
-    Admin, AutoRenew, DistributedLock, DistributedLockExt, Error, Eviction, Fenced, FencingToken,
-    Holding, LockOptions, OwnerRecord, Released,
+    Admin, AutoRenew, DistributedLock, DistributedLockExt, Error, Fenced, FencingToken,
+    LockOptions, OwnerRecord, Released,
 };
 use dlock_redis::{RedisLock, RedisLockBuilder};
 use dlock_testkit::case;

@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use dlock_core::backend::{LockKey, LockRequest, Primitive};
-use dlock_core::{
-    Backoff, DistributedLock, DistributedLockExt, Error, Holding, LockOptions, OwnerToken,
-};
+use dlock_core::inspect::Holding;
+use dlock_core::{Backoff, DistributedLock, DistributedLockExt, Error, LockOptions, OwnerToken};
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
 

@@ -83,7 +83,8 @@ async fn a_primitives_keys_share_a_slot_carry_the_holder_and_vanish_but_the_coun
     url: String,
 ) -> anyhow::Result<()> {
     use dlock_core::backend::{LockRequest, Primitive};
-    use dlock_core::{DistributedLock, Holding, OwnerToken};
+    use dlock_core::inspect::Holding;
+    use dlock_core::{DistributedLock, OwnerToken};
     use dlock_redis::protocol::keys::hash_slot;
     let locks: Arc<dyn DistributedLock> = Arc::new(
         RedisLock::builder(&url)

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use dlock_core::{DistributedLockExt, Holding, LockOptions, Released};
+use dlock_core::inspect::Holding;
+use dlock_core::{DistributedLockExt, LockOptions, Released};
 use dlock_redis::protocol::keys;
 use dlock_redis::protocol::scripts::{
     self, AcquireCall, AcquireReply, Publish, Queueing, ReleaseCall,

@@ -8,9 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{
-    Admin, AutoRenew, DistributedLockExt, Error, Eviction, Holding, LockOptions, Released,
-};
+use dlock_core::inspect::{Eviction, Holding};
+use dlock_core::{Admin, AutoRenew, DistributedLockExt, Error, LockOptions, Released};
 use dlock_redis::protocol::scripts;
 use dlock_redis::RedisLock;
 use dlock_testkit::case;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::ensure;
 use dlock_core::backend::LockKey;
-use dlock_core::{DistributedLock, DistributedLockExt, Holder, Holding, LockOptions};
+use dlock_core::inspect::{Holder, Holding};
+use dlock_core::{DistributedLock, DistributedLockExt, LockOptions};
 use dlock_testkit::case;
 use dlock_testkit::trials::Case;
 use redis::aio::MultiplexedConnection;

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::backend::LockKey;
+use dlock_core::inspect::{Eviction, Holding};
 use dlock_core::{
-    Admin, AutoRenew, DistributedLock, DistributedLockExt, Eviction, Fenced, FencingToken, Holding,
-    LockOptions, OwnerRecord, Released,
+    Admin, AutoRenew, DistributedLock, DistributedLockExt, Fenced, FencingToken, LockOptions,
+    OwnerRecord, Released,
 };
 use dlock_redis::protocol::keys::owner_key;
 use dlock_redlock::RedlockBuilder;

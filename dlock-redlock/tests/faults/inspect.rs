@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use dlock_core::backend::LockKey;
-use dlock_core::{
-    Admin, DistributedLock, DistributedLockExt, Error, Eviction, FencingToken, Holding, LockOptions,
-};
+use dlock_core::inspect::{Eviction, Holding};
+use dlock_core::{Admin, DistributedLock, DistributedLockExt, Error, FencingToken, LockOptions};
 use dlock_redis::protocol::keys::owner_key;
 use dlock_testkit::case;
 use dlock_testkit::fixtures::RedisMasters;

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use dlock_core::inspect::{Eviction, Holder, Holding};
 use dlock_core::{
-    Admin, DistributedLockExt, Eviction, Expiring, Fenced, FencingToken, Holder, Holding, Lease,
-    LeaseState, LockOptions, LostReason, Owner, OwnerRecord, Released,
+    Admin, DistributedLockExt, Expiring, Fenced, FencingToken, Lease, LeaseState, LockOptions,
+    LostReason, Owner, OwnerRecord, Released,
 };
 use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::ZkLock;

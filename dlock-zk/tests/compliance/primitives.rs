@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::backend::Primitive;
+use dlock_core::inspect::Holding;
 use dlock_core::{
-    DistributedLock, DistributedLockExt, Error, FencingToken, Holding, LockOptions, OwnerRecord,
-    Released,
+    DistributedLock, DistributedLockExt, Error, FencingToken, LockOptions, OwnerRecord, Released,
 };
 use dlock_testkit::fixtures::connect_docker;
 use dlock_zk::{Naming, ZkLock};

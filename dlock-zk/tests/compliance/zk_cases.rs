@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use dlock_core::{DistributedLockExt, Error, Holding, LockOptions, Released};
+use dlock_core::inspect::Holding;
+use dlock_core::{DistributedLockExt, Error, LockOptions, Released};
 use dlock_testkit::trials::{self, Case};
 use dlock_testkit::{case, FreezeProxy};
 use dlock_zk::ZkLock;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use dlock_core::backend::tls::TlsFiles;
-use dlock_core::{Admin, DistributedLockExt, Error, Holding, LockOptions};
+use dlock_core::inspect::Holding;
+use dlock_core::{Admin, DistributedLockExt, Error, LockOptions};
 use dlock_testkit::case;
 use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::connect_docker;

@@ -1,21 +1,34 @@
-//! [`Locks`]: the handle `dlock::connect` returns, a backend plus the URL's defaults.
+//! [`Locks`]: the handle an application holds, a backend plus the defaults for each acquire.
+//!
+//! Applications call the lock and its primitives through it and never see the backend's own
+//! calls ([`DistributedLock`]: `try_lock`, `extend`, `release` of a [`LeaseRef`](crate::backend::LeaseRef), …).
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use dlock_core::backend::url::redact_password;
-use dlock_core::backend::LockHandle;
-use dlock_core::layer::{Metered, Traced};
-use dlock_core::{
-    Admin, CriticalSection, DistributedLock, DistributedLockExt, Election, Holding, Lease,
-    LeaseWatch, LockOptions, MultiLease, Result, RwLock, Semaphore,
-};
+use crate::admin::Admin;
+use crate::backend::url::redact_password;
+use crate::backend::{DistributedLock, LockHandle};
+use crate::critical::CriticalSection;
+use crate::election::Election;
+use crate::error::Result;
+use crate::ext::DistributedLockExt;
+use crate::inspect::Holding;
+use crate::lease::Lease;
+use crate::multi::MultiLease;
+use crate::options::LockOptions;
+use crate::rwlock::RwLock;
+use crate::semaphore::Semaphore;
+use crate::state::LeaseWatch;
 
-/// A shared handle to the backend a URL names, with the per-acquire defaults the URL set.
+/// The handle an application holds: a shared backend with its per-acquire defaults.
 ///
-/// It is cheap to clone (clones share the backend) and offers every call of
-/// [`DistributedLockExt`](dlock_core::DistributedLockExt) as its own method, so no trait needs
+/// `dlock::connect(url)` returns one for the backend a URL names, with the URL's defaults;
+/// [`Locks::from`] makes one from a backend value (`Locks::from(InMemoryLock::new())`), with the
+/// default [`LockOptions`]. It offers the calls an application makes and none of the backend's
+/// own (those are [`DistributedLock`]'s, for backend authors and layers). It is cheap to clone (clones share the backend) and offers every call of
+/// [`DistributedLockExt`](crate::DistributedLockExt) as its own method, so no trait needs
 /// importing: [`try_acquire`](Self::try_acquire), [`acquire`](Self::acquire),
 /// [`holding`](Self::holding), [`with_lock`](Self::with_lock), [`acquire_all`](Self::acquire_all),
 /// [`try_acquire_all`](Self::try_acquire_all), [`semaphore`](Self::semaphore), [`rw`](Self::rw)
@@ -24,16 +37,17 @@ use dlock_core::{
 /// [`LockOptions`] of your own.
 ///
 /// Beside the lock it serves the primitives of every backend that declares them
-/// ([`Capabilities::primitives`](dlock_core::backend::Capabilities::primitives)):
+/// ([`Capabilities::primitives`](crate::backend::Capabilities::primitives)):
 /// [`semaphore`](Self::semaphore), [`rw`](Self::rw), [`election`](Self::election) and
 /// [`acquire_all`](Self::acquire_all). A backend that does not serve one answers
-/// [`Error::Unsupported`](dlock_core::Error::Unsupported) naming the backend and the primitive,
+/// [`Error::Unsupported`](crate::Error::Unsupported) naming the backend and the primitive,
 /// before anything is sent. A name used as a lock, a semaphore, a read-write lock and an election
 /// names four independent things.
 ///
-/// `connect` returns this rather than a bare `Arc<dyn DistributedLock>` because a URL's `ttl`,
-/// `wait` and `drift` are defaults for each acquire, not settings of the backend; they need a
-/// place to live. [`backend`](Self::backend) gives the trait object itself.
+/// It is not the trait object itself because a URL's `ttl`, `wait` and `drift` are defaults for
+/// each acquire, not settings of the backend; they need a place to live, and an application
+/// needs none of the backend's calls. [`backend`](Self::backend) gives the trait object, for
+/// tools that wrap or drive a backend.
 #[derive(Clone)]
 pub struct Locks {
     backend: Arc<dyn DistributedLock>,
@@ -42,15 +56,6 @@ pub struct Locks {
 }
 
 impl Locks {
-    /// A builder for a handle on the backend `url` names, with layers around it:
-    /// `Locks::builder(url).with_tracing().with_metrics().connect().await`.
-    pub fn builder(url: &str) -> LocksBuilder {
-        LocksBuilder {
-            url: url.to_owned(),
-            layers: Layers::default(),
-        }
-    }
-
     /// The operator's handle on the same backend: list the held locks, evict a stuck holder.
     pub fn admin(&self) -> Admin {
         Admin::new(&self.backend)
@@ -66,7 +71,7 @@ impl Locks {
         }
     }
 
-    /// The backend, as the trait object services keep.
+    /// The backend, as the trait object that layers wrap and backend authors drive.
     pub fn backend(&self) -> &Arc<dyn DistributedLock> {
         &self.backend
     }
@@ -77,7 +82,8 @@ impl Locks {
         &self.options
     }
 
-    /// The URL this handle was made from, with its password hidden.
+    /// The URL this handle was made from, with its password hidden; for a handle made
+    /// [`from`](Self::from) a backend value, the backend's name and `://` (`memory://`).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -87,8 +93,8 @@ impl Locks {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> dlock::Result<()> {
-    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// # async fn main() -> dlock_core::Result<()> {
+    /// let locks = dlock_core::Locks::from(dlock_core::InMemoryLock::new());
     /// let lease = locks.try_acquire("reports/daily", locks.options()).await?;
     /// assert!(lease.is_some());
     /// assert!(locks.try_acquire("reports/daily", locks.options()).await?.is_none()); // busy
@@ -102,7 +108,7 @@ impl Locks {
     }
 
     /// Waits until the lock `key` is held, or until `opts.wait` has passed
-    /// ([`Error::Timeout`](dlock_core::Error::Timeout)); see [`DistributedLockExt::acquire`].
+    /// ([`Error::Timeout`](crate::Error::Timeout)); see [`DistributedLockExt::acquire`].
     ///
     /// # Cancel safety
     /// Cancel safe in effect, as [`DistributedLockExt::acquire`] says.
@@ -124,8 +130,8 @@ impl Locks {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> dlock::Result<()> {
-    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// # async fn main() -> dlock_core::Result<()> {
+    /// let locks = dlock_core::Locks::from(dlock_core::InMemoryLock::new());
     /// let done = locks
     ///     .with_lock("reports/daily", locks.options(), |_lease| async { 42 })
     ///     .await?;
@@ -152,17 +158,17 @@ impl Locks {
     /// The semaphore `name` of `permits` permits ([`Semaphore`]): up to `permits` holders at
     /// once, each with a lease and a fencing token of its own. Every client of the name must
     /// pass the same `permits`; while the name is in use, another number is refused with
-    /// [`Error::Mismatch`](dlock_core::Error::Mismatch).
+    /// [`Error::Mismatch`](crate::Error::Mismatch).
     ///
-    /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) for a bad name or
-    /// `permits` outside 1 to [`MAX_PERMITS`](dlock_core::limits::MAX_PERMITS), and with
-    /// [`Error::Unsupported`](dlock_core::Error::Unsupported) where the backend has no
+    /// Fails with [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad name or
+    /// `permits` outside 1 to [`MAX_PERMITS`](crate::limits::MAX_PERMITS), and with
+    /// [`Error::Unsupported`](crate::Error::Unsupported) where the backend has no
     /// semaphore; nothing is sent.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> dlock::Result<()> {
-    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// # async fn main() -> dlock_core::Result<()> {
+    /// let locks = dlock_core::Locks::from(dlock_core::InMemoryLock::new());
     /// let crawlers = locks.semaphore("crawlers", 2)?;
     /// let one = crawlers.acquire(locks.options()).await?;
     /// let two = crawlers.acquire(locks.options()).await?;
@@ -180,14 +186,14 @@ impl Locks {
     /// that waits holds back the readers that arrive after it, and a writer's fencing token is
     /// greater than that of every reader granted before it.
     ///
-    /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) for a bad name and
-    /// with [`Error::Unsupported`](dlock_core::Error::Unsupported) where the backend has no
+    /// Fails with [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad name and
+    /// with [`Error::Unsupported`](crate::Error::Unsupported) where the backend has no
     /// read-write lock; nothing is sent.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> dlock::Result<()> {
-    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// # async fn main() -> dlock_core::Result<()> {
+    /// let locks = dlock_core::Locks::from(dlock_core::InMemoryLock::new());
     /// let config = locks.rw("config")?;
     /// let a = config.read(locks.options()).await?;
     /// let b = config.read(locks.options()).await?; // readers share
@@ -207,14 +213,14 @@ impl Locks {
     /// value, [`leader`](Election::leader) and [`observe`](Election::observe) to see who leads;
     /// a leadership's term is its fencing token, strictly greater for every later leader.
     ///
-    /// Fails with [`Error::InvalidInput`](dlock_core::Error::InvalidInput) for a bad name and
-    /// with [`Error::Unsupported`](dlock_core::Error::Unsupported) where the backend has no
+    /// Fails with [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad name and
+    /// with [`Error::Unsupported`](crate::Error::Unsupported) where the backend has no
     /// election; nothing is sent.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> dlock::Result<()> {
-    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// # async fn main() -> dlock_core::Result<()> {
+    /// let locks = dlock_core::Locks::from(dlock_core::InMemoryLock::new());
     /// let election = locks.election("scheduler")?;
     /// let opts = locks.options().clone().with_auto_renew();
     /// let leadership = election.campaign("10.0.0.7:8080", &opts).await?;
@@ -235,15 +241,13 @@ impl Locks {
     /// not deadlock; each key's lease has its own fencing token. See
     /// [`DistributedLockExt::acquire_all`].
     ///
-    /// An empty list, a key named twice or more than [`MAX_KEYS`](dlock_core::limits::MAX_KEYS) keys is
-    /// [`Error::InvalidInput`](dlock_core::Error::InvalidInput), and nothing is sent.
+    /// An empty list, a key named twice or more than [`MAX_KEYS`](crate::limits::MAX_KEYS) keys is
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput), and nothing is sent.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> dlock::Result<()> {
-    /// use dlock::DistributedLockExt;
-    ///
-    /// let locks = dlock::connect("memory://?ttl=10s&wait=1s").await?;
+    /// # async fn main() -> dlock_core::Result<()> {
+    /// let locks = dlock_core::Locks::from(dlock_core::InMemoryLock::new());
     /// let both = locks.acquire_all(&["accounts/7", "accounts/3"], locks.options()).await?;
     /// assert!(locks.try_acquire("accounts/3", locks.options()).await?.is_none());
     /// let token = both.fencing_token("accounts/7").expect("one of the keys");
@@ -263,8 +267,8 @@ impl Locks {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> dlock::Result<()> {
-    /// let locks = dlock::connect("memory://?ttl=10s").await?;
+    /// # async fn main() -> dlock_core::Result<()> {
+    /// let locks = dlock_core::Locks::from(dlock_core::InMemoryLock::new());
     /// let first = locks.try_acquire_all(&["a", "b"], locks.options()).await?;
     /// assert!(first.is_some());
     /// // "b" is busy, so "c" is not kept either.
@@ -290,6 +294,15 @@ impl LockHandle for Locks {
     }
 }
 
+impl<B: DistributedLock> From<B> for Locks {
+    /// A handle on `backend` with the default [`LockOptions`]:
+    /// `Locks::from(InMemoryLock::new())`.
+    fn from(backend: B) -> Self {
+        let url = format!("{}://", backend.backend_name());
+        Locks::new(Arc::new(backend), LockOptions::default(), &url)
+    }
+}
+
 impl From<Locks> for Arc<dyn DistributedLock> {
     fn from(locks: Locks) -> Self {
         locks.backend
@@ -303,105 +316,6 @@ impl fmt::Debug for Locks {
             .field("url", &self.url)
             .field("backend", &self.backend.backend_name())
             .field("options", &self.options)
-            .finish()
-    }
-}
-
-/// Which layers go around the backend.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Layers {
-    pub(crate) tracing: bool,
-    pub(crate) metrics: bool,
-    pub(crate) metrics_keys: bool,
-}
-
-impl Layers {
-    /// Every layer that either asks for.
-    pub(crate) fn or(self, other: Layers) -> Layers {
-        Layers {
-            tracing: self.tracing || other.tracing,
-            metrics: self.metrics || other.metrics || self.metrics_keys || other.metrics_keys,
-            metrics_keys: self.metrics_keys || other.metrics_keys,
-        }
-    }
-
-    /// `backend` inside the layers: metrics outermost, so that they count what the caller saw,
-    /// and the tracing spans inside them hold the backend's own events.
-    pub(crate) fn around(self, backend: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
-        let backend: Arc<dyn DistributedLock> = if self.tracing {
-            Arc::new(Traced::new(backend))
-        } else {
-            backend
-        };
-        match (self.metrics, self.metrics_keys) {
-            (_, true) => Arc::new(Metered::new(backend).with_key_labels()),
-            (true, false) => Arc::new(Metered::new(backend)),
-            (false, false) => backend,
-        }
-    }
-}
-
-/// How [`Locks::builder`] connects: the URL and the layers to put around its backend. Without
-/// a layer the backend is used as it is, so what is not enabled costs nothing.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> dlock::Result<()> {
-/// use dlock::Locks;
-///
-/// let locks = Locks::builder("memory://?ttl=10s")
-///     .with_tracing() // one span per call (see dlock_core::layer::Traced)
-///     .with_metrics() // counters, gauges, histograms (see dlock_core::layer::Metered)
-///     .connect()
-///     .await?;
-/// let lease = locks.acquire("reports/daily", locks.options()).await?;
-/// lease.release().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct LocksBuilder {
-    url: String,
-    layers: Layers,
-}
-
-impl LocksBuilder {
-    /// Traces every call in a span ([`Traced`]); also `tracing=true` in the URL.
-    pub fn with_tracing(mut self) -> Self {
-        self.layers.tracing = true;
-        self
-    }
-
-    /// Records metrics of every call on the `metrics` facade ([`Metered`]), labelled by
-    /// backend; also `metrics=true` in the URL. The application installs the exporter.
-    pub fn with_metrics(mut self) -> Self {
-        self.layers.metrics = true;
-        self
-    }
-
-    /// As [`with_metrics`](Self::with_metrics), with each lock's name as a `key` label too
-    /// (`metrics_keys=true` in the URL): only for a bounded set of lock names, since every name
-    /// becomes a time series.
-    pub fn with_metrics_per_key(mut self) -> Self {
-        self.layers.metrics = true;
-        self.layers.metrics_keys = true;
-        self
-    }
-
-    /// Connects as [`connect`](crate::connect) does, with the layers.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a connection opened by a cancelled call is closed when dropped.
-    pub async fn connect(self) -> Result<Locks> {
-        crate::connect::connect_with(&self.url, self.layers).await
-    }
-}
-
-impl fmt::Debug for LocksBuilder {
-    /// The URL without its password, and the layers.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LocksBuilder")
-            .field("url", &redact_password(&self.url))
-            .field("layers", &self.layers)
             .finish()
     }
 }
@@ -431,11 +345,7 @@ mod tests {
 
     #[test]
     fn locks_offers_every_call_of_the_extension_trait() {
-        let ext = calls(
-            "../dlock-core/src/ext.rs",
-            "pub trait DistributedLockExt",
-            "    fn ",
-        );
+        let ext = calls("src/ext.rs", "pub trait DistributedLockExt", "    fn ");
         assert!(ext.len() >= 9, "the trait's calls were not found: {ext:?}");
         let mut locks = calls("src/locks.rs", "impl Locks {", "    pub fn ");
         locks.extend(calls("src/locks.rs", "impl Locks {", "    pub async fn "));
