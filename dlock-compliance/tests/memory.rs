@@ -21,8 +21,14 @@ impl Inspect for Entries {
     }
 }
 
+/// Cases run at once unless `--test-threads` says otherwise. In process, a case spends its time
+/// waiting on its timers (TTLs, waits), not computing: the binary took 68 s with one case per
+/// core and 22 s with 16 at once, with under a second of CPU either way.
+const CASES_AT_ONCE: usize = 16;
+
 fn main() {
-    let args = libtest_mimic::Arguments::from_args();
+    let mut args = libtest_mimic::Arguments::from_args();
+    args.test_threads.get_or_insert(CASES_AT_ONCE);
     let service = InMemoryLock::new();
     let capabilities = service.capabilities();
 

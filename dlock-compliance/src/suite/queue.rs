@@ -20,6 +20,10 @@ const HAND_OFF: Duration = Duration::from_millis(50);
 /// The bound on the slowest round: [`HAND_OFF`] plus room for a scheduling hiccup on a loaded
 /// machine. A place left in the queue costs far more — the session timeout, seconds.
 const SLOWEST_HAND_OFF: Duration = Duration::from_millis(500);
+const _: () = assert!(
+    ROUNDS < 100,
+    "the p99 of fewer than 100 rounds is the slowest"
+);
 
 /// How long the middle waiter waits before it gives up.
 const GIVE_UP_AFTER: Duration = Duration::from_millis(1_000);
@@ -76,16 +80,21 @@ async fn hand_off_past_a_waiter_that_gave_up(cx: Ctx, how: GivesUp) -> anyhow::R
         let released = Instant::now();
         holder.release().await?;
         let (held, lease) = behind.await??;
-        hand_offs.push(held.saturating_duration_since(released));
+        let hand_off = held.saturating_duration_since(released);
         lease.release().await?;
+        // With this many rounds the p99 is the slowest round: one over the bound decides.
+        ensure!(
+            hand_off <= SLOWEST_HAND_OFF,
+            "round {round}: after a waiter {}, the next waiter held {hand_off:?} after the \
+             release (at most {SLOWEST_HAND_OFF:?}): something stood in its way",
+            gave_up(how)
+        );
+        hand_offs.push(hand_off);
     }
     hand_offs.sort();
     let p99 = hand_offs[(hand_offs.len() * 99).div_ceil(100) - 1];
     let median = hand_offs[hand_offs.len() / 2];
-    let gave_up = match how {
-        GivesUp::TimesOut => "timed out",
-        GivesUp::IsDropped => "was dropped",
-    };
+    let gave_up = gave_up(how);
     eprintln!(
         "[hand-off] {}: after a waiter {gave_up}: median {median:?}, p99 {p99:?} over {ROUNDS} rounds",
         cx.subject().name()
@@ -96,6 +105,14 @@ async fn hand_off_past_a_waiter_that_gave_up(cx: Ctx, how: GivesUp) -> anyhow::R
          p99 {p99:?}) after the release: something stood in its way"
     );
     Ok(())
+}
+
+/// How the middle waiter gave up, for messages.
+fn gave_up(how: GivesUp) -> &'static str {
+    match how {
+        GivesUp::TimesOut => "timed out",
+        GivesUp::IsDropped => "was dropped",
+    }
 }
 
 /// B's acquire, which must end without the lock, as `how` says.
