@@ -29,7 +29,6 @@ use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, EtcdCluster};
 use dlock_testkit::{trials, url_target};
-use libtest_mimic::Arguments;
 
 use etcd_cases::etcd_trials;
 use support::{client, count, raw, NAMESPACE};
@@ -110,7 +109,7 @@ fn subject(
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = trials::arguments();
     if EtcdCluster::needs_docker() && docker_opt_out() {
         let mut trials = suite::placeholder_trials("etcd", declared());
         trials.extend(trials::placeholders(etcd_cases::names()));

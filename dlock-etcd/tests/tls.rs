@@ -33,7 +33,7 @@ use dlock_testkit::fixtures::{docker_opt_out, EtcdTlsServer};
 use dlock_testkit::trials::{self, Case};
 use dlock_testkit::{case, url_target, Freeze, FreezeProxy};
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 use tokio::time::Instant;
 
 use support::{count, NAMESPACE, TRIAL_BUDGET};
@@ -547,7 +547,7 @@ fn names() -> Vec<String> {
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = trials::arguments();
     if docker_opt_out() {
         let mut trials = suite::placeholder_trials("etcd-tls", declared());
         trials.extend(trials::placeholders(names()));

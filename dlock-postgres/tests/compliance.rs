@@ -35,7 +35,6 @@ use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, PostgresOptions, PostgresServer};
 use dlock_testkit::{trials, url_target, url_via};
-use libtest_mimic::Arguments;
 
 use support::{client, raw};
 
@@ -113,7 +112,7 @@ fn subject(
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = trials::arguments();
     if PostgresServer::needs_docker() && docker_opt_out() {
         let mut trials = suite::placeholder_trials("postgres", declared());
         trials.extend(trials::placeholders(pg_cases::names()));

@@ -34,13 +34,13 @@ use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::{docker_opt_out, RedisCluster, CLUSTER_PASSWORD, CLUSTER_USER};
 use dlock_testkit::trials::{self, Case};
 use dlock_testkit::Members;
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 use tokio::runtime::Handle;
 
 use crate::support::{unique, waiting_without_polling, PROMPT};
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = trials::arguments();
     if RedisCluster::needs_docker() && docker_opt_out() {
         let mut trials = suite::trials(&placeholder_subject());
         trials.extend(trials::placeholders(trials::names(

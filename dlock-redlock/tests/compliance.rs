@@ -37,11 +37,11 @@ use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, RedisMasters};
 use dlock_testkit::{trials, url_target, url_via, Members};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 use tokio::runtime::Handle;
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = trials::arguments();
     if RedisMasters::needs_docker() && docker_opt_out() {
         let mut trials = suite::trials(&placeholder_subject());
         trials.extend(own_trials(Vec::new()));

@@ -35,7 +35,7 @@ use dlock_core::DistributedLock;
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions};
 use dlock_testkit::{trials, Freeze, FreezeProxy};
 use dlock_zk::{decode_key, ZkLockBuilder, DEFAULT_ROOT};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 
 use support::proxied::Proxied;
 use support::{client_with, raw, shared, url, SESSION, SHORT_SESSION, TICK};
@@ -117,7 +117,7 @@ fn subject(
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = trials::arguments();
     if docker_opt_out() {
         let mut trials = suite::placeholder_trials("zookeeper", declared());
         trials.extend(trials::placeholders(zk_cases::names()));

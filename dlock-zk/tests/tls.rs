@@ -30,7 +30,7 @@ use dlock_testkit::certs::TestCerts;
 use dlock_testkit::fixtures::{docker_opt_out, ZkEnsemble, ZkOptions, ZkTlsFiles};
 use dlock_testkit::{trials, Freeze, FreezeProxy};
 use dlock_zk::{decode_key, ZkLock, ZkLockBuilder, DEFAULT_ROOT};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 
 use support::proxied::Proxied;
 use support::{raw, SESSION, SHORT_SESSION, TICK};
@@ -153,7 +153,7 @@ fn subject(env: &Env, capabilities: Capabilities, outage: Outage) -> anyhow::Res
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = trials::arguments();
     if docker_opt_out() {
         let mut trials = suite::placeholder_trials("zookeeper-tls", declared());
         trials.extend(trials::placeholders(cases::names()));
