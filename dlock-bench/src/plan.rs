@@ -63,8 +63,8 @@ pub const QUICK: Plan = Plan {
     waiting_tasks: &[2, 16],
     frozen_cycles: 10,
     leases: 1_000,
-    lease_counts: &[1, 100, 1_000],
+    lease_counts: &[1, 1_000],
     taking_budget: Duration::from_secs(20),
     renew_ttl: Duration::from_millis(1_200),
-    observe: Duration::from_millis(800),
+    observe: Duration::from_millis(600),
 };
