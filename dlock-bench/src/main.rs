@@ -42,6 +42,7 @@ use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use dlock_testkit::fixtures::{host_network, NETWORK_ENV};
 use dlock_testkit::page::{self, Stamp};
 use dlock_testkit::registry::{self, dlock_backends};
 
@@ -114,6 +115,12 @@ fn main() -> anyhow::Result<()> {
         if let Some(url) = flag {
             std::env::set_var(env, url);
         }
+    }
+    // Servers the run starts listen on the host's network, as a server on the client's own
+    // machine would: Docker's bridge would add its cost to every request of every side and hide
+    // the server's own. `DLOCK_TEST_NETWORK=bridge` measures through the bridge instead.
+    if std::env::var_os(NETWORK_ENV).is_none() {
+        std::env::set_var(NETWORK_ENV, "host");
     }
     // What a service that turns the layers on runs with: a metrics exporter installed, and a
     // subscriber at INFO for dlock (its per-call spans are DEBUG, so they are created disabled)
@@ -329,5 +336,12 @@ async fn measure(
 
 /// Cores and CPU model, and where the servers ran, as the report states them.
 fn machine() -> String {
-    format!("{}; servers in Docker containers, reached at their addresses on Docker's bridge networks where the host can (not through the port proxy); the machine is shared, so figures are noisy", page::machine())
+    let servers = match host_network() {
+        Ok(true) => "servers in Docker containers on the host's network, reached on loopback (no bridge or port proxy in the path), except those given by URL",
+        _ => "servers in Docker containers on Docker's bridge networks, reached at their bridge addresses (not through the port proxy), except those given by URL",
+    };
+    format!(
+        "{}; {servers}; the machine is shared, so figures are noisy",
+        page::machine()
+    )
 }

@@ -436,7 +436,7 @@ pub fn goals_table(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Goals (issue #20), {} run of {} on {}\n",
+        "Goals (issue #45), {} run of {} on {}\n",
         if report.quick { "quick" } else { "full" },
         report.date,
         report.machine
@@ -575,77 +575,40 @@ fn cycle_p50(s: &SideReport) -> Option<f64> {
     Some(s.cycle.p50_us)
 }
 
-/// The issue's goals, each with this run's figure (or why it has none).
+/// The issue's goals, each with this run's figure (or why it has none): issue #45's, against
+/// the peers and floors measured in the same run.
 pub fn goals(report: &Report) -> Vec<Goal> {
     let mut goals = Vec::new();
-    let redis = report.backend("redis");
-    let redlock = report.backend("redlock");
-    for tasks in [16, 256] {
-        let value = redis.clone().and_then(|b| {
-            let hot = b.waiting.iter().find(|h| h.tasks == tasks).ok_or_else(|| {
-                format!(
-                    "not measured: this run stops at {} tasks",
-                    report.plan.waiting_tasks.iter().max().copied().unwrap_or(0)
-                )
-            })?;
-            hot.server_per_acquisition
-                .ok_or_else(|| per_acquisition(hot, &b.server_count))
-        });
-        goals.push(goal(
-            format!("single Redis: requests (script calls, counted by the server) per acquisition, hot key, {tasks} tasks"),
-            value,
-            Bound::AtMost(4.0),
-            &plain,
-        ));
-    }
-    goals.push(goal(
-        format!(
-            "Redlock: hot-key hand-offs to another task, {} tasks, ÷ single Redis's",
-            report.plan.contenders
-        ),
-        redlock.clone().and_then(|rl| {
-            let (a, b) = (rl.hot()?, redis.clone()?.hot()?);
-            ratio(Some(a.handoffs_per_s), Some(b.handoffs_per_s))
-                .ok_or_else(|| "no hand-offs on single Redis".to_owned())
-        }),
-        Bound::AtLeast(0.5),
-        &times,
-    ));
-    goals.push(goal(
-        "Redlock: hand-offs to another task as a share of acquisitions".to_owned(),
-        redlock.clone().and_then(|b| Ok(b.hot()?.handoff_share)),
-        Bound::AtLeast(0.9),
-        &percent,
-    ));
-    goals.push(goal(
-        "Redlock: hand-off p99".to_owned(),
-        redlock.clone().and_then(|b| Ok(b.hot()?.handoff.p99_us)),
-        Bound::AtMost(2_000.0),
-        &micros,
-    ));
     // dlock against another side of the same backend.
-    let tput64 = at_tasks(64);
-    let compared: [(&str, &str, Kind, Pick, Bound); 5] = [
+    let (tput16, tput64) = (at_tasks(16), at_tasks(64));
+    let compared: [(&str, &str, Kind, Pick, Bound); 8] = [
         (
             "redis",
-            "single Redis: 64 tasks on one client ÷ floor",
-            Kind::Floor,
+            "single Redis: 64 tasks on one client ÷ the bare lock",
+            Kind::Peer,
             &tput64,
-            Bound::AtLeast(0.9),
+            Bound::AtLeast(1.0),
+        ),
+        (
+            "redis",
+            "single Redis: 16 tasks on one client ÷ the bare lock",
+            Kind::Peer,
+            &tput16,
+            Bound::AtLeast(1.0),
+        ),
+        (
+            "redis",
+            "single Redis: uncontended cycle p50 ÷ the bare lock's",
+            Kind::Peer,
+            &cycle_p50,
+            Bound::AtMost(1.1),
         ),
         (
             "redlock",
             "Redlock: 64 tasks ÷ rslock",
             Kind::Peer,
             &tput64,
-            Bound::AtLeast(1.0),
-        ),
-        (
-            "redlock",
-            "Redlock: 64 tasks ÷ two-round floor",
-            Kind::Floor,
-            &tput64,
-            Bound::AtLeast(0.9),
+            Bound::AtLeast(1.2),
         ),
         (
             "etcd",
@@ -661,26 +624,105 @@ pub fn goals(report: &Report) -> Vec<Goal> {
             &tput64,
             Bound::AtLeast(1.0),
         ),
+        (
+            "postgres",
+            "PostgreSQL: uncontended cycle p50 ÷ its two-statement floor",
+            Kind::Floor,
+            &cycle_p50,
+            Bound::AtMost(1.3),
+        ),
+        (
+            "postgres",
+            "PostgreSQL: 64 tasks ÷ its two-statement floor",
+            Kind::Floor,
+            &tput64,
+            Bound::AtLeast(0.6),
+        ),
     ];
     for (name, measurement, other, pick, bound) in compared {
         let value = report.backend(name).and_then(|b| b.against(other, pick));
         goals.push(goal(measurement.to_owned(), value, bound, &times));
     }
-    goals.push(goal(
-        "ZooKeeper: cycle on a fresh key p50 ÷ create parent + create + list + delete".to_owned(),
-        report.backend("zk").and_then(|b| {
-            let fresh = b.fresh.as_ref().ok_or("no fresh-key floor")?;
-            ratio(Some(fresh.dlock.p50_us), Some(fresh.floor.p50_us))
-                .ok_or_else(|| "no figure".to_owned())
+    let fresh = report.backend("redlock").and_then(|b| {
+        b.fresh
+            .as_ref()
+            .ok_or_else(|| "no fresh-key cycles".to_owned())
+    });
+    let mut row = goal(
+        "Redlock: uncontended cycle on a fresh key p50 ÷ rslock's".to_owned(),
+        fresh.clone().and_then(|f| {
+            ratio(Some(f.dlock.p50_us), Some(f.floor.p50_us)).ok_or_else(|| "no figure".to_owned())
         }),
         Bound::AtMost(1.1),
         &times,
+    );
+    if let (Ok(f), Some(_)) = (fresh, row.met) {
+        row.shown = format!(
+            "{} ({} against {})",
+            row.shown,
+            micros(f.dlock.p50_us),
+            micros(f.floor.p50_us)
+        );
+    }
+    goals.push(row);
+    let redis = report.backend("redis");
+    let redlock = report.backend("redlock");
+    goals.push(goal(
+        format!(
+            "Redlock: hot-key hand-offs to another task, {} tasks, ÷ single Redis's",
+            report.plan.contenders
+        ),
+        redlock.clone().and_then(|rl| {
+            let (a, b) = (rl.hot()?, redis?.hot()?);
+            ratio(Some(a.handoffs_per_s), Some(b.handoffs_per_s))
+                .ok_or_else(|| "no hand-offs on single Redis".to_owned())
+        }),
+        Bound::AtLeast(0.5),
+        &times,
+    ));
+    goals.push(goal(
+        "Redlock: hand-offs to another task as a share of acquisitions".to_owned(),
+        redlock.and_then(|b| Ok(b.hot()?.handoff_share)),
+        Bound::AtLeast(0.9),
+        &percent,
     ));
     for backend in &report.backends {
-        goals.push(waiters_flat(backend));
-        goals.push(leases_flat(backend));
+        goals.extend(primitives_at_lock_cost(backend));
     }
+    for backend in &report.backends {
+        goals.push(waiters_flat(backend));
+    }
+    goals.push(goal(
+        "nothing measured before gets slower by more than noise".to_owned(),
+        Err("not measured in one run: compare this page with the one it replaces".to_owned()),
+        Bound::AtMost(1.0),
+        &times,
+    ));
     goals
+}
+
+/// Each of dlock's primitives: its uncontended cycle p50 ÷ the lock's on the same backend.
+fn primitives_at_lock_cost(backend: &BackendReport) -> Vec<Goal> {
+    let lock = backend.dlock().map(|s| s.cycle.p50_us);
+    backend
+        .sides
+        .iter()
+        .filter(|s| matches!(s.kind, Kind::Primitive(_)))
+        .map(|side| {
+            let value = lock.clone().and_then(|lock| {
+                ratio(Some(side.cycle.p50_us), Some(lock)).ok_or_else(|| "no figure".to_owned())
+            });
+            goal(
+                format!(
+                    "{}: {} uncontended cycle p50 ÷ the lock's",
+                    backend.name, side.label
+                ),
+                value,
+                Bound::AtMost(1.3),
+                &times,
+            )
+        })
+        .collect()
 }
 
 /// Hand-offs flat per waiter: hand-off p50 and server requests per acquisition at the most
@@ -718,59 +760,6 @@ fn waiters_flat(backend: &BackendReport) -> Goal {
                 b.server_per_acquisition.map_or("—".into(), plain),
             );
         }
-    }
-    row
-}
-
-/// Renewal flat per lease: client memory, client CPU and server requests per lease at the most
-/// leases, each ÷ the same at the count before; the largest against [`FLAT`]. Fewer leases
-/// than asked for fail it.
-fn leases_flat(backend: &BackendReport) -> Goal {
-    let runs = growth(backend);
-    let pair = runs.len().checked_sub(2).map(|i| (runs[i], runs[i + 1]));
-    let measurement = match pair {
-        Some((a, b)) => format!(
-            "{}: cost per held lease at {} ÷ at {} (memory, CPU, server requests)",
-            backend.name, b.leases, a.leases
-        ),
-        None => format!("{}: cost growth per held lease", backend.name),
-    };
-    let Some((a, b)) = pair else {
-        return goal(
-            measurement,
-            Err("fewer than two lease counts".to_owned()),
-            Bound::AtMost(FLAT),
-            &times,
-        );
-    };
-    let per = |r: &Renewing, total: Option<f64>| total.map(|t| t / r.taken.max(1) as f64);
-    let grows = [
-        ratio(Some(b.bytes_per_lease), Some(a.bytes_per_lease)),
-        ratio(per(b, Some(b.cpu_per_s)), per(a, Some(a.cpu_per_s))),
-        ratio(per(b, b.server_per_s), per(a, a.server_per_s)),
-    ];
-    let value = grows
-        .iter()
-        .flatten()
-        .copied()
-        .reduce(f64::max)
-        .ok_or_else(|| "no figure".to_owned());
-    let mut row = goal(measurement, value, Bound::AtMost(FLAT), &times);
-    let show = |g: Option<f64>| g.map_or("—".to_owned(), times);
-    row.shown = format!(
-        "{} (memory {}, CPU {}, server {})",
-        row.shown,
-        show(grows[0]),
-        show(grows[1]),
-        show(grows[2])
-    );
-    if !b.all_held {
-        row.met = Some(false);
-        row.shown = format!(
-            "{}; {}",
-            row.shown,
-            b.note.clone().unwrap_or_else(|| "some leases lost".into())
-        );
     }
     row
 }

@@ -211,6 +211,18 @@ impl Deployment {
         Ok(endpoints)
     }
 
+    /// Where the servers run, as a report states it.
+    pub fn whereabouts(&self) -> &'static str {
+        match self.members() {
+            Ok([]) => "in process",
+            Ok(members) if members.iter().all(Member::on_host_network) => {
+                "containers on the host's network"
+            }
+            Ok(_) => "containers on Docker bridge networks",
+            Err(_) => "servers given by URL",
+        }
+    }
+
     /// The members' containers; an error for external servers, and none in-process.
     pub fn members(&self) -> Result<&[Member]> {
         match self {

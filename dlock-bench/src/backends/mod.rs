@@ -61,6 +61,7 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         _ => Box::pin(dlock_only::start(backend)),
     };
     let mut setup = starting.await?;
+    setup.servers = format!("{}, {}", setup.servers, setup.deployment.whereabouts());
     setup.sides.insert(1, Side::layered(&setup.locks));
     // After the lock's sides, before any peer recipe a backend added for a primitive.
     let at = setup

@@ -59,6 +59,9 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         connect(joined.split(' ').map(str::to_owned).collect()).await
     });
     let rslock = rslock::LockManager::new(urls.clone());
+    // rslock's cycle on a key nobody used, beside dlock's: a fresh key is what a job lock on a
+    // new order or invoice meets.
+    let fresh_floor: Arc<dyn Locker> = Arc::new(Peer(rslock.clone()));
     let sides = vec![
         Side::dlock("dlock RedlockLock", &locks, &client),
         Side::floor(
@@ -91,7 +94,7 @@ pub async fn start(backend: &'static Backend) -> anyhow::Result<Setup> {
         renewal_note: "a TTL per key; batched: one script to every master re-arms up to 500 leases (a request is one round to all masters)",
         server_count,
         max_clients: None,
-        fresh_floor: None,
+        fresh_floor: Some(("rslock".to_owned(), fresh_floor)),
         freeze,
         deployment,
     })
