@@ -632,6 +632,7 @@ impl AttemptNames {
             record: &self.record,
             ttl,
             fence_ttl: client.fence_ttl(),
+            least_start: None,
             queue: client.queueing(&self.channel, entry_lifetime),
         }
     }

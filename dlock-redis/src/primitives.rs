@@ -96,7 +96,7 @@ impl RedisView {
         let sent = Instant::now();
         let owner_ = owner.clone();
         let (reply, acknowledged) = on_server!(self, "acquire", |con| {
-            primitives::acquire(&mut con, keys, mode, &owner_, record, ttl, fence_ttl).await
+            primitives::acquire(&mut con, keys, mode, &owner_, record, ttl, fence_ttl, None).await
         })?;
         if let (PrimitiveReply::Granted(_), Some(acks)) = (&reply, self.lock.inner.acks) {
             if let Err(unacknowledged) = acks.check("acquire", acknowledged) {

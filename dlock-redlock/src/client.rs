@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use dlock_core::backend::clock::ClockWatch;
@@ -366,6 +366,31 @@ impl RedlockLock {
     }
 }
 
+/// How far ahead of the client's clock a new fencing counter starts at the least (1 s, in µs):
+/// more than the masters' clocks are ahead of the client's and a request takes to reach them, so
+/// that every master of a fresh key starts its counter at the client's value, not at its own
+/// clock. Tokens stay above those before a lost counter while no clock, the masters' or the
+/// clients', lags the one that started it by more than the time since (see
+/// `dlock_redis::protocol::scripts`).
+const NEW_COUNTER_LEAD_MICROS: u64 = 1_000_000;
+
+/// One least start for a counter no master has yet, the same on every master of an attempt
+/// (`dlock_redis::protocol::scripts::AcquireCall::least_start`): the client's clock, ahead by
+/// [`NEW_COUNTER_LEAD_MICROS`].
+pub(crate) fn new_counter_start() -> Option<u64> {
+    Some(micros_now().saturating_add(NEW_COUNTER_LEAD_MICROS))
+}
+
+/// Now on the client's clock, in microseconds since the Unix epoch (exact in a sorted set's or
+/// Lua's double until the year 2255).
+pub(crate) fn micros_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
 impl RedlockLock {
     /// One attempt on every master. With `arrival` (a waiting `lock()`), the caller stands in
     /// each master's queue of waiters at that score (the same on every master, so that they
@@ -396,6 +421,7 @@ impl RedlockLock {
         };
         // One record for every master, so that they agree on who holds the lock.
         let record: Arc<str> = settings.owner.record().to_json().into();
+        let least_start = new_counter_start();
         let call = {
             let names = names.clone();
             move |mut con| {
@@ -408,6 +434,7 @@ impl RedlockLock {
                         record: &record,
                         ttl,
                         fence_ttl,
+                        least_start,
                         queue: Queueing {
                             entry_lifetime,
                             arrival,

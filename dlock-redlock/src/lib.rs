@@ -83,7 +83,9 @@
 //! as acquired only when a quorum of masters both hold the key for the owner and have a counter of
 //! at least `T`, all within the validity. When the masters' counters already agree (the usual
 //! case once they have been written back once), no write-back is needed and an acquire costs one
-//! round, as without fencing.
+//! round, as without fencing. So does the first grant of a key nobody used: no master has a
+//! counter yet, and each starts one at the same value, which the client sends with the attempt
+//! (its clock in microseconds, one second ahead, or the master's own clock if that is later).
 //!
 //! **Why tokens grow.** Let holder A get token `T` with quorum `M_A`: every master in `M_A` had a
 //! counter ≥ `T` while it held A's key. The next holder B gets a quorum `M_B`; any two quorums of
@@ -97,9 +99,10 @@
 //! * *No loss of the intersecting master's counter.* If `m` loses its data (restart without
 //!   persistence, `appendfsync everysec` losing the last second, a restore from an older
 //!   snapshot), its counter may go back. The acquire script restarts a missing counter at the
-//!   master's clock in microseconds, so after a *total* loss tokens still stay above earlier ones
-//!   as long as that master's clock did not go back; a *stale* counter (older snapshot) can repeat
-//!   tokens. Hence [`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::backend::FencingGuarantee).
+//!   later of the master's clock and the client's (one second ahead) in microseconds, so after a
+//!   *total* loss tokens still stay above earlier ones as long as neither clock went back, or lags
+//!   the one that started the lost counter by more than the time since; a *stale* counter (older
+//!   snapshot) can repeat tokens. Hence [`FencingGuarantee::MonotonicWhileDataSurvives`](dlock_core::backend::FencingGuarantee).
 //! * *Bounded clock drift.* Mutual exclusion — that A's key on `m` is gone only after A's
 //!   lease ended — relies on the masters' clocks running at about the client's rate (within the
 //!   drift allowance) and on no process pause longer than the allowance between the grant and the
@@ -186,8 +189,8 @@
 //! [`RedlockBuilder::with_fence_ttl`] (the `fence_ttl` URL parameter) lets counters expire once their
 //! name has been idle that long: the acquire script and the write-back re-arm the expiry on every
 //! master they touch. Tokens stay strictly increasing while no name is idle longer than that;
-//! after a longer pause the counters restart from the masters' clocks, above the earlier tokens as
-//! long as no master's clock went back or lags another master's by more than the pause (see
+//! after a longer pause the counters restart from the masters' and the client's clocks, above the
+//! earlier tokens as long as no such clock went back or lags another by more than the pause (see
 //! `dlock_redis::protocol::scripts`).
 //!
 //! # Waiting

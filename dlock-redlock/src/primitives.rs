@@ -30,7 +30,9 @@ use dlock_redis::protocol::primitives::{
 use dlock_redis::protocol::scripts::Timed;
 use tokio::time::Instant;
 
-use crate::client::{answered, counted, grants_of, too_late, RedlockLock, BACKEND};
+use crate::client::{
+    answered, counted, grants_of, new_counter_start, too_late, RedlockLock, BACKEND,
+};
 use crate::extension::Tally;
 use crate::quorum::{gather, watch_clocks, Progress, QuorumFailure, Reply};
 
@@ -114,6 +116,7 @@ impl RedlockView {
         let (ttl, fence_ttl) = (req.ttl, settings.fence_ttl);
         let record: Arc<str> = settings.owner.record().to_json().into();
         let write = self.primitive == Primitive::Write;
+        let least_start = new_counter_start();
         let call = {
             let (keys, owner) = (keys.clone(), owner.clone());
             move |mut con| {
@@ -125,8 +128,17 @@ impl RedlockView {
                         (None, true) => Mode::Write(intent),
                         (None, false) => Mode::Read,
                     };
-                    primitives::acquire(&mut con, &keys, mode, &owner, &record, ttl, fence_ttl)
-                        .await
+                    primitives::acquire(
+                        &mut con,
+                        &keys,
+                        mode,
+                        &owner,
+                        &record,
+                        ttl,
+                        fence_ttl,
+                        least_start,
+                    )
+                    .await
                 }
             }
         };

@@ -33,7 +33,7 @@
 //! attempt saw what they announced); those that come after it are kept for the next wait, so none
 //! is lost.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use dlock_core::backend::{Grant, LeaseRef, LockRequest, Outcome, Waiting};
 use dlock_core::{Backoff, DistributedLock, Error, Result};
@@ -42,7 +42,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tokio::time::Instant;
 
-use crate::client::{Names, RedlockLock, Round};
+use crate::client::{micros_now, Names, RedlockLock, Round};
 
 /// How long after the holder's TTL ends the head of the queues comes back: 1 ms plus up to 2 ms
 /// of jitter.
@@ -54,16 +54,6 @@ fn past_expiry() -> Duration {
 /// refreshes may be late or lost before an entry lapses.
 fn refresh_every(entry_lifetime: Duration) -> Duration {
     (entry_lifetime / 3).max(Duration::from_millis(1))
-}
-
-/// A waiter's arrival score: now on the client's clock, in microseconds since the Unix epoch
-/// (exact in a sorted set's double until the year 2255).
-fn arrival_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
-        })
 }
 
 impl RedlockLock {
@@ -80,7 +70,8 @@ impl RedlockLock {
     ) -> Result<Grant> {
         let mut waiting = Waiting::new(req.key, deadline, retry);
         let names = Names::new(&self.inner.settings, req.key, req.owner);
-        let arrival = Some(arrival_now());
+        // The arrival score: now on the client's clock.
+        let arrival = Some(micros_now());
         let nodes = &self.inner.nodes;
         let (channel, owner) = (&*names.channel, Some(&*names.owner));
         let early: Vec<Option<Registration>> = nodes

@@ -157,7 +157,9 @@ fn script(name: &'static str, body: &str) -> LockScript {
 ///
 /// An owner that already holds a place (a retry after a lost reply) is granted again with a new
 /// token. `KEYS`: holders, data, counter, intents. `ARGV`: mode, owner token, TTL ms, record
-/// JSON, permits or value or `''`, intent TTL ms or `''`, counter expiry ms or `''`.
+/// JSON, permits or value or `''`, intent TTL ms or `''`, counter expiry ms or `''`, a new
+/// counter's least start in µs or `''` (as the lock's
+/// [`AcquireCall::least_start`](super::scripts::AcquireCall::least_start)).
 pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     script(
         "acquire_primitive",
@@ -196,9 +198,9 @@ end
 local token = redis.call('INCR', f)
 if token == 1 then
   local t = redis.call('TIME')
-  local seed = t[1] .. string.format('%06d', tonumber(t[2]))
-  redis.call('SET', f, seed)
-  token = tonumber(seed)
+  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if ARGV[8] ~= '' then token = math.max(token, tonumber(ARGV[8])) end
+  redis.call('SET', f, string.format('%d', token))
 end
 if ARGV[7] ~= '' then redis.call('PEXPIRE', f, ARGV[7]) end
 redis.call('ZADD', z, now + ttl, owner)
@@ -343,7 +345,8 @@ pub enum PrimitiveReply {
     Mismatch(u32),
 }
 
-/// Runs [`ACQUIRE`] (see there).
+/// Runs [`ACQUIRE`] (see there); `least_start` as the lock's
+/// [`AcquireCall::least_start`](super::scripts::AcquireCall::least_start).
 ///
 /// # Cancel safety
 /// If dropped, the place may or may not have been taken; release by owner token to be sure.
@@ -356,6 +359,7 @@ pub async fn acquire<C>(
     record: &str,
     ttl: Duration,
     fence_ttl: Option<Duration>,
+    least_start: Option<u64>,
 ) -> RedisResult<PrimitiveReply>
 where
     C: ConnectionLike + Send,
@@ -373,7 +377,8 @@ where
     let fence_ttl = fence_ttl
         .map(|t| ttl_millis(t).to_string())
         .unwrap_or_default();
-    let args: [&[u8]; 7] = [
+    let least_start = least_start.map(|s| s.to_string()).unwrap_or_default();
+    let args: [&[u8]; 8] = [
         word.as_bytes(),
         owner.as_bytes(),
         ttl.as_bytes(),
@@ -381,6 +386,7 @@ where
         extra.as_bytes(),
         intent.as_bytes(),
         fence_ttl.as_bytes(),
+        least_start.as_bytes(),
     ];
     let names = [
         keys.holders.as_str(),

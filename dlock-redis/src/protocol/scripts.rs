@@ -40,7 +40,11 @@
 //! persistence, or a `FLUSHALL` — the script starts it at the server's clock in microseconds
 //! (`TIME`), not at 1. Tokens issued after a total loss of the data therefore stay above the ones
 //! issued before it, as long as the server's clock did not go back and the key saw fewer than a
-//! million grants per second on average. A counter that survives but is *stale* (an asynchronous
+//! million grants per second on average. A caller may name a least start
+//! ([`AcquireCall::least_start`], its own clock ahead by a margin: Redlock's client does), and the
+//! counter then starts at the greater of the two; the same holds with that caller's clock among
+//! the clocks that must not go back, or lag the one that started the lost counter by more than
+//! the time since. A counter that survives but is *stale* (an asynchronous
 //! replica promoted after a crash, a restore from an older snapshot) can still repeat tokens: that
 //! is why the backend declares
 //! [`MonotonicWhileDataSurvives`](dlock_core::backend::FencingGuarantee::MonotonicWhileDataSurvives).
@@ -265,7 +269,8 @@ end
 /// record's JSON, `ARGV[4]` the counter's expiry in ms or `''` (see
 /// [the module docs](self#the-fencing-counters-expiry)), `ARGV[5]` the queue entry's lifetime
 /// in ms (0: never enqueue), `ARGV[6]` the arrival score or `''` (past the last), `ARGV[7]` the
-/// release channel or `''`, `ARGV[8]` `PUBLISH` or `SPUBLISH`, `ARGV[9]` the wake tag or `''`.
+/// release channel or `''`, `ARGV[8]` `PUBLISH` or `SPUBLISH`, `ARGV[9]` the wake tag or `''`,
+/// `ARGV[10]` the least start of a new counter in µs or `''` (see [`AcquireCall::least_start`]).
 /// Needs Redis 5 or later (effects replication, for `TIME` followed by a write).
 pub static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
@@ -333,9 +338,9 @@ end
 local token = redis.call('INCR', KEYS[2])
 if token == 1 then
   local now = redis.call('TIME')
-  local seed = now[1] .. string.format('%06d', tonumber(now[2]))
-  redis.call('SET', KEYS[2], seed)
-  token = tonumber(seed)
+  token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if ARGV[10] ~= '' then token = math.max(token, tonumber(ARGV[10])) end
+  redis.call('SET', KEYS[2], string.format('%d', token))
 end
 if ARGV[4] ~= '' then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
 redis.call('HSET', KEYS[3], 'token', owner, 'fencing', string.format('%d', token), 'record', ARGV[3])
@@ -730,6 +735,13 @@ pub struct AcquireCall<'a> {
     pub ttl: Duration,
     /// The fencing counter's expiry, if any.
     pub fence_ttl: Option<Duration>,
+    /// Where a counter that does not exist yet starts at the least, in microseconds since the
+    /// Unix epoch; it starts at the greater of this and the server's clock (see
+    /// [the module docs](self#the-fencing-counter-after-a-data-loss)). `None`: at the server's
+    /// clock. Redlock passes one value, ahead of the masters' clocks, to every master, so that
+    /// the masters of a key nobody used yet start their counters alike and its first grant
+    /// needs no write-back round.
+    pub least_start: Option<u64>,
     /// How the attempt uses the queue of waiters.
     pub queue: Queueing<'a>,
 }
@@ -756,6 +768,7 @@ impl AcquireCall<'_> {
             .arrival
             .map(|a| a.to_string())
             .unwrap_or_default();
+        let least_start = self.least_start.map(|s| s.to_string()).unwrap_or_default();
         let args = [
             self.owner.as_bytes(),
             ttl.as_bytes(),
@@ -766,6 +779,7 @@ impl AcquireCall<'_> {
             self.queue.channel.as_bytes(),
             self.queue.publish.command().as_bytes(),
             self.queue.wake_tag.as_bytes(),
+            least_start.as_bytes(),
         ];
         let (record, queue, lapses) = (
             owner_key(self.lock_key),
@@ -803,6 +817,7 @@ where
         record,
         ttl,
         fence_ttl,
+        least_start: None,
         queue: Queueing::default(),
     }
     .run(con)

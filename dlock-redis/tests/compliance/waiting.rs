@@ -169,6 +169,7 @@ async fn tagged_attempt(
         record: "{}",
         ttl: Duration::from_secs(30),
         fence_ttl: None,
+        least_start: None,
         queue: Queueing {
             entry_lifetime: if arrival.is_some() {
                 Duration::from_secs(30)

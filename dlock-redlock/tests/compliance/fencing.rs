@@ -18,7 +18,44 @@ pub fn cases() -> Vec<(&'static str, Case<Vec<String>>)> {
     vec![
         case!(fencing_off_declares_no_guarantee),
         case!(fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant),
+        case!(a_fresh_key_starts_every_masters_counter_alike),
     ]
+}
+
+/// The first grant of a key nobody used finds no counter on any master; each starts one at the
+/// client's one least start (its clock, ahead by a second), not at its own clock, so every
+/// master holds the lease's token at once and no write-back round is needed. The token is above
+/// the client's clock, as a counter started at a clock is above the tokens before a data loss.
+pub async fn a_fresh_key_starts_every_masters_counter_alike(
+    urls: Vec<String>,
+) -> anyhow::Result<()> {
+    let client = support::client_with(&urls, |b| b).await?;
+    let opts = LockOptions::new(Duration::from_secs(10));
+    for round in 0..5 {
+        let key = unique("fresh-counter");
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros();
+        let lease = client.try_acquire(&key, &opts).await?.context("busy")?;
+        let token = lease.fencing_token();
+        ensure!(
+            u128::from(token.0) > before,
+            "round {round}: token {token:?} is below the client's clock ({before} µs)"
+        );
+        for (i, url) in urls.iter().enumerate() {
+            let mut con = support::raw(url).await?;
+            let counter: Option<u64> = redis::cmd("GET")
+                .arg(fence_key(&key))
+                .query_async(&mut con)
+                .await?;
+            ensure!(
+                counter == Some(token.0),
+                "round {round}: master {i}'s counter is {counter:?}, the lease's token {token:?}"
+            );
+        }
+        lease.release().await?;
+    }
+    Ok(())
 }
 
 /// With fencing off the client declares no ordering, and locks work the same.
@@ -94,7 +131,13 @@ pub async fn fence_ttl_is_armed_on_every_master_and_rearmed_by_each_grant(
     let client = support::client_with(&urls, |b| b.with_fence_ttl(FENCE_TTL)).await?;
     let key = unique("fence-ttl");
     let fence = fence_key(&key);
-    // Masters start a new counter at their own clock, so they disagree and the write-back runs.
+    // One master's counter, ahead of where the others start theirs, without an expiry: the
+    // masters disagree and the write-back runs on the others.
+    let _: () = redis::cmd("SET")
+        .arg(&fence)
+        .arg(1u64 << 52)
+        .query_async(&mut cons[0])
+        .await?;
     let first = client.try_acquire(&key, &opts).await?.context("busy")?;
     let token = first.fencing_token();
     first.release().await?;
