@@ -71,17 +71,23 @@ async fn on_loopback_only(members: &[Member]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An address of this machine other than loopback: the one it would send from to a public
-/// address (a UDP socket's `connect` only picks the route; nothing is sent).
+/// An address of this machine other than loopback: the one it would send from towards an
+/// address off the machine (a UDP socket's `connect` only picks the route; nothing is sent).
+/// Tried towards a documentation address, then into Docker's default bridge network (on
+/// `docker0`, which a machine with a Docker engine has unless configured otherwise), then a
+/// private address.
 fn other_address() -> anyhow::Result<std::net::IpAddr> {
-    let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
-    socket.connect("192.0.2.1:9")?;
-    let address = socket.local_addr()?.ip();
-    ensure!(
-        !address.is_loopback(),
-        "this machine has no address but loopback"
-    );
-    Ok(address)
+    for towards in ["192.0.2.1:9", "172.17.255.254:9", "10.255.255.254:9"] {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        if socket.connect(towards).is_err() {
+            continue;
+        }
+        let address = socket.local_addr()?.ip();
+        if !address.is_loopback() && !address.is_unspecified() {
+            return Ok(address);
+        }
+    }
+    anyhow::bail!("no route off this machine: it has no address but loopback to test with")
 }
 
 async fn redis_masters() -> anyhow::Result<()> {
