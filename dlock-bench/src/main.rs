@@ -278,10 +278,12 @@ async fn measure(
             }
             waiting.sort_by_key(|h| h.tasks);
         }
+        let (cycle, client) = cycle;
         sides.push(SideReport {
             kind: side.kind,
             label: side.label.clone(),
             cycle,
+            client,
             throughput,
             hot_key,
         });

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::locker::Kind;
 use crate::plan::Plan;
 use crate::stats::{bytes, micros, rate, ratio, slope, Latency};
-use crate::workloads::{Frozen, HotKey, Renewal, Renewing, Throughput, TASKS};
+use crate::workloads::{ClientCost, Frozen, HotKey, Renewal, Renewing, Throughput, TASKS};
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -71,6 +71,8 @@ pub struct SideReport {
     pub kind: Kind,
     pub label: String,
     pub cycle: Latency,
+    /// What the uncontended cycles cost the client.
+    pub client: ClientCost,
     /// At each of [`TASKS`].
     pub throughput: Vec<Throughput>,
     pub hot_key: Option<HotKey>,
@@ -284,11 +286,43 @@ fn heading(report: &Report) -> String {
 fn tables(report: &Report) -> String {
     [
         table(report),
+        client_table(report),
         waiting_table(report),
         leases_table(report),
         goals_table(report),
     ]
     .join("\n")
+}
+
+/// What an uncontended cycle costs the client, per side: CPU time and allocations, with dlock's
+/// ratios against the peer.
+pub fn client_table(report: &Report) -> String {
+    let mut out = String::from(
+        "Uncontended cycle: what it costs the client (this process's CPU clock and allocations over the timed cycles)\n\n\
+         | backend | side | client CPU per cycle | allocations per cycle |\n|---|---|---|---|\n",
+    );
+    for backend in &report.backends {
+        let peer = backend.side(Kind::Peer).map(|p| p.client);
+        for (i, side) in backend.sides.iter().enumerate() {
+            let name = if i == 0 { backend.name.as_str() } else { "" };
+            let against = |pick: fn(&ClientCost) -> f64| match (side.kind, peer) {
+                (Kind::Dlock, Some(peer)) => {
+                    ratios(Some(pick(&side.client)), &[("peer", Some(pick(&peer)))])
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {:.1} µs{} | {:.0}{} |",
+                side.label,
+                side.client.cpu_us,
+                against(|c| c.cpu_us),
+                side.client.allocations,
+                against(|c| c.allocations),
+            );
+        }
+    }
+    out
 }
 
 /// How hand-offs grow with the tasks waiting on one key: dlock on every backend, a row per task
@@ -680,6 +714,28 @@ pub fn goals(report: &Report) -> Vec<Goal> {
         Bound::AtLeast(0.5),
         &times,
     ));
+    let client_cost = |pick: fn(&ClientCost) -> f64| move |s: &SideReport| Some(pick(&s.client));
+    let (cpu, allocations) = (client_cost(|c| c.cpu_us), client_cost(|c| c.allocations));
+    for (measurement, pick) in [
+        (
+            "etcd: client CPU per uncontended cycle ÷ etcd-client lock's",
+            &cpu as Pick,
+        ),
+        (
+            "etcd: allocations per uncontended cycle ÷ etcd-client lock's",
+            &allocations,
+        ),
+    ] {
+        let value = report
+            .backend("etcd")
+            .and_then(|b| b.against(Kind::Peer, pick));
+        goals.push(goal(
+            measurement.to_owned(),
+            value,
+            Bound::AtMost(1.0),
+            &times,
+        ));
+    }
     goals.push(goal(
         "Redlock: hand-offs to another task as a share of acquisitions".to_owned(),
         redlock.and_then(|b| Ok(b.hot()?.handoff_share)),

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::counting::Counting;
 use crate::locker::{Locker, Side};
 use crate::plan::Plan;
-use crate::server::{ServerCount, Window};
+use crate::server::{cpu_time, ServerCount, Window};
 use crate::stats::Latency;
 
 /// Task counts for throughput on distinct keys.
@@ -27,8 +27,18 @@ const CONNECTING_AT_ONCE: usize = 16;
 /// The TTL of leases that live in a session, longer than any run.
 const SESSION_LEASE_TTL: Duration = Duration::from_secs(3_600);
 
-/// Uncontended acquire + release, one after the other; sides take turns in rounds.
-pub async fn cycles(sides: &[Side], plan: Plan) -> anyhow::Result<Vec<Latency>> {
+/// What an uncontended cycle costs the client: this process's CPU time and its allocations,
+/// per cycle, over the timed cycles of one side. The process's clock also counts what runs in
+/// the background meanwhile (other clients' keep-alives), alike for every side.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ClientCost {
+    pub cpu_us: f64,
+    pub allocations: f64,
+}
+
+/// Uncontended acquire + release, one after the other; sides take turns in rounds. Each side's
+/// latencies, and what its cycles cost the client.
+pub async fn cycles(sides: &[Side], plan: Plan) -> anyhow::Result<Vec<(Latency, ClientCost)>> {
     let keys: Vec<String> = (0..sides.len())
         .map(|i| format!("bench/{i}/cycle"))
         .collect();
@@ -38,16 +48,32 @@ pub async fn cycles(sides: &[Side], plan: Plan) -> anyhow::Result<Vec<Latency>> 
         }
     }
     let mut times = vec![Vec::with_capacity(plan.cycles); sides.len()];
+    let mut costs = vec![(Duration::ZERO, 0usize); sides.len()];
     for _ in 0..plan.rounds {
-        for ((side, key), times) in sides.iter().zip(&keys).zip(&mut times) {
+        for (((side, key), times), cost) in sides.iter().zip(&keys).zip(&mut times).zip(&mut costs)
+        {
+            let (cpu, region) = (cpu_time(), stats_alloc::Region::new(crate::GLOBAL));
             for _ in 0..plan.cycles / plan.rounds {
                 let start = Instant::now();
                 side.locker.acquire(key).await?.release().await?;
                 times.push(start.elapsed());
             }
+            cost.0 += cpu_time().saturating_sub(cpu);
+            cost.1 += region.change().allocations;
         }
     }
-    Ok(times.into_iter().map(Latency::of).collect())
+    Ok(times
+        .into_iter()
+        .zip(costs)
+        .map(|(times, (cpu, allocations))| {
+            let cycles = times.len().max(1) as f64;
+            let cost = ClientCost {
+                cpu_us: cpu.as_secs_f64() * 1e6 / cycles,
+                allocations: allocations as f64 / cycles,
+            };
+            (Latency::of(times), cost)
+        })
+        .collect())
 }
 
 /// What one side achieved at one task count.
