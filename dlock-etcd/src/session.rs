@@ -379,8 +379,20 @@ async fn keep_alive(
                 suspend(&state, until, &from_client(e));
                 break;
             }
-            let answer_by = (sent + interval).min(until);
-            match tokio::time::timeout_at(answer_by, stream.message()).await {
+            // An answer due by the next keep-alive that has not come makes the session
+            // suspended; a late one still vouches for the lease from `sent`, so it is waited
+            // for on the same stream until the lease could end (a new stream would need a new
+            // connection, and its first answer, in what is left of that time).
+            let answer =
+                match tokio::time::timeout_at((sent + interval).min(until), stream.message()).await
+                {
+                    Ok(answer) => Ok(answer),
+                    Err(_) => {
+                        suspend(&state, until, &"no keep-alive answer in time");
+                        tokio::time::timeout_at(until, stream.message()).await
+                    }
+                };
+            match answer {
                 Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                     let granted = Duration::from_secs(answer.ttl().unsigned_abs());
                     until = vouched_until(sent, granted);
@@ -405,7 +417,11 @@ async fn keep_alive(
                     break;
                 }
                 Err(_) => {
-                    suspend(&state, until, &"no keep-alive answer in time");
+                    suspend(
+                        &state,
+                        until,
+                        &"no keep-alive answer before the lease could end",
+                    );
                     break;
                 }
             }

@@ -13,6 +13,8 @@
 //!   which is what lets the next contender in.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -53,6 +55,9 @@ pub(crate) struct Watchdog {
 /// they are spared a watch's creation and cancellation on the server. Nothing is missed: once
 /// the watch exists the key is checked, so a deletion before it is found then.
 pub(crate) const WATCH_AFTER: Duration = Duration::from_millis(50);
+
+/// A check of a held key after a watch alarm, and what it found.
+type Check = Pin<Box<dyn Future<Output = (Alarm, Verdict)> + Send>>;
 
 /// What a key watch's alarm means for the lock.
 enum Verdict {
@@ -108,6 +113,7 @@ impl Watchdog {
     /// of the TTL) are boxed: they are rare, and held inline they would make every held lock's
     /// task the size of the largest request future (7.8 KB against 0.9 KB, measured).
     pub(crate) async fn run(mut self) {
+        let mut checking: Option<Check> = None;
         loop {
             let expiry = *self.expiry.borrow_and_update();
             let session = *self.session.borrow_and_update();
@@ -138,6 +144,13 @@ impl Watchdog {
                 }
             };
             let watch_at = self.watch_at;
+            let idle = checking.is_none();
+            let checked = async {
+                match checking.as_mut() {
+                    Some(check) => check.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep_until(watch_at.unwrap_or(wake)), if watch_at.is_some() => {
                     self.watch_at = None;
@@ -145,18 +158,30 @@ impl Watchdog {
                         self.subscription = Some(keys.subscribe(self.contender.clone()));
                     }
                 }
-                alarm = alarm => match alarm {
-                    Some(alarm) => {
-                        if let Verdict::Lost = Box::pin(self.on_alarm(alarm)).await {
+                alarm = alarm, if idle => match alarm {
+                    Some(alarm) => checking = Some(self.check(alarm)),
+                    // The watch ended (after a final alarm) or the client is closing.
+                    None => self.subscription = None,
+                },
+                (alarm, verdict) = checked => {
+                    checking = None;
+                    match verdict {
+                        Verdict::Lost => {
                             publish(&self.view, SessionState::TakenOver);
                             tracing::debug!(key = %self.key, outcome = "key_deleted", "etcd lock lost");
                             self.forget();
                             return;
                         }
+                        // The server cancelled the watch: watch the key again.
+                        Verdict::Held if alarm == Alarm::Unsure => {
+                            self.subscription = None;
+                            if let Some(keys) = self.keys.upgrade() {
+                                self.subscription = Some(keys.subscribe(self.contender.clone()));
+                            }
+                        }
+                        Verdict::Held => {}
                     }
-                    // The watch ended (after a final alarm) or the client is closing.
-                    None => self.subscription = None,
-                },
+                }
                 _ = tokio::time::sleep_until(wake) => {}
                 changed = self.session.changed() => {
                     if changed.is_err() {
@@ -182,38 +207,30 @@ impl Watchdog {
 
     /// Decides what a watch alarm means: a deletion loses the lock; a (re)armed or cancelled
     /// watch leads to one check of the key, from the member and, if that says it is gone, from
-    /// the cluster (a lagging member may not have our key yet).
-    async fn on_alarm(&mut self, alarm: Alarm) -> Verdict {
-        if alarm == Alarm::Deleted {
-            return Verdict::Lost;
-        }
-        let check = |read| {
-            confirm_own(
-                &self.requests,
-                &self.prefix,
-                &self.contender,
-                self.revision,
-                self.lease,
-                read,
-            )
-        };
-        let owner = match check(Read::Local).await {
-            Ok(Owner::Us) => Ok(Owner::Us),
-            _ => check(Read::Fresh).await,
-        };
-        match owner {
-            Ok(Owner::Us) => {}
-            Ok(_) => return Verdict::Lost,
-            // Unknown: keep-alives and the TTL still guard; the watch is armed again below.
-            Err(_) => {}
-        }
-        if alarm == Alarm::Unsure {
-            self.subscription = None;
-            if let Some(keys) = self.keys.upgrade() {
-                self.subscription = Some(keys.subscribe(self.contender.clone()));
+    /// the cluster (a lagging member may not have our key yet). The check runs beside the
+    /// watchdog's loop, which meanwhile goes on following the session: a slow answer must not
+    /// hold back the session's renewals, which the lease's validity follows.
+    fn check(&self, alarm: Alarm) -> Check {
+        let requests = self.requests.clone();
+        let (prefix, contender) = (self.prefix.clone(), self.contender.clone());
+        let (revision, lease) = (self.revision, self.lease);
+        Box::pin(async move {
+            if alarm == Alarm::Deleted {
+                return (alarm, Verdict::Lost);
             }
-        }
-        Verdict::Held
+            let check = |read| confirm_own(&requests, &prefix, &contender, revision, lease, read);
+            let owner = match check(Read::Local).await {
+                Ok(Owner::Us) => Ok(Owner::Us),
+                _ => check(Read::Fresh).await,
+            };
+            let verdict = match owner {
+                Ok(Owner::Us) => Verdict::Held,
+                Ok(_) => Verdict::Lost,
+                // Unknown: keep-alives and the TTL still guard; an unsure watch is armed again.
+                Err(_) => Verdict::Held,
+            };
+            (alarm, verdict)
+        })
     }
 
     /// Marks the record as expiring unless an extension moved its expiry meanwhile; returns

@@ -37,7 +37,9 @@ pub(crate) async fn calls_out_together_are_each_answered_as_alone(cx: Ctx) -> an
             );
             held.push(lease);
         }
-        let holdings = try_join_all(keys.iter().map(|key| client.holding(key))).await?;
+        let holdings = try_join_all(keys.iter().map(|key| client.holding(key)))
+            .await
+            .with_context(|| format!("round {round}: the holdings"))?;
         for (lease, holding) in held.iter().zip(holdings) {
             let recorded = holding.holder().and_then(|h| h.fencing);
             if let Some(recorded) = recorded {
