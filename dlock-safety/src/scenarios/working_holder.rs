@@ -1,5 +1,6 @@
 //! A holder that keeps working while its lease says it holds the lock, as a careful service does:
-//! before each write it checks the lease, and it stops once the lease is uncertain or lost.
+//! before each write it checks the lease, and it stops once the lease is uncertain or lost, or
+//! has less validity left than a write may take.
 
 use std::time::Duration;
 
@@ -13,6 +14,11 @@ use crate::run::Run;
 /// How often the working holder writes.
 const WRITE_EVERY: Duration = Duration::from_millis(20);
 
+/// The validity a write needs left when the lease is checked before it: the check and the write
+/// are not one instant, and on a busy machine the task may be scheduled late in between (a
+/// check just before the deadline made a write just after it, with nobody else holding yet).
+const WRITE_MARGIN: Duration = WRITE_EVERY;
+
 /// Starts writing under `lease` as `client`; the task ends when the lease stops being held (the
 /// time it noticed) or when `stop` fires, and hands the lease back.
 pub fn start(
@@ -25,7 +31,10 @@ pub fn start(
     let task = tokio::spawn(async move {
         let mut valid_until = lease.valid_until();
         loop {
-            if !lease.is_held() {
+            let left = lease
+                .valid_until()
+                .saturating_duration_since(Instant::now());
+            if !lease.is_held() || left < WRITE_MARGIN {
                 return (lease, Some(Instant::now()));
             }
             if lease.valid_until() > valid_until {
