@@ -595,9 +595,8 @@ impl DistributedLock for RedisLock {
         let names = AttemptNames::new(self, req);
         // One record for the whole wait: `since` is when the lock was requested.
         let call = names.call(self, req.ttl, req.ttl);
-        let wakeups = [self.wakeups()];
         let listeners = Listeners {
-            wakeups: &wakeups,
+            wakeups: vec![self.wakeups()],
             quorum: 1,
             subscribe_within: self.request_timeout(),
             channel: &names.channel,

@@ -69,7 +69,7 @@ pub enum Round {
 /// Where a waiter hears releases.
 pub struct Listeners<'a> {
     /// Each server's wake-ups, in the order of the servers.
-    pub wakeups: &'a [&'a Wakeups],
+    pub wakeups: Vec<&'a Wakeups>,
     /// How many subscriptions must be confirmed for the waiter to count on announcements.
     pub quorum: usize,
     /// How long the first confirmation of the subscriptions may take.
@@ -85,7 +85,7 @@ impl Listeners<'_> {
     async fn confirm(&self, registrations: &[Registration], until: Instant) -> Vec<bool> {
         let confirmations = registrations
             .iter()
-            .zip(self.wakeups)
+            .zip(&self.wakeups)
             .map(|(registration, wakeups)| wakeups.subscribed(registration, until));
         futures::future::join_all(confirmations).await
     }
@@ -130,16 +130,12 @@ where
     F: Future<Output = Result<Round>>,
 {
     let (channel, owner) = (listeners.channel, Some(listeners.owner));
-    let servers = listeners.wakeups.len();
-    // On a hot lock, registered before the first attempt (see the module docs). On a lock
-    // nobody waits for, nothing is registered and nothing allocated before the grant.
-    let mut early: Vec<Option<Registration>> = Vec::new();
-    for (i, wakeups) in listeners.wakeups.iter().enumerate() {
-        if let Some(registration) = wakeups.register_if_subscribed(channel, owner) {
-            early.resize_with(servers, || None);
-            early[i] = Some(registration);
-        }
-    }
+    // On a hot lock, registered before the first attempt (see the module docs).
+    let early: Vec<Option<Registration>> = listeners
+        .wakeups
+        .iter()
+        .map(|wakeups| wakeups.register_if_subscribed(channel, owner))
+        .collect();
     let sent = Instant::now();
     let round = match attempt().await? {
         Round::Granted(grant) => return Ok(grant),
@@ -149,11 +145,10 @@ where
     let waited = async {
         let mut waiting = Waiting::new(req.key, deadline, retry);
         waiting.check()?;
-        let heard = early.len() == servers && early.iter().all(Option::is_some);
-        early.resize_with(servers, || None);
+        let heard = early.iter().all(Option::is_some);
         let registrations: Vec<Registration> = early
             .into_iter()
-            .zip(listeners.wakeups)
+            .zip(&listeners.wakeups)
             .map(|(early, wakeups)| early.unwrap_or_else(|| wakeups.register(channel, owner)))
             .collect();
         let ready_by = waiting.bound(Instant::now() + listeners.subscribe_within);

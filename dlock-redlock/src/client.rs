@@ -842,10 +842,8 @@ impl DistributedLock for RedlockLock {
         let names = Names::new(&self.inner.settings, req.key, req.owner);
         // The arrival score: now on the client's clock.
         let arrival = Some(micros_now());
-        let wakeups: Vec<&dlock_redis::Wakeups> =
-            self.inner.nodes.iter().map(|node| node.wakeups()).collect();
         let listeners = Listeners {
-            wakeups: &wakeups,
+            wakeups: self.inner.nodes.iter().map(|node| node.wakeups()).collect(),
             quorum: self.inner.settings.quorum,
             subscribe_within: self.inner.settings.untimed_node_timeout(),
             channel: &names.channel,
