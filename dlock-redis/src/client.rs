@@ -24,6 +24,7 @@ use crate::protocol::scripts::{
     self, AcquireCall, AcquireReply, Publish, Queueing, ReleaseCall, Timed,
 };
 use crate::replicas::{Acknowledged, Acks};
+use crate::waiting::{self, Listeners, Round};
 use crate::wakeups::Wakeups;
 
 /// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough
@@ -591,7 +592,40 @@ impl DistributedLock for RedisLock {
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        self.wait_for_lock(req, deadline, retry).await
+        let names = AttemptNames::new(self, req);
+        // One record for the whole wait: `since` is when the lock was requested.
+        let call = names.call(self, req.ttl, req.ttl);
+        let wakeups = [self.wakeups()];
+        let listeners = Listeners {
+            wakeups: &wakeups,
+            quorum: 1,
+            subscribe_within: self.request_timeout(),
+            channel: &names.channel,
+            owner: &names.owner,
+        };
+        let attempt = || async move {
+            let sent = Instant::now();
+            Ok(round(self.attempt(call).await?, sent))
+        };
+        waiting::wait_for_lock(self, req, deadline, retry, &listeners, attempt).await
+    }
+}
+
+/// A waiting acquire's view of an attempt's reply: the head comes back at the holder's expiry
+/// and polls a holder whose release is not announced; the second in line comes back when the
+/// head's entry lapses.
+fn round(reply: AcquireReply, sent: Instant) -> Round {
+    match reply {
+        AcquireReply::Granted(token) => Round::Granted(Grant::new(token, sent)),
+        AcquireReply::Busy {
+            pttl,
+            head,
+            foreign,
+            head_lapses_in,
+        } => Round::Busy {
+            come_back_in: if head { pttl } else { head_lapses_in },
+            poll: head && (foreign || pttl.is_none()),
+        },
     }
 }
 

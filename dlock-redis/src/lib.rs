@@ -278,7 +278,7 @@ pub mod protocol;
 mod replicas;
 mod sentinel;
 mod url;
-mod waiting;
+pub mod waiting;
 mod wakeups;
 
 pub use builder::{

@@ -1,41 +1,101 @@
-//! Waiting for a busy lock: a fair queue on the server, and one wake-up for the next in line.
+//! Waiting for a busy lock: a fair queue on every server, and one wake-up for the next in line.
 //!
-//! 1. One attempt, which stands in the lock's queue of waiters if busy (see
-//!    [`scripts::ACQUIRE`](crate::protocol::scripts::ACQUIRE)). Free with nobody queued:
-//!    granted after one round trip, with no subscription (the uncontended case costs exactly one
-//!    script call).
-//! 2. Busy: register for the release notifications that name this waiter's owner token, and
-//!    wait until the subscription is confirmed (bounded by the request timeout; skipped while the
-//!    subscriber connection is down). If the channel was not subscribed before the attempt (the
-//!    first waiter of this client on the lock), attempt once more, since a release in between
-//!    was not heard; on a hot lock the registration is made before the first attempt instead.
-//! 3. Loop: wait until this waiter's notification (a release whose queue it heads), then attempt.
-//!    Without one, a waiter comes back by itself: the head of the queue at the holder's expiry
-//!    (plus a little jitter), the second in line when the head's entry lapses, every waiter after about a third of its entry's lifetime to
-//!    refresh its entry (the lifetime is the lease's TTL, so a crashed waiter blocks the queue no
-//!    longer than that), and after the caller's backoff while no subscription is confirmed or
-//!    (the head) while a foreign client holds the lock, whose release is not announced; never
-//!    past the deadline.
+//! One loop serves a single Redis server and Redlock's masters alike; a single server is a
+//! quorum of one. Each server keeps the lock's queue of waiters (see
+//! [`scripts::ACQUIRE`](crate::protocol::scripts::ACQUIRE)); a Redlock waiter enters every
+//! master's queue with one arrival score of its own, so that all masters order waiters alike.
 //!
-//! A waiter whose wait runs out withdraws its queue entry (a release by its owner token, bounded
-//! by [`dlock_core::backend::WITHDRAW_BOUND`], finished in the background past it); a dropped wait is
-//! withdrawn by dlock-core the same way. A withdrawal that leaves the lock free announces the
-//! next head.
+//! 1. One attempt, which stands in the lock's queues if busy. Free with nobody queued: granted
+//!    after one round, with no subscription (the uncontended case costs one script call per
+//!    server).
+//! 2. Busy: register on every server for the release notifications that name this waiter's
+//!    owner token, and wait until the subscriptions are confirmed (bounded by `subscribe_within`;
+//!    skipped while a subscriber connection is down). If some channel was not subscribed before
+//!    the attempt (the first waiter of this client on the lock), attempt once more, since a
+//!    release in between was not heard; on a hot lock the registrations are made before the
+//!    first attempt instead.
+//! 3. Loop: wait until a server names this waiter (a release whose queue it heads), then attempt.
+//!    Without one, a waiter comes back by itself: when the attempt said (the head at the
+//!    holder's expiry, the second in line when the head's entry lapses), plus a little jitter;
+//!    every waiter after about a third of its entry's lifetime to refresh its entry (the lifetime
+//!    is the lease's TTL, so a crashed waiter blocks the queue no longer than that); and after
+//!    the caller's backoff while fewer than a quorum of subscriptions are confirmed or while the
+//!    holder's release will not be announced (a foreign client's key); never past the deadline,
+//!    where it makes one last attempt.
 //!
-//! Commands per acquisition on a hot lock: the attempt that enqueues, the winning attempt and
-//! the release — three, whatever the number of waiters — plus one refresh per third of the TTL
-//! waited. A release that is not announced (an expiry, a message lost while the subscriber
-//! reconnects) costs the head at most the holder's remaining TTL and any waiter at most a third
-//! of its entry's lifetime; a foreign client's release costs the head one backoff step.
+//! Wake-ups that came before an attempt was sent are dropped (the attempt sees what they
+//! announced); those that come after it are kept for the next wait, so none is lost. A
+//! subscription that lapses while the waiter waits (its connection broke) counts as unconfirmed
+//! until the next attempt confirms it again.
+//!
+//! A waiter whose wait runs out withdraws its queue entries (a release by its owner token, see
+//! [`wait_for_lock`]); a dropped wait is withdrawn by dlock-core the same way. A withdrawal that
+//! leaves the lock free announces the next head.
+//!
+//! Commands per acquisition on a hot lock, per server: the attempt that enqueues, the winning
+//! attempt and the release — three, whatever the number of waiters — plus one refresh per third
+//! of the TTL waited. A release that is not announced (an expiry, a message lost while the
+//! subscriber reconnects) costs the head at most the holder's remaining TTL and any waiter at
+//! most a third of its entry's lifetime; a foreign client's release costs the head one backoff
+//! step.
 
+use std::future::Future;
 use std::time::Duration;
 
 use dlock_core::backend::{Grant, LeaseRef, LockRequest, Outcome, Waiting};
-use dlock_core::{Backoff, DistributedLock, Result};
+use dlock_core::{Backoff, DistributedLock, Error, Result};
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use tokio::time::Instant;
 
-use crate::client::{AttemptNames, RedisLock};
-use crate::protocol::scripts::AcquireReply;
+use crate::{Registration, Wakeups};
+
+/// What one attempt of a waiting acquire found.
+#[derive(Debug)]
+pub enum Round {
+    /// Granted (by a quorum of the servers, in time).
+    Granted(Grant),
+    /// Not granted; the waiter stands in the queues of the servers that answered busy.
+    Busy {
+        /// When the waiter may be served without being told: the holder's remaining TTL where
+        /// it heads the queue, the time until the head's entry lapses where it is second in
+        /// line (the head may have crashed); `None` when neither applies.
+        come_back_in: Option<Duration>,
+        /// The waiter heads the queue but the holder's release will not be announced (a foreign
+        /// client's key, or a key without a TTL): poll.
+        poll: bool,
+    },
+}
+
+/// Where a waiter hears releases.
+pub struct Listeners<'a> {
+    /// Each server's wake-ups, in the order of the servers.
+    pub wakeups: &'a [&'a Wakeups],
+    /// How many subscriptions must be confirmed for the waiter to count on announcements.
+    pub quorum: usize,
+    /// How long the first confirmation of the subscriptions may take.
+    pub subscribe_within: Duration,
+    /// The lock's release channel.
+    pub channel: &'a str,
+    /// The waiter's owner token, which the release notifications name.
+    pub owner: &'a str,
+}
+
+impl Listeners<'_> {
+    /// Confirms each registration's subscription, waiting for them until `until` at the latest.
+    async fn confirm(&self, registrations: &[Registration], until: Instant) -> Vec<bool> {
+        let confirmations = registrations
+            .iter()
+            .zip(self.wakeups)
+            .map(|(registration, wakeups)| wakeups.subscribed(registration, until));
+        futures::future::join_all(confirmations).await
+    }
+
+    /// Whether enough of `confirmed` are to count on announcements.
+    fn heard(&self, confirmed: &[bool]) -> bool {
+        confirmed.iter().filter(|c| **c).count() >= self.quorum
+    }
+}
 
 /// How long after the holder's TTL ends the head of the queue comes back: 1 ms plus up to 2 ms
 /// of jitter.
@@ -49,123 +109,143 @@ fn refresh_every(entry_lifetime: Duration) -> Duration {
     (entry_lifetime / 3).max(Duration::from_millis(1))
 }
 
-impl RedisLock {
-    /// [`DistributedLock::lock`](dlock_core::DistributedLock::lock) for Redis; see the module docs.
-    ///
-    /// # Cancel safety
-    /// Not cancel safe on its own: an attempt may have reached the server. Core releases by owner
-    /// token when an acquire is dropped, which also withdraws the queue entry.
-    pub(crate) async fn wait_for_lock(
-        &self,
-        req: &LockRequest<'_>,
-        deadline: Option<Instant>,
-        retry: &Backoff,
-    ) -> Result<Grant> {
+/// Waits for the lock `req` names until `deadline`, attempting with `attempt` (see the module
+/// docs). A wait that runs out returns [`Error::Timeout`] once its queue entries are withdrawn:
+/// a release of `lock` by the waiter's owner token on every server, waited for within
+/// [`dlock_core::backend::WITHDRAW_BOUND`] and finished in the background past it.
+///
+/// # Cancel safety
+/// Not cancel safe on its own: an attempt may have reached the servers. Core releases by owner
+/// token when an acquire is dropped, which also withdraws the queue entries.
+pub async fn wait_for_lock<L, A, F>(
+    lock: &L,
+    req: &LockRequest<'_>,
+    deadline: Option<Instant>,
+    retry: &Backoff,
+    listeners: &Listeners<'_>,
+    mut attempt: A,
+) -> Result<Grant>
+where
+    L: DistributedLock + Clone + 'static,
+    A: FnMut() -> F,
+    F: Future<Output = Result<Round>>,
+{
+    let (channel, owner) = (listeners.channel, Some(listeners.owner));
+    let servers = listeners.wakeups.len();
+    // On a hot lock, registered before the first attempt (see the module docs). On a lock
+    // nobody waits for, nothing is registered and nothing allocated before the grant.
+    let mut early: Vec<Option<Registration>> = Vec::new();
+    for (i, wakeups) in listeners.wakeups.iter().enumerate() {
+        if let Some(registration) = wakeups.register_if_subscribed(channel, owner) {
+            early.resize_with(servers, || None);
+            early[i] = Some(registration);
+        }
+    }
+    let sent = Instant::now();
+    let round = match attempt().await? {
+        Round::Granted(grant) => return Ok(grant),
+        busy => busy,
+    };
+    let mut attempts: u32 = 1;
+    let waited = async {
         let mut waiting = Waiting::new(req.key, deadline, retry);
-        // One record for the whole wait: `since` is when the lock was requested.
-        let names = AttemptNames::new(self, req);
-        let (channel, owner) = (&names.channel, &names.owner);
-        let call = names.call(self, req.ttl, req.ttl);
-        let early = self.wakeups().register_if_subscribed(channel, Some(owner));
-        let mut sent = Instant::now();
-        let mut busy = match self.attempt(call).await? {
-            AcquireReply::Granted(token) => return Ok(Grant::new(token, sent)),
-            busy @ AcquireReply::Busy { .. } => busy,
-        };
-        let mut attempts: u32 = 1;
-        let waited = async {
-            waiting.check()?;
-            let heard = early.is_some();
-            let registration = match early {
-                Some(registration) => registration,
-                None => self.wakeups().register(channel, Some(owner)),
-            };
-            let ready_by = waiting.bound(Instant::now() + self.request_timeout());
-            let mut subscribed = self.wakeups().subscribed(&registration, ready_by).await;
-            let mut attempt_now = !heard;
-            loop {
-                if let (
-                    false,
-                    AcquireReply::Busy {
-                        pttl,
-                        head,
-                        foreign,
-                        head_lapses_in,
-                    },
-                ) = (attempt_now, busy)
+        waiting.check()?;
+        let heard = early.len() == servers && early.iter().all(Option::is_some);
+        early.resize_with(servers, || None);
+        let registrations: Vec<Registration> = early
+            .into_iter()
+            .zip(listeners.wakeups)
+            .map(|(early, wakeups)| early.unwrap_or_else(|| wakeups.register(channel, owner)))
+            .collect();
+        let ready_by = waiting.bound(Instant::now() + listeners.subscribe_within);
+        let mut confirmed = listeners.confirm(&registrations, ready_by).await;
+        let (mut sent, mut round, mut attempt_now) = (sent, round, !heard);
+        loop {
+            if !attempt_now {
+                let now = waiting.check()?;
+                let mut until = sent + refresh_every(req.ttl);
+                let mut poll = !listeners.heard(&confirmed);
+                if let Round::Busy {
+                    come_back_in,
+                    poll: unannounced,
+                } = round
                 {
-                    let now = waiting.check()?;
-                    let mut until = sent + refresh_every(req.ttl);
-                    // The head at the holder's expiry; the second in line when the head's entry
-                    // lapses (if the head crashed, nobody else is woken).
-                    if let Some(left) = if head { pttl } else { head_lapses_in } {
+                    if let Some(left) = come_back_in {
                         until = until.min(now + left + past_expiry());
                     }
-                    if !subscribed || (head && (foreign || pttl.is_none())) {
-                        // No release announcement to count on: poll.
-                        until = until.min(waiting.next_attempt(now, None));
-                    }
-                    tokio::select! {
-                        _ = registration.notified() => {}
-                        // Messages may be lost from now on: poll until subscribed again.
-                        _ = self.wakeups().unsubscribed(&registration), if subscribed => {
-                            subscribed = false;
-                            continue;
-                        }
-                        _ = tokio::time::sleep_until(waiting.bound(until)) => {
-                            waiting.check()?;
-                        }
-                    }
+                    poll |= unannounced;
                 }
-                attempt_now = false;
-                sent = Instant::now();
-                attempts = attempts.saturating_add(1);
-                busy = match self.attempt(call).await? {
-                    AcquireReply::Granted(token) => return Ok(Grant::new(token, sent)),
-                    busy @ AcquireReply::Busy { .. } => busy,
-                };
-                if !subscribed {
-                    subscribed = self
-                        .wakeups()
-                        .subscribed(&registration, Instant::now())
-                        .await;
+                if poll {
+                    until = until.min(waiting.next_attempt(now, None));
+                }
+                let mut woken: FuturesUnordered<_> =
+                    registrations.iter().map(Registration::notified).collect();
+                // Messages may be lost once a confirmed subscription lapses.
+                let mut lapsed: FuturesUnordered<_> = (0..registrations.len())
+                    .filter(|i| confirmed[*i])
+                    .map(|i| {
+                        listeners.wakeups[i]
+                            .unsubscribed(&registrations[i])
+                            .map(move |()| i)
+                    })
+                    .collect();
+                tokio::select! {
+                    _ = woken.next() => {}
+                    Some(i) = lapsed.next() => {
+                        confirmed[i] = false;
+                        continue;
+                    }
+                    // At the deadline too: one last attempt, which may find the holder's
+                    // lease just ended.
+                    _ = tokio::time::sleep_until(waiting.bound(until)) => {}
                 }
             }
+            attempt_now = false;
+            // What was announced so far, the attempt sees.
+            for registration in &registrations {
+                let _ = registration.notified().now_or_never();
+            }
+            sent = Instant::now();
+            attempts = attempts.saturating_add(1);
+            round = match attempt().await? {
+                Round::Granted(grant) => return Ok(grant),
+                busy => busy,
+            };
+            if !listeners.heard(&confirmed) {
+                confirmed = listeners.confirm(&registrations, Instant::now()).await;
+            }
         }
-        .await;
-        if let Err(dlock_core::Error::Timeout { .. }) = &waited {
-            self.withdraw(req).await;
-        }
-        // The wait's own detail, inside the caller's `dlock.acquire` span when it traces.
-        tracing::debug!(
-            attempts,
-            outcome = waited.outcome(),
-            "redis: waited for the lock"
-        );
-        waited
     }
+    .await;
+    if let Err(Error::Timeout { .. }) = &waited {
+        withdraw(lock, req).await;
+    }
+    // The wait's own detail, inside the caller's `dlock.acquire` span when it traces.
+    tracing::debug!(
+        backend = lock.backend_name(),
+        attempts,
+        outcome = waited.outcome(),
+        "waited for the lock"
+    );
+    waited
+}
 
-    /// Takes the queue entry of a wait that ran out back (a release by its owner token), within
-    /// dlock-core's withdrawal bound; past it, in the background.
-    async fn withdraw(&self, req: &LockRequest<'_>) {
+/// Takes back the queue entries of a wait that ran out (a release by its owner token on every
+/// server), waiting for it within dlock-core's withdrawal bound; past it, it goes on in the
+/// background (a spawned task is not cancelled with its handle).
+async fn withdraw<L>(lock: &L, req: &LockRequest<'_>)
+where
+    L: DistributedLock + Clone + 'static,
+{
+    let (lock, key, owner) = (lock.clone(), req.key.clone(), req.owner);
+    let withdrawal = tokio::spawn(async move {
         let lease = LeaseRef {
-            key: req.key,
-            owner: req.owner,
+            key: &key,
+            owner,
             fencing: None,
         };
-        if dlock_core::backend::withdraw(req.key, self.release(&lease)).await {
-            return;
-        }
-        let (lock, key, owner) = (self.clone(), req.key.clone(), req.owner);
-        tokio::spawn(async move {
-            let lease = LeaseRef {
-                key: &key,
-                owner,
-                fencing: None,
-            };
-            if let Err(error) = lock.release(&lease).await {
-                tracing::debug!(%error, "redis: a queue entry could not be withdrawn; it lapses with its TTL");
-            }
-        });
-    }
+        lock.release(&lease).await.map_err(|e| e.to_string())
+    });
+    let finished = async { withdrawal.await.map_err(|e| e.to_string())? };
+    dlock_core::backend::withdraw(req.key, finished).await;
 }

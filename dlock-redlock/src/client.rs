@@ -19,6 +19,7 @@ use dlock_redis::protocol::keys::{self, KeyLayout};
 use dlock_redis::protocol::scripts::{
     self, AcquireCall, AcquireReply, FenceRaise, Peek, Publish, Queueing, ReleaseCall, Timed,
 };
+use dlock_redis::waiting::{self, Listeners};
 use dlock_redis::EXTEND_BATCH;
 use redis::aio::MultiplexedConnection;
 use redis::RedisResult;
@@ -817,14 +818,48 @@ impl DistributedLock for RedlockLock {
     }
 
     /// Waits in the masters' queues of waiters, woken by their release notifications, in
-    /// arrival order.
+    /// arrival order: the loop of [`dlock_redis::waiting`], with a quorum of the masters.
+    ///
+    /// A waiter enters every master's queue with one arrival score of its own choosing (the
+    /// client's clock, in microseconds since the Unix epoch, ties broken by owner token), so
+    /// that all masters order waiters alike and the head of one is the head of all. An attempt
+    /// waits for every master's answer (each within the per-node timeout). Short of a quorum it
+    /// gives its grants back but keeps its place in every queue: where it gives a grant back,
+    /// the same script puts it back in the queue at its score, so the next in line cannot take
+    /// that master meanwhile and split the masters between them. It comes back by itself when
+    /// it heads a quorum of the queues at the holders' expiry, and when it is second in line
+    /// when the head's entries lapse (see `Round::Busy` in the source).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: an attempt may have reached the masters. Core releases by
+    /// owner token when an acquire is dropped, which also withdraws the queue entries.
     async fn lock(
         &self,
         req: &LockRequest<'_>,
         deadline: Option<Instant>,
         retry: &Backoff,
     ) -> Result<Grant> {
-        self.wait_for_lock(req, deadline, retry).await
+        let names = Names::new(&self.inner.settings, req.key, req.owner);
+        // The arrival score: now on the client's clock.
+        let arrival = Some(micros_now());
+        let wakeups: Vec<&dlock_redis::Wakeups> =
+            self.inner.nodes.iter().map(|node| node.wakeups()).collect();
+        let listeners = Listeners {
+            wakeups: &wakeups,
+            quorum: self.inner.settings.quorum,
+            subscribe_within: self.inner.settings.untimed_node_timeout(),
+            channel: &names.channel,
+            owner: &names.owner,
+        };
+        let attempt = || async {
+            Ok(match self.attempt(req, &names, arrival).await? {
+                Round::Granted(grant) => waiting::Round::Granted(grant),
+                Round::Busy {
+                    come_back_in, poll, ..
+                } => waiting::Round::Busy { come_back_in, poll },
+            })
+        };
+        waiting::wait_for_lock(self, req, deadline, retry, &listeners, attempt).await
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {

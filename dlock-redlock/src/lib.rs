@@ -197,8 +197,8 @@
 //!
 //! A waiting acquire of the lock stands in every master's fair queue with one arrival score and
 //! is woken by the release notification of any master that names it; it comes back by itself at
-//! the holder's expiry and every third of its TTL, in case a notification was lost (see
-//! `waiting`). The primitives' waiters poll, at the caller's backoff, bounded by the holder's
+//! the holder's expiry and every third of its TTL, in case a notification was lost (the
+//! loop of [`dlock_redis::waiting`]). The primitives' waiters poll, at the caller's backoff, bounded by the holder's
 //! remaining TTL (reported by the masters that refused).
 //!
 //! # Primitives
@@ -239,7 +239,6 @@ mod primitives;
 mod quorum;
 mod restart;
 mod url;
-mod waiting;
 
 pub use builder::{
     RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRY_JITTER, MAX_DERIVED_NODE_TIMEOUT,
