@@ -80,8 +80,9 @@ pub(crate) enum Round {
         /// time until the head's entry lapses where it is second in line (the head may have
         /// crashed).
         come_back_in: Option<Duration>,
-        /// The caller heads a quorum of the queues, but a holder's release will not be
-        /// announced (a foreign client's key, or a key without a TTL): poll.
+        /// Poll: the caller heads a quorum of the queues but a holder's release will not be
+        /// announced (a foreign client's key, or a key without a TTL), or masters that did not
+        /// answer would make a quorum with those that granted.
         poll: bool,
     },
 }
@@ -683,10 +684,14 @@ fn busy(replies: &[Reply<AcquireReply>], quorum: usize) -> Round {
     let mut free: Vec<Duration> = Vec::with_capacity(replies.len());
     let mut back: Vec<Duration> = Vec::with_capacity(replies.len());
     let (mut heads, mut unannounced) = (0, false);
+    // Grants given back, and masters that did not answer: those announce nothing to this
+    // waiter, and may grant as soon as they answer again (a master that restarted empty).
+    let (mut granted, mut unanswered) = (0, 0);
     for reply in replies.iter().filter(|r| r.counts) {
         match reply.result {
             Ok(AcquireReply::Granted(_)) => {
                 heads += 1;
+                granted += 1;
                 free.push(Duration::ZERO);
                 back.push(Duration::ZERO);
             }
@@ -707,7 +712,7 @@ fn busy(replies: &[Reply<AcquireReply>], quorum: usize) -> Round {
                     back.push(lapse);
                 }
             }
-            Err(_) => {}
+            Err(_) => unanswered += 1,
         }
     }
     let nth = |mut times: Vec<Duration>| {
@@ -717,7 +722,7 @@ fn busy(replies: &[Reply<AcquireReply>], quorum: usize) -> Round {
     Round::Busy {
         free_in: nth(free),
         come_back_in: nth(back),
-        poll: heads >= quorum && unannounced,
+        poll: (heads >= quorum && unannounced) || granted + unanswered >= quorum,
     }
 }
 
@@ -1103,6 +1108,27 @@ mod tests {
         assert_eq!(free_in, ms(20), "free: 0, 10, 20, 30: the third");
         assert_eq!(come_back_in, ms(20));
         assert!(!poll);
+    }
+
+    #[test]
+    fn a_waiter_polls_where_masters_that_did_not_answer_would_complete_a_quorum() {
+        // Granted on two masters (given back), one down, a holder's long key on two: the down
+        // master may grant as soon as it is back, and will not announce it.
+        let replies = [
+            reply(0, queued(Some(15_000), true, None)),
+            reply(1, queued(Some(15_000), true, None)),
+            reply(2, None),
+            reply(3, Some(AcquireReply::Granted(FencingToken(9)))),
+            reply(4, Some(AcquireReply::Granted(FencingToken(9)))),
+        ];
+        let Round::Busy {
+            come_back_in, poll, ..
+        } = busy(&replies, 3)
+        else {
+            panic!("busy expected");
+        };
+        assert_eq!(come_back_in, ms(15_000));
+        assert!(poll);
     }
 
     #[test]

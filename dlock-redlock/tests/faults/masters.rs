@@ -22,6 +22,7 @@ pub fn cases() -> Vec<(&'static str, Case<Arc<RedisMasters>>)> {
         case!(a_frozen_master_costs_at_most_the_node_timeout),
         case!(restart_without_persistence_with_delayed_restart_has_one_holder),
         case!(restart_without_persistence_without_delayed_restart_has_two_holders),
+        case!(a_waiter_comes_back_by_itself_for_a_master_that_was_down),
         case!(a_master_that_lost_its_scripts_has_them_again_before_the_first_request),
     ]
 }
@@ -216,6 +217,33 @@ pub async fn a_frozen_master_costs_at_most_the_node_timeout(
     Ok(())
 }
 
+/// `a`'s lease on `key` held on masters 0, 1 and 2 only: 3 and 4 refuse it (a short-lived
+/// foreign lock there), and are free again when this returns.
+async fn held_on_first_three(
+    a: &Arc<RedlockLock>,
+    urls: &[String],
+    key: &str,
+    ttl: Duration,
+) -> anyhow::Result<dlock_core::Lease> {
+    let foreign_ttl_ms = 1500u64;
+    for url in &urls[3..] {
+        let mut con = support::raw(url).await?;
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg("foreign-owner")
+            .arg("PX")
+            .arg(foreign_ttl_ms)
+            .query_async(&mut con)
+            .await?;
+    }
+    let lease = a
+        .try_acquire(key, &LockOptions::new(ttl))
+        .await?
+        .context("A could not take the lock on masters 0, 1, 2")?;
+    tokio::time::sleep(Duration::from_millis(foreign_ttl_ms + 200)).await;
+    Ok(lease)
+}
+
 /// The double-holder scenario of the Redlock debate, on five masters without persistence:
 /// holder A gets masters 0, 1, 2 (3 and 4 are held by a short-lived foreign lock); the foreign
 /// lock expires; master 2 restarts and forgets A's key; B asks while A's lease is still valid.
@@ -244,22 +272,7 @@ async fn double_holder_scenario(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let key = unique("two-holders");
-    let foreign_ttl_ms = 1500u64;
-    for url in &urls[3..] {
-        let mut con = support::raw(url).await?;
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg("foreign-owner")
-            .arg("PX")
-            .arg(foreign_ttl_ms)
-            .query_async(&mut con)
-            .await?;
-    }
-    let holder_a = a
-        .try_acquire(&key, &LockOptions::new(ttl))
-        .await?
-        .context("A could not take the lock on masters 0, 1, 2")?;
-    tokio::time::sleep(Duration::from_millis(foreign_ttl_ms + 200)).await;
+    let holder_a = held_on_first_three(&a, &urls, &key, ttl).await?;
     let restarted = Instant::now();
     masters.member(2)?.restart_keep_data().await?;
     eprintln!(
@@ -324,5 +337,51 @@ pub async fn restart_without_persistence_without_delayed_restart_has_two_holders
         b.fencing_token(),
         holder_a.fencing_token()
     );
+    Ok(())
+}
+
+/// A waiter whose attempt found a master down, where that master's grant would have made a
+/// quorum with those that granted, comes back by itself soon after the master is back: the
+/// master announces nothing to it. (It used to come back only when its queue entry wanted
+/// refreshing, a third of its TTL later, or at the holder's expiry.) A holds masters 0, 1, 2;
+/// master 2 stops, losing A's key; B waits; master 2 starts again, empty.
+pub async fn a_waiter_comes_back_by_itself_for_a_master_that_was_down(
+    masters: Arc<RedisMasters>,
+) -> anyhow::Result<()> {
+    let ttl = Duration::from_secs(30);
+    let a = support::serving_client(&masters).await?;
+    let b = support::client_with(&masters.urls(), |b| b).await?;
+    let key = unique("down-waiter");
+    let holder_a = held_on_first_three(&a, &masters.urls(), &key, ttl).await?;
+    masters.member(2)?.stop().await?;
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let opts = LockOptions::new(ttl).with_wait(Duration::from_secs(25));
+            b.acquire(&key, &opts).await
+        })
+    };
+    // B's first attempt: busy on 0 and 1, no answer from 2, granted on 3 and 4 (given back).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(!waiter.is_finished(), "B did not wait: {:?}", waiter.await?);
+    masters.member(2)?.start().await?;
+    let back = Instant::now();
+    let holder_b = waiter.await?.context("B's wait")?;
+    let after = back.elapsed();
+    // Its refresh would come 10 s after its first attempt.
+    ensure!(
+        after < Duration::from_secs(5),
+        "B got the lock {after:?} after master 2 was back"
+    );
+    ensure!(
+        holder_b.fencing_token() > holder_a.fencing_token(),
+        "B's token {} is not above A's {}",
+        holder_b.fencing_token(),
+        holder_a.fencing_token()
+    );
+    eprintln!("[timing] B got the lock {after:.2?} after master 2 was back");
+    holder_b.release().await?;
+    // A's key is on masters 0 and 1 only: its release cannot reach a quorum.
+    drop(holder_a);
     Ok(())
 }
