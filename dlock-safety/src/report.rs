@@ -169,7 +169,7 @@ impl<'a> Report<'a> {
             .iter()
             .filter(|c| !c.matches)
             .map(|c| {
-                format!(
+                let mut paragraph = format!(
                     "scenario {} ({}) on {}, {}: observed {}, declared {} because {:?}; {}",
                     c.scenario,
                     c.scenario_title,
@@ -179,11 +179,29 @@ impl<'a> Report<'a> {
                     c.expected,
                     c.reason,
                     c.note
-                )
+                );
+                // The errors the clients met say why a lock was not handed on; CI keeps only
+                // this output, not the history file.
+                let errors: Vec<&String> = c
+                    .history
+                    .iter()
+                    .filter(|e| e.contains("indeterminate"))
+                    .collect();
+                for e in errors.iter().take(MISMATCH_ERRORS) {
+                    let _ = write!(paragraph, "\n      {e}");
+                }
+                if errors.len() > MISMATCH_ERRORS {
+                    let more = errors.len() - MISMATCH_ERRORS;
+                    let _ = write!(paragraph, "\n      … and {more} more");
+                }
+                paragraph
             })
             .collect()
     }
 }
+
+/// How many of a mismatching cell's errors its paragraph quotes.
+const MISMATCH_ERRORS: usize = 8;
 
 /// A table's header: the `first` columns, then one per backend.
 fn table_header(out: &mut String, first: &[&str], backends: &[&Backend]) {

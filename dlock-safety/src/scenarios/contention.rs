@@ -22,7 +22,9 @@ pub async fn run(target: &dyn Target, run: &Run) -> anyhow::Result<Outcome> {
         tasks.push(tokio::spawn(async move {
             let mut granted = 0usize;
             for _ in 0..plan.rounds {
-                if let Some(lease) = run.acquire(client, &lock, &opts).await {
+                // An error (a request that timed out on a loaded machine) is retried, as a
+                // service would; it stays in the history as an indeterminate outcome.
+                if let Some(lease) = run.acquire_retrying(client, &lock, &opts).await {
                     granted += 1;
                     let read = run.read();
                     // Give a contender the chance to interleave between read and write.
