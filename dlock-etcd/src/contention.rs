@@ -391,11 +391,23 @@ pub(crate) async fn delete_own(
     revision: i64,
     lease: i64,
 ) -> Result<Owner, RequestError> {
+    let own = [
+        Compare::create_revision(key, CompareOp::Equal, revision),
+        Compare::lease(key, CompareOp::Equal, lease),
+    ];
+    delete_if(requests, prefix, key, own).await
+}
+
+/// Deletes `key` if every one of `conditions` holds, in one transaction; otherwise tells who
+/// contends.
+async fn delete_if<const N: usize>(
+    requests: &Requests,
+    prefix: &[u8],
+    key: &[u8],
+    conditions: [Compare; N],
+) -> Result<Owner, RequestError> {
     let txn = Txn::new()
-        .when([
-            Compare::create_revision(key, CompareOp::Equal, revision),
-            Compare::lease(key, CompareOp::Equal, lease),
-        ])
+        .when(conditions)
         .and_then([TxnOp::delete(key, None)])
         .or_else([any_key(prefix)]);
     Ok(owner_from(&requests.txn(txn).await?))
@@ -488,11 +500,8 @@ pub(crate) async fn delete_by_value(
     key: &[u8],
     value: &str,
 ) -> Result<Owner, RequestError> {
-    let txn = Txn::new()
-        .when([Compare::value(key, CompareOp::Equal, value)])
-        .and_then([TxnOp::delete(key, None)])
-        .or_else([any_key(prefix)]);
-    Ok(owner_from(&requests.txn(txn).await?))
+    let written = [Compare::value(key, CompareOp::Equal, value)];
+    delete_if(requests, prefix, key, written).await
 }
 
 /// Deletes `key` if it is attached to lease `lease`: a key only one acquire writes, whose
@@ -503,11 +512,8 @@ pub(crate) async fn delete_on_lease(
     key: &[u8],
     lease: i64,
 ) -> Result<Owner, RequestError> {
-    let txn = Txn::new()
-        .when([Compare::lease(key, CompareOp::Equal, lease)])
-        .and_then([TxnOp::delete(key, None)])
-        .or_else([any_key(prefix)]);
-    Ok(owner_from(&requests.txn(txn).await?))
+    let attached = [Compare::lease(key, CompareOp::Equal, lease)];
+    delete_if(requests, prefix, key, attached).await
 }
 
 /// Whether any contender exists under `prefix`.

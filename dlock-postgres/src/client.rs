@@ -558,9 +558,10 @@ impl Inner {
             may_take,
             quiet,
         };
-        let task = tokio::spawn(inner.grant(session, owner, key, name, term, queue));
-        task.await
-            .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
+        granted(tokio::spawn(
+            inner.grant(session, owner, key, name, term, queue),
+        ))
+        .await
     }
 
     /// Concludes a granting statement that returns the token in its one row, or no row when the
@@ -1010,4 +1011,10 @@ impl DistributedLock for Inner {
     async fn evict(&self, key: &LockKey, expected: Option<FencingToken>) -> Result<Eviction> {
         crate::inspect::evict(self, key, expected).await
     }
+}
+
+/// The outcome of a grant run in a task of its own (see `Inner::attempt`).
+pub(crate) async fn granted<T>(task: tokio::task::JoinHandle<Result<T>>) -> Result<T> {
+    task.await
+        .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
 }

@@ -58,6 +58,7 @@
 //! writer excludes its readers and other writers, readers share, a waiting writer holds back its
 //! readers, and a grant of a permit skips the slots the client uses.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -72,7 +73,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::client::{holder_of, Inner, Term};
+use crate::client::{granted, holder_of, Inner, Term};
 use crate::error::BACKEND;
 use crate::held::Kind;
 use crate::key::{advisory_key, AdvisoryKey};
@@ -188,52 +189,48 @@ impl View {
     }
 
     /// One attempt at a read hold: reserved here (no writer of this client holds or waits),
-    /// then granted by the server in a task of its own, so that a dropped caller cannot leave a
-    /// grant unrecorded.
+    /// then granted by the server.
     async fn try_read(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let key = advisory_key(req.key.as_str());
-        let owner = req.owner.as_u128();
-        let term = Term::starting_now(req.ttl);
-        if !self.inner.held().reserve_as(
-            owner,
-            Some(key),
-            Kind::Read,
-            req.key.as_str(),
-            term.until(),
-        ) {
-            return Ok(Attempt::Busy { retry_after: None });
-        }
-        let session = match self.inner.session().await {
-            Ok(session) => session,
-            Err(e) => {
-                self.inner.held().remove(owner);
-                return Err(e);
-            }
-        };
-        let task = tokio::spawn(grant_read(
-            self.inner.clone(),
-            session,
-            owner,
-            key,
-            req.key.as_str().to_string(),
-            term,
-        ));
-        task.await
-            .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
+        let (inner, name) = (self.inner.clone(), req.key.as_str().to_string());
+        self.reserve_then_grant(req, Some(key), Kind::Read, |session, owner, term| {
+            grant_read(inner, session, owner, key, name, term)
+        })
+        .await
     }
 
-    /// One attempt at a permit: reserved here without a slot, then granted by the server in a
-    /// task of its own.
+    /// One attempt at a permit: reserved here without a slot, then granted by the server.
     async fn try_permit(&self, req: &LockRequest<'_>, permits: u32) -> Result<Attempt> {
-        let owner = req.owner.as_u128();
-        let term = Term::starting_now(req.ttl);
         let announce = semaphore_guard_key(req.key.as_str());
         let kind = Kind::Permit { slot: 0, announce };
-        if !self
+        let (inner, name) = (self.inner.clone(), req.key.as_str().to_string());
+        self.reserve_then_grant(req, None, kind, |session, owner, term| {
+            grant_permit(inner, session, owner, name, permits, term)
+        })
+        .await
+    }
+
+    /// Reserves `req`'s entry of `kind` here, then runs `grant` with a session in a task of its
+    /// own, so that a dropped caller cannot leave a grant unrecorded. The TTL counts from
+    /// before a session is sought.
+    async fn reserve_then_grant<F, Fut>(
+        &self,
+        req: &LockRequest<'_>,
+        key: Option<AdvisoryKey>,
+        kind: Kind,
+        grant: F,
+    ) -> Result<Attempt>
+    where
+        F: FnOnce(Arc<Session>, u128, Term) -> Fut,
+        Fut: Future<Output = Result<Attempt>> + Send + 'static,
+    {
+        let owner = req.owner.as_u128();
+        let term = Term::starting_now(req.ttl);
+        let held = self
             .inner
             .held()
-            .reserve_as(owner, None, kind, req.key.as_str(), term.until())
-        {
+            .reserve_as(owner, key, kind, req.key.as_str(), term.until());
+        if !held {
             return Ok(Attempt::Busy { retry_after: None });
         }
         let session = match self.inner.session().await {
@@ -243,16 +240,7 @@ impl View {
                 return Err(e);
             }
         };
-        let task = tokio::spawn(grant_permit(
-            self.inner.clone(),
-            session,
-            owner,
-            req.key.as_str().to_string(),
-            permits,
-            term,
-        ));
-        task.await
-            .map_err(|e| Error::backend(BACKEND, true, format!("the grant's task failed: {e}")))?
+        granted(tokio::spawn(grant(session, owner, term))).await
     }
 
     /// The holders of the read-write lock: the writer, or the readers (earliest token first).

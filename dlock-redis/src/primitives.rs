@@ -162,11 +162,7 @@ impl RedisView {
                 Attempt::Busy { retry_after } => retry_after,
             };
             let now = waiting.check()?;
-            let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
-            let mut until = waiting.next_attempt(now, holder_left);
-            if let Some(intent) = intent {
-                until = until.min(now + intent / 3);
-            }
+            let until = crate::waiting::next_poll(&mut waiting, now, retry_after, intent);
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(until) => {}
@@ -266,12 +262,7 @@ impl DistributedLock for RedisView {
         let intent = (self.primitive == Primitive::Write).then_some(req.ttl);
         let result = self.wait(req, deadline, retry, intent).await;
         if intent.is_some() && result.is_err() {
-            let lease = LeaseRef {
-                key: req.key,
-                owner: req.owner,
-                fencing: None,
-            };
-            dlock_core::backend::withdraw(req.key, self.release(&lease)).await;
+            crate::waiting::withdraw(self, req).await;
         }
         result
     }

@@ -230,10 +230,26 @@ where
     waited
 }
 
-/// Takes back the queue entries of a wait that ran out (a release by its owner token on every
-/// server), waiting for it within dlock-core's withdrawal bound; past it, it goes on in the
-/// background (a spawned task is not cancelled with its handle).
-async fn withdraw<L>(lock: &L, req: &LockRequest<'_>)
+/// When a primitive's waiter, which polls (it has no queue), attempts again after a busy answer
+/// at `now`: after its next backoff step, or 1 ms after the holder's lease ends (`retry_after`)
+/// if sooner; a writer that registered its intent also before a third of the intent's lifetime
+/// has passed, to renew it.
+pub fn next_poll(
+    waiting: &mut Waiting,
+    now: Instant,
+    retry_after: Option<Duration>,
+    intent: Option<Duration>,
+) -> Instant {
+    let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
+    let until = waiting.next_attempt(now, holder_left);
+    intent.map_or(until, |intent| until.min(now + refresh_every(intent)))
+}
+
+/// Takes back what a wait that gave up left on the servers (its queue entries, a writer's
+/// intent): a release of `req`'s lock by its owner token on every server, waited for within
+/// dlock-core's withdrawal bound; past it, it goes on in the background (a spawned task is not
+/// cancelled with its handle).
+pub async fn withdraw<L>(lock: &L, req: &LockRequest<'_>)
 where
     L: DistributedLock + Clone + 'static,
 {

@@ -367,6 +367,20 @@ impl Wakeups {
 }
 
 impl Shared {
+    /// Forgets the channels nobody waits on and returns them, to unsubscribe.
+    fn take_idle(&self) -> Vec<String> {
+        let mut channels = self.channels();
+        let idle: Vec<String> = channels
+            .iter()
+            .filter(|(_, c)| c.users.load(Ordering::Acquire) == 0)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &idle {
+            channels.remove(name);
+        }
+        idle
+    }
+
     fn channels(&self) -> MutexGuard<'_, HashMap<String, Arc<Channel>>> {
         // Every critical section leaves the map consistent before anything can panic.
         self.channels.lock().unwrap_or_else(PoisonError::into_inner)
@@ -569,18 +583,7 @@ impl Listener {
 
     /// Forgets and unsubscribes the channels nobody waits on; false if the connection failed.
     async fn sweep(&self, sink: &mut PubSubSink) -> bool {
-        let idle: Vec<String> = {
-            let mut channels = self.shared.channels();
-            let idle: Vec<String> = channels
-                .iter()
-                .filter(|(_, c)| c.users.load(Ordering::Acquire) == 0)
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in &idle {
-                channels.remove(name);
-            }
-            idle
-        };
+        let idle = self.shared.take_idle();
         if idle.is_empty() {
             return true;
         }
@@ -678,15 +681,6 @@ impl Feed {
 
     /// Forgets the channels nobody waits on and returns them, to unsubscribe.
     pub(crate) fn take_idle(&self) -> Vec<String> {
-        let mut channels = self.shared.channels();
-        let idle: Vec<String> = channels
-            .iter()
-            .filter(|(_, c)| c.users.load(Ordering::Acquire) == 0)
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in &idle {
-            channels.remove(name);
-        }
-        idle
+        self.shared.take_idle()
     }
 }

@@ -322,6 +322,37 @@ impl RedlockLock {
         .await;
     }
 
+    /// Extends a lease on every master with `call` (one master's extension script), decided by
+    /// a quorum of answers in time for the lease's validity, each master's clock watched: the
+    /// lock's and the primitives' extension alike.
+    pub(crate) async fn extend_with<F, Fut>(&self, ttl: Duration, call: F) -> Result<Extension>
+    where
+        F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = RedisResult<Timed<Extension>>> + Send + 'static,
+    {
+        let settings = &self.inner.settings;
+        let (timeout, validity) = settings.plan(ttl)?;
+        let quorum = settings.quorum;
+        let nodes = &self.inner.nodes;
+        let sent = Instant::now();
+        let replies = gather(
+            nodes,
+            self.all(),
+            "extend",
+            timeout,
+            call,
+            |p: Progress<'_, Timed<Extension>>| {
+                Tally::of(p.replies, |r| Some(r.answer)).settled(p.pending, quorum)
+            },
+        )
+        .await;
+        let replies = watch_clocks(&self.inner.clock, replies, Extension::with_clock_ahead);
+        let in_time = sent.elapsed() < validity;
+        Tally::of(&replies, |r| Some(*r))
+            .outcome(quorum, in_time)
+            .ok_or_else(|| QuorumFailure::of("extend", &replies, nodes, quorum).into_error())
+    }
+
     /// The fencing write-back of a grant, the lock's or a primitive's place: the call `raise`
     /// makes (its script) raises the counters of the granted masters whose token is below
     /// `token`. Returns how many counting masters now hold the grant with a counter of at least
@@ -868,33 +899,12 @@ impl DistributedLock for RedlockLock {
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let settings = &self.inner.settings;
-        let (timeout, validity) = settings.plan(ttl)?;
-        let names = Names::new(settings, lease.key, lease.owner);
-        let quorum = settings.quorum;
-        let call = move |mut con| {
+        let names = Names::new(&self.inner.settings, lease.key, lease.owner);
+        self.extend_with(ttl, move |mut con| {
             let n = names.clone();
             async move { scripts::extend(&mut con, &n.lock, &n.owner, ttl).await }
-        };
-        let sent = Instant::now();
-        let replies = gather(
-            &self.inner.nodes,
-            self.all(),
-            "extend",
-            timeout,
-            call,
-            |p: Progress<'_, Timed<Extension>>| {
-                Tally::of(p.replies, |r| Some(r.answer)).settled(p.pending, quorum)
-            },
-        )
-        .await;
-        let replies = watch_clocks(&self.inner.clock, replies, Extension::with_clock_ahead);
-        let in_time = sent.elapsed() < validity;
-        Tally::of(&replies, |r| Some(*r))
-            .outcome(quorum, in_time)
-            .ok_or_else(|| {
-                QuorumFailure::of("extend", &replies, &self.inner.nodes, quorum).into_error()
-            })
+        })
+        .await
     }
 
     /// One [`EXTEND_MANY`](scripts::EXTEND_MANY) script per [`EXTEND_BATCH`] leases to every

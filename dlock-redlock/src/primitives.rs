@@ -27,14 +27,12 @@ use dlock_core::{Backoff, DistributedLock, FencingToken, Released, Result};
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
 };
-use dlock_redis::protocol::scripts::Timed;
 use tokio::time::Instant;
 
 use crate::client::{
     answered, counted, grants_of, new_counter_start, too_late, RedlockLock, BACKEND,
 };
-use crate::extension::Tally;
-use crate::quorum::{gather, watch_clocks, Progress, QuorumFailure, Reply};
+use crate::quorum::{gather, Progress, QuorumFailure, Reply};
 
 /// A read-write lock side or an election candidate (or observer) on a Redlock client.
 #[derive(Clone)]
@@ -270,33 +268,14 @@ impl DistributedLock for RedlockView {
     }
 
     async fn extend(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<Extension> {
-        let settings = &self.lock.inner.settings;
-        let (timeout, validity) = settings.plan(ttl)?;
         let keys = self.keys(lease.key);
         let owner: Arc<str> = lease.owner.to_hex().into();
-        let quorum = settings.quorum;
-        let call = move |mut con| {
-            let (keys, owner) = (keys.clone(), owner.clone());
-            async move { primitives::extend(&mut con, &keys, &owner, ttl).await }
-        };
-        let sent = Instant::now();
-        let nodes = &self.lock.inner.nodes;
-        let replies = gather(
-            nodes,
-            self.lock.all(),
-            "extend",
-            timeout,
-            call,
-            |p: Progress<'_, Timed<Extension>>| {
-                Tally::of(p.replies, |r| Some(r.answer)).settled(p.pending, quorum)
-            },
-        )
-        .await;
-        let replies = watch_clocks(&self.lock.inner.clock, replies, Extension::with_clock_ahead);
-        let in_time = sent.elapsed() < validity;
-        Tally::of(&replies, |r| Some(*r))
-            .outcome(quorum, in_time)
-            .ok_or_else(|| QuorumFailure::of("extend", &replies, nodes, quorum).into_error())
+        self.lock
+            .extend_with(ttl, move |mut con| {
+                let (keys, owner) = (keys.clone(), owner.clone());
+                async move { primitives::extend(&mut con, &keys, &owner, ttl).await }
+            })
+            .await
     }
 
     /// Gives the place back on every master, with a waiting writer's intent.
@@ -358,33 +337,21 @@ impl DistributedLock for RedlockView {
     ) -> Result<Grant> {
         let intent = (self.primitive == Primitive::Write).then_some(req.ttl);
         let mut waiting = Waiting::new(req.key, deadline, retry);
-        let result = loop {
-            let sent = Instant::now();
-            let retry_after = match self.attempt(req, intent).await {
-                Ok(Attempt::Acquired(grant)) => break Ok(grant.sent_no_later_than(sent)),
-                Ok(Attempt::Busy { retry_after }) => retry_after,
-                Err(error) => break Err(error),
-            };
-            let now = match waiting.check() {
-                Ok(now) => now,
-                Err(error) => break Err(error),
-            };
-            let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
-            let mut until = waiting.next_attempt(now, holder_left);
-            if let Some(intent) = intent {
-                until = until.min(now + intent / 3);
+        let result = async {
+            loop {
+                let sent = Instant::now();
+                let retry_after = match self.attempt(req, intent).await? {
+                    Attempt::Acquired(grant) => return Ok(grant.sent_no_later_than(sent)),
+                    Attempt::Busy { retry_after } => retry_after,
+                };
+                let now = waiting.check()?;
+                let until = dlock_redis::waiting::next_poll(&mut waiting, now, retry_after, intent);
+                self.wait_for_release(req.key, until).await?;
             }
-            if let Err(error) = self.wait_for_release(req.key, until).await {
-                break Err(error);
-            }
-        };
+        }
+        .await;
         if intent.is_some() && result.is_err() {
-            let lease = LeaseRef {
-                key: req.key,
-                owner: req.owner,
-                fencing: None,
-            };
-            dlock_core::backend::withdraw(req.key, self.release(&lease)).await;
+            dlock_redis::waiting::withdraw(self, req).await;
         }
         result
     }

@@ -342,24 +342,31 @@ mod tests {
         assert_eq!(prefixed.lock_key(&key("jobs/nightly")), "app:jobs/nightly");
     }
 
+    /// Lock names with and without hash tags, empty, unbalanced or nested braces, and bytes
+    /// outside ASCII.
+    const AWKWARD_NAMES: [&str; 17] = [
+        "jobs/nightly",
+        "{tenant}:job",
+        "a}b",
+        "x{}y",
+        "{}",
+        "}",
+        "{",
+        "a{b",
+        "ключ",
+        "🔒",
+        "a\nb",
+        "{a}b",
+        "{a}c",
+        "{a}",
+        "a",
+        "{5061}a}b",
+        "{a}{b}",
+    ];
+
     #[test]
     fn the_fencing_counter_shares_the_lock_keys_slot() {
-        let names = [
-            "jobs/nightly",
-            "{tenant}:job",
-            "a}b",
-            "x{}y",
-            "{}",
-            "}",
-            "{",
-            "a{b",
-            "ключ",
-            "🔒",
-            "a\nb",
-            "{a}b",
-            "{a}c",
-        ];
-        for name in names {
+        for name in AWKWARD_NAMES {
             let keys = KeyLayout::default().keys(&key(name));
             assert_eq!(
                 hash_slot(keys.fence.as_bytes()),
@@ -391,24 +398,8 @@ mod tests {
 
     #[test]
     fn owner_records_share_the_slot_and_name_their_lock_key() {
-        let names = [
-            "jobs/nightly",
-            "{tenant}:job",
-            "a}b",
-            "x{}y",
-            "{}",
-            "}",
-            "{",
-            "a{b",
-            "ключ",
-            "a\nb",
-            "{a}b",
-            "{a}",
-            "a",
-            "{5061}a}b",
-        ];
         let mut seen = std::collections::HashSet::new();
-        for name in names {
+        for name in AWKWARD_NAMES {
             let keys = KeyLayout::default().keys(&key(name));
             assert_eq!(
                 hash_slot(keys.owner.as_bytes()),
