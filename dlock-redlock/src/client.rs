@@ -353,23 +353,30 @@ impl RedlockLock {
             .ok_or_else(|| QuorumFailure::of("extend", &replies, nodes, quorum).into_error())
     }
 
-    /// The fencing write-back of a grant, the lock's or a primitive's place: the call `raise`
-    /// makes (its script) raises the counters of the granted masters whose token is below
-    /// `token`. Returns how many counting masters now hold the grant with a counter of at least
-    /// `token`. `raise` is called only when a write-back is needed, so that the common grant,
-    /// already at the greatest token on a quorum, clones nothing for it.
-    pub(crate) async fn raise_fences<F, Fut>(
+    /// Settles a round a quorum granted, the lock's or a primitive's place: its token is the
+    /// greatest any master granted; with fencing on, the call `raise` makes for that token (its
+    /// script) raises the counters of the granted masters below it, until a quorum holds the
+    /// grant at it; and the grant must still be in time for its `validity`, counted from
+    /// `sent`. An error says why the grant cannot be returned as held: the caller gives it back.
+    /// `raise` is called only when a write-back is needed, so that the common grant, already at
+    /// the greatest token on a quorum, clones nothing for it.
+    pub(crate) async fn settle<F, Fut>(
         &self,
-        token: FencingToken,
         grants: &[(usize, bool, FencingToken)],
-        timeout: Duration,
-        raise: impl FnOnce() -> F,
-    ) -> (usize, Vec<Reply<FenceRaise>>)
+        (sent, validity, timeout): (Instant, Duration, Duration),
+        raise: impl FnOnce(FencingToken) -> F,
+    ) -> Result<FencingToken>
     where
         F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = RedisResult<FenceRaise>> + Send + 'static,
     {
-        let quorum = self.inner.settings.quorum;
+        let settings = &self.inner.settings;
+        let quorum = settings.quorum;
+        let token = grants
+            .iter()
+            .map(|(_, _, t)| *t)
+            .max()
+            .unwrap_or(FencingToken(0));
         let at_max = grants
             .iter()
             .filter(|(_, counts, t)| *counts && *t == token)
@@ -379,23 +386,36 @@ impl RedlockLock {
             .filter(|(_, _, t)| *t < token)
             .map(|(i, _, _)| *i)
             .collect();
-        if at_max >= quorum || behind.is_empty() {
-            return (at_max, Vec::new());
+        if settings.fencing {
+            let mut replies = Vec::new();
+            if at_max < quorum && !behind.is_empty() {
+                replies = gather(
+                    &self.inner.nodes,
+                    behind,
+                    "raise_fence",
+                    timeout,
+                    raise(token),
+                    |p: Progress<'_, FenceRaise>| {
+                        let raised = counted(p.replies, |r| *r == FenceRaise::Raised);
+                        at_max + raised >= quorum || at_max + raised + p.pending < quorum
+                    },
+                )
+                .await;
+            }
+            let confirmed = at_max + counted(&replies, |r| *r == FenceRaise::Raised);
+            if confirmed < quorum {
+                let failure = QuorumFailure {
+                    reached: confirmed,
+                    ..QuorumFailure::of("fencing write-back", &replies, &self.inner.nodes, quorum)
+                };
+                return Err(failure.into_error());
+            }
         }
-        let replies = gather(
-            &self.inner.nodes,
-            behind,
-            "raise_fence",
-            timeout,
-            raise(),
-            |p: Progress<'_, FenceRaise>| {
-                let raised = counted(p.replies, |r| *r == FenceRaise::Raised);
-                at_max + raised >= quorum || at_max + raised + p.pending < quorum
-            },
-        )
-        .await;
-        let raised = counted(&replies, |r| *r == FenceRaise::Raised);
-        (at_max + raised, replies)
+        let granted = grants.iter().filter(|(_, counts, _)| *counts).count();
+        match too_late(sent, validity, granted, quorum) {
+            Some(late) => Err(late),
+            None => Ok(token),
+        }
     }
 }
 
@@ -526,38 +546,20 @@ impl RedlockLock {
             }
             return Ok(busy);
         }
-        let token = grants
-            .iter()
-            .map(|(_, _, t)| *t)
-            .max()
-            .unwrap_or(FencingToken(0));
-        if settings.fencing {
-            let raise = || {
-                let named = names.clone();
-                move |mut con| {
-                    let n = named.clone();
-                    async move {
-                        scripts::raise_fence(
-                            &mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl,
-                        )
+        let raise = |token| {
+            let named = names.clone();
+            move |mut con| {
+                let n = named.clone();
+                async move {
+                    scripts::raise_fence(&mut con, &n.lock, &n.fence, &n.owner, token, fence_ttl)
                         .await
-                    }
                 }
-            };
-            let (confirmed, raised) = self.raise_fences(token, &grants, timeout, raise).await;
-            if confirmed < quorum {
-                let failure = QuorumFailure {
-                    reached: confirmed,
-                    ..QuorumFailure::of("fencing write-back", &raised, &self.inner.nodes, quorum)
-                };
-                let error = failure.into_error();
-                return Err(self.abandon(names, timeout, &replies, error).await);
             }
+        };
+        match self.settle(&grants, (sent, validity, timeout), raise).await {
+            Ok(token) => Ok(Round::Granted(Grant::new(token, sent))),
+            Err(error) => Err(self.abandon(names, timeout, &replies, error).await),
         }
-        if let Some(late) = too_late(sent, validity, granted, quorum) {
-            return Err(self.abandon(names, timeout, &replies, late).await);
-        }
-        Ok(Round::Granted(Grant::new(token, sent)))
     }
 
     /// What a quorum of the masters shows for `key` (see [`inspect`](DistributedLock::inspect)),
@@ -776,12 +778,7 @@ pub(crate) fn grants_of<T>(
 
 /// The error of a grant by `granted` masters that came too late: at or past its `validity`,
 /// counted from `sent`; `None` if it is in time.
-pub(crate) fn too_late(
-    sent: Instant,
-    validity: Duration,
-    granted: usize,
-    quorum: usize,
-) -> Option<Error> {
+fn too_late(sent: Instant, validity: Duration, granted: usize, quorum: usize) -> Option<Error> {
     let elapsed = sent.elapsed();
     (elapsed >= validity).then(|| Error::Unavailable {
         reached: granted,

@@ -23,15 +23,13 @@ use dlock_core::backend::{
     Attempt, Capabilities, Extension, Grant, LeaseRef, LockKey, LockRequest, Primitive, Waiting,
 };
 use dlock_core::inspect::Holding;
-use dlock_core::{Backoff, DistributedLock, FencingToken, Released, Result};
+use dlock_core::{Backoff, DistributedLock, Released, Result};
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
 };
 use tokio::time::Instant;
 
-use crate::client::{
-    answered, counted, grants_of, new_counter_start, too_late, RedlockLock, BACKEND,
-};
+use crate::client::{answered, counted, grants_of, new_counter_start, RedlockLock, BACKEND};
 use crate::quorum::{gather, Progress, QuorumFailure, Reply};
 
 /// A read-write lock side or an election candidate (or observer) on a Redlock client.
@@ -177,35 +175,21 @@ impl RedlockView {
             let busy = Attempt::Busy { retry_after };
             return Ok(self.abandon(&keys, &owner, intent, &replies, busy).await);
         }
-        let token = grants
-            .iter()
-            .map(|(_, _, t)| *t)
-            .max()
-            .unwrap_or(FencingToken(0));
-        if settings.fencing {
-            let raise = || {
-                let (place, holder) = (keys.clone(), owner.clone());
-                move |mut con| {
-                    let (keys, owner) = (place.clone(), holder.clone());
-                    async move {
-                        primitives::raise_fence(&mut con, &keys, &owner, token, fence_ttl).await
-                    }
-                }
-            };
-            let (confirmed, raised) = self.lock.raise_fences(token, &grants, timeout, raise).await;
-            if confirmed < quorum {
-                let failure = QuorumFailure {
-                    reached: confirmed,
-                    ..QuorumFailure::of("fencing write-back", &raised, nodes, quorum)
-                };
-                let error = failure.into_error();
-                return Err(self.abandon(&keys, &owner, intent, &replies, error).await);
+        let raise = |token| {
+            let (place, holder) = (keys.clone(), owner.clone());
+            move |mut con| {
+                let (keys, owner) = (place.clone(), holder.clone());
+                async move { primitives::raise_fence(&mut con, &keys, &owner, token, fence_ttl).await }
             }
+        };
+        match self
+            .lock
+            .settle(&grants, (sent, validity, timeout), raise)
+            .await
+        {
+            Ok(token) => Ok(Attempt::Acquired(Grant::new(token, sent))),
+            Err(error) => Err(self.abandon(&keys, &owner, intent, &replies, error).await),
         }
-        if let Some(late) = too_late(sent, validity, granted, quorum) {
-            return Err(self.abandon(&keys, &owner, intent, &replies, late).await);
-        }
-        Ok(Attempt::Acquired(Grant::new(token, sent)))
     }
 }
 
