@@ -655,8 +655,14 @@ impl DistributedLock for ClientState {
     /// the background, and a release by owner token (which the core issues) finds it too.
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let sent = Instant::now();
-        let Some(guard) = self.local_queue.try_turn(req.key) else {
-            // Another task of this client holds or is acquiring the key.
+        // A background withdrawal of a failed attempt's key holds the turn for one deletion:
+        // worth waiting for. Only a live local holder or acquire makes the lock busy.
+        let withdrawn_by = sent + self.requests.timeout() * 2;
+        let Some(guard) = self
+            .local_queue
+            .try_turn_after_withdrawal(req.key, withdrawn_by)
+            .await
+        else {
             return Ok(Attempt::Busy { retry_after: None });
         };
         let mut acquiring = AcquireGuard::new(self.local_queue.clone(), req.key.clone(), guard);

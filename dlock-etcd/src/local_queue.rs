@@ -125,6 +125,29 @@ impl LocalQueue {
         taken
     }
 
+    /// Takes `key`'s turn if no local task has it. If a background withdrawal has it, for one
+    /// deletion request, waits for it until `until`: the acquire that finds it so taken would
+    /// otherwise answer busy for a lock nobody holds (the key its own failed attempt left).
+    pub(crate) async fn try_turn_after_withdrawal(
+        &self,
+        key: &LockKey,
+        until: Instant,
+    ) -> Option<OwnedMutexGuard<()>> {
+        let withdrawing = {
+            let mut slots = self.slots();
+            let slot = slots.entry(key.clone()).or_default();
+            match slot.turn.clone().try_lock_owned() {
+                Ok(guard) => return Some(guard),
+                Err(_) => slot.withdrawing,
+            }
+        };
+        if withdrawing {
+            return self.turn(key, Some(until)).await;
+        }
+        self.tidy(key);
+        None
+    }
+
     /// Waits for `key`'s turn, until `deadline`. `None` when the deadline passed first.
     ///
     /// # Cancel safety
