@@ -11,7 +11,7 @@ use dlock_core::backend::{
     LockRequest, Primitive, Primitives,
 };
 use dlock_core::inspect::{Eviction, HeldLock, Holding};
-use dlock_core::{Backoff, DistributedLock, FencingToken, Owner, Released, Result};
+use dlock_core::{Backoff, DistributedLock, Error, FencingToken, Owner, Released, Result};
 use tokio::time::Instant;
 
 use crate::builder::RedisLockBuilder;
@@ -26,6 +26,34 @@ use crate::protocol::scripts::{
 use crate::replicas::{Acknowledged, Acks};
 use crate::waiting::{self, Listeners, Round};
 use crate::wakeups::Wakeups;
+
+/// Runs `$body` (which uses the connection `$con`) on the client's connection, with `WAIT`
+/// behind it when the client has `min_replicas`; evaluates to `Result<(answer, acknowledged)>`.
+macro_rules! on_server {
+    ($lock:expr, $op:expr, |$con:ident| $body:expr) => {{
+        match $lock.inner.acks {
+            None => {
+                $lock
+                    .inner
+                    .connection
+                    .run(
+                        $op,
+                        |mut $con| async move { $body.map(|answer| (answer, None)) },
+                    )
+                    .await
+            }
+            Some(acks) => {
+                $lock
+                    .acknowledged($op, &acks, |mut $con| async move {
+                        let answer = $body;
+                        answer.map(|answer| (answer, $con.acknowledged))
+                    })
+                    .await
+            }
+        }
+    }};
+}
+pub(crate) use on_server;
 
 /// How many leases one [`EXTEND_MANY`](scripts::EXTEND_MANY) call renews at most: large enough
 /// that 10,000 leases take a handful of round trips, small enough that one call keeps the server
@@ -198,45 +226,35 @@ impl RedisLock {
 
     /// One run of the acquire script.
     pub(crate) async fn attempt(&self, call: AcquireCall<'_>) -> Result<AcquireReply> {
-        let Some(acks) = self.inner.acks else {
-            return self
-                .inner
-                .connection
-                .run("acquire", |mut con| async move { call.run(&mut con).await })
-                .await;
-        };
-        let (reply, acknowledged) = self
-            .acknowledged("acquire", &acks, |mut con| async move {
-                let reply = call.run(&mut con).await;
-                reply.map(|reply| (reply, con.acknowledged))
-            })
-            .await?;
-        if let (AcquireReply::Granted(_), Err(unacknowledged)) =
-            (&reply, acks.check("acquire", acknowledged))
-        {
-            // Never returned as held: take it back (a failed release leaves the key to its TTL).
-            let release = ReleaseCall {
-                lock_key: call.lock_key,
-                owner: call.owner,
-                channel: call.queue.channel,
-                publish: call.queue.publish,
-                wake_tag: call.queue.wake_tag,
-                keep_place: None,
-            };
-            let released = self
-                .inner
-                .connection
-                .run(
-                    "release",
-                    |mut con| async move { release.run(&mut con).await },
-                )
-                .await;
-            if let Err(error) = released {
-                tracing::warn!(%error, "redis: an unacknowledged grant could not be released; it expires with its TTL");
+        let (reply, acknowledged) = on_server!(self, "acquire", |con| call.run(&mut con).await)?;
+        if let (AcquireReply::Granted(_), Some(acks)) = (&reply, self.inner.acks) {
+            if let Err(unacknowledged) = acks.check("acquire", acknowledged) {
+                let release = ReleaseCall {
+                    lock_key: call.lock_key,
+                    owner: call.owner,
+                    channel: call.queue.channel,
+                    publish: call.queue.publish,
+                    wake_tag: call.queue.wake_tag,
+                    keep_place: None,
+                };
+                let release = |mut con| async move { release.run(&mut con).await };
+                return Err(self.take_back(unacknowledged, release).await);
             }
-            return Err(unacknowledged);
         }
         Ok(reply)
+    }
+
+    /// A grant the replicas did not acknowledge is never returned as held: `release` takes it
+    /// back (a failed release leaves it to its TTL), and the caller returns `unacknowledged`.
+    pub(crate) async fn take_back<T, F, Fut>(&self, unacknowledged: Error, release: F) -> Error
+    where
+        F: FnOnce(RedisConnection) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        if let Err(error) = self.inner.connection.run("release", release).await {
+            tracing::warn!(%error, "redis: an unacknowledged grant could not be released; it expires with its TTL");
+        }
+        unacknowledged
     }
 
     /// What the server holds for the lock key `lock` ([`scripts::peek`]).
@@ -473,23 +491,9 @@ impl DistributedLock for RedisLock {
             wake_tag: self.wakeups().tag(),
             keep_place: None,
         };
-        let Some(acks) = self.inner.acks else {
-            return self
-                .inner
-                .connection
-                .run(
-                    "release",
-                    |mut con| async move { release.run(&mut con).await },
-                )
-                .await;
-        };
-        let (released, acknowledged) = self
-            .acknowledged("release", &acks, |mut con| async move {
-                let released = release.run(&mut con).await;
-                released.map(|r| (r, con.acknowledged))
-            })
-            .await?;
-        if released == Released::Released {
+        let (released, acknowledged) =
+            on_server!(self, "release", |con| release.run(&mut con).await)?;
+        if let (Released::Released, Some(acks)) = (released, self.inner.acks) {
             acks.check("release", acknowledged)?;
         }
         Ok(released)

@@ -15,38 +15,9 @@ use dlock_core::inspect::Holding;
 use dlock_core::{Backoff, DistributedLock, Error, Released, Result};
 use tokio::time::Instant;
 
-use crate::client::RedisLock;
+use crate::client::{on_server, RedisLock};
 use crate::error::BACKEND;
 use crate::protocol::primitives::{self, Family, Mode, PrimitiveKeys, PrimitiveReply};
-
-/// Runs `$body` (which uses the connection `$con`) on the client's connection, with `WAIT`
-/// behind it when the client has `min_replicas`; evaluates to `Result<(answer, acknowledged)>`.
-macro_rules! on_server {
-    ($view:expr, $op:expr, |$con:ident| $body:expr) => {{
-        match $view.lock.inner.acks {
-            None => {
-                $view
-                    .lock
-                    .inner
-                    .connection
-                    .run(
-                        $op,
-                        |mut $con| async move { $body.map(|answer| (answer, None)) },
-                    )
-                    .await
-            }
-            Some(acks) => {
-                $view
-                    .lock
-                    .acknowledged($op, &acks, |mut $con| async move {
-                        let answer = $body;
-                        answer.map(|answer| (answer, $con.acknowledged))
-                    })
-                    .await
-            }
-        }
-    }};
-}
 
 /// One primitive served by a Redis client.
 #[derive(Clone)]
@@ -95,25 +66,16 @@ impl RedisView {
         let (ttl, fence_ttl) = (req.ttl, self.lock.fence_ttl());
         let sent = Instant::now();
         let owner_ = owner.clone();
-        let (reply, acknowledged) = on_server!(self, "acquire", |con| {
+        let (reply, acknowledged) = on_server!(self.lock, "acquire", |con| {
             primitives::acquire(&mut con, keys, mode, &owner_, record, ttl, fence_ttl, None).await
         })?;
         if let (PrimitiveReply::Granted(_), Some(acks)) = (&reply, self.lock.inner.acks) {
             if let Err(unacknowledged) = acks.check("acquire", acknowledged) {
-                // Never returned as held: take it back (a failed release leaves it to its TTL).
                 let publish = self.publish();
-                let released = self
-                    .lock
-                    .inner
-                    .connection
-                    .run("release", |mut con| async move {
-                        primitives::release(&mut con, keys, &owner, publish, None).await
-                    })
-                    .await;
-                if let Err(error) = released {
-                    tracing::warn!(%error, "redis: an unacknowledged grant could not be released; it expires with its TTL");
-                }
-                return Err(unacknowledged);
+                let release = |mut con| async move {
+                    primitives::release(&mut con, keys, &owner, publish, None).await
+                };
+                return Err(self.lock.take_back(unacknowledged, release).await);
             }
         }
         match reply {
@@ -194,7 +156,7 @@ impl DistributedLock for RedisView {
         let keys = self.keys(lease.key);
         let holders = keys.holders.clone();
         let owner = lease.owner.to_hex();
-        let (timed, acknowledged) = on_server!(self, "extend", |con| {
+        let (timed, acknowledged) = on_server!(self.lock, "extend", |con| {
             primitives::extend(&mut con, &keys, &owner, ttl).await
         })?;
         let extension = self.lock.watch_clock(&holders, timed);
@@ -210,7 +172,7 @@ impl DistributedLock for RedisView {
         let keys = self.keys(lease.key);
         let owner = lease.owner.to_hex();
         let publish = self.publish();
-        let (released, acknowledged) = on_server!(self, "release", |con| {
+        let (released, acknowledged) = on_server!(self.lock, "release", |con| {
             primitives::release(&mut con, &keys, &owner, publish, None).await
         })?;
         if let (Released::Released, Some(acks)) = (released, self.lock.inner.acks) {
