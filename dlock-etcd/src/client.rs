@@ -807,8 +807,9 @@ impl DistributedLock for ClientState {
                 // our key (dlock-core releases by owner token after cutting one off), or the
                 // caller is not the owner at all. While this client's turn on the key is free,
                 // no acquire or holder of this client claims our key there: it is abandoned,
-                // and deleting it is what the acquire's own withdrawal does.
-                let turn = self.local_queue.try_turn(lease.key);
+                // and deleting it is what the acquire's own withdrawal does. The turn is taken
+                // as a withdrawal's, which an acquire of this client that finds it waits for.
+                let turn = self.local_queue.try_withdrawal_turn(lease.key);
                 let owner = match (self.sessions.current_id(), turn) {
                     (Some(id), Some(_turn)) => {
                         delete_abandoned(&self.requests, &prefix, id).await?

@@ -115,16 +115,6 @@ impl LocalQueue {
         self.slots().entry(key.clone()).or_default().turn.clone()
     }
 
-    /// Takes `key`'s turn if no local task has it.
-    pub(crate) fn try_turn(&self, key: &LockKey) -> Option<OwnedMutexGuard<()>> {
-        let turn = self.turn_of(key);
-        let taken = turn.try_lock_owned().ok();
-        if taken.is_none() {
-            self.tidy(key);
-        }
-        taken
-    }
-
     /// Takes `key`'s turn if no local task has it. If a background withdrawal has it, for one
     /// deletion request, waits for it until `until`: the acquire that finds it so taken would
     /// otherwise answer busy for a lock nobody holds (the key its own failed attempt left).
