@@ -8,9 +8,9 @@ use dlock_core::{DistributedLockExt, LockOptions, OwnerRecord, Released};
 use dlock_testkit::fixtures::connect_docker;
 use tokio::time::Instant;
 
-use crate::support::exec::Exec;
 use crate::support::{client_with, url, SESSION};
 use crate::Env;
+use dlock_testkit::fixtures::exec::Exec;
 
 /// Takes the lock at argv[1], prints `held`, holds it for argv[2] seconds, releases it.
 pub const HOLD: &str = r#"

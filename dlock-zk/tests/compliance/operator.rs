@@ -19,9 +19,9 @@ use tokio::time::Instant;
 
 use crate::kazoo::{python, HOLD};
 use crate::peers::Curator;
-use crate::support::exec::Exec;
 use crate::support::{client, client_with, raw, url, SESSION};
 use crate::Env;
+use dlock_testkit::fixtures::exec::Exec;
 
 /// Reads the node at argv[1] as kazoo's `get` does and prints its creation zxid and data.
 const GET: &str = r#"

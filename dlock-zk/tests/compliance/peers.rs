@@ -18,9 +18,9 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::kazoo::python;
-use crate::support::exec::Exec;
 use crate::support::{client_with, raw, url, SESSION};
 use crate::Env;
+use dlock_testkit::fixtures::exec::Exec;
 
 /// One try of kazoo's `Lock` at argv[1], without waiting.
 const KAZOO_TRY: &str = r#"

@@ -19,9 +19,9 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::kazoo::python;
-use crate::support::exec::Exec;
 use crate::support::{client_with, raw, url, SESSION};
 use crate::Env;
+use dlock_testkit::fixtures::exec::Exec;
 
 /// kazoo's recipes, driven from the command line:
 /// `KIND PATH ACTION [N] [IDENT]`, KIND one of `read`, `write`, `semaphore` (N = max_leases),

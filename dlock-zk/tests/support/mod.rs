@@ -1,7 +1,6 @@
 //! Shared by the ZooKeeper test binaries: clients, timings, raw server access and fault proxies.
 #![allow(dead_code)]
 
-pub mod exec;
 pub mod lossy_proxy;
 pub mod proxied;
 pub mod raw;

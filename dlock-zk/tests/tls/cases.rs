@@ -16,9 +16,9 @@ use libtest_mimic::Trial;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::support::exec::Exec;
 use crate::support::{SESSION, TRIAL_BUDGET};
 use crate::{tls, tls_client, url_as, Env, OTHER_PASSWORD, OTHER_USER, PASSWORD, USER};
+use dlock_testkit::fixtures::exec::Exec;
 
 fn cases() -> Vec<(&'static str, Case<Env>)> {
     vec![
