@@ -84,8 +84,10 @@ where
     F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = RedisResult<T>> + Send + 'static,
 {
-    // Who counts is fixed for the round: a master's exclusion only ever ends, and a restart is
-    // only seen on a new connection, which requests of this round do not use.
+    // Who may count is read when the round starts. A master's exclusion only ever ends, except
+    // that a restart, seen on a new connection, starts one: a request of this round can go out
+    // on a connection opened after this read (the old one broke with the restart), so its
+    // answer counts only if its master still counts when the answer comes (see below).
     let counting: Vec<bool> = nodes.iter().map(|n| n.counts()).collect();
     // The connection each request goes out on, so that a timeout retires that one and not a
     // newer one.
@@ -99,10 +101,13 @@ where
         .map(|&index| {
             let (node, call, counts) = (nodes[index].clone(), call.clone(), counting[index]);
             async move {
+                let result = node.run(op, call).await;
+                // A connection opened during the round records a restart before it is used.
+                let counts = counts && node.counts();
                 Reply {
                     index,
                     counts,
-                    result: node.run(op, call).await,
+                    result,
                 }
             }
         })
