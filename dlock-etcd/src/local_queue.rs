@@ -119,23 +119,18 @@ impl LocalQueue {
     /// deletion request, waits for it until `until`: the acquire that finds it so taken would
     /// otherwise answer busy for a lock nobody holds (the key its own failed attempt left).
     pub(crate) async fn try_turn_after_withdrawal(
-        &self,
+        self: &Arc<Self>,
         key: &LockKey,
         until: Instant,
     ) -> Option<OwnedMutexGuard<()>> {
-        let withdrawing = {
-            let mut slots = self.slots();
-            let slot = slots.entry(key.clone()).or_default();
-            match slot.turn.clone().try_lock_owned() {
-                Ok(guard) => return Some(guard),
-                Err(_) => slot.withdrawing,
+        match self.try_turn_or_withdrawal(key) {
+            TryTurn::Taken(mut turn) => turn.guard.take(),
+            TryTurn::Withdrawing => self.turn(key, Some(until)).await,
+            TryTurn::Busy => {
+                self.tidy(key);
+                None
             }
-        };
-        if withdrawing {
-            return self.turn(key, Some(until)).await;
         }
-        self.tidy(key);
-        None
     }
 
     /// Waits for `key`'s turn, until `deadline`. `None` when the deadline passed first.
