@@ -119,17 +119,14 @@ impl LocalQueue {
     /// deletion request, waits for it until `until`: the acquire that finds it so taken would
     /// otherwise answer busy for a lock nobody holds (the key its own failed attempt left).
     pub(crate) async fn try_turn_after_withdrawal(
-        self: &Arc<Self>,
+        &self,
         key: &LockKey,
         until: Instant,
     ) -> Option<OwnedMutexGuard<()>> {
-        match self.try_turn_or_withdrawal(key) {
-            TryTurn::Taken(mut turn) => turn.guard.take(),
-            TryTurn::Withdrawing => self.turn(key, Some(until)).await,
-            TryTurn::Busy => {
-                self.tidy(key);
-                None
-            }
+        match self.take(key, false) {
+            Ok(guard) => Some(guard),
+            Err(true) => self.turn(key, Some(until)).await,
+            Err(false) => None,
         }
     }
 
@@ -188,6 +185,18 @@ impl LocalQueue {
     /// Takes `key`'s turn, for a withdrawal or not, if nobody has it; otherwise whether a
     /// withdrawal has it. The turn and the mark are read and set under the table's lock.
     fn try_take(self: &Arc<Self>, key: &LockKey, withdrawal: bool) -> Result<Turn, bool> {
+        let guard = self.take(key, withdrawal)?;
+        Ok(Turn {
+            queue: self.clone(),
+            key: key.clone(),
+            guard: Some(guard),
+            withdrawal,
+        })
+    }
+
+    /// [`try_take`](Self::try_take) without the [`Turn`] around the guard, for an acquire that
+    /// keeps the guard itself.
+    fn take(&self, key: &LockKey, withdrawal: bool) -> Result<OwnedMutexGuard<()>, bool> {
         let taken = {
             let mut slots = self.slots();
             let slot = slots.entry(key.clone()).or_default();
@@ -199,18 +208,10 @@ impl LocalQueue {
                 Err(_) => Err(slot.withdrawing),
             }
         };
-        match taken {
-            Ok(guard) => Ok(Turn {
-                queue: self.clone(),
-                key: key.clone(),
-                guard: Some(guard),
-                withdrawal,
-            }),
-            Err(withdrawing) => {
-                self.tidy(key);
-                Err(withdrawing)
-            }
+        if taken.is_err() {
+            self.tidy(key);
         }
+        taken
     }
 
     /// Records `held` as the lock this client holds on `key`.
