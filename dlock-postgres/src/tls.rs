@@ -132,9 +132,9 @@ impl PgTls {
             SslMode::Prefer => None,
             _ => pem.root_store().map_err(libpq_names)?,
         };
-        let verifier: Arc<dyn ServerCertVerifier> = match roots {
-            Some(roots) => {
-                let chain = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+        let chain = match roots {
+            Some(roots) => Some(
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                     .build()
                     .map_err(|_| {
                         let path = self.files.ca.as_ref().map(|p| p.display().to_string());
@@ -142,14 +142,15 @@ impl PgTls {
                             "sslrootcert",
                             format!("{}: no usable certificate", path.unwrap_or_default()),
                         )
-                    })?;
-                Arc::new(Checked {
-                    chain,
-                    names: self.mode == SslMode::VerifyFull,
-                })
-            }
-            _ => Arc::new(Unchecked(provider)),
+                    })?,
+            ),
+            None => None,
         };
+        let verifier = Arc::new(Verifier {
+            provider,
+            chain,
+            names: self.mode == SslMode::VerifyFull,
+        });
         let builder = builder
             .dangerous()
             .with_custom_certificate_verifier(verifier);
@@ -174,64 +175,18 @@ fn libpq_names(error: Error) -> Error {
     }
 }
 
-/// `prefer` and `require` without a root certificate: encryption without authentication, as
-/// libpq does. Handshake signatures are still checked, so the session key is the server's.
+/// The check of the server's certificate: none without a root certificate (`prefer`, and
+/// `require` without `sslrootcert`: encryption without authentication, as libpq does), else the
+/// chain (`verify-ca`) and also the host's name (`verify-full`). Handshake signatures are checked
+/// either way, so the session key is the server's.
 #[derive(Debug)]
-struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// `verify-ca` (the chain only) and `verify-full` (the chain and the host's name).
-#[derive(Debug)]
-struct Checked {
-    chain: Arc<WebPkiServerVerifier>,
+struct Verifier {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    chain: Option<Arc<WebPkiServerVerifier>>,
     names: bool,
 }
 
-impl ServerCertVerifier for Checked {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -240,13 +195,10 @@ impl ServerCertVerifier for Checked {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self.chain.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        ) {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) if !self.names => Ok(ServerCertVerified::assertion()),
@@ -260,7 +212,8 @@ impl ServerCertVerifier for Checked {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -269,11 +222,14 @@ impl ServerCertVerifier for Checked {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
