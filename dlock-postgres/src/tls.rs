@@ -132,8 +132,8 @@ impl PgTls {
             SslMode::Prefer => None,
             _ => pem.root_store().map_err(libpq_names)?,
         };
-        let chain = match roots {
-            Some(roots) => Some(
+        let chain = roots
+            .map(|roots| {
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                     .build()
                     .map_err(|_| {
@@ -142,10 +142,9 @@ impl PgTls {
                             "sslrootcert",
                             format!("{}: no usable certificate", path.unwrap_or_default()),
                         )
-                    })?,
-            ),
-            None => None,
-        };
+                    })
+            })
+            .transpose()?;
         let verifier = Arc::new(Verifier {
             provider,
             chain,
