@@ -108,8 +108,12 @@ async fn hand_over(cx: &Ctx, name: &str, retry: Backoff) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How much later than the caller's clock reading a backend may stamp its request as sent.
-const STAMP_TOLERANCE: Duration = Duration::from_millis(10);
+/// How much later than the caller's clock reading a backend may stamp its request as sent. The
+/// gap is scheduling noise: a few milliseconds alone, but in CI, with two test binaries, their
+/// servers and the compile checks on two cores, a Redis case once took more than 10 ms. A
+/// backend that stamps on the reply's arrival is still caught: the suite's own tooth delays that
+/// reply by 100 ms.
+const STAMP_TOLERANCE: Duration = Duration::from_millis(40);
 
 /// The validity deadline starts before the request was sent and leaves the drift allowance.
 pub(crate) async fn validity_is_measured_from_before_the_request(cx: Ctx) -> anyhow::Result<()> {
