@@ -45,8 +45,9 @@ pub struct InMemoryLock {
     table: Arc<Mutex<Table>>,
     /// The semaphores, read-write locks and elections.
     groups: Arc<Mutex<primitives::Groups>>,
-    /// Who takes locks through this clone (clones may carry different labels).
-    owner: Owner,
+    /// Who takes locks through this clone (clones may carry different labels); shared with the
+    /// primitives' views, which are made for each primitive a caller names.
+    owner: Arc<Owner>,
 }
 
 #[derive(Debug, Default)]
@@ -224,7 +225,7 @@ impl InMemoryLock {
         Ok(InMemoryLock {
             table: self.table.clone(),
             groups: self.groups.clone(),
-            owner: self.owner.clone().with_label(label)?,
+            owner: Arc::new(Owner::clone(&self.owner).with_label(label)?),
         })
     }
 

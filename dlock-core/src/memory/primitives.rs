@@ -47,7 +47,23 @@ impl Family {
 #[derive(Debug, Default)]
 pub(super) struct Groups {
     last_token: u64,
-    groups: HashMap<(Family, LockKey), Group>,
+    /// One map a family, indexed by [`Family`], so that a name is looked up without a copy.
+    families: [HashMap<LockKey, Group>; 3],
+}
+
+impl Groups {
+    fn family(&mut self, family: Family) -> &mut HashMap<LockKey, Group> {
+        &mut self.families[family as usize]
+    }
+
+    fn group(&mut self, family: Family, key: &LockKey) -> Option<&mut Group> {
+        self.family(family).get_mut(key)
+    }
+
+    /// The group of `key`, made empty if it has none.
+    fn group_or_new(&mut self, family: Family, key: &LockKey) -> &mut Group {
+        self.family(family).entry(key.clone()).or_default()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -58,7 +74,8 @@ struct Group {
     permits: Option<u32>,
     /// Writers inside a waiting [`DistributedLock::lock`]: readers wait behind them.
     writers_waiting: usize,
-    wake: Arc<Notify>,
+    /// Made by the first waiter, so that a name nobody waits for costs no allocation.
+    wake: Option<Arc<Notify>>,
 }
 
 #[derive(Debug, Clone)]
@@ -77,7 +94,15 @@ impl Group {
     }
 
     fn idle(&self) -> bool {
-        self.holders.is_empty() && self.writers_waiting == 0 && Arc::strong_count(&self.wake) == 1
+        self.holders.is_empty()
+            && self.writers_waiting == 0
+            && self.wake.as_ref().is_none_or(|w| Arc::strong_count(w) == 1)
+    }
+
+    fn wake_waiters(&self) {
+        if let Some(wake) = &self.wake {
+            wake.notify_waiters();
+        }
     }
 
     fn busy(&self, now: Instant) -> Attempt {
@@ -114,7 +139,7 @@ impl Group {
 #[derive(Debug, Clone)]
 pub(super) struct View {
     pub(super) groups: Arc<Mutex<Groups>>,
-    pub(super) owner: Owner,
+    pub(super) owner: Arc<Owner>,
     pub(super) primitive: Primitive,
     pub(super) capabilities: Capabilities,
 }
@@ -131,18 +156,17 @@ impl View {
 
     /// Counts a waiting writer for as long as the returned guard lives.
     fn writer_waits(&self, key: &LockKey) -> WriterWaiting {
-        let mut groups = self.groups();
-        let group = groups
-            .groups
-            .entry((Family::ReadWrite, key.clone()))
-            .or_default();
-        group.writers_waiting += 1;
+        self.groups()
+            .group_or_new(Family::ReadWrite, key)
+            .writers_waiting += 1;
         WriterWaiting {
             view: self.clone(),
             key: key.clone(),
         }
     }
 
+    /// Runs `present` on the group of `lease`'s name and the lease's place in it, or answers
+    /// `absent`; a name left with no holder and no waiter leaves the table.
     fn with_member<T>(
         &self,
         lease: &LeaseRef<'_>,
@@ -151,14 +175,19 @@ impl View {
     ) -> T {
         let now = Instant::now();
         let mut groups = self.groups();
-        let Some(group) = groups.groups.get_mut(&(self.family(), lease.key.clone())) else {
+        let family = groups.family(self.family());
+        let Some(group) = family.get_mut(lease.key) else {
             return absent;
         };
         group.prune(now);
-        match group.holders.iter().position(|m| m.owner == lease.owner) {
+        let outcome = match group.holders.iter().position(|m| m.owner == lease.owner) {
             Some(index) => present(group, index),
             None => absent,
+        };
+        if group.idle() {
+            family.remove(lease.key);
         }
+        outcome
     }
 }
 
@@ -170,14 +199,10 @@ struct WriterWaiting {
 
 impl Drop for WriterWaiting {
     fn drop(&mut self) {
-        let mut groups = self.view.groups();
-        if let Some(group) = groups
-            .groups
-            .get_mut(&(Family::ReadWrite, self.key.clone()))
-        {
+        if let Some(group) = self.view.groups().group(Family::ReadWrite, &self.key) {
             group.writers_waiting = group.writers_waiting.saturating_sub(1);
             // Readers held back by this writer may go now.
-            group.wake.notify_waiters();
+            group.wake_waiters();
         }
     }
 }
@@ -199,10 +224,12 @@ impl DistributedLock for View {
             _ => None,
         };
         let mut guard = self.groups();
-        let groups = &mut *guard;
-        let group = groups
-            .groups
-            .entry((self.family(), req.key.clone()))
+        let Groups {
+            last_token,
+            families,
+        } = &mut *guard;
+        let group = families[self.family() as usize]
+            .entry(req.key.clone())
             .or_default();
         group.prune(now);
         let free = match &self.primitive {
@@ -226,12 +253,8 @@ impl DistributedLock for View {
         if !free {
             return Ok(group.busy(now));
         }
-        groups.last_token += 1;
-        let fencing = FencingToken(groups.last_token);
-        let group = groups
-            .groups
-            .entry((self.family(), req.key.clone()))
-            .or_default();
+        *last_token += 1;
+        let fencing = FencingToken(*last_token);
         group.holders.push(Member {
             owner: req.owner,
             fencing,
@@ -251,30 +274,21 @@ impl DistributedLock for View {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let released = self.with_member(lease, Released::Expired, |group, index| {
+        Ok(self.with_member(lease, Released::Expired, |group, index| {
             group.holders.remove(index);
-            group.wake.notify_waiters();
+            group.wake_waiters();
             Released::Released
-        });
-        let mut groups = self.groups();
-        let name = (self.family(), lease.key.clone());
-        if groups.groups.get(&name).is_some_and(Group::idle) {
-            groups.groups.remove(&name);
-        }
-        Ok(released)
+        }))
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
-        let wake = {
+        let (wake, wake_at) = {
             let mut groups = self.groups();
-            let group = groups
-                .groups
-                .entry((self.family(), key.clone()))
-                .or_default();
+            let group = groups.group_or_new(self.family(), key);
             let expires = group.holders.iter().map(|m| m.expires).min();
-            (group.wake.clone(), expires.map_or(until, |e| e.min(until)))
+            let wake = group.wake.get_or_insert_with(Arc::default).clone();
+            (wake, expires.map_or(until, |e| e.min(until)))
         };
-        let (wake, wake_at) = wake;
         let notified = wake.notified();
         tokio::pin!(notified);
         // Registered before the table is looked at again, so a release in between still wakes.
@@ -292,7 +306,7 @@ impl DistributedLock for View {
     async fn inspect(&self, key: &LockKey) -> Result<Holding> {
         let now = Instant::now();
         let mut groups = self.groups();
-        let Some(group) = groups.groups.get_mut(&(self.family(), key.clone())) else {
+        let Some(group) = groups.group(self.family(), key) else {
             return Ok(Holding::Free);
         };
         group.prune(now);
@@ -307,6 +321,11 @@ impl DistributedLock for View {
     ) -> Result<Grant> {
         // A waiting writer holds readers back until it is served or gives up.
         let _writer = (self.primitive == Primitive::Write).then(|| self.writer_waits(req.key));
+        // The table stamps a grant as it makes it, so a first attempt that is granted needs
+        // neither the waiting loop's set-up nor its clock reading before the attempt.
+        if let Attempt::Acquired(grant) = self.try_lock(req).await? {
+            return Ok(grant);
+        }
         retry_until_granted(self, req, deadline, retry).await
     }
 }
@@ -316,8 +335,8 @@ impl View {
     /// group is gone or has room again.
     fn grantable_now(&self, key: &LockKey) -> bool {
         let now = Instant::now();
-        let groups = self.groups();
-        let Some(group) = groups.groups.get(&(self.family(), key.clone())) else {
+        let mut groups = self.groups();
+        let Some(group) = groups.group(self.family(), key) else {
             return true;
         };
         let live = group.holders.iter().filter(|m| now < m.expires);
