@@ -205,31 +205,21 @@ impl Wakeups {
         endpoint: String,
         tag: Arc<str>,
     ) -> Self {
-        let shared = Arc::new(Shared {
-            channels: Mutex::new(HashMap::new()),
-            status: watch::Sender::new(Status {
+        let listener = move |Feed { shared, requests }| {
+            Listener {
+                shared,
+                target,
+                connect_timeout,
+                request_timeout,
+                endpoint,
+                requests,
                 epoch: 0,
-                down: false,
-            }),
-        });
-        let (requests, rx) = mpsc::unbounded_channel();
-        let listener = Listener {
-            shared: shared.clone(),
-            target,
-            connect_timeout,
-            request_timeout,
-            endpoint,
-            requests: rx,
-            epoch: 0,
-            generation: 0,
-            refused: false,
+                generation: 0,
+                refused: false,
+            }
+            .run()
         };
-        tokio::spawn(listener.run());
-        Wakeups {
-            shared,
-            requests,
-            tag,
-        }
+        Wakeups::start_with(listener, tag)
     }
 
     /// Registers a waiting task on the release channel `channel` and asks the listener to

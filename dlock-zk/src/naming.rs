@@ -186,8 +186,12 @@ pub(crate) fn sequence_of(name: &str) -> Option<i64> {
 /// The contenders among `children`, in queue order: every sequential child, by sequence number,
 /// whichever recipe created it.
 pub(crate) fn queue(children: &[String]) -> Vec<Contender<'_>> {
-    let mut contenders: Vec<Contender<'_>> = children
-        .iter()
+    in_sequence(children.iter())
+}
+
+/// The sequential ones among `names`, by sequence number.
+fn in_sequence<'a>(names: impl Iterator<Item = &'a String>) -> Vec<Contender<'a>> {
+    let mut contenders: Vec<Contender<'a>> = names
         .filter_map(|name| {
             sequence_of(name).map(|sequence| Contender {
                 name: name.as_str(),
@@ -232,18 +236,11 @@ pub(crate) fn is_kazoo_reader(name: &str) -> bool {
 /// `__lock__` nodes, and with `readers` also the readers' `__rlock__` nodes (kazoo's regex
 /// `(__lock__|__rlock__)(\d{10})$`); every other child is ignored, as kazoo ignores it.
 pub(crate) fn kazoo_queue(children: &[String], readers: bool) -> Vec<Contender<'_>> {
-    let mut contenders: Vec<Contender<'_>> = children
-        .iter()
-        .filter(|name| is_kazoo_writer(name) || (readers && is_kazoo_reader(name)))
-        .filter_map(|name| {
-            sequence_of(name).map(|sequence| Contender {
-                name: name.as_str(),
-                sequence,
-            })
-        })
-        .collect();
-    contenders.sort_unstable_by_key(|c| c.sequence);
-    contenders
+    in_sequence(
+        children
+            .iter()
+            .filter(|name| is_kazoo_writer(name) || (readers && is_kazoo_reader(name))),
+    )
 }
 
 #[cfg(test)]
