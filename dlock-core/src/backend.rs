@@ -496,8 +496,10 @@ pub async fn retry_until_granted<S: DistributedLock + ?Sized>(
     retry: &Backoff,
 ) -> Result<Grant> {
     let mut waiting = Waiting::new(req.key, deadline, retry);
+    // The wait's start is when the first attempt is sent: one clock reading, not two, on the
+    // path of every uncontended acquire.
+    let mut sent = waiting.started();
     loop {
-        let sent = Instant::now();
         let retry_after = match service.try_lock(req).await? {
             Attempt::Acquired(grant) => return Ok(grant.sent_no_later_than(sent)),
             Attempt::Busy { retry_after } => retry_after,
@@ -506,6 +508,7 @@ pub async fn retry_until_granted<S: DistributedLock + ?Sized>(
         let holder_left = retry_after.map(|left| left + Duration::from_millis(1));
         let until = waiting.next_attempt(now, holder_left);
         service.wait_for_release(req.key, until).await?;
+        sent = Instant::now();
     }
 }
 

@@ -321,11 +321,6 @@ impl DistributedLock for View {
     ) -> Result<Grant> {
         // A waiting writer holds readers back until it is served or gives up.
         let _writer = (self.primitive == Primitive::Write).then(|| self.writer_waits(req.key));
-        // The table stamps a grant as it makes it, so a first attempt that is granted needs
-        // neither the waiting loop's set-up nor its clock reading before the attempt.
-        if let Attempt::Acquired(grant) = self.try_lock(req).await? {
-            return Ok(grant);
-        }
         retry_until_granted(self, req, deadline, retry).await
     }
 }
