@@ -245,46 +245,37 @@ impl RedlockLock {
         0..self.inner.nodes.len()
     }
 
-    /// Releases on every master (which announces the next waiter where the lock is free),
-    /// listening for answers until `done` says enough came back.
-    async fn release_everywhere(
-        &self,
-        names: &Names,
-        timeout: Duration,
-        done: impl FnMut(Progress<'_, Released>) -> bool,
-    ) -> Vec<Reply<Released>> {
-        self.release_at(names, self.all().collect(), timeout, None, done)
-            .await
-    }
-
-    /// Releases on the masters at `targets` (by owner token: a grant is deleted, and the queue
-    /// entry withdrawn, or kept with `keep_place`; see [`ReleaseCall`]), listening for answers
-    /// until `done`.
-    async fn release_at(
-        &self,
-        names: &Names,
-        targets: Vec<usize>,
-        timeout: Duration,
-        keep_place: Option<(u64, Duration)>,
-        done: impl FnMut(Progress<'_, Released>) -> bool,
-    ) -> Vec<Reply<Released>> {
-        let names = names.clone();
-        let call = move |mut con| {
-            let n = names.clone();
-            async move {
-                ReleaseCall {
-                    lock_key: &n.lock,
-                    owner: &n.owner,
-                    channel: &n.channel,
-                    publish: Publish::Plain,
-                    wake_tag: &n.wake_tag,
-                    keep_place,
-                }
-                .run(&mut con)
-                .await
-            }
-        };
-        gather(&self.inner.nodes, targets, "release", timeout, call, done).await
+    /// Releases a lease on every master with `call` (one master's release script: the lock's or
+    /// a primitive's), decided by a quorum: released where a quorum released it, taken over where
+    /// a master shows another holder, expired where a quorum answered otherwise. A release goes
+    /// out even for a TTL the settings would refuse now.
+    pub(crate) async fn release_with<F, Fut>(&self, call: F) -> Result<Released>
+    where
+        F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = RedisResult<Released>> + Send + 'static,
+    {
+        let settings = &self.inner.settings;
+        let quorum = settings.quorum;
+        let timeout = settings.untimed_node_timeout();
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "release",
+            timeout,
+            call,
+            |p| counted(p.replies, |r| *r == Released::Released) >= quorum,
+        )
+        .await;
+        if counted(&replies, |r| *r == Released::Released) >= quorum {
+            return Ok(Released::Released);
+        }
+        if counted(&replies, |r| *r == Released::TakenOver) > 0 {
+            return Ok(Released::TakenOver);
+        }
+        if answered(&replies) >= quorum {
+            return Ok(Released::Expired);
+        }
+        Err(QuorumFailure::of("release", &replies, &self.inner.nodes, quorum).into_error())
     }
 
     /// Gives back a failed attempt on every master — also those whose answer was lost — then
@@ -297,26 +288,31 @@ impl RedlockLock {
         first: &[Reply<R>],
         outcome: T,
     ) -> T {
-        self.give_back(names, self.all().collect(), timeout, first, None)
+        let names = names.clone();
+        let call = move |con| release_script(con, names.clone(), None);
+        self.give_back_with(self.all().collect(), timeout, first, call)
             .await;
         outcome
     }
 
-    /// Releases on the masters at `targets`, listening for as many answers as the attempt
+    /// Gives an attempt back with `call` (one master's release script: the lock's or a
+    /// primitive's) on the masters at `targets`, listening for as many answers as the attempt
     /// (`first`) got from them.
-    async fn give_back<R>(
+    pub(crate) async fn give_back_with<R, F, Fut>(
         &self,
-        names: &Names,
         targets: Vec<usize>,
         timeout: Duration,
         first: &[Reply<R>],
-        keep_place: Option<(u64, Duration)>,
-    ) {
+        call: F,
+    ) where
+        F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = RedisResult<Released>> + Send + 'static,
+    {
         let responsive = first
             .iter()
             .filter(|r| r.result.is_ok() && targets.contains(&r.index))
             .count();
-        self.release_at(names, targets, timeout, keep_place, |p| {
+        gather(&self.inner.nodes, targets, "release", timeout, call, |p| {
             p.replies.iter().filter(|r| r.result.is_ok()).count() >= responsive
         })
         .await;
@@ -417,6 +413,26 @@ impl RedlockLock {
             None => Ok(token),
         }
     }
+}
+
+/// One master's release of `names` (by owner token: a grant is deleted, and the queue entry
+/// withdrawn, or kept with `keep_place`; see [`ReleaseCall`]), which announces the next waiter
+/// where the lock is free.
+async fn release_script(
+    mut con: MultiplexedConnection,
+    names: Names,
+    keep_place: Option<(u64, Duration)>,
+) -> RedisResult<Released> {
+    ReleaseCall {
+        lock_key: &names.lock,
+        owner: &names.owner,
+        channel: &names.channel,
+        publish: Publish::Plain,
+        wake_tag: &names.wake_tag,
+        keep_place,
+    }
+    .run(&mut con)
+    .await
 }
 
 /// How far ahead of the client's clock a new fencing counter starts at the least (1 s, in µs):
@@ -541,7 +557,9 @@ impl RedlockLock {
                 // A waiter keeps its place where it gives a grant back, so that the next in line
                 // cannot take those masters meanwhile and split them.
                 let keep_place = arrival.map(|arrival| (arrival, entry_lifetime));
-                self.give_back(names, elsewhere, timeout, &replies, keep_place)
+                let names = names.clone();
+                let call = move |con| release_script(con, names.clone(), keep_place);
+                self.give_back_with(elsewhere, timeout, &replies, call)
                     .await;
             }
             return Ok(busy);
@@ -924,26 +942,9 @@ impl DistributedLock for RedlockLock {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let settings = &self.inner.settings;
-        let names = Names::new(settings, lease.key, lease.owner);
-        let quorum = settings.quorum;
-        // A release must go out even for a TTL the settings would refuse now.
-        let timeout = settings.untimed_node_timeout();
-        let replies = self
-            .release_everywhere(&names, timeout, |p| {
-                counted(p.replies, |r| *r == Released::Released) >= quorum
-            })
-            .await;
-        if counted(&replies, |r| *r == Released::Released) >= quorum {
-            return Ok(Released::Released);
-        }
-        if counted(&replies, |r| *r == Released::TakenOver) > 0 {
-            return Ok(Released::TakenOver);
-        }
-        if answered(&replies) >= quorum {
-            return Ok(Released::Expired);
-        }
-        Err(QuorumFailure::of("release", &replies, &self.inner.nodes, quorum).into_error())
+        let names = Names::new(&self.inner.settings, lease.key, lease.owner);
+        self.release_with(move |con| release_script(con, names.clone(), None))
+            .await
     }
 
     /// Reads the key and its counter on every master and reports what a quorum shows; see
@@ -1030,9 +1031,17 @@ impl DistributedLock for RedlockLock {
             owner: value.into(),
             wake_tag: Arc::from(""),
         };
-        let replies = self
-            .release_everywhere(&names, settings.untimed_node_timeout(), |_| false)
-            .await;
+        let call = move |con| release_script(con, names.clone(), None);
+        let timeout = settings.untimed_node_timeout();
+        let replies = gather(
+            &self.inner.nodes,
+            self.all(),
+            "release",
+            timeout,
+            call,
+            |_| false,
+        )
+        .await;
         if answered(&replies) >= quorum {
             return Ok(Eviction::Evicted(holder));
         }

@@ -27,6 +27,8 @@ use dlock_core::{Backoff, DistributedLock, Released, Result};
 use dlock_redis::protocol::primitives::{
     self, Family, GroupView, Mode, PrimitiveKeys, PrimitiveReply,
 };
+use redis::aio::MultiplexedConnection;
+use redis::RedisResult;
 use tokio::time::Instant;
 
 use crate::client::{answered, counted, grants_of, new_counter_start, RedlockLock, BACKEND};
@@ -54,32 +56,6 @@ impl RedlockView {
         Arc::new(PrimitiveKeys::new(&lock_key, self.family))
     }
 
-    /// Releases `owner` on every master; with `keep_intent`, its writer intent stays (for that
-    /// long) instead. Listens until `done`.
-    async fn release_everywhere(
-        &self,
-        keys: &Arc<PrimitiveKeys>,
-        owner: &Arc<str>,
-        keep_intent: Option<Duration>,
-        done: impl FnMut(Progress<'_, Released>) -> bool,
-    ) -> Vec<Reply<Released>> {
-        let (keys, owner) = (keys.clone(), owner.clone());
-        let call = move |mut con| {
-            let (keys, owner) = (keys.clone(), owner.clone());
-            async move { primitives::release(&mut con, &keys, &owner, "", keep_intent).await }
-        };
-        let timeout = self.lock.inner.settings.untimed_node_timeout();
-        gather(
-            &self.lock.inner.nodes,
-            self.lock.all(),
-            "release",
-            timeout,
-            call,
-            done,
-        )
-        .await
-    }
-
     /// Gives a failed attempt back on every master (keeping a waiting writer's intent), waiting
     /// for as many answers as the attempt got.
     async fn abandon<T, R>(
@@ -90,11 +66,12 @@ impl RedlockView {
         first: &[Reply<R>],
         outcome: T,
     ) -> T {
-        let responsive = first.iter().filter(|r| r.result.is_ok()).count();
-        self.release_everywhere(keys, owner, intent, |p| {
-            p.replies.iter().filter(|r| r.result.is_ok()).count() >= responsive
-        })
-        .await;
+        let timeout = self.lock.inner.settings.untimed_node_timeout();
+        let (keys, owner) = (keys.clone(), owner.clone());
+        let call = move |con| release_place(con, keys.clone(), owner.clone(), intent);
+        self.lock
+            .give_back_with(self.lock.all().collect(), timeout, first, call)
+            .await;
         outcome
     }
 
@@ -193,6 +170,17 @@ impl RedlockView {
     }
 }
 
+/// One master's release of `owner`'s place and its writer intent (with `keep_intent`, the
+/// intent stays for that long instead).
+async fn release_place(
+    mut con: MultiplexedConnection,
+    keys: Arc<PrimitiveKeys>,
+    owner: Arc<str>,
+    keep_intent: Option<Duration>,
+) -> RedisResult<Released> {
+    primitives::release(&mut con, &keys, &owner, "", keep_intent).await
+}
+
 /// What a quorum of masters shows of a group: free, its earliest holder, or unknown. With
 /// fencing on, the holder is reported only once a quorum shows the greatest token any master
 /// shows for it (the write-back finished): before, its term is not settled, and it is unknown.
@@ -264,21 +252,10 @@ impl DistributedLock for RedlockView {
 
     /// Gives the place back on every master, with a waiting writer's intent.
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<Released> {
-        let quorum = self.lock.inner.settings.quorum;
         let keys = self.keys(lease.key);
         let owner: Arc<str> = lease.owner.to_hex().into();
-        let replies = self
-            .release_everywhere(&keys, &owner, None, |p| {
-                counted(p.replies, |r| *r == Released::Released) >= quorum
-            })
-            .await;
-        if counted(&replies, |r| *r == Released::Released) >= quorum {
-            return Ok(Released::Released);
-        }
-        if answered(&replies) >= quorum {
-            return Ok(Released::Expired);
-        }
-        Err(QuorumFailure::of("release", &replies, &self.lock.inner.nodes, quorum).into_error())
+        let call = move |con| release_place(con, keys.clone(), owner.clone(), None);
+        self.lock.release_with(call).await
     }
 
     async fn wait_for_release(&self, key: &LockKey, until: Instant) -> Result<()> {
