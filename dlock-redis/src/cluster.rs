@@ -134,12 +134,8 @@ impl ClusterSettings {
         } else {
             "redis+cluster://"
         };
-        let auth = match (&self.username, &self.password) {
-            (Some(user), Some(_)) => format!("{user}:***@"),
-            (Some(user), None) => format!("{user}@"),
-            (None, Some(_)) => ":***@".to_owned(),
-            (None, None) => String::new(),
-        };
+        let auth =
+            crate::url::redacted_userinfo(self.username.as_deref(), self.password.as_deref());
         format!("{scheme}{auth}{}", self.seeds.join(","))
     }
 

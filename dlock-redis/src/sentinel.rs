@@ -196,12 +196,8 @@ impl SentinelSettings {
         } else {
             "redis+sentinel"
         };
-        let user = match (&self.username, &self.password) {
-            (Some(user), Some(_)) => format!("{user}:***@"),
-            (Some(user), None) => format!("{user}@"),
-            (None, Some(_)) => ":***@".to_owned(),
-            (None, None) => String::new(),
-        };
+        let user =
+            crate::url::redacted_userinfo(self.username.as_deref(), self.password.as_deref());
         format!(
             "{scheme}://{user}{}/{}/{}",
             self.sentinels.join(","),

@@ -178,6 +178,17 @@ pub(crate) fn certificates(files: &TlsFiles) -> Result<redis::TlsCertificates> {
     })
 }
 
+/// The user part of a redacted URL, `user:***@` (or `user@`, `:***@`, nothing): a password
+/// shows as `***`.
+pub(crate) fn redacted_userinfo(username: Option<&str>, password: Option<&str>) -> String {
+    match (username, password) {
+        (Some(user), Some(_)) => format!("{user}:***@"),
+        (Some(user), None) => format!("{user}@"),
+        (None, Some(_)) => ":***@".to_owned(),
+        (None, None) => String::new(),
+    }
+}
+
 fn redact(url: &Url) -> String {
     let mut shown = url.clone();
     if shown.password().is_some() {
