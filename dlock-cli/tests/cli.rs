@@ -1928,22 +1928,12 @@ fn interrupted_campaign_runs_nothing(servers: &Servers) -> Result<(), Failed> {
     Ok(())
 }
 
-/// The password of a `scheme://user:password@…` URL, if it has one.
-fn password_of(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let userinfo = rest.split_once('@')?.0;
-    userinfo
-        .split_once(':')
-        .map(|(_, p)| p.to_owned())
-        .filter(|p| !p.is_empty())
-}
-
 /// Every command on PostgreSQL, with the password in `--url` and in `DLOCK_URL`, with
 /// `--trace`, held, free, refused (a wrong password, an unknown parameter, a primitive the
 /// backend may not serve) and unreachable: the password shows in no output and no error.
 fn postgres_no_command_shows_the_password(servers: &Servers) -> Result<(), Failed> {
     let url = servers.postgres_url.clone();
-    let Some(password) = password_of(&url) else {
+    let Some(password) = dlock_testkit::fixtures::postgres::password_of(&url) else {
         eprintln!("the PostgreSQL server's URL has no password: nothing to look for");
         return Ok(());
     };

@@ -327,16 +327,7 @@ async fn a_wrong_authority_is_a_clear_error(env: Env) -> anyhow::Result<()> {
     };
     eprintln!("wrong CA: {error} after {:?}", started.elapsed());
     let text = error.to_string();
-    ensure!(
-        matches!(
-            error,
-            Error::Backend {
-                temporary: false,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    ensure!(refused_for_good(&error), "{error:?}");
     ensure!(
         text.contains("TLS") && text.contains("certificate"),
         "unclear: {text}"
@@ -365,13 +356,7 @@ async fn a_missing_client_certificate_is_a_clear_error(env: Env) -> anyhow::Resu
     // The server's refusal comes as a certificate alert or, with TLS 1.3, as a connection closed
     // after the handshake; either way the error says what is missing.
     let text = error.to_string();
-    let alert = matches!(
-        error,
-        Error::Backend {
-            temporary: false,
-            ..
-        }
-    ) && text.contains("TLS handshake failed");
+    let alert = refused_for_good(&error) && text.contains("TLS handshake failed");
     ensure!(
         alert || text.contains("with_client_cert"),
         "unclear: {error:?}"
@@ -429,16 +414,7 @@ async fn the_server_name_override_is_what_is_verified(env: Env) -> anyhow::Resul
         Err(error) => error,
     };
     eprintln!("other server name: {error}");
-    ensure!(
-        matches!(
-            error,
-            Error::Backend {
-                temporary: false,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    ensure!(refused_for_good(&error), "{error:?}");
     ensure!(error.to_string().contains("TLS"), "unclear: {error}");
     Ok(())
 }
@@ -578,4 +554,15 @@ fn main() {
         let (a, b) = tokio::join!(shared.shutdown(), dedicated.shutdown());
         a.and(b)
     })
+}
+
+/// Whether `error` is the backend's, and not worth retrying (a TLS setting that does not fit).
+fn refused_for_good(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Backend {
+            temporary: false,
+            ..
+        }
+    )
 }

@@ -527,6 +527,32 @@ async fn hand_over(
     Ok(())
 }
 
+/// [`hand_over`] on a key of each of the cluster's three shards.
+async fn hand_over_on_every_shard(
+    cluster: &RedisCluster,
+    holder: &Arc<RedisLock>,
+    waiter: &Arc<RedisLock>,
+    name: &str,
+) -> anyhow::Result<()> {
+    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
+    let namespace = unique(name);
+    let mut shards = [false; 3];
+    for i in 0.. {
+        let key = format!("{namespace}/{i}");
+        let owner = cluster.owner_of(keys::hash_slot(key.as_bytes())).await?;
+        if !shards[owner] {
+            hand_over(holder, waiter, &key, &opts)
+                .await
+                .with_context(|| key.clone())?;
+            shards[owner] = true;
+        }
+        if shards.iter().all(|&s| s) {
+            return Ok(());
+        }
+    }
+    unreachable!("the keys never end")
+}
+
 /// `redis+cluster://h1,h2,h3?prefix=…` connects like the builder, and the prefix is applied on
 /// whichever node the key lands.
 async fn a_cluster_url_connects_with_its_settings(cx: Cx) -> anyhow::Result<()> {
@@ -570,22 +596,7 @@ async fn credentials_log_in_on_every_node_and_a_wrong_password_is_refused_unshow
     );
     ensure!(!a.endpoint().contains(CLUSTER_PASSWORD), "{}", a.endpoint());
     ensure!(!format!("{a:?}").contains(CLUSTER_PASSWORD));
-    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
-    let namespace = unique("auth");
-    let mut shards = [false; 3];
-    for i in 0.. {
-        let key = format!("{namespace}/{i}");
-        let owner = cx.cluster.owner_of(keys::hash_slot(key.as_bytes())).await?;
-        if !shards[owner] {
-            hand_over(&a, &b, &key, &opts)
-                .await
-                .with_context(|| key.clone())?;
-            shards[owner] = true;
-        }
-        if shards.iter().all(|&s| s) {
-            break;
-        }
-    }
+    hand_over_on_every_shard(&cx.cluster, &a, &b, "auth").await?;
     let wrong = "not-the-password-0451";
     let refused = RedisLockBuilder::cluster(cx.cluster.seeds())
         .with_cluster_username(CLUSTER_USER)
@@ -630,22 +641,7 @@ async fn a_tls_cluster_url_locks_and_wakes_on_every_shard(cx: Cx) -> anyhow::Res
         "{}",
         a.endpoint()
     );
-    let opts = waiting_without_polling(Duration::from_secs(60), Duration::from_secs(20));
-    let namespace = unique("tls");
-    let mut shards = [false; 3];
-    for i in 0.. {
-        let key = format!("{namespace}/{i}");
-        let owner = cx.tls.owner_of(keys::hash_slot(key.as_bytes())).await?;
-        if !shards[owner] {
-            hand_over(&a, &b, &key, &opts)
-                .await
-                .with_context(|| key.clone())?;
-            shards[owner] = true;
-        }
-        if shards.iter().all(|&s| s) {
-            break;
-        }
-    }
+    hand_over_on_every_shard(&cx.tls, &a, &b, "tls").await?;
     let untrusted = RedisLockBuilder::from_url(&format!("rediss+cluster://{seeds}"))?
         .with_connect_timeout(Duration::from_secs(2))
         .connect()

@@ -35,8 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use async_trait::async_trait;
-use dlock_compliance::{suite, Inspect, Outage, Subject, Timing};
+use dlock_compliance::{suite, Outage, Subject, Timing};
 use dlock_core::DistributedLock;
 use dlock_redis::RedisLock;
 use dlock_testkit::fixtures::{docker_opt_out, RedisServer};
@@ -114,7 +113,7 @@ fn subject(shared: &RedisServer, outage: &RedisServer, main: Handle) -> Subject 
             ttl: Duration::from_millis(1_000),
             slack: Duration::from_secs(3),
         })
-        .with_inspect(Arc::new(KeyCount { url: shared.url() }))
+        .with_inspect(Arc::new(support::KeyCount { url: shared.url() }))
         .with_outage(Outage::new(control, connect_to(outage.url())))
         .with_proxied(
             vec![url_target(&shared.url(), 6379).expect("the server's address")],
@@ -147,18 +146,4 @@ fn placeholder_subject() -> Subject {
     Subject::new("redis", capabilities, connect_to(String::new()))
         .with_outage(outage)
         .with_proxied(Vec::new(), via(String::new()))
-}
-
-/// Counts the keys of a namespace: lock keys start with it, counters contain it.
-struct KeyCount {
-    url: String,
-}
-
-#[async_trait]
-impl Inspect for KeyCount {
-    async fn stored(&self, namespace: &str) -> anyhow::Result<u64> {
-        let mut con = support::raw(&self.url).await?;
-        let pattern = format!("*{}*", support::glob_escape(namespace));
-        Ok(support::scan(&mut con, &pattern).await?.len() as u64)
-    }
 }

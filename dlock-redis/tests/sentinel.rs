@@ -20,8 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use async_trait::async_trait;
-use dlock_compliance::{suite, Inspect, Subject, Timing};
+use dlock_compliance::{suite, Subject, Timing};
 use dlock_core::{DistributedLock, DistributedLockExt, Error, LeaseState, LockOptions};
 use dlock_redis::{RedisLock, RedisLockBuilder, SentinelSettings};
 use dlock_testkit::fixtures::redis_sentinel::{DOWN_AFTER, SERVICE};
@@ -128,7 +127,7 @@ fn main() {
         ttl: Duration::from_millis(1_000),
         slack: Duration::from_secs(3),
     })
-    .with_inspect(Arc::new(KeyCount { url: primary }));
+    .with_inspect(Arc::new(support::KeyCount { url: primary }));
 
     let mut first = suite::trials(&subject);
     first.extend(trials::cases("sentinel", SIDE_BY_SIDE, &cx, BUDGET));
@@ -157,20 +156,6 @@ fn main() {
         eprintln!("removing the fixtures failed: {e:#}");
     }
     std::process::exit(i32::from(failed) * 101);
-}
-
-/// Counts the keys of a namespace on the primary: lock keys start with it, counters contain it.
-struct KeyCount {
-    url: String,
-}
-
-#[async_trait]
-impl Inspect for KeyCount {
-    async fn stored(&self, namespace: &str) -> anyhow::Result<u64> {
-        let mut con = support::raw(&self.url).await?;
-        let pattern = format!("*{}*", support::glob_escape(namespace));
-        Ok(support::scan(&mut con, &pattern).await?.len() as u64)
-    }
 }
 
 fn is_unavailable(error: &Error) -> bool {
@@ -273,25 +258,6 @@ async fn wait_grant_with_the_replica_paused_is_unavailable_and_leaves_no_key(
     Ok(())
 }
 
-/// Retries `acquire` on temporary errors (a failover in progress) until `within` has passed.
-async fn acquire_through_failover(
-    client: &Arc<RedisLock>,
-    key: &str,
-    opts: &LockOptions,
-    within: Duration,
-) -> anyhow::Result<dlock_core::Lease> {
-    let deadline = Instant::now() + within;
-    loop {
-        match client.acquire(key, opts).await {
-            Ok(lease) => return Ok(lease),
-            Err(e) if e.is_temporary() && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return Err(e).context(format!("acquire {key}")),
-        }
-    }
-}
-
 /// How long after `promoted` a fresh key can be acquired through `client`; fails unless the
 /// lock key is then on the server the sentinels name as the primary.
 async fn first_acquire_after(
@@ -301,7 +267,8 @@ async fn first_acquire_after(
 ) -> anyhow::Result<Duration> {
     let key = support::unique("after-failover");
     let opts = LockOptions::new(Duration::from_secs(5));
-    let lease = acquire_through_failover(client, &key, &opts, Duration::from_secs(20)).await?;
+    let lease =
+        support::acquire_through_failover(client, &key, &opts, Duration::from_secs(20)).await?;
     let took = promoted.elapsed();
     let mut con = cx.primary_connection().await?;
     let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(&mut con).await?;
@@ -356,7 +323,7 @@ async fn forced_failover_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
         let (client, key) = (waiter_client.clone(), key.clone());
         tokio::spawn(async move {
             let opts = LockOptions::new(ttl).with_wait(Duration::from_secs(30));
-            acquire_through_failover(&client, &key, &opts, Duration::from_secs(30)).await
+            support::acquire_through_failover(&client, &key, &opts, Duration::from_secs(30)).await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -438,7 +405,7 @@ async fn primary_stopped_while_held_and_waited(cx: Cx) -> anyhow::Result<()> {
         let (client, key) = (waiter_client.clone(), key.clone());
         tokio::spawn(async move {
             let opts = LockOptions::new(ttl).with_wait(Duration::from_secs(40));
-            acquire_through_failover(&client, &key, &opts, Duration::from_secs(40)).await
+            support::acquire_through_failover(&client, &key, &opts, Duration::from_secs(40)).await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -100,25 +100,6 @@ fn main() {
     })
 }
 
-/// Acquires `key`, retrying temporary failures (a failover under way) until `within` passed.
-async fn acquire_through_failover(
-    client: &Arc<RedisLock>,
-    key: &str,
-    opts: &LockOptions,
-    within: Duration,
-) -> anyhow::Result<dlock_core::Lease> {
-    let deadline = Instant::now() + within;
-    loop {
-        match client.acquire(key, opts).await {
-            Ok(lease) => return Ok(lease),
-            Err(e) if e.is_temporary() && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return Err(e).context(format!("acquire {key}")),
-        }
-    }
-}
-
 /// Through the sentinels' TLS ports, with the test authority and a client certificate: a lock is
 /// held against a second client, the next grant's token is higher, and after a forced failover
 /// the client finds the new primary (over TLS) and locks there. Without the client certificate
@@ -169,7 +150,8 @@ async fn a_tls_sentinel_url_locks_and_follows_a_failover(cx: Cx) -> anyhow::Resu
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let after = support::unique("tls-after-failover");
-        let lease = acquire_through_failover(&a, &after, &opts, Duration::from_secs(20)).await?;
+        let lease =
+            support::acquire_through_failover(&a, &after, &opts, Duration::from_secs(20)).await?;
         let mut con = cx.primary_connection().await?;
         let exists: bool = redis::cmd("EXISTS")
             .arg(&after)

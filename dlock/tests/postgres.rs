@@ -33,7 +33,7 @@ async fn both_schemes_connect_and_exclude_each_other() {
     assert_eq!(first.backend().backend_name(), "postgres");
     assert_eq!(first.options().ttl, Duration::from_secs(5));
     assert_eq!(first.options().wait, Some(Duration::from_millis(300)));
-    if let Some(password) = password_of(&url) {
+    if let Some(password) = dlock_testkit::fixtures::postgres::password_of(&url) {
         for shown in [
             format!("{first:?}"),
             first.url().to_owned(),
@@ -65,14 +65,4 @@ async fn both_schemes_connect_and_exclude_each_other() {
     next.release().await.unwrap();
     assert_eq!(first.holding(&key).await.unwrap(), Holding::Free);
     server.shutdown().await.unwrap();
-}
-
-/// The password of a `scheme://user:password@…` URL, if it has one.
-fn password_of(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let userinfo = rest.split_once('@')?.0;
-    userinfo
-        .split_once(':')
-        .map(|(_, p)| p.to_owned())
-        .filter(|p| !p.is_empty())
 }

@@ -12,7 +12,7 @@ use dlock_etcd::EtcdLock;
 use tokio::time::Instant;
 
 use super::{key, Env};
-use crate::support::{self, clients, count, eventually, raw, Exec};
+use crate::support::{self, clients, count, eventually, keys_under, raw, Exec};
 use crate::SESSION_TTL;
 
 fn opts() -> LockOptions {
@@ -21,30 +21,6 @@ fn opts() -> LockOptions {
 
 fn shared(locks: &Arc<EtcdLock>) -> Arc<dyn DistributedLock> {
     locks.clone()
-}
-
-/// The keys under `prefix`: (key, value, create revision, lease), oldest first.
-async fn keys_under(
-    raw: &etcd_client::Client,
-    prefix: &str,
-) -> anyhow::Result<Vec<(String, String, i64, i64)>> {
-    let options = etcd_client::GetOptions::new().with_prefix().with_sort(
-        etcd_client::SortTarget::Create,
-        etcd_client::SortOrder::Ascend,
-    );
-    let response = raw.clone().get(prefix, Some(options)).await?;
-    response
-        .kvs()
-        .iter()
-        .map(|kv| {
-            Ok((
-                kv.key_str()?.to_owned(),
-                kv.value_str()?.to_owned(),
-                kv.create_revision(),
-                kv.lease(),
-            ))
-        })
-        .collect()
 }
 
 /// The name of `key` in `family` (`semaphore`, `rw`, `election`).

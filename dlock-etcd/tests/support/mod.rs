@@ -83,6 +83,14 @@ pub async fn contenders(
     key: &str,
 ) -> anyhow::Result<Vec<(String, String, i64, i64)>> {
     let prefix = format!("{}/", locks.layout().lock_name(&LockKey::new(key)?));
+    keys_under(raw, &prefix).await
+}
+
+/// The keys under `prefix`: (key, value, create revision, lease), oldest first.
+pub async fn keys_under(
+    raw: &etcd_client::Client,
+    prefix: &str,
+) -> anyhow::Result<Vec<(String, String, i64, i64)>> {
     let options = etcd_client::GetOptions::new().with_prefix().with_sort(
         etcd_client::SortTarget::Create,
         etcd_client::SortOrder::Ascend,

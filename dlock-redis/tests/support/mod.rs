@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_core::{Backoff, LockOptions};
+use anyhow::Context;
+use dlock_core::{Backoff, DistributedLockExt, LockOptions};
 use dlock_redis::RedisLock;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
@@ -116,5 +117,39 @@ where
             return None;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Acquires `key`, retrying temporary failures (a failover under way) until `within` passed.
+pub async fn acquire_through_failover(
+    client: &Arc<RedisLock>,
+    key: &str,
+    opts: &LockOptions,
+    within: Duration,
+) -> anyhow::Result<dlock_core::Lease> {
+    let deadline = Instant::now() + within;
+    loop {
+        match client.acquire(key, opts).await {
+            Ok(lease) => return Ok(lease),
+            Err(e) if e.is_temporary() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e).context(format!("acquire {key}")),
+        }
+    }
+}
+
+/// Counts the keys of a namespace on the server at `url` (a Sentinel setup's primary): lock keys
+/// start with it, counters contain it.
+pub struct KeyCount {
+    pub url: String,
+}
+
+#[async_trait::async_trait]
+impl dlock_compliance::Inspect for KeyCount {
+    async fn stored(&self, namespace: &str) -> anyhow::Result<u64> {
+        let mut con = raw(&self.url).await?;
+        let pattern = format!("*{}*", glob_escape(namespace));
+        Ok(scan(&mut con, &pattern).await?.len() as u64)
     }
 }

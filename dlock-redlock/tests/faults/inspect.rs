@@ -29,12 +29,7 @@ pub async fn a_minority_down_still_answers_and_no_quorum_is_an_error(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
     support::all_serving(&masters).await?;
-    let client = Arc::new(
-        support::builder(&masters.urls())
-            .with_request_timeout(PATIENT)
-            .connect()
-            .await?,
-    );
+    let client = support::client_with(&masters.urls(), |b| b.with_request_timeout(PATIENT)).await?;
     let name = unique("inspect-down");
     let key = LockKey::new(&name)?;
     let lease = client
@@ -66,12 +61,7 @@ pub async fn eviction_with_a_minority_down_evicts_and_without_a_quorum_fails(
     masters: Arc<RedisMasters>,
 ) -> anyhow::Result<()> {
     support::all_serving(&masters).await?;
-    let client = Arc::new(
-        support::builder(&masters.urls())
-            .with_request_timeout(PATIENT)
-            .connect()
-            .await?,
-    );
+    let client = support::client_with(&masters.urls(), |b| b.with_request_timeout(PATIENT)).await?;
     let admin = Admin::new(&client);
     let name = unique("evict-down");
     let mut lease = client
