@@ -13,6 +13,9 @@
 //! key `a/b` (prefix `a/b/`); with it, no lock name's prefix contains another's. Use
 //! [`KeyLayout::lock_name`] to find the name a Go service or `etcdctl lock` must use.
 
+use std::fmt;
+use std::io::Write;
+
 use dlock_core::backend::{check_len, LockKey};
 use dlock_core::{OwnerToken, Result};
 
@@ -121,9 +124,7 @@ pub(crate) fn range_of(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
 /// The key of session lease `lease` under `prefix` as Go's recipe names it: the lease id as
 /// Go's `%x` formats it. An election's candidates use it, one per client and election.
 pub(crate) fn session_key(prefix: &[u8], lease: i64) -> Vec<u8> {
-    let mut key = prefix.to_vec();
-    key.extend_from_slice(lease_hex(lease).as_bytes());
-    key
+    lease_key(prefix, lease, format_args!(""))
 }
 
 /// The contender key of one acquire: `<prefix><lease hex>_<owner token hex>`, as the
@@ -135,26 +136,40 @@ pub(crate) fn session_key(prefix: &[u8], lease: i64) -> Vec<u8> {
 /// answer was lost, or that waited at a member cut off from its leader) finds nothing to delete,
 /// rather than the key of a later holding. That is what lets a release be a plain delete.
 pub(crate) fn contender_key(prefix: &[u8], lease: i64, owner: OwnerToken) -> Vec<u8> {
-    let mut key = lease_keys(prefix, lease);
-    key.extend_from_slice(owner.to_hex().as_bytes());
-    key
+    lease_key(prefix, lease, format_args!("_{:032x}", owner.as_u128()))
 }
 
 /// The start of every contender key session lease `lease` writes under `prefix` (see
 /// [`contender_key`]); no other lease's key, nor a Go contender's, starts with it.
 pub(crate) fn lease_keys(prefix: &[u8], lease: i64) -> Vec<u8> {
-    let mut key = session_key(prefix, lease);
-    key.push(b'_');
+    lease_key(prefix, lease, format_args!("_"))
+}
+
+/// `<prefix><lease hex><rest>`, written into one buffer (an acquire makes two such keys).
+fn lease_key(prefix: &[u8], lease: i64, rest: fmt::Arguments<'_>) -> Vec<u8> {
+    let mut key = Vec::with_capacity(prefix.len() + 52);
+    key.extend_from_slice(prefix);
+    // Writing into a Vec cannot fail.
+    let _ = write!(key, "{}{rest}", LeaseHex(lease));
     key
 }
 
 /// A lease id in Go's `%x` form: lowercase hex without padding (a `-` sign for negative ids, which
 /// etcd never hands out).
 pub(crate) fn lease_hex(lease: i64) -> String {
-    if lease < 0 {
-        format!("-{:x}", lease.unsigned_abs())
-    } else {
-        format!("{lease:x}")
+    LeaseHex(lease).to_string()
+}
+
+/// [`lease_hex`] as it is written.
+struct LeaseHex(i64);
+
+impl fmt::Display for LeaseHex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 < 0 {
+            write!(f, "-{:x}", self.0.unsigned_abs())
+        } else {
+            write!(f, "{:x}", self.0)
+        }
     }
 }
 
