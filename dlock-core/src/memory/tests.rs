@@ -301,13 +301,8 @@ async fn an_expired_holder_hands_the_key_to_the_head_at_its_expiry() {
 
 #[tokio::test(start_paused = true)]
 async fn the_next_head_wakes_at_a_shorter_lease_of_the_holder_before_it() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b, c) = (
-        OwnerToken::random(),
-        OwnerToken::random(),
-        OwnerToken::random(),
-    );
+    let (m, k, a, b) = two_owners();
+    let c = OwnerToken::random();
     take(&m, &k, a, 60_000).await;
     // B asks for a short lease and never releases it; C must not sleep until A's long expiry.
     let b_waits = wait_for(&m, &k, b, 100, None);
@@ -358,13 +353,8 @@ async fn a_waiter_that_times_out_or_is_dropped_leaves_the_queue_and_passes_its_t
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_dropped_after_the_hand_off_passes_the_key_on() {
-    let m = InMemoryLock::new();
-    let k = key("k");
-    let (a, b, c) = (
-        OwnerToken::random(),
-        OwnerToken::random(),
-        OwnerToken::random(),
-    );
+    let (m, k, a, b) = two_owners();
+    let c = OwnerToken::random();
     take(&m, &k, a, 60_000).await;
     let b_waits = wait_for(&m, &k, b, 60_000, None);
     let_run().await;
