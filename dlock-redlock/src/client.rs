@@ -247,25 +247,18 @@ impl RedlockLock {
 
     /// Releases a lease on every master with `call` (one master's release script: the lock's or
     /// a primitive's), decided by a quorum: released where a quorum released it, taken over where
-    /// a master shows another holder, expired where a quorum answered otherwise. A release goes
-    /// out even for a TTL the settings would refuse now.
+    /// a master shows another holder, expired where a quorum answered otherwise.
     pub(crate) async fn release_with<F, Fut>(&self, call: F) -> Result<Released>
     where
         F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = RedisResult<Released>> + Send + 'static,
     {
-        let settings = &self.inner.settings;
-        let quorum = settings.quorum;
-        let timeout = settings.untimed_node_timeout();
-        let replies = gather(
-            &self.inner.nodes,
-            self.all(),
-            "release",
-            timeout,
-            call,
-            |p| counted(p.replies, |r| *r == Released::Released) >= quorum,
-        )
-        .await;
+        let quorum = self.inner.settings.quorum;
+        let replies = self
+            .release_everywhere(call, |p| {
+                counted(p.replies, |r| *r == Released::Released) >= quorum
+            })
+            .await;
         if counted(&replies, |r| *r == Released::Released) >= quorum {
             return Ok(Released::Released);
         }
@@ -276,6 +269,29 @@ impl RedlockLock {
             return Ok(Released::Expired);
         }
         Err(QuorumFailure::of("release", &replies, &self.inner.nodes, quorum).into_error())
+    }
+
+    /// Runs `call` (one master's release script) on every master, each within the timeout of a
+    /// request that must go out whatever TTL it was for, listening until `done`.
+    async fn release_everywhere<F, Fut>(
+        &self,
+        call: F,
+        done: impl FnMut(Progress<'_, Released>) -> bool,
+    ) -> Vec<Reply<Released>>
+    where
+        F: Fn(MultiplexedConnection) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = RedisResult<Released>> + Send + 'static,
+    {
+        let timeout = self.inner.settings.untimed_node_timeout();
+        gather(
+            &self.inner.nodes,
+            self.all(),
+            "release",
+            timeout,
+            call,
+            done,
+        )
+        .await
     }
 
     /// Gives back a failed attempt on every master — also those whose answer was lost — then
@@ -1032,16 +1048,7 @@ impl DistributedLock for RedlockLock {
             wake_tag: Arc::from(""),
         };
         let call = move |con| release_script(con, names.clone(), None);
-        let timeout = settings.untimed_node_timeout();
-        let replies = gather(
-            &self.inner.nodes,
-            self.all(),
-            "release",
-            timeout,
-            call,
-            |_| false,
-        )
-        .await;
+        let replies = self.release_everywhere(call, |_| false).await;
         if answered(&replies) >= quorum {
             return Ok(Eviction::Evicted(holder));
         }
