@@ -298,6 +298,15 @@ impl Inner {
         Ok(session)
     }
 
+    /// Whether the session of `generation` is the one new locks go to.
+    async fn is_current(&self, generation: u64) -> bool {
+        let sessions = self.sessions.lock().await;
+        sessions
+            .current
+            .as_ref()
+            .is_some_and(|s| s.generation == generation)
+    }
+
     /// The session of `generation`, if it is open and has not ended.
     pub(crate) async fn session_of(&self, generation: u64) -> Option<Arc<Session>> {
         let sessions = self.sessions.lock().await;
@@ -723,7 +732,10 @@ async fn keeper(inner: Weak<Inner>) {
 }
 
 /// Pings the session every quarter of its timeout while it holds locks, and ends it once the
-/// server may have ended it.
+/// server may have ended it. The session new locks go to is pinged too once it has been idle for
+/// an eighth (so never idle for half, when it would be passed by), so that the next acquire finds it serving: opening (and authenticating) a new
+/// connection counts against that acquire's lease validity, and a loaded server can take longer
+/// than a short TTL for it. A session in use needs no ping to stay open.
 async fn watchdog(inner: Weak<Inner>, session: Weak<Session>) {
     loop {
         let interval = match session.upgrade() {
@@ -737,7 +749,12 @@ async fn watchdog(inner: Weak<Inner>, session: Weak<Session>) {
         if session.is_ended() {
             return;
         }
-        if !inner.held().holds_in(session.generation) {
+        let holds = inner.held().holds_in(session.generation);
+        let idle = session
+            .idle_since()
+            .is_some_and(|since| since.elapsed() >= interval / 2);
+        let keep_warm = idle && inner.is_current(session.generation).await;
+        if !(holds || keep_warm) {
             continue;
         }
         if session

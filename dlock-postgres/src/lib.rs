@@ -79,7 +79,9 @@
 //!
 //! `T` is the session timeout (`session_timeout=`, default 10 s), set on the lock session as
 //! PostgreSQL's `idle_session_timeout` (so **PostgreSQL 14 or later** is needed). While locks are
-//! held the client pings every `T/4`, so a living client's session is never idle that long; a
+//! held the client pings every `T/4`, so a living client's session is never idle that long (it
+//! pings its current session so while idle too, so that an acquire after a quiet spell finds it
+//! open rather than connecting again within its lease's validity); a
 //! paused, frozen or cut-off client's session is ended by the server after `T`, which frees its
 //! locks. Extend pings the session once for a whole batch and moves the TTL kept on the client.
 //!

@@ -214,6 +214,15 @@ impl Session {
                 || now.saturating_duration_since(used) < self.timeout / 2)
     }
 
+    /// Since when the session has been idle (its last answer, or its opening), or `None` while a
+    /// statement is under way on it.
+    pub(crate) fn idle_since(&self) -> Option<Instant> {
+        if self.under_way.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(*self.used.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     fn touch(&self, at: Instant) {
         *self.used.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }

@@ -44,6 +44,7 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_terminated_session_loses_its_leases_at_once),
         case!(a_client_past_a_sessions_share_of_locks_opens_another),
         case!(a_held_up_grant_keeps_its_session_in_use),
+        case!(an_idle_client_keeps_its_session_open),
         case!(a_grant_counts_its_ttl_from_before_its_session_opened),
         case!(a_held_up_grant_gets_a_lease_with_its_session_timeout_ahead),
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
@@ -551,12 +552,52 @@ async fn held_up_grant_keeps_its_session(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A client left idle for twice its session timeout keeps its lock session: the next acquire
+/// goes out on it rather than opening (and authenticating) a new connection within the lease's
+/// validity. (An idle session used to be left to the server's idle timeout, so a client's first
+/// acquire after a quiet spell opened a new one, and on a loaded machine that took longer than a
+/// 1 s lease's validity.)
+async fn an_idle_client_keeps_its_session_open(env: Env) -> anyhow::Result<()> {
+    let holder = client(&env.server.url()).await?;
+    let first = holder.session_pid().await.context("the first session")?;
+    tokio::time::sleep(SESSION_TIMEOUT * 2).await;
+    let lease = holder
+        .acquire(&name("idle"), &opts(Duration::from_secs(5)))
+        .await?;
+    let second = holder.session_pid().await.context("the session after")?;
+    lease.release().await?;
+    ensure!(
+        second == first,
+        "the idle client's session (server process {first}) was replaced by {second}"
+    );
+    Ok(())
+}
+
+/// Ends the client's lock session on the server, and waits until the client has seen it end.
+async fn end_session(locks: &dlock_postgres::PgLock, url: &str) -> anyhow::Result<()> {
+    let pid = locks.session_pid().await.context("no lock session")?;
+    raw(url)
+        .await?
+        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+        .await?;
+    let by = Instant::now() + Duration::from_secs(5);
+    while locks.session_pid().await == Some(pid) {
+        ensure!(
+            Instant::now() < by,
+            "the client did not see its session end within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// A waiting acquire whose session takes long to open counts its TTL from before it sought the
 /// session, as its lease does: once the lease's validity ends, the server has given the lock back
 /// (or does within the slack) and refuses to extend it. (The TTL used to count from the granting
 /// statement, so the server kept the lock, and extended it, for as long past the lease's
-/// validity as the session took to open.) The new session is held up by a transaction that
-/// locks `dlock_holders`, on a database of its own.
+/// validity as the session took to open.) The client needs a new session because its first was
+/// ended on the server; the new one is held up by a transaction that locks `dlock_holders`, on a
+/// database of its own.
 async fn a_grant_counts_its_ttl_from_before_its_session_opened(env: Env) -> anyhow::Result<()> {
     let url = env.server.url();
     on_own_database(&url, "dlock_slow_session", |url| async move {
@@ -574,8 +615,8 @@ async fn ttl_from_before_the_session(url: &str) -> anyhow::Result<()> {
             .await?,
     );
     let other = client(url).await?;
-    // Idle for more than half the session timeout, the session takes no new lock.
-    tokio::time::sleep(SESSION_TIMEOUT / 2 + Duration::from_millis(300)).await;
+    // The next lock needs a new session.
+    end_session(&holder, url).await?;
     let blocker = raw(url).await?;
     blocker
         .batch_execute("BEGIN; LOCK TABLE dlock_holders IN ACCESS EXCLUSIVE MODE")
@@ -620,12 +661,12 @@ async fn ttl_from_before_the_session(url: &str) -> anyhow::Result<()> {
 }
 
 /// A grant held up on the server for most of the session timeout `T`, by a client that holds no
-/// other lock (so nothing pings its session meanwhile), gets a lease that is held and stays valid
-/// for about `T` after the grant, and is still held on the server later: the grant's answer says
-/// how long the server worked on it, and the server's idle timer started only then. (The session
-/// used to be confirmed as of the grant's sending alone, so such a lease's session bound was
-/// already past, or nearly, when the grant landed, and the fresh lease was lost at once.) The
-/// grant is held up for 0.85 `T` twice: by a row lock on the row it writes (a wait while the
+/// other lock (so nothing pings its session meanwhile: an idle session is pinged, a busy one
+/// not), gets a lease that is held and stays valid for about `T` after the grant, and is still
+/// held on the server later: the grant's answer says how long the server worked on it, and the
+/// server's idle timer started only then. (The session used to be confirmed as of the grant's
+/// sending alone, so such a lease's session bound was already past, or nearly, when the grant
+/// landed, and the fresh lease was lost at once.) The grant is held up for 0.85 `T` twice: by a row lock on the row it writes (a wait while the
 /// statement runs), then by a table lock on `dlock_holders` (a wait before it runs), on a
 /// database of its own.
 async fn a_held_up_grant_gets_a_lease_with_its_session_timeout_ahead(
