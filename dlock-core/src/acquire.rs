@@ -20,7 +20,7 @@ use crate::waiting::withdraw;
 /// ([`DistributedLockExt::try_acquire`](crate::DistributedLockExt::try_acquire)).
 pub(crate) async fn try_acquire(
     backend: Arc<dyn DistributedLock>,
-    key: &str,
+    key: &LockKey,
     opts: &LockOptions,
 ) -> Result<Option<Lease>> {
     attempt(backend, key, opts, Mode::Once).await
@@ -30,7 +30,7 @@ pub(crate) async fn try_acquire(
 /// ([`DistributedLockExt::acquire`](crate::DistributedLockExt::acquire)).
 pub(crate) async fn acquire(
     backend: Arc<dyn DistributedLock>,
-    key: &str,
+    key: &LockKey,
     opts: &LockOptions,
 ) -> Result<Lease> {
     match attempt(backend, key, opts, Mode::Wait).await? {
@@ -50,11 +50,11 @@ enum Mode {
 
 async fn attempt(
     backend: Arc<dyn DistributedLock>,
-    key: &str,
+    key: &LockKey,
     opts: &LockOptions,
     mode: Mode,
 ) -> Result<Option<Lease>> {
-    let key = LockKey::new(key)?;
+    let key = key.clone();
     opts.validate()?;
     let started = Instant::now();
     let deadline = match (mode, opts.wait) {

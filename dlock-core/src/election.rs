@@ -8,8 +8,7 @@ use futures::Stream;
 use tokio::time::Instant;
 
 use crate::backend::{DistributedLock, Released};
-use crate::error::LostReason;
-use crate::error::Result;
+use crate::error::{Error, LostReason, Result};
 use crate::inspect::Holding;
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -53,7 +52,6 @@ pub const OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone)]
 pub struct Election {
     backend: Arc<dyn DistributedLock>,
-    observer: Arc<dyn DistributedLock>,
     name: LockKey,
 }
 
@@ -72,12 +70,16 @@ pub struct Leader {
 impl Election {
     pub(crate) fn new(backend: Arc<dyn DistributedLock>, name: &str) -> Result<Self> {
         let name = LockKey::new(name)?;
-        let observer = backend.primitive(&Primitive::observer())?;
-        Ok(Election {
-            backend,
-            observer,
-            name,
-        })
+        // Refused here, as the other primitives are; the views are made when used, so that a
+        // campaign does not pay for an observer's.
+        let observer = Primitive::observer();
+        if !backend.capabilities().primitives.serves(&observer) {
+            return Err(Error::Unsupported {
+                backend: backend.backend_name(),
+                what: observer.name(),
+            });
+        }
+        Ok(Election { backend, name })
     }
 
     /// The election's name.
@@ -91,13 +93,9 @@ impl Election {
     /// Cancel safe in effect: a dropped campaign leaves no candidacy behind and gives back a
     /// leadership it may have won.
     pub async fn campaign(&self, value: &str, opts: &LockOptions) -> Result<Leadership> {
-        check_value(value)?;
-        let candidate = self.backend.primitive(&Primitive::candidate(value))?;
-        let lease = crate::acquire::acquire(candidate, self.name.as_str(), opts).await?;
-        Ok(Leadership {
-            lease,
-            value: value.to_string(),
-        })
+        let (candidate, value) = self.candidate(value)?;
+        let lease = crate::acquire::acquire(candidate, &self.name, opts).await?;
+        Ok(Leadership { lease, value })
     }
 
     /// One attempt: leadership if nobody leads, `None` otherwise.
@@ -106,18 +104,32 @@ impl Election {
         value: &str,
         opts: &LockOptions,
     ) -> Result<Option<Leadership>> {
+        let (candidate, value) = self.candidate(value)?;
+        let lease = crate::acquire::try_acquire(candidate, &self.name, opts).await?;
+        Ok(lease.map(|lease| Leadership { lease, value }))
+    }
+
+    /// The view of a candidate publishing `value`, and the value as it shares it.
+    fn candidate(&self, value: &str) -> Result<(Arc<dyn DistributedLock>, Arc<str>)> {
         check_value(value)?;
-        let candidate = self.backend.primitive(&Primitive::candidate(value))?;
-        let lease = crate::acquire::try_acquire(candidate, self.name.as_str(), opts).await?;
-        Ok(lease.map(|lease| Leadership {
-            lease,
-            value: value.to_string(),
-        }))
+        let value: Arc<str> = Arc::from(value);
+        let view = self
+            .backend
+            .primitive(&Primitive::candidate(value.clone()))?;
+        Ok((view, value))
     }
 
     /// The leader now, if there is one.
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        Ok(match self.observer.inspect(&self.name).await? {
+        self.leader_seen_by(self.observer()?.as_ref()).await
+    }
+
+    fn observer(&self) -> Result<Arc<dyn DistributedLock>> {
+        self.backend.primitive(&Primitive::observer())
+    }
+
+    async fn leader_seen_by(&self, observer: &dyn DistributedLock) -> Result<Option<Leader>> {
+        Ok(match observer.inspect(&self.name).await? {
             Holding::Held(holder) => Some(Leader {
                 value: holder.value,
                 term: holder.fencing,
@@ -147,14 +159,15 @@ impl Election {
 
     /// Looks until the leader is newer than `last`.
     async fn next_leader(&self, last: Option<&Leader>) -> Result<Leader> {
+        let observer = self.observer()?;
         loop {
             let looked = Instant::now();
-            let leader = self.leader().await?;
+            let leader = self.leader_seen_by(observer.as_ref()).await?;
             match leader {
                 Some(leader) if is_newer(&leader, last) => return Ok(leader),
                 // Someone leads: a release wakes us early.
                 Some(_) => {
-                    self.observer
+                    observer
                         .wait_for_release(&self.name, looked + OBSERVE_INTERVAL)
                         .await?;
                     // A backend whose wait returns at once must not turn this into a busy loop.
@@ -182,7 +195,7 @@ fn is_newer(leader: &Leader, last: Option<&Leader>) -> bool {
 #[derive(Debug)]
 pub struct Leadership {
     lease: Lease,
-    value: String,
+    value: Arc<str>,
 }
 
 impl Leadership {

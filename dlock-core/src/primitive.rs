@@ -9,6 +9,8 @@
 //! A name used as a lock, a semaphore, a read-write lock and an election names four independent
 //! things.
 
+use std::sync::Arc;
+
 use crate::check::check_len;
 use crate::error::{Error, Result};
 
@@ -37,8 +39,9 @@ pub enum Primitive {
     /// A candidate in an election: an exclusive hold whose holder is the leader and publishes
     /// `value` for observers. Observers use `value: None`; campaigning needs a value.
     Election {
-        /// What the leader publishes (its address, say): 1 to [`MAX_VALUE_LEN`] bytes.
-        value: Option<String>,
+        /// What the leader publishes (its address, say): 1 to [`MAX_VALUE_LEN`] bytes. Shared,
+        /// so that the views and holders that carry it do not copy it.
+        value: Option<Arc<str>>,
     },
 }
 
@@ -49,7 +52,7 @@ impl Primitive {
     }
 
     /// A candidate publishing `value`.
-    pub fn candidate(value: impl Into<String>) -> Self {
+    pub fn candidate(value: impl Into<Arc<str>>) -> Self {
         Primitive::Election {
             value: Some(value.into()),
         }
@@ -85,7 +88,7 @@ impl Primitive {
     }
 
     /// The candidate's value, or an error naming the observer that tried to campaign.
-    pub fn value(&self) -> Result<&str> {
+    pub fn value(&self) -> Result<&Arc<str>> {
         match self {
             Primitive::Election { value: Some(value) } => Ok(value),
             _ => Err(Error::invalid(

@@ -44,22 +44,22 @@ use crate::primitive::Primitive;
 pub struct RwLock {
     read: Arc<dyn DistributedLock>,
     write: Arc<dyn DistributedLock>,
-    name: String,
+    name: LockKey,
 }
 
 impl RwLock {
     pub(crate) fn new(backend: &dyn DistributedLock, name: &str) -> Result<Self> {
-        crate::key::LockKey::new(name)?;
+        let name = LockKey::new(name)?;
         Ok(RwLock {
             read: backend.primitive(&Primitive::Read)?,
             write: backend.primitive(&Primitive::Write)?,
-            name: name.to_string(),
+            name,
         })
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name.as_str()
     }
 
     /// Waits to read, up to `opts.wait`.
@@ -91,6 +91,6 @@ impl RwLock {
     /// Who holds the lock now: the writer, or the earliest reader and how many read
     /// ([`Holder::holders`](crate::inspect::Holder::holders) is set for readers only).
     pub async fn holding(&self) -> Result<Holding> {
-        self.read.inspect(&LockKey::new(&self.name)?).await
+        self.read.inspect(&self.name).await
     }
 }

@@ -39,23 +39,23 @@ use crate::primitive::Primitive;
 #[derive(Debug, Clone)]
 pub struct Semaphore {
     view: Arc<dyn DistributedLock>,
-    name: String,
+    name: LockKey,
     permits: u32,
 }
 
 impl Semaphore {
     pub(crate) fn new(backend: &dyn DistributedLock, name: &str, permits: u32) -> Result<Self> {
-        crate::key::LockKey::new(name)?;
+        let name = LockKey::new(name)?;
         Ok(Semaphore {
             view: backend.primitive(&Primitive::semaphore(permits))?,
-            name: name.to_string(),
+            name,
             permits,
         })
     }
 
     /// The semaphore's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name.as_str()
     }
 
     /// How many permits it has.
@@ -80,6 +80,6 @@ impl Semaphore {
     /// Who holds permits now: the earliest holder, and how many hold one
     /// ([`Holder::holders`](crate::inspect::Holder::holders)).
     pub async fn holding(&self) -> Result<Holding> {
-        self.view.inspect(&LockKey::new(&self.name)?).await
+        self.view.inspect(&self.name).await
     }
 }

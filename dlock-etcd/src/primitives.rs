@@ -79,7 +79,7 @@ enum Kind {
     Semaphore { permits: u32 },
     Read,
     Write,
-    Candidate { value: String },
+    Candidate { value: Arc<str> },
     Observer,
 }
 
@@ -361,7 +361,7 @@ impl View {
     /// `etcdctl elect` write it), the owner record with the owner token otherwise.
     fn value(&self, req: &LockRequest<'_>) -> String {
         match &self.kind {
-            Kind::Candidate { value } => value.clone(),
+            Kind::Candidate { value } => value.to_string(),
             _ => contender_value(self.state.settings.owner.record(), req.owner),
         }
     }

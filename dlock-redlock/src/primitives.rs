@@ -78,7 +78,7 @@ impl RedlockView {
     /// One attempt by quorum; `intent` makes a busy writer leave its intent behind.
     async fn attempt(&self, req: &LockRequest<'_>, intent: Option<Duration>) -> Result<Attempt> {
         let value: Option<Arc<str>> = match &self.primitive {
-            Primitive::Election { .. } => Some(self.primitive.value()?.into()),
+            Primitive::Election { .. } => Some(self.primitive.value()?.clone()),
             _ => None,
         };
         let settings = &self.lock.inner.settings;

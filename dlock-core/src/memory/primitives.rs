@@ -85,7 +85,7 @@ struct Member {
     expires: Instant,
     record: OwnerRecord,
     writer: bool,
-    value: Option<String>,
+    value: Option<Arc<str>>,
 }
 
 impl Group {
@@ -126,7 +126,7 @@ impl Group {
             .with_fencing(first.fencing)
             .with_expiry(first.expires - now)
             .with_owner(Some(first.record.clone()))
-            .with_value(first.value.clone());
+            .with_value(first.value.as_deref().map(str::to_owned));
         Holding::Held(if shared {
             holder.with_holders(self.holders.len())
         } else {
@@ -220,7 +220,7 @@ impl DistributedLock for View {
     async fn try_lock(&self, req: &LockRequest<'_>) -> Result<Attempt> {
         let now = Instant::now();
         let value = match &self.primitive {
-            Primitive::Election { .. } => Some(self.primitive.value()?.to_string()),
+            Primitive::Election { .. } => Some(self.primitive.value()?.clone()),
             _ => None,
         };
         let mut guard = self.groups();
