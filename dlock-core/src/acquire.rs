@@ -56,6 +56,10 @@ async fn attempt(
 ) -> Result<Option<Lease>> {
     let key = key.clone();
     opts.validate()?;
+    // An answer that comes at once (the in-process lock, a free key) must not let a loop of
+    // acquires keep its thread from the runtime's other tasks: as tokio's own locks do, an
+    // acquire spends a unit of the task's cooperative budget, and yields once it is spent.
+    tokio::task::coop::consume_budget().await;
     let started = Instant::now();
     let deadline = match (mode, opts.wait) {
         (Mode::Wait, Some(wait)) => Some(
