@@ -18,22 +18,28 @@ use crate::waiting::withdraw;
 
 /// One attempt: `Some(lease)` if the lock was free, `None` if it is busy
 /// ([`DistributedLockExt::try_acquire`](crate::DistributedLockExt::try_acquire)).
+///
+/// `key` comes validated, or as the error its validation gave: a caller with a name and one
+/// with a key kept from before (a primitive's handle) then share this one future, with no
+/// wrapper around it to move on every call.
 pub(crate) async fn try_acquire(
     backend: Arc<dyn DistributedLock>,
-    key: &LockKey,
+    key: Result<LockKey>,
     opts: &LockOptions,
 ) -> Result<Option<Lease>> {
-    attempt(backend, key, opts, Mode::Once).await
+    attempt(backend, &key?, opts, Mode::Once).await
 }
 
 /// Waits until the lock is held, or until `opts.wait` has passed ([`Error::Timeout`])
-/// ([`DistributedLockExt::acquire`](crate::DistributedLockExt::acquire)).
+/// ([`DistributedLockExt::acquire`](crate::DistributedLockExt::acquire)); `key` as for
+/// [`try_acquire`].
 pub(crate) async fn acquire(
     backend: Arc<dyn DistributedLock>,
-    key: &LockKey,
+    key: Result<LockKey>,
     opts: &LockOptions,
 ) -> Result<Lease> {
-    match attempt(backend, key, opts, Mode::Wait).await? {
+    let key = key?;
+    match attempt(backend, &key, opts, Mode::Wait).await? {
         Some(lease) => Ok(lease),
         None => Err(Error::Timeout {
             key: key.to_string(),

@@ -94,7 +94,7 @@ impl Election {
     /// leadership it may have won.
     pub async fn campaign(&self, value: &str, opts: &LockOptions) -> Result<Leadership> {
         let (candidate, value) = self.candidate(value)?;
-        let lease = crate::acquire::acquire(candidate, &self.name, opts).await?;
+        let lease = crate::acquire::acquire(candidate, Ok(self.name.clone()), opts).await?;
         Ok(Leadership { lease, value })
     }
 
@@ -105,7 +105,7 @@ impl Election {
         opts: &LockOptions,
     ) -> Result<Option<Leadership>> {
         let (candidate, value) = self.candidate(value)?;
-        let lease = crate::acquire::try_acquire(candidate, &self.name, opts).await?;
+        let lease = crate::acquire::try_acquire(candidate, Ok(self.name.clone()), opts).await?;
         Ok(lease.map(|lease| Leadership { lease, value }))
     }
 

@@ -53,8 +53,7 @@ pub trait DistributedLockExt: LockHandle {
         key: &str,
         opts: &LockOptions,
     ) -> impl Future<Output = Result<Option<Lease>>> + Send {
-        let (backend, key) = (self.shared(), LockKey::new(key));
-        async move { crate::acquire::try_acquire(backend, &key?, opts).await }
+        crate::acquire::try_acquire(self.shared(), LockKey::new(key), opts)
     }
 
     /// Waits until the lock is held, or until `opts.wait` has passed ([`Error::Timeout`]).
@@ -67,8 +66,7 @@ pub trait DistributedLockExt: LockHandle {
     /// Cancel safe in effect: if dropped while a request is in flight, whatever it may have taken
     /// is released in the background by owner token, so nothing stays held until its TTL.
     fn acquire(&self, key: &str, opts: &LockOptions) -> impl Future<Output = Result<Lease>> + Send {
-        let (backend, key) = (self.shared(), LockKey::new(key));
-        async move { crate::acquire::acquire(backend, &key?, opts).await }
+        crate::acquire::acquire(self.shared(), LockKey::new(key), opts)
     }
 
     /// Whether `key` is held right now, and by which fencing token where the backend can tell,

@@ -155,11 +155,11 @@ pub(crate) async fn acquire_all(
             if let Some(deadline) = deadline {
                 opts.wait = Some(deadline.saturating_duration_since(Instant::now()));
             }
-            crate::acquire::acquire(backend.clone(), key, &opts)
+            crate::acquire::acquire(backend.clone(), Ok(key.clone()), &opts)
                 .await
                 .map(Some)
         } else {
-            crate::acquire::try_acquire(backend.clone(), key, opts).await
+            crate::acquire::try_acquire(backend.clone(), Ok(key.clone()), opts).await
         };
         match taken {
             Ok(Some(lease)) => leases.push(lease),

@@ -67,12 +67,12 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel safe in effect, like [`DistributedLockExt::acquire`](crate::DistributedLockExt::acquire).
     pub async fn read(&self, opts: &LockOptions) -> Result<Lease> {
-        crate::acquire::acquire(self.read.clone(), &self.name, opts).await
+        crate::acquire::acquire(self.read.clone(), Ok(self.name.clone()), opts).await
     }
 
     /// One attempt to read: `None` while a writer holds or waits.
     pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<Lease>> {
-        crate::acquire::try_acquire(self.read.clone(), &self.name, opts).await
+        crate::acquire::try_acquire(self.read.clone(), Ok(self.name.clone()), opts).await
     }
 
     /// Waits to write, up to `opts.wait`, holding back readers that arrive meanwhile.
@@ -80,12 +80,12 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel safe in effect: a dropped wait stops holding readers back and leaves nothing held.
     pub async fn write(&self, opts: &LockOptions) -> Result<Lease> {
-        crate::acquire::acquire(self.write.clone(), &self.name, opts).await
+        crate::acquire::acquire(self.write.clone(), Ok(self.name.clone()), opts).await
     }
 
     /// One attempt to write: `None` while anyone holds the lock.
     pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<Lease>> {
-        crate::acquire::try_acquire(self.write.clone(), &self.name, opts).await
+        crate::acquire::try_acquire(self.write.clone(), Ok(self.name.clone()), opts).await
     }
 
     /// Who holds the lock now: the writer, or the earliest reader and how many read

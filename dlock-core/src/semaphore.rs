@@ -69,12 +69,12 @@ impl Semaphore {
     /// # Cancel safety
     /// Cancel safe in effect: a permit taken by a dropped call is given back in the background.
     pub async fn acquire(&self, opts: &LockOptions) -> Result<Lease> {
-        crate::acquire::acquire(self.view.clone(), &self.name, opts).await
+        crate::acquire::acquire(self.view.clone(), Ok(self.name.clone()), opts).await
     }
 
     /// One attempt: a permit if one is free, `None` if every permit is held.
     pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<Lease>> {
-        crate::acquire::try_acquire(self.view.clone(), &self.name, opts).await
+        crate::acquire::try_acquire(self.view.clone(), Ok(self.name.clone()), opts).await
     }
 
     /// Who holds permits now: the earliest holder, and how many hold one
