@@ -27,7 +27,7 @@ pub(crate) async fn try_acquire(
     key: Result<LockKey>,
     opts: &LockOptions,
 ) -> Result<Option<Lease>> {
-    attempt(backend, &key?, opts, Mode::Once).await
+    attempt(backend, key?, opts, Mode::Once).await
 }
 
 /// Waits until the lock is held, or until `opts.wait` has passed ([`Error::Timeout`])
@@ -39,7 +39,7 @@ pub(crate) async fn acquire(
     opts: &LockOptions,
 ) -> Result<Lease> {
     let key = key?;
-    match attempt(backend, &key, opts, Mode::Wait).await? {
+    match attempt(backend, key.clone(), opts, Mode::Wait).await? {
         Some(lease) => Ok(lease),
         None => Err(Error::Timeout {
             key: key.to_string(),
@@ -56,11 +56,10 @@ enum Mode {
 
 async fn attempt(
     backend: Arc<dyn DistributedLock>,
-    key: &LockKey,
+    key: LockKey,
     opts: &LockOptions,
     mode: Mode,
 ) -> Result<Option<Lease>> {
-    let key = key.clone();
     opts.validate()?;
     // An answer that comes at once (the in-process lock, a free key) must not let a loop of
     // acquires keep its thread from the runtime's other tasks: as tokio's own locks do, an

@@ -8,7 +8,7 @@ use futures::Stream;
 use tokio::time::Instant;
 
 use crate::backend::{DistributedLock, Released};
-use crate::error::{Error, LostReason, Result};
+use crate::error::{LostReason, Result};
 use crate::inspect::Holding;
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -72,13 +72,10 @@ impl Election {
         let name = LockKey::new(name)?;
         // Refused here, as the other primitives are; the views are made when used, so that a
         // campaign does not pay for an observer's.
-        let observer = Primitive::observer();
-        if !backend.capabilities().primitives.serves(&observer) {
-            return Err(Error::Unsupported {
-                backend: backend.backend_name(),
-                what: observer.name(),
-            });
-        }
+        backend
+            .capabilities()
+            .primitives
+            .require(backend.backend_name(), &Primitive::observer())?;
         Ok(Election { backend, name })
     }
 

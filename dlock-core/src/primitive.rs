@@ -143,6 +143,18 @@ impl Primitives {
         }
     }
 
+    /// `Ok` if `primitive` is among them, otherwise the [`Error::Unsupported`] that `backend`
+    /// answers for it.
+    pub fn require(&self, backend: &'static str, primitive: &Primitive) -> Result<()> {
+        if self.serves(primitive) {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            backend,
+            what: primitive.name(),
+        })
+    }
+
     /// Without the semaphore.
     pub const fn without_semaphore(mut self) -> Self {
         self.semaphore = false;

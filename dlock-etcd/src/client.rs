@@ -106,12 +106,7 @@ impl Layer for EtcdLock {
     fn primitive(&self, primitive: &Primitive) -> Result<Arc<dyn DistributedLock>> {
         primitive.validate()?;
         let capabilities = self.state.capabilities();
-        if !capabilities.primitives.serves(primitive) {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what: primitive.name(),
-            });
-        }
+        capabilities.primitives.require(BACKEND, primitive)?;
         Ok(Arc::new(View::new(
             self.state.clone(),
             primitive,

@@ -733,9 +733,10 @@ async fn keeper(inner: Weak<Inner>) {
 
 /// Pings the session every quarter of its timeout while it holds locks, and ends it once the
 /// server may have ended it. The session new locks go to is pinged too once it has been idle for
-/// an eighth (so never idle for half, when it would be passed by), so that the next acquire finds it serving: opening (and authenticating) a new
-/// connection counts against that acquire's lease validity, and a loaded server can take longer
-/// than a short TTL for it. A session in use needs no ping to stay open.
+/// an eighth (so never idle for half, when it would be passed by), so that the next acquire finds
+/// it serving: opening (and authenticating) a new connection counts against that acquire's lease
+/// validity, and a loaded server can take longer than a short TTL for it. A session in use needs
+/// no ping to stay open.
 async fn watchdog(inner: Weak<Inner>, session: Weak<Session>) {
     loop {
         let interval = match session.upgrade() {

@@ -208,10 +208,10 @@ impl Session {
     /// Whether the session may serve a request now: alive, and not idle so long that the server
     /// may be ending it.
     pub(crate) fn is_fresh(&self, now: Instant) -> bool {
-        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
         !self.is_ended()
-            && (self.under_way.load(Ordering::Acquire) > 0
-                || now.saturating_duration_since(used) < self.timeout / 2)
+            && self
+                .idle_since()
+                .is_none_or(|since| now.saturating_duration_since(since) < self.timeout / 2)
     }
 
     /// Since when the session has been idle (its last answer, or its opening), or `None` while a

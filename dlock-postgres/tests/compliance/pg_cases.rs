@@ -256,11 +256,7 @@ async fn a_terminated_session_loses_its_leases_at_once(env: Env) -> anyhow::Resu
     let resource = Fenced::new(Vec::<&str>::new());
     resource.write(lease.fencing_token(), |log| log.push("before"))?;
     let pid = holder.session_pid().await.context("the holder's session")?;
-    let ended = env
-        .server
-        .psql(&format!("SELECT pg_terminate_backend({pid}, 5000)"))
-        .await?;
-    ensure!(ended == "t", "pg_terminate_backend answered {ended:?}");
+    terminate(&env.server.url(), pid).await?;
     let watch = lease.watch();
     let reason = tokio::time::timeout(Duration::from_secs(1), watch.lost())
         .await
@@ -327,11 +323,7 @@ async fn a_client_past_a_sessions_share_of_locks_opens_another(env: Env) -> anyh
         renewed == count,
         "{renewed} of {count} auto-renewed leases are held past their 3 s TTL"
     );
-    let ended = env
-        .server
-        .psql(&format!("SELECT pg_terminate_backend({second}, 5000)"))
-        .await?;
-    ensure!(ended == "t", "pg_terminate_backend answered {ended:?}");
+    terminate(&env.server.url(), second).await?;
     let settling = Instant::now() + Duration::from_secs(3);
     let lost = loop {
         let lost = leases.iter().filter(|l| !l.state().is_held()).count();
@@ -573,13 +565,21 @@ async fn an_idle_client_keeps_its_session_open(env: Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Ends the session of server process `pid`, as an operator does, and checks that it ended.
+async fn terminate(url: &str, pid: i32) -> anyhow::Result<()> {
+    let ended: bool = raw(url)
+        .await?
+        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+        .await?
+        .get(0);
+    ensure!(ended, "pg_terminate_backend({pid}) answered false");
+    Ok(())
+}
+
 /// Ends the client's lock session on the server, and waits until the client has seen it end.
 async fn end_session(locks: &dlock_postgres::PgLock, url: &str) -> anyhow::Result<()> {
     let pid = locks.session_pid().await.context("no lock session")?;
-    raw(url)
-        .await?
-        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
-        .await?;
+    terminate(url, pid).await?;
     let by = Instant::now() + Duration::from_secs(5);
     while locks.session_pid().await == Some(pid) {
         ensure!(
