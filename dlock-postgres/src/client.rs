@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
+use crate::batch::{self, GrantRequest, ReleaseRequest};
 use crate::builder::{PgLockBuilder, Settings};
 use crate::error::{session_gone, BACKEND};
 use crate::held::{Entry, Held, Kind};
@@ -413,28 +414,19 @@ impl Inner {
         queue: Queueing,
     ) -> Result<(Attempt, Place)> {
         let Term { sent, ttl } = term;
-        let params = KeyParams::new(key);
-        let statement = sql::grant(&params, "pg_try_advisory_lock");
-        let record = self.settings.owner.record().to_json();
-        let waiter = holder_of(owner);
-        let tag = if queue.quiet { "" } else { self.listener.tag() };
-        let lifetime = i64::try_from(queue.lifetime.as_millis()).unwrap_or(i64::MAX);
-        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 10] = [
-            (&name, Type::TEXT),
-            (&record, Type::TEXT),
-            (&params.key1, Type::INT8),
-            (&params.key2, Type::INT8),
-            (&params.space, Type::INT2),
-            (&params.payload, Type::TEXT),
-            (&waiter, Type::TEXT),
-            (&tag, Type::TEXT),
-            (&lifetime, Type::INT8),
-            (&queue.may_take, Type::BOOL),
-        ];
-        let answer = session
-            .query(&statement, &params.with(&rest), "take the lock")
+        let request = GrantRequest {
+            key: KeyParams::new(key),
+            name,
+            record: self.settings.owner.record().to_json(),
+            waiter: holder_of(owner),
+            tag: if queue.quiet { "" } else { self.listener.tag() }.to_string(),
+            lifetime: i64::try_from(queue.lifetime.as_millis()).unwrap_or(i64::MAX),
+            may_take: queue.may_take,
+        };
+        let answer = batch::run(&session, |s| &s.grants, request)
             .await
             .and_then(|rows| grant_answer(&rows));
+        let params = KeyParams::new(key);
         let (token, place) = match answer {
             Ok(answer) => answer,
             Err(e) => {
@@ -627,47 +619,34 @@ impl Inner {
         &self,
         owner: u128,
         token: u64,
-        session: &Session,
+        session: &Arc<Session>,
         entry: &Entry,
     ) -> Result<bool> {
         let Some(key) = entry.key else {
             self.held().remove(owner);
             return Ok(false);
         };
-        let params = KeyParams::new(key);
-        let (function, kind, holder, payload) = match entry.kind {
-            Kind::Lock => (
-                "pg_advisory_unlock",
-                "lock",
-                String::new(),
-                params.payload.clone(),
-            ),
-            Kind::Read => (
-                "pg_advisory_unlock_shared",
-                "read",
-                holder_of(owner),
-                params.payload.clone(),
-            ),
+        let key = KeyParams::new(key);
+        let (shared, kind, holder, payload) = match entry.kind {
+            Kind::Lock => (false, "lock", String::new(), key.payload.clone()),
+            Kind::Read => (true, "read", holder_of(owner), key.payload.clone()),
             Kind::Permit { slot, announce } => (
-                "pg_advisory_unlock",
+                false,
                 "semaphore",
                 slot.to_string(),
                 KeyParams::new(announce).payload,
             ),
         };
-        let statement = sql::release(&params, function);
-        let token = token as i64;
-        let name = entry.name.as_str();
-        let rest: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
-            (&name, Type::TEXT),
-            (&token, Type::INT8),
-            (&payload, Type::TEXT),
-            (&kind, Type::TEXT),
-            (&holder, Type::TEXT),
-        ];
-        let rows = session
-            .query(&statement, &params.with(&rest), "release the lock")
-            .await?;
+        let request = ReleaseRequest {
+            key,
+            shared,
+            name: entry.name.clone(),
+            token: token as i64,
+            payload: payload.clone(),
+            kind,
+            holder,
+        };
+        let rows = batch::run(session, |s| &s.releases, request).await?;
         self.held().remove(owner);
         self.listener.wake(&payload);
         Ok(rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true))

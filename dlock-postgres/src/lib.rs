@@ -97,6 +97,7 @@
 //! `SELECT, INSERT, UPDATE, DELETE` on the tables. Evicting a holder ends its session with
 //! `pg_terminate_backend`, which needs the same user, a superuser, or `pg_signal_backend`.
 
+mod batch;
 mod builder;
 mod client;
 mod error;

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Row, Statement};
 
+use crate::batch::{GrantRequest, Group, ReleaseRequest};
 use crate::builder::Settings;
 use crate::error::{from_driver, BACKEND};
 use crate::sql;
@@ -57,6 +58,9 @@ pub(crate) struct Session {
     /// and over, and a prepared one is parsed once and soon runs on a cached plan, where an
     /// unnamed one is parsed and planned on every call (most of a grant's server time).
     prepared: Mutex<HashMap<String, Statement>>,
+    /// The grants and the releases that wait to go together (see [`crate::batch`]).
+    pub(crate) grants: Group<GrantRequest>,
+    pub(crate) releases: Group<ReleaseRequest>,
 }
 
 /// How many statements one session keeps prepared (dlock has fewer; a bound all the same).
@@ -187,6 +191,8 @@ impl Session {
             under_way: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
             prepared: Mutex::default(),
+            grants: Group::default(),
+            releases: Group::default(),
         }
     }
 

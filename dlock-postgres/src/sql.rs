@@ -177,6 +177,11 @@ impl KeyParams {
         }
     }
 
+    /// The key as `$1`–`$3` carry it: the `bigint`, then the pair (the unused ones are zero).
+    pub(crate) fn parts(&self) -> (i64, i32, i32) {
+        (self.single, self.high, self.low)
+    }
+
     /// The arguments of an advisory-lock function for this key.
     pub(crate) fn args(&self) -> &'static str {
         self.args
@@ -269,6 +274,65 @@ pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
                  ORDER BY w.arrival DESC, w.waiter DESC LIMIT 1),
              {}",
         key.args(),
+        worked!()
+    )
+}
+
+/// [`grant`] for many keys of one lock session in one statement (see [`crate::batch`]): one row
+/// per grant, in the order of the arrays, with the columns of [`grant`]'s answer. The arrays:
+/// `$1`–`$3` the keys (`bigint`, and the pair: the space, `$8`, says which is used), `$4` the
+/// names, `$5` the owner records, `$6`–`$8` the keys in `pg_locks`, `$9` the release
+/// payloads, `$10` the waiters, `$11` their wake tags, `$12` their queue entries' lifetimes,
+/// `$13` whether the client lets each take its key. No two grants of one statement share a
+/// name or a payload, so each row is decided as [`grant`] decides it alone.
+pub(crate) fn grant_many() -> String {
+    format!(
+        "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::int8[], $2::int4[], $3::int4[],
+             $4::text[], $5::text[], $6::int8[], $7::int8[], $8::int2[], $9::text[], $10::text[],
+             $11::text[], $12::int8[], $13::bool[]) WITH ORDINALITY AS r(single, high, low,
+             name, owner, key1, key2, space, payload, waiter, tag, lifetime, may_take, ord)),
+         now AS MATERIALIZED (SELECT clock_timestamp() AS t),
+         head AS MATERIALIZED (SELECT r.ord, h.waiter, h.until FROM r, now,
+             LATERAL (SELECT w.waiter, w.until FROM dlock_waiters w
+                 WHERE w.key = r.payload AND w.until > now.t
+                 ORDER BY w.arrival, w.waiter LIMIT 1) h),
+         granted AS MATERIALIZED (SELECT r.ord, CASE
+             WHEN r.may_take AND NOT EXISTS (SELECT 1 FROM head
+                 WHERE head.ord = r.ord AND head.waiter <> r.waiter)
+             THEN (CASE WHEN r.space = 1 THEN pg_try_advisory_lock(r.single)
+                 ELSE pg_try_advisory_lock(r.high, r.low) END)
+             ELSE false END AS ok FROM r),
+         stale AS (DELETE FROM dlock_holders d USING r, granted g
+             WHERE g.ord = r.ord AND g.ok AND d.name = r.name AND d.kind = 'read'),
+         served AS (DELETE FROM dlock_waiters w USING r, granted g, now
+             WHERE g.ord = r.ord AND g.ok AND w.key = r.payload
+                 AND (w.waiter = r.waiter OR w.until <= now.t)),
+         queued AS (INSERT INTO dlock_waiters AS w (key, waiter, tag, arrival, until)
+             SELECT r.payload, r.waiter, r.tag, now.t,
+                 now.t + r.lifetime::float8 * interval '1 millisecond'
+             FROM r, granted g, now WHERE g.ord = r.ord AND NOT g.ok AND r.lifetime > 0
+             ON CONFLICT (key, waiter) DO UPDATE SET tag = excluded.tag, until = excluded.until,
+                 arrival = CASE WHEN w.until > excluded.arrival THEN w.arrival
+                     ELSE excluded.arrival END),
+         ins AS (INSERT INTO dlock_holders AS h
+                 (name, kind, holder, token, owner, pid, key1, key2, space)
+             SELECT r.name, 'lock', '', nextval('dlock_fencing'), r.owner, pg_backend_pid(),
+                 r.key1, r.key2, r.space
+             FROM r, granted g WHERE g.ord = r.ord AND g.ok
+             {UPSERT}
+             RETURNING name, token)
+         SELECT (SELECT ins.token FROM ins WHERE ins.name = r.name),
+             (SELECT ceil(extract(epoch FROM head.until - now.t) * 1000)::bigint
+                 FROM head, now WHERE head.ord = r.ord AND head.waiter <> r.waiter),
+             (SELECT head.waiter FROM head WHERE head.ord = r.ord AND head.waiter <> r.waiter),
+             (SELECT w.waiter FROM dlock_waiters w, now, granted g
+                 WHERE g.ord = r.ord AND NOT g.ok AND w.key = r.payload AND w.until > now.t
+                     AND (w.arrival, w.waiter) < (COALESCE((SELECT m.arrival
+                         FROM dlock_waiters m WHERE m.key = r.payload AND m.waiter = r.waiter
+                             AND m.until > now.t), now.t), r.waiter)
+                 ORDER BY w.arrival DESC, w.waiter DESC LIMIT 1),
+             {}
+         FROM r ORDER BY r.ord",
         worked!()
     )
 }
@@ -422,6 +486,34 @@ pub(crate) fn release(key: &KeyParams, function: &str) -> String {
              CASE WHEN h.tag IS NULL OR $7 <> 'lock' THEN pg_notify('{CHANNEL}', $6) END
          FROM (SELECT 1) AS one LEFT JOIN head h ON true",
         key.args()
+    )
+}
+
+/// [`release`] for many holds of one lock session in one statement (see [`crate::batch`]): one
+/// row per hold, in the order of the arrays, whose first column says whether it was held. The
+/// arrays: `$1`–`$3` the keys and `$4` their spaces (as in [`grant_many`]), `$5` whether the
+/// hold is shared (a reader's), `$6` the names, `$7` the tokens, `$8` the payloads, `$9` the
+/// kinds, `$10` the holders.
+pub(crate) fn release_many() -> String {
+    format!(
+        "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::int8[],
+         $2::int4[], $3::int4[], $4::int2[], $5::bool[], $6::text[], $7::int8[], $8::text[],
+         $9::text[], $10::text[]) WITH ORDINALITY AS r(single, high, low, space, shared, name,
+         token, payload, kind, holder, ord)),
+     gone AS (DELETE FROM dlock_holders d USING r WHERE d.name = r.name AND d.kind = r.kind
+         AND d.holder = r.holder AND d.token = r.token AND d.pid = pg_backend_pid()),
+     head AS (SELECT r.ord, h.tag, h.waiter FROM r, LATERAL (SELECT w.tag, w.waiter
+         FROM dlock_waiters w WHERE w.key = r.payload AND w.until > clock_timestamp()
+         ORDER BY w.arrival, w.waiter LIMIT 1) h)
+     SELECT CASE WHEN r.shared THEN (CASE WHEN r.space = 1
+             THEN pg_advisory_unlock_shared(r.single)
+             ELSE pg_advisory_unlock_shared(r.high, r.low) END)
+         ELSE (CASE WHEN r.space = 1 THEN pg_advisory_unlock(r.single)
+             ELSE pg_advisory_unlock(r.high, r.low) END) END,
+         CASE WHEN h.tag <> ''
+             THEN pg_notify('{CHANNEL}_' || h.tag, r.payload || ' ' || h.waiter) END,
+         CASE WHEN h.tag IS NULL OR r.kind <> 'lock' THEN pg_notify('{CHANNEL}', r.payload) END
+     FROM r LEFT JOIN head h ON h.ord = r.ord ORDER BY r.ord"
     )
 }
 

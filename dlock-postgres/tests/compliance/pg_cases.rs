@@ -49,6 +49,8 @@ fn cases() -> Vec<(&'static str, Case<Env>)> {
         case!(a_held_up_grant_gets_a_lease_with_its_session_timeout_ahead),
         case!(a_restart_or_crash_loses_the_leases_and_tokens_keep_growing),
         case!(tasks_of_one_client_exclude_each_other),
+        case!(grants_and_releases_of_many_tasks_share_statements),
+        case!(a_shared_statement_that_fails_gives_every_key_back),
         case!(a_client_that_waited_for_the_layout_leaves_the_tables_alone),
         case!(a_lock_session_plans_its_grant_and_release_once),
         case!(a_release_is_announced_to_the_heads_client_only),
@@ -441,6 +443,185 @@ async fn tasks_of_one_client_exclude_each_other(env: Env) -> anyhow::Result<()> 
     );
     ensure!(second.fencing_token() > first_token, "tokens did not grow");
     second.release().await?;
+    Ok(())
+}
+
+/// Grants and releases of many tasks of one client go together as one statement while one is
+/// on its way (see the crate's `batch` module), and every key keeps what it had alone: two
+/// clients of 32 tasks each, on 8 names shared by both, never hold a name twice at once, each
+/// name's tokens grow in the order of its holders, and every waiter is served (none waits out
+/// its 30 s). The statements that carried many keys are counted by `pg_stat_statements`, on a
+/// database of its own.
+async fn grants_and_releases_of_many_tasks_share_statements(env: Env) -> anyhow::Result<()> {
+    let url = env.server.url();
+    on_own_database(&url, "dlock_together", |url| async move {
+        shared_statements(&url).await
+    })
+    .await
+}
+
+async fn shared_statements(url: &str) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    const NAMES: usize = 8;
+    const TASKS: usize = 32;
+    const CYCLES: usize = 15;
+    let stats = raw(url).await?;
+    stats
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await?;
+    let names: Arc<Vec<String>> = Arc::new((0..NAMES).map(|_| name("together")).collect());
+    let held: Arc<Vec<AtomicBool>> = Arc::new((0..NAMES).map(|_| AtomicBool::new(false)).collect());
+    let last: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(vec![0; NAMES]));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let locks = client(url).await?;
+        for task in 0..TASKS {
+            let (locks, names, held, last) =
+                (locks.clone(), names.clone(), held.clone(), last.clone());
+            tasks.push(tokio::spawn(async move {
+                let opts = opts(Duration::from_secs(10)).with_wait(Duration::from_secs(30));
+                for cycle in 0..CYCLES {
+                    let i = (task + cycle) % NAMES;
+                    let lease = locks.acquire(&names[i], &opts).await?;
+                    ensure!(
+                        !held[i].swap(true, Ordering::SeqCst),
+                        "{} was granted while held",
+                        names[i]
+                    );
+                    {
+                        let mut last = last.lock().unwrap();
+                        let token = lease.fencing_token().0;
+                        ensure!(
+                            token > last[i],
+                            "{}: token {token} after {}",
+                            names[i],
+                            last[i]
+                        );
+                        last[i] = token;
+                    }
+                    tokio::task::yield_now().await;
+                    held[i].store(false, Ordering::SeqCst);
+                    lease.release().await?;
+                }
+                anyhow::Ok(())
+            }));
+        }
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let rows = stats
+        .query(
+            "SELECT CASE WHEN query LIKE '%INSERT INTO dlock_holders%' THEN 'grants'
+                 ELSE 'releases' END, sum(calls)::bigint, sum(rows)::bigint
+             FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND query LIKE 'WITH r AS MATERIALIZED%'
+             GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await?;
+    let counted: Vec<(String, i64, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    ensure!(
+        counted.len() == 2 && counted.iter().all(|(_, calls, rows)| *rows > *calls),
+        "expected grants and releases sent several to a statement, found {counted:?}"
+    );
+    Ok(())
+}
+
+/// A statement of many grants that fails after taking some of their keys (session locks
+/// outlive a failed statement) fails each of its grants, and each gives its key back: no key
+/// stays held by the client's session, and another client takes every one at once. The failure
+/// is a trigger that refuses one name's row, on a database of its own; rounds of 16 tries go at
+/// once until one of them shared the refused name's statement and failed with it.
+async fn a_shared_statement_that_fails_gives_every_key_back(env: Env) -> anyhow::Result<()> {
+    let url = env.server.url();
+    on_own_database(&url, "dlock_failed_together", |url| async move {
+        failed_together(&url).await
+    })
+    .await
+}
+
+async fn failed_together(url: &str) -> anyhow::Result<()> {
+    const TRIES: usize = 16;
+    let locks = client(url).await?;
+    let refused = name("refused");
+    // The layout first, then the trigger on it.
+    locks
+        .acquire(&name("layout"), &opts(Duration::from_secs(5)))
+        .await?
+        .release()
+        .await?;
+    let look = raw(url).await?;
+    look.batch_execute(&format!(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+             IF NEW.name = '{refused}' THEN RAISE EXCEPTION 'refused'; END IF;
+             RETURN NEW; END $$;
+         CREATE TRIGGER refuse BEFORE INSERT ON dlock_holders
+             FOR EACH ROW EXECUTE FUNCTION refuse();"
+    ))
+    .await?;
+    let names: Vec<String> = (0..TRIES).map(|_| name("beside-refused")).collect();
+    let mut shared_a_failure = false;
+    for _round in 0..20 {
+        // The first try goes alone; those behind it, the refused name last, go together.
+        let tries = names
+            .iter()
+            .cloned()
+            .chain(std::iter::once(refused.clone()));
+        let attempts = futures::future::join_all(tries.map(|name| {
+            let locks = locks.clone();
+            async move {
+                let lease = locks
+                    .try_acquire(&name, &opts(Duration::from_secs(10)))
+                    .await;
+                (name, lease)
+            }
+        }))
+        .await;
+        for (name, lease) in attempts {
+            match lease {
+                Ok(Some(lease)) => {
+                    lease.release().await?;
+                }
+                Ok(None) => bail!("{name} was busy, and nobody holds it"),
+                Err(_) if name == refused => {}
+                Err(_) => shared_a_failure = true,
+            }
+        }
+        if shared_a_failure {
+            break;
+        }
+    }
+    ensure!(
+        shared_a_failure,
+        "no try shared the refused name's statement in 20 rounds"
+    );
+    let pid = locks.session_pid().await.context("no lock session")?;
+    let by = Instant::now() + Duration::from_secs(5);
+    loop {
+        let held = advisory_locks_of(&look, pid).await?;
+        if held == 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < by,
+            "the client's session still holds {held} advisory locks 5 s after the failure"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = client(url).await?;
+    for name in &names {
+        let lease = other
+            .try_acquire(name, &opts(Duration::from_secs(5)))
+            .await?
+            .with_context(|| format!("{name} was kept after the failed statement"))?;
+        lease.release().await?;
+    }
     Ok(())
 }
 
