@@ -26,7 +26,8 @@ use crate::error::BACKEND;
 use crate::session::Session;
 use crate::sql::{self, KeyParams};
 
-/// The most keys one statement carries; more wait for the next one.
+/// The most requests that wait for one statement; one that finds this many goes alone, beside
+/// them.
 const MOST: usize = 128;
 
 /// A request that can share a statement with others of its kind.
