@@ -10,9 +10,9 @@
 //!
 //! Each key of a statement keeps its own answer (its token, its place in the queue, whether it
 //! was held), decided as if it had gone alone: no two grants of one statement share a name or a
-//! key (a second one on the same key goes alone, beside it). A statement that fails fails for
-//! each of its keys, and each caller undoes its own grant as it would after its own statement
-//! failed.
+//! key, and no two releases a hold (a second one goes alone, beside it). A statement that fails
+//! fails for each of its keys, and each caller undoes its own grant as it would after its own
+//! statement failed.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -139,34 +139,51 @@ impl<R: Together> Drop for HandOn<'_, R> {
 
 /// After a statement of the group: those that waited meanwhile go together, in a task of their
 /// own (the request that led returns at once), and so do those that wait after them, until none
-/// does. Without a runtime to run them (it is shutting down) they are answered with an error.
+/// does.
 fn hand_on<R: Together>(session: &Arc<Session>, group: fn(&Session) -> &Group<R>) {
-    let runtime = {
+    {
         let mut state = group(session).state();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if !state.requests.is_empty() => runtime,
-            _ => {
-                state.busy = false;
-                state.requests.clear();
-                return;
-            }
+        if state.requests.is_empty() {
+            state.busy = false;
+            return;
         }
+    }
+    let driver = Driver {
+        session: session.clone(),
+        group,
+        done: false,
     };
-    let session = session.clone();
-    runtime.spawn(async move {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(driver.run());
+    }
+}
+
+/// Sends the requests that wait, together, until none does. If it stops before that (its task
+/// is dropped with a runtime that shuts down, before or while it runs), those that wait are
+/// answered with an error and the next request leads: none waits for a statement that will not
+/// come.
+struct Driver<R: Together> {
+    session: Arc<Session>,
+    group: fn(&Session) -> &Group<R>,
+    done: bool,
+}
+
+impl<R: Together> Driver<R> {
+    async fn run(mut self) {
         loop {
             let requests = {
-                let mut state = group(&session).state();
+                let mut state = (self.group)(&self.session).state();
                 if state.requests.is_empty() {
                     state.busy = false;
+                    self.done = true;
                     return;
                 }
                 std::mem::take(&mut state.requests)
             };
             let (requests, answers): (Vec<R>, Vec<Answer>) = requests.into_iter().unzip();
             let rows = match requests.as_slice() {
-                [one] => one.alone(&session).await,
-                many => R::together(many, &session).await,
+                [one] => one.alone(&self.session).await,
+                many => R::together(many, &self.session).await,
             };
             match rows {
                 Ok(rows) if rows.len() == answers.len() => {
@@ -191,7 +208,17 @@ fn hand_on<R: Together>(session: &Arc<Session>, group: fn(&Session) -> &Group<R>
                 }
             }
         }
-    });
+    }
+}
+
+impl<R: Together> Drop for Driver<R> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut state = (self.group)(&self.session).state();
+            state.busy = false;
+            state.requests.clear();
+        }
+    }
 }
 
 /// The error of a statement, for each of its requests: unreachable stays unreachable, and
@@ -202,6 +229,9 @@ fn copy_of(error: &Error) -> Error {
             source: Some(source),
             ..
         } => Error::unreachable(source.to_string()),
+        Error::Backend {
+            temporary, source, ..
+        } => Error::backend(BACKEND, *temporary, source.to_string()),
         other => Error::backend(BACKEND, other.is_temporary(), other.to_string()),
     }
 }
@@ -290,8 +320,11 @@ pub(crate) struct ReleaseRequest {
 }
 
 impl Together for ReleaseRequest {
+    /// Only the same hold twice: holds of one key (readers, or permits whose releases announce
+    /// one payload) are given back together, each by its own row, and PostgreSQL sends a
+    /// notification repeated in one transaction once.
     fn clashes(&self, other: &Self) -> bool {
-        self.payload == other.payload
+        self.name == other.name && self.kind == other.kind && self.holder == other.holder
     }
 
     async fn alone(&self, session: &Session) -> Result<Vec<Row>> {

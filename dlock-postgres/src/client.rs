@@ -487,8 +487,10 @@ impl Inner {
     /// new head if it headed it; failures are logged, as the entry lapses with its TTL anyway.
     ///
     /// It is sent on the session of the owner's last attempt (`generation`) while it is open,
-    /// behind any attempt of the same owner still under way there (which could otherwise queue
-    /// it again after the withdrawal), and on the client's second connection otherwise.
+    /// and on the client's second connection otherwise. An attempt of the same owner still under
+    /// way may reach the server after it (one that waits to share a statement, see
+    /// [`crate::batch`], or one sent on another connection) and queue the owner again: the
+    /// attempt withdraws it once more when its answer finds the owner withdrawn.
     async fn withdraw(&self, payload: &str, generation: u64, owner: u128) {
         let timeout = self.settings.request_timeout;
         let waiter = holder_of(owner);

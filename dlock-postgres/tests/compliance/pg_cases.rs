@@ -470,7 +470,15 @@ async fn shared_statements(url: &str) -> anyhow::Result<()> {
     stats
         .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .await?;
-    let names: Arc<Vec<String>> = Arc::new((0..NAMES).map(|_| name("together")).collect());
+    // Half the names are short enough for the pair space, half are hashed into the bigint one.
+    let names: Arc<Vec<String>> = Arc::new(
+        (0..NAMES)
+            .map(|i| match i % 2 {
+                0 => format!("t{:08}", rand_suffix() % 100_000_000),
+                _ => name("together"),
+            })
+            .collect(),
+    );
     let held: Arc<Vec<AtomicBool>> = Arc::new((0..NAMES).map(|_| AtomicBool::new(false)).collect());
     let last: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(vec![0; NAMES]));
     let mut tasks = Vec::new();
@@ -511,6 +519,7 @@ async fn shared_statements(url: &str) -> anyhow::Result<()> {
     for task in tasks {
         task.await??;
     }
+    shared_releases_of_readers_and_permits(url).await?;
     let rows = stats
         .query(
             "SELECT CASE WHEN query LIKE '%INSERT INTO dlock_holders%' THEN 'grants'
@@ -530,6 +539,64 @@ async fn shared_statements(url: &str) -> anyhow::Result<()> {
         counted.len() == 2 && counted.iter().all(|(_, calls, rows)| *rows > *calls),
         "expected grants and releases sent several to a statement, found {counted:?}"
     );
+    Ok(())
+}
+
+/// Many read holds of one read-write lock and every permit of one semaphore, given back at
+/// once (their releases share statements), leave nothing held: another client's writer and all
+/// of the semaphore's permits are granted at once after.
+async fn shared_releases_of_readers_and_permits(url: &str) -> anyhow::Result<()> {
+    const READERS: usize = 16;
+    const PERMITS: u32 = 8;
+    let rw_name = format!("r{:08}", rand_suffix() % 100_000_000);
+    let semaphore_name = name("together-semaphore");
+    let locks = client(url).await?;
+    let (rw, semaphore) = (
+        locks.rw(&rw_name)?,
+        locks.semaphore(&semaphore_name, PERMITS)?,
+    );
+    let mut reads = Vec::new();
+    for _ in 0..READERS {
+        reads.push(
+            rw.try_read(&opts(Duration::from_secs(10)))
+                .await?
+                .context("a read hold")?,
+        );
+    }
+    let mut permits = Vec::new();
+    for _ in 0..PERMITS {
+        let permit = semaphore
+            .try_acquire(&opts(Duration::from_secs(10)))
+            .await?;
+        permits.push(permit.context("a permit")?);
+    }
+    let (read_releases, permit_releases) = futures::future::join(
+        futures::future::join_all(reads.into_iter().map(|r| r.release())),
+        futures::future::join_all(permits.into_iter().map(|p| p.release())),
+    )
+    .await;
+    for released in read_releases.into_iter().chain(permit_releases) {
+        ensure!(
+            released? == dlock_core::Released::Released,
+            "a hold was not held at its release"
+        );
+    }
+    let other = client(url).await?;
+    let writer = other
+        .rw(&rw_name)?
+        .try_write(&opts(Duration::from_secs(5)))
+        .await?
+        .context("a read hold was kept after its release")?;
+    writer.release().await?;
+    let semaphore = other.semaphore(&semaphore_name, PERMITS)?;
+    let mut taken = Vec::new();
+    for _ in 0..PERMITS {
+        let permit = semaphore.try_acquire(&opts(Duration::from_secs(5))).await?;
+        taken.push(permit.context("a permit was kept after its release")?);
+    }
+    for permit in taken {
+        permit.release().await?;
+    }
     Ok(())
 }
 
@@ -589,6 +656,9 @@ async fn failed_together(url: &str) -> anyhow::Result<()> {
                     lease.release().await?;
                 }
                 Ok(None) => bail!("{name} was busy, and nobody holds it"),
+                Err(e) if !e.to_string().contains("refused") => {
+                    bail!("{name}: {e}, not the trigger's refusal")
+                }
                 Err(_) if name == refused => {}
                 Err(_) => shared_a_failure = true,
             }
