@@ -284,7 +284,11 @@ pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
 /// names, `$5` the owner records, `$6`–`$8` the keys in `pg_locks`, `$9` the release
 /// payloads, `$10` the waiters, `$11` their wake tags, `$12` their queue entries' lifetimes,
 /// `$13` whether the client lets each take its key. No two grants of one statement share a
-/// name or a payload, so each row is decided as [`grant`] decides it alone.
+/// name or a payload, so each row is decided as [`grant`] decides it alone, with one difference:
+/// a grant leaves the lapsed entries of others in its queue (which count for nobody once
+/// lapsed) to the grants that go alone and to the sweep of a new session. So a statement for
+/// many changes no row but its own grants' and their queue entries', and two of them (of two
+/// sessions) can never wait for each other's rows.
 pub(crate) fn grant_many() -> String {
     format!(
         "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::int8[], $2::int4[], $3::int4[],
@@ -304,9 +308,8 @@ pub(crate) fn grant_many() -> String {
              ELSE false END AS ok FROM r),
          stale AS (DELETE FROM dlock_holders d USING r, granted g
              WHERE g.ord = r.ord AND g.ok AND d.name = r.name AND d.kind = 'read'),
-         served AS (DELETE FROM dlock_waiters w USING r, granted g, now
-             WHERE g.ord = r.ord AND g.ok AND w.key = r.payload
-                 AND (w.waiter = r.waiter OR w.until <= now.t)),
+         served AS (DELETE FROM dlock_waiters w USING r, granted g
+             WHERE g.ord = r.ord AND g.ok AND w.key = r.payload AND w.waiter = r.waiter),
          queued AS (INSERT INTO dlock_waiters AS w (key, waiter, tag, arrival, until)
              SELECT r.payload, r.waiter, r.tag, now.t,
                  now.t + r.lifetime::float8 * interval '1 millisecond'
