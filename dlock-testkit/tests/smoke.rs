@@ -384,9 +384,11 @@ async fn etcd_cluster() -> anyhow::Result<()> {
         "put through a paused member answered: {frozen:?}"
     );
     member.unpause().await?;
+    // The put given up on above may still be applied now, after any later put of the same key:
+    // the one after the pause writes a key of its own.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match timeout(ANSWER, client.put("smoke", "4", None)).await {
+        match timeout(ANSWER, client.put("smoke-after", "4", None)).await {
             Ok(Ok(_)) => break,
             other if Instant::now() > deadline => {
                 anyhow::bail!("no put after unpause within 30 s: {other:?}")
@@ -394,7 +396,7 @@ async fn etcd_cluster() -> anyhow::Result<()> {
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
-    let got = timeout(ANSWER, client.get("smoke", None)).await??;
+    let got = timeout(ANSWER, client.get("smoke-after", None)).await??;
     ensure!(
         got.kvs().first().map(|kv| kv.value()) == Some(b"4".as_slice()),
         "get after unpause: {got:?}"
