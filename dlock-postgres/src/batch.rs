@@ -4,7 +4,7 @@
 //! release costs it is the statement around the work (setting up its plan, its transaction,
 //! its answer), not the work on one key. So while a grant is on its way, the session's next
 //! grants wait, and go together as one statement when it is answered
-//! ([`sql::grant_many`]); releases likewise ([`sql::release_many`]). A grant or release that
+//! ([`sql::GRANT_MANY`]); releases likewise ([`sql::RELEASE_MANY`]). A grant or release that
 //! finds none of its kind on its way goes alone, at once, as the statement of one key it always
 //! was: a lone task waits for nothing.
 //!
@@ -244,7 +244,8 @@ pub(crate) struct GrantRequest {
     pub(crate) name: String,
     pub(crate) record: String,
     pub(crate) waiter: String,
-    pub(crate) tag: String,
+    /// The client's wake tag; none for a waiter that waits in the lock manager.
+    pub(crate) tag: Option<Arc<str>>,
     pub(crate) lifetime: i64,
     pub(crate) may_take: bool,
 }
@@ -256,6 +257,7 @@ impl Together for GrantRequest {
 
     async fn alone(&self, session: &Session) -> Result<Vec<Row>> {
         let statement = sql::grant(&self.key, "pg_try_advisory_lock");
+        let tag = self.tag.as_deref().unwrap_or("");
         let rest: [Param<'_>; 10] = [
             (&self.name, Type::TEXT),
             (&self.record, Type::TEXT),
@@ -264,7 +266,7 @@ impl Together for GrantRequest {
             (&self.key.space, Type::INT2),
             (&self.key.payload, Type::TEXT),
             (&self.waiter, Type::TEXT),
-            (&self.tag, Type::TEXT),
+            (&tag, Type::TEXT),
             (&self.lifetime, Type::INT8),
             (&self.may_take, Type::BOOL),
         ];
@@ -280,7 +282,7 @@ impl Together for GrantRequest {
         let (payloads, waiters, tags) = (
             column(|r| &r.key.payload),
             column(|r| &r.waiter),
-            column(|r| &r.tag),
+            column(|r| r.tag.as_deref().unwrap_or("")),
         );
         let key1: Vec<i64> = requests.iter().map(|r| r.key.key1).collect();
         let key2: Vec<i64> = requests.iter().map(|r| r.key.key2).collect();
@@ -302,9 +304,7 @@ impl Together for GrantRequest {
             (&lifetime, Type::INT8_ARRAY),
             (&may_take, Type::BOOL_ARRAY),
         ];
-        session
-            .query(&sql::grant_many(), &params, "take locks")
-            .await
+        session.query(&sql::GRANT_MANY, &params, "take locks").await
     }
 }
 
@@ -367,7 +367,7 @@ impl Together for ReleaseRequest {
             (&holders, Type::TEXT_ARRAY),
         ];
         session
-            .query(&sql::release_many(), &params, "release locks")
+            .query(&sql::RELEASE_MANY, &params, "release locks")
             .await
     }
 }

@@ -419,17 +419,17 @@ impl Inner {
             name,
             record: self.settings.owner.record().to_json(),
             waiter: holder_of(owner),
-            tag: if queue.quiet { "" } else { self.listener.tag() }.to_string(),
+            tag: (!queue.quiet).then(|| self.listener.tag().clone()),
             lifetime: i64::try_from(queue.lifetime.as_millis()).unwrap_or(i64::MAX),
             may_take: queue.may_take,
         };
         let answer = batch::run(&session, |s| &s.grants, request)
             .await
             .and_then(|rows| grant_answer(&rows));
-        let params = KeyParams::new(key);
         let (token, place) = match answer {
             Ok(answer) => answer,
             Err(e) => {
+                let params = KeyParams::new(key);
                 // A statement that failed may have taken the lock before failing (session locks
                 // outlive a failed statement): give it back before freeing the reservation. A
                 // queue entry it may have made stays known (`queued`), so the release by owner
@@ -449,6 +449,7 @@ impl Inner {
             }
         };
         let Some(token) = token else {
+            let params = KeyParams::new(key);
             if queue.may_take {
                 self.held().remove(owner);
                 // A waiter of this client heading the queue may have been refused the key

@@ -31,7 +31,7 @@ const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 /// The waiters of each key (by notification payload) and the connection that wakes them.
 pub(crate) struct Listener {
     /// This client's wake tag: 16 random lowercase hex digits, which its queue entries carry.
-    tag: String,
+    tag: Arc<str>,
     keys: Mutex<HashMap<String, Weak<Notify>>>,
     /// The connection for reads, once it is up.
     client: Mutex<Option<Arc<tokio_postgres::Client>>>,
@@ -49,7 +49,7 @@ impl std::fmt::Debug for Listener {
 impl Listener {
     pub(crate) fn new() -> Self {
         Listener {
-            tag: format!("{:016x}", dlock_core::OwnerToken::random().as_u128() as u64),
+            tag: format!("{:016x}", dlock_core::OwnerToken::random().as_u128() as u64).into(),
             keys: Mutex::default(),
             client: Mutex::default(),
             started: std::sync::atomic::AtomicBool::default(),
@@ -58,7 +58,7 @@ impl Listener {
     }
 
     /// This client's wake tag.
-    pub(crate) fn tag(&self) -> &str {
+    pub(crate) fn tag(&self) -> &Arc<str> {
         &self.tag
     }
 

@@ -41,6 +41,8 @@
 //! the head waits on the lock itself), or, with nobody queued, on the channel `dlock_release`
 //! with the key as payload.
 
+use std::sync::LazyLock;
+
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::key::AdvisoryKey;
@@ -289,7 +291,7 @@ pub(crate) fn grant(key: &KeyParams, function: &str) -> String {
 /// lapsed) to the grants that go alone and to the sweep of a new session. So a statement for
 /// many changes no row but its own grants' and their queue entries', and two of them (of two
 /// sessions) can never wait for each other's rows.
-pub(crate) fn grant_many() -> String {
+pub(crate) static GRANT_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::int8[], $2::int4[], $3::int4[],
              $4::text[], $5::text[], $6::int8[], $7::int8[], $8::int2[], $9::text[], $10::text[],
@@ -338,7 +340,7 @@ pub(crate) fn grant_many() -> String {
          FROM r ORDER BY r.ord",
         worked!()
     )
-}
+});
 
 /// Clears the wake tag of waiter `$2` (owner token in hex) in the queue of the lock with
 /// release payload `$1`: it waits in the lock manager, and a release to it is not announced
@@ -494,10 +496,10 @@ pub(crate) fn release(key: &KeyParams, function: &str) -> String {
 
 /// [`release`] for many holds of one lock session in one statement (see [`crate::batch`]): one
 /// row per hold, in the order of the arrays, whose first column says whether it was held. The
-/// arrays: `$1`–`$3` the keys and `$4` their spaces (as in [`grant_many`]), `$5` whether the
+/// arrays: `$1`–`$3` the keys and `$4` their spaces (as in [`GRANT_MANY`]), `$5` whether the
 /// hold is shared (a reader's), `$6` the names, `$7` the tokens, `$8` the payloads, `$9` the
 /// kinds, `$10` the holders.
-pub(crate) fn release_many() -> String {
+pub(crate) static RELEASE_MANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::int8[],
          $2::int4[], $3::int4[], $4::int2[], $5::bool[], $6::text[], $7::int8[], $8::text[],
@@ -518,7 +520,7 @@ pub(crate) fn release_many() -> String {
          CASE WHEN h.tag IS NULL OR r.kind <> 'lock' THEN pg_notify('{CHANNEL}', r.payload) END
      FROM r LEFT JOIN head h ON h.ord = r.ord ORDER BY r.ord"
     )
-}
+});
 
 /// Gives back a lock whose grant may or may not have happened (after an error).
 pub(crate) fn unlock(key: &KeyParams, function: &str) -> String {
