@@ -120,27 +120,22 @@ pub(crate) async fn acquire(
         .await
         .map_err(|f| fail(f, "create the semaphore's lock node"))?;
         lock_cleanup.node(&own.path);
-        loop {
+        let seen = loop {
             if let Some(w) = &waiting {
                 w.check()?;
             }
-            let children = list_queue(inner, &session, &lock_parent, until)
+            let seen = look(inner, &session, &lock_parent, path, until)
                 .await
-                .map_err(|f| fail(f, "list the semaphore's lock queue"))?;
-            let blocker = match Rule::KazooLock.blocker(&children, &own.name) {
+                .map_err(|f| fail(f, "read the semaphore's lock queue and leases"))?;
+            let blocker = match Rule::KazooLock.blocker(&seen.queue, &own.name) {
                 None => return Err(vanished(&session)),
-                Some(None) => break,
+                Some(None) => break seen,
                 Some(Some(blocker)) => format!("{lock_parent}/{blocker}"),
             };
             // A single attempt behind a full semaphore is busy at once: whoever holds the lock
             // then is a waiter, and waits for the same lease to go.
-            if waiting.is_none() {
-                let leases = list_queue(inner, &session, path, until)
-                    .await
-                    .map_err(|f| fail(f, "list the semaphore's leases"))?;
-                if leases.len() >= permits as usize {
-                    return Ok(Attempt::Busy { retry_after: None });
-                }
+            if waiting.is_none() && seen.leases.len() >= permits as usize {
+                return Ok(Attempt::Busy { retry_after: None });
             }
             let watched = call(inner, &session, until, |c| c.check_and_watch_stat(&blocker)).await;
             let watcher = match watched {
@@ -170,10 +165,11 @@ pub(crate) async fn acquire(
                 return Err(Failure::SessionEnded.into_error("wait for the semaphore's lock"));
             }
             Counters::bump(&inner.counters.wakeups);
-        }
+        };
 
         // The lock is ours: agree on the number of permits.
-        agree(inner, &session, req, path, permits, until)
+        let Look { node, leases, .. } = seen;
+        agree(inner, &session, req, path, permits, until, (node, &leases))
             .await
             .map_err(|e| match e {
                 Agreement::Refused(error) => error,
@@ -181,9 +177,12 @@ pub(crate) async fn acquire(
             })?;
 
         // Count the leases; take one if there is room, otherwise wait for one to go (holding the
-        // lock, as kazoo does) or answer busy.
+        // lock, as kazoo does) or answer busy. The first count is the one read with the queue.
+        let mut counted = Some(leases);
         loop {
-            let (leases, watcher) = if waiting.is_some() {
+            let (leases, watcher) = if let Some(leases) = counted.take() {
+                (leases, None)
+            } else if waiting.is_some() {
                 let (leases, watcher) =
                     read(inner, &session, until, |c| c.list_and_watch_children(path))
                         .await
@@ -199,9 +198,14 @@ pub(crate) async fn acquire(
             if leases.len() < permits as usize || leases.contains(&mine) {
                 let sent = Instant::now();
                 lease_cleanup = Cleanup::new(inner, &session, path, &mine);
-                let lease = create_lease(inner, &session, &lease_path, until)
-                    .await
-                    .map_err(|f| fail(f, "create the semaphore's lease"))?;
+                let lock_node = lock_cleanup.path();
+                let (lease, lock_deleted) =
+                    create_lease(inner, &session, &lease_path, lock_node.as_deref(), until)
+                        .await
+                        .map_err(|f| fail(f, "create the semaphore's lease"))?;
+                if lock_deleted {
+                    lock_cleanup.disarm();
+                }
                 lease_cleanup.node(&lease_path);
                 let own = OwnNode {
                     path: lease_path.clone(),
@@ -213,6 +217,10 @@ pub(crate) async fn acquire(
                 return Ok(Attempt::Acquired(grant));
             }
             let Some(watcher) = watcher else {
+                if waiting.is_some() {
+                    // The first count found no room: count again, watching the leases.
+                    continue;
+                }
                 return Ok(Attempt::Busy { retry_after: None });
             };
             let event = match deadline {
@@ -265,7 +273,8 @@ impl From<Failure> for Agreement {
 }
 
 /// Under the semaphore's lock: makes sure the semaphore's node exists and stores `permits`,
-/// refusing another number while a lease is held.
+/// refusing another number while a lease is held. `seen` is the node and its leases as
+/// [`look`] read them once the lock was ours; they are read again after a change of its own.
 async fn agree(
     inner: &Inner,
     session: &Session,
@@ -273,10 +282,16 @@ async fn agree(
     path: &str,
     permits: u32,
     until: Instant,
+    seen: (Option<(Vec<u8>, zk::Stat)>, &[String]),
 ) -> Result<(), Agreement> {
     let text = permits.to_string();
+    let mut seen = Some(seen);
     loop {
-        let Some((data, stat)) = node(inner, session, path, until).await? else {
+        let (found, seen_leases) = match seen.take() {
+            Some((found, leases)) => (found, Some(leases)),
+            None => (node(inner, session, path, until).await?, None),
+        };
+        let Some((data, stat)) = found else {
             // Persistent, as kazoo's `ensure_path` makes it: a kazoo `Semaphore` checks the node
             // once and expects it to stay.
             let options = zk::CreateMode::Persistent.with_acls(inner.config.acl.acls());
@@ -295,8 +310,11 @@ async fn agree(
             // Data that is no number is someone else's: left alone, as kazoo leaves it.
             None if !data.is_empty() => return Ok(()),
             stored => {
-                let leases = list_queue(inner, session, path, until).await?;
-                if let Some(stored) = stored.filter(|_| !leases.is_empty()) {
+                let held = match seen_leases {
+                    Some(leases) => !leases.is_empty(),
+                    None => !list_queue(inner, session, path, until).await?.is_empty(),
+                };
+                if let Some(stored) = stored.filter(|_| held) {
                     return Err(Agreement::Refused(mismatch(req, stored, permits)));
                 }
                 let version = Some(stat.version);
@@ -317,32 +335,118 @@ async fn agree(
 
 /// Creates the own lease (ephemeral, not sequential, data: the owner record); a lease that
 /// already exists is the own one, made by an earlier request whose answer was lost.
+///
+/// The semaphore's lock node `lock_node` is deleted in the same transaction: one write for the
+/// server to make durable instead of two, and the lock's next holder counts the new lease.
+/// Returns the lease's stat and whether the lock node is gone (otherwise the caller deletes it).
 async fn create_lease(
     inner: &Inner,
     session: &Session,
     lease_path: &str,
+    lock_node: Option<&str>,
     until: Instant,
-) -> Result<zk::Stat, Failure> {
+) -> Result<(zk::Stat, bool), Failure> {
     let record = inner.config.owner.record().to_json();
     let options = zk::CreateMode::Ephemeral.with_acls(inner.config.acl.acls());
+    let mut lock_gone = false;
+    if let Some(lock_node) = lock_node {
+        let together = call(inner, session, until, |c| {
+            let mut writer = c.new_multi_writer();
+            let added = writer
+                .add_create(lease_path, record.as_bytes(), &options)
+                .and_then(|()| writer.add_delete(lock_node, None));
+            let commit = writer.commit();
+            async move {
+                added?;
+                match commit.await {
+                    Ok(mut results) => Ok(Ok(results.swap_remove(0))),
+                    Err(zk::MultiWriteError::OperationFailed { index, source }) => {
+                        Ok(Err((index, source)))
+                    }
+                    Err(zk::MultiWriteError::RequestFailed { source }) => Err(source),
+                }
+            }
+        })
+        .await;
+        match together {
+            Ok(Ok(zk::MultiWriteResult::Create { stat, .. })) if !stat.is_invalid() => {
+                return Ok((stat, true))
+            }
+            // Some servers answer a transaction's create without its stat: read it.
+            Ok(Ok(_)) => lock_gone = true,
+            // The lock node is gone already (nothing was written): create the lease alone.
+            Ok(Err((1, zk::Error::NoNode))) => lock_gone = true,
+            Ok(Err((_, zk::Error::NodeExists))) => {}
+            Ok(Err((_, error))) => return Err(Failure::Zk(error)),
+            Err(f) if f.outcome_unknown() => {}
+            Err(f) => return Err(f),
+        }
+    }
+    // After a request that may have created it, the lease is looked for before it is created.
+    let mut sent = lock_node.is_some();
     loop {
+        if sent {
+            if let Some(stat) = read(inner, session, until, |c| c.check_stat(lease_path)).await? {
+                if stat.ephemeral_owner == session.id {
+                    return Ok((stat, lock_gone));
+                }
+                return Err(Failure::Zk(zk::Error::NodeExists));
+            }
+        }
+        sent = true;
         match call(inner, session, until, |c| {
             c.create(lease_path, record.as_bytes(), &options)
         })
         .await
         {
-            Ok((stat, _)) => return Ok(stat),
+            Ok((stat, _)) => return Ok((stat, lock_gone)),
             Err(Failure::Zk(zk::Error::NodeExists)) => {}
             Err(f) if f.outcome_unknown() => {}
             Err(f) => return Err(f),
         }
-        if let Some(stat) = read(inner, session, until, |c| c.check_stat(lease_path)).await? {
-            if stat.ephemeral_owner == session.id {
-                return Ok(stat);
-            }
-            return Err(Failure::Zk(zk::Error::NodeExists));
+    }
+}
+
+/// The semaphore's lock queue, its node and its leases, read in one round trip.
+struct Look {
+    queue: Vec<String>,
+    node: Option<(Vec<u8>, zk::Stat)>,
+    leases: Vec<String>,
+}
+
+/// Reads the lock queue at `lock_parent`, then the semaphore's node and leases at `path`. A
+/// session's requests are answered in the order sent, so when the queue shows this contender
+/// first, the node and leases are as a read under the lock would find them: a holder changes
+/// them before it leaves the queue.
+async fn look(
+    inner: &Inner,
+    session: &Session,
+    lock_parent: &str,
+    path: &str,
+    until: Instant,
+) -> Result<Look, Failure> {
+    fn or_none<T>(answer: Result<T, zk::Error>) -> Result<Option<T>, zk::Error> {
+        match answer {
+            Ok(found) => Ok(Some(found)),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(e),
         }
     }
+    read(inner, session, until, |c| {
+        let (queue, node, leases) = (
+            c.list_children(lock_parent),
+            c.get_data(path),
+            c.list_children(path),
+        );
+        async move {
+            Ok(Look {
+                queue: or_none(queue.await)?.unwrap_or_default(),
+                node: or_none(node.await)?,
+                leases: or_none(leases.await)?.unwrap_or_default(),
+            })
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
